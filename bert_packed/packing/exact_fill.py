@@ -1,0 +1,256 @@
+"""Histogram packing by optimisation over exact-fill strategies: NNLSHP and an LP solver.
+
+An exact-fill strategy is a multiset of at most `depth` lengths that sums to exactly L. Both
+solvers choose how many packs of each strategy to make, then fill the strategies' slots with
+the real sequences and pack whatever is left over greedily.
+
+- NNLSHP (Krell et al., "Efficient sequence packing without cross-contamination"): a weighted
+  non-negative least-squares fit of strategy counts to the histogram, rounded to integers.
+- LP (this project): the linear program "fewest packs that hold every sequence", where a slot of
+  length l may hold any sequence no longer than l (the unused part is padding). It is solved with
+  HiGHS on a sparse matrix, so it is both faster and tighter than NNLSHP at the same depth: its
+  optimum is also a lower bound for any packing at that depth.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import scipy.optimize
+import scipy.sparse
+
+from bert_packed.packing.greedy import Strategies, lpfhp
+
+# Dense NNLS needs an L x S float matrix; this caps it at ~400 MB.
+MAX_NNLS_MATRIX_ENTRIES = 50_000_000
+MAX_LP_STRATEGIES = 2_000_000
+
+
+def count_exact_fill_strategies(max_sequence_length: int, depth: int) -> int:
+    """Number of multisets of at most `depth` lengths summing to L (partitions of L).
+
+    >>> count_exact_fill_strategies(512, 3)
+    22102
+    """
+    # ways[n][k]: partitions of n into at most k parts = ways[n][k-1] + ways[n-k][k].
+    ways = np.zeros((max_sequence_length + 1, depth + 1), dtype=object)
+    ways[0, :] = 1
+    for k in range(1, depth + 1):
+        for n in range(1, max_sequence_length + 1):
+            ways[n, k] = ways[n, k - 1] + (ways[n - k, k] if n >= k else 0)
+    return int(ways[max_sequence_length, depth])
+
+
+def exact_fill_strategies(max_sequence_length: int, depth: int) -> list[tuple[int, ...]]:
+    """All multisets of at most `depth` lengths that sum to exactly L, longest first.
+
+    >>> exact_fill_strategies(4, 3)
+    [(4,), (3, 1), (2, 2), (2, 1, 1)]
+    """
+    result: list[tuple[int, ...]] = []
+
+    def extend(prefix: tuple[int, ...], remaining: int, largest: int) -> None:
+        if remaining == 0:
+            result.append(prefix)
+            return
+        slots_left = depth - len(prefix)
+        if slots_left == 0:
+            return
+        # The next length is at most `largest` and large enough for the rest to fit the slots.
+        smallest = -(-remaining // slots_left)
+        for length in range(min(largest, remaining), smallest - 1, -1):
+            extend(prefix + (length,), remaining - length, length)
+
+    extend((), max_sequence_length, max_sequence_length)
+    return result
+
+
+def strategy_matrix(strategies: list[tuple[int, ...]], max_sequence_length: int) -> scipy.sparse.csc_matrix:
+    """The L x S matrix A with A[l - 1, s] = how often length l occurs in strategy s."""
+    rows = np.fromiter((length - 1 for s in strategies for length in s), dtype=np.int64)
+    cols = np.repeat(np.arange(len(strategies)), [len(s) for s in strategies])
+    data = np.ones(len(rows))
+    return scipy.sparse.csc_matrix((data, (rows, cols)), shape=(max_sequence_length, len(strategies)))
+
+
+def nnlshp(histogram, max_sequences_per_pack: int = 3) -> Strategies:
+    """Non-negative least-squares histogram packing.
+
+    Fits strategy counts x >= 0 to min ||W (A x - h)|| with scipy.optimize.nnls, where the
+    shortest lengths (<= 8) get weight 0.09 so that over-using them, which costs only a little
+    padding, is cheap. x is rounded; over-covered lengths become padding, and sequences left
+    uncovered are packed at most two per pack (best fit).
+
+    Worked example (L = 8): three 6s and three 2s fit exactly as three (6, 2) packs.
+
+    >>> nnlshp([0, 3, 0, 0, 0, 3, 0, 0], max_sequences_per_pack=3)
+    [((6, 2), 3)]
+
+    Args:
+      histogram: int array [L]; histogram[i] = number of sequences of length i + 1.
+      max_sequences_per_pack: depth of the enumerated strategies.
+
+    Returns:
+      Strategies, sorted by their lengths.
+    """
+    histogram = np.asarray(histogram, dtype=np.int64)
+    max_length = len(histogram)
+    num_strategies = count_exact_fill_strategies(max_length, max_sequences_per_pack)
+    if num_strategies * max_length > MAX_NNLS_MATRIX_ENTRIES:
+        raise ValueError(
+            f"nnlshp at L={max_length} and depth {max_sequences_per_pack} needs a dense "
+            f"{max_length} x {num_strategies} matrix; use a smaller --max-sequences-per-pack, "
+            f"or the lp or lpfhp algorithm")
+    strategies = exact_fill_strategies(max_length, max_sequences_per_pack)
+    matrix = strategy_matrix(strategies, max_length).toarray()
+    weights = np.ones(max_length)
+    weights[:8] = 0.09
+    counts, _ = scipy.optimize.nnls(matrix * weights[:, None], histogram * weights, maxiter=10 * len(strategies))
+    packs, leftover = fill_slots(strategies, np.rint(counts).astype(np.int64), histogram, allow_shorter=False)
+    for lengths, count in lpfhp(leftover, min(2, max_sequences_per_pack)) if leftover.any() else []:
+        packs[lengths] += count
+    return sorted(packs.items())
+
+
+def lp_packing(histogram, max_sequences_per_pack: int = 3) -> Strategies:
+    """Linear-programming histogram packing: fewest packs, exact-fill strategies, HiGHS.
+
+    Variables: x_s >= 0 packs of each exact-fill strategy s, and f_l >= 0 slots of length l
+    handed down to hold sequences of length l - 1 (so any slot may hold a shorter sequence).
+    Minimise sum(x) subject to (A x)_l - f_l + f_{l+1} >= h_l for every length l. The solution
+    is rounded to the nearest integers, its slots are filled with real sequences, longest first
+    (slots of over-covered lengths become padding), and whatever is left over is packed with
+    LPFHP.
+
+    Worked example (L = 8, depth 3): four 1s, two 3s and two 5s: 20 tokens in 8 sequences.
+
+    >>> lp_packing([4, 0, 2, 0, 2, 0, 0, 0], max_sequences_per_pack=3)
+    [((3, 3, 1), 1), ((5, 1), 1), ((5, 1, 1), 1)]
+
+    Three packs: the optimum, since 8 sequences at most 3 per pack need ceil(8 / 3) = 3. The LP
+    optimum (1.6 x (5, 2, 1), 0.8 x (4, 3, 1), 0.4 x (5, 3)) rounds to two (5, 2, 1) packs and
+    one (4, 3, 1). The 3s take the 3- and 4-slot of the latter; the 1s take the three 1-slots
+    and one 2-slot; the other 2-slot stays empty.
+
+    Args:
+      histogram: int array [L]; histogram[i] = number of sequences of length i + 1.
+      max_sequences_per_pack: depth of the enumerated strategies.
+
+    Returns:
+      Strategies, sorted by their lengths.
+    """
+    histogram = np.asarray(histogram, dtype=np.int64)
+    counts, strategies = solve_packing_lp(histogram, max_sequences_per_pack)
+    packs, leftover = fill_slots(strategies, np.rint(counts).astype(np.int64), histogram, allow_shorter=True)
+    for lengths, count in lpfhp(leftover, max_sequences_per_pack) if leftover.any() else []:
+        packs[lengths] += count
+    return sorted(packs.items())
+
+
+def solve_packing_lp(histogram, max_sequences_per_pack: int) -> tuple[np.ndarray, list[tuple[int, ...]]]:
+    """Solves the LP relaxation of lp_packing; returns (fractional counts, strategies).
+
+    sum(counts) is a lower bound on the packs of any packing at this depth.
+    """
+    histogram = np.asarray(histogram, dtype=np.int64)
+    max_length = len(histogram)
+    num_strategies = count_exact_fill_strategies(max_length, max_sequences_per_pack)
+    if num_strategies > MAX_LP_STRATEGIES:
+        raise ValueError(
+            f"lp at L={max_length} and depth {max_sequences_per_pack} has {num_strategies} "
+            f"strategies (limit {MAX_LP_STRATEGIES}); use a smaller --max-sequences-per-pack "
+            f"or the lpfhp algorithm")
+    strategies = exact_fill_strategies(max_length, max_sequences_per_pack)
+    # Hand-down flow f_l for l = 2..L: leaves row l (-1), arrives at row l - 1 (+1).
+    lengths = np.arange(2, max_length + 1)
+    flow = scipy.sparse.csc_matrix(
+        (np.concatenate([-np.ones(max_length - 1), np.ones(max_length - 1)]),
+         (np.concatenate([lengths - 1, lengths - 2]), np.tile(np.arange(max_length - 1), 2))),
+        shape=(max_length, max_length - 1))
+    constraints = scipy.sparse.hstack([strategy_matrix(strategies, max_length), flow]).tocsc()
+    cost = np.concatenate([np.ones(len(strategies)), np.zeros(max_length - 1)])
+    result = scipy.optimize.linprog(cost, A_ub=-constraints, b_ub=-histogram.astype(float),
+                                    bounds=(0, None), method="highs")
+    if result.status != 0:
+        raise RuntimeError(f"the packing LP did not solve: {result.message}")
+    return result.x[:len(strategies)], strategies
+
+
+def fill_slots(strategies, counts, histogram, allow_shorter: bool):
+    """Puts real sequences into `counts[s]` packs of each strategy's slots.
+
+    Lengths are taken longest first. A sequence of length l goes into a slot of length l; with
+    `allow_shorter`, it may instead take the shortest free slot longer than l. Slots left empty
+    become padding.
+
+    >>> packs, leftover = fill_slots([(4,), (3, 1)], [2, 1], [1, 0, 2, 1], allow_shorter=True)
+    >>> sorted(packs.items()), leftover.tolist()
+    ([((3,), 1), ((3, 1), 1), ((4,), 1)], [0, 0, 0, 0])
+
+    Args:
+      strategies: list of tuples of slot lengths.
+      counts: int array [S], packs of each strategy.
+      histogram: int array [L], the sequences to place.
+      allow_shorter: whether a slot may hold a shorter sequence.
+
+    Returns:
+      (Counter mapping a tuple of sequence lengths to its number of packs,
+       int array [L] of the sequences that found no slot).
+    """
+    max_length = len(histogram)
+    remaining = np.array(histogram, dtype=np.int64)
+    slots_by_length: list[list[list[int]]] = [[] for _ in range(max_length + 1)]
+    for s, count in enumerate(counts):
+        if count > 0:
+            for position, length in enumerate(strategies[s]):
+                slots_by_length[length].append([s, position, int(count)])
+
+    # Free slot groups [strategy, position, count], the shortest on top.
+    free: list[list[int]] = []
+    filled = collections.defaultdict(list)  # (strategy, position) -> [(sequence length, count)]
+    for length in range(max_length, 0, -1):
+        free.extend(slots_by_length[length])
+        need = int(remaining[length - 1])
+        while need and free:
+            s, position, count = free[-1]
+            placed = min(count, need)
+            filled[(s, position)].append((length, placed))
+            need -= placed
+            if placed == count:
+                free.pop()
+            else:
+                free[-1][2] -= placed
+        remaining[length - 1] = need
+        if not allow_shorter:
+            free.clear()
+
+    packs: collections.Counter = collections.Counter()
+    for s, count in enumerate(counts):
+        if count > 0:
+            runs = []
+            for position in range(len(strategies[s])):
+                run = filled.get((s, position), [])
+                empty = int(count) - sum(c for _, c in run)
+                runs.append(run + ([(0, empty)] if empty else []))
+            for lengths, repeat in _zip_runs(runs):
+                if lengths:
+                    packs[lengths] += repeat
+    return packs, remaining
+
+
+def _zip_runs(runs):
+    """Walks run-length encoded columns of equal total in step.
+
+    >>> list(_zip_runs([[(5, 2), (4, 1)], [(1, 1), (0, 2)]]))
+    [((5, 1), 1), ((5,), 1), ((4,), 1)]
+    """
+    cursors = [[list(segment) for segment in run] for run in runs]
+    while cursors[0]:
+        repeat = min(column[0][1] for column in cursors)
+        lengths = tuple(sorted((column[0][0] for column in cursors if column[0][0]), reverse=True))
+        yield lengths, repeat
+        for column in cursors:
+            column[0][1] -= repeat
+            if column[0][1] == 0:
+                column.pop(0)

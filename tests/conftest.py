@@ -1,0 +1,5 @@
+import os
+
+# Keep TensorFlow quiet and on the CPU in every test process.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")

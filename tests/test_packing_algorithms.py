@@ -1,0 +1,167 @@
+import collections
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bert_packed.packing import (
+    ALGORITHMS,
+    PlanError,
+    check_strategies,
+    histogram_from_lengths,
+    lower_bound_packs,
+    plan,
+    solve_packing_lp,
+    wikipedia_like_histogram,
+)
+
+
+def placed_histogram(p):
+    """Counts the sequences a plan places, independently of the package's own check."""
+    counts = collections.Counter()
+    for lengths, count in p.strategies:
+        for length in lengths:
+            counts[length] += count
+    return [counts[length] for length in range(1, p.max_sequence_length + 1)]
+
+
+def optimal_packs(lengths, max_length, depth):
+    """Fewest packs by exhaustive search (a handful of sequences only)."""
+    lengths = sorted(lengths, reverse=True)
+    best = [len(lengths)]
+
+    def search(i, packs):
+        if len(packs) >= best[0]:
+            return
+        if i == len(lengths):
+            best[0] = len(packs)
+            return
+        tried = set()
+        for k, (space, n) in enumerate(packs):
+            if lengths[i] <= space and n < depth and (space, n) not in tried:
+                tried.add((space, n))
+                packs[k] = (space - lengths[i], n + 1)
+                search(i + 1, packs)
+                packs[k] = (space, n)
+        search(i + 1, packs + [(max_length - lengths[i], 1)])
+
+    search(0, [])
+    return best[0]
+
+
+histograms = st.integers(1, 40).flatmap(
+    lambda max_length: st.lists(st.integers(0, 30), min_size=max_length, max_size=max_length)
+).filter(lambda counts: sum(counts) > 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(counts=histograms, depth=st.one_of(st.none(), st.integers(1, 5)),
+       algorithm=st.sampled_from(sorted(ALGORITHMS)))
+def test_every_plan_places_each_sequence_once_within_limits(counts, depth, algorithm):
+    if depth is None and algorithm in ("nnlshp", "lp"):
+        depth = 4  # these enumerate strategies and need a finite depth
+    p = plan(counts, len(counts), algorithm, depth)
+    max_depth = len(counts) if depth is None else depth
+    assert placed_histogram(p) == list(counts)
+    for lengths, count in p.strategies:
+        assert count >= 1 and 1 <= len(lengths) <= max_depth and sum(lengths) <= len(counts)
+    assert p.num_sequences == sum(counts)
+    assert p.num_packs >= p.lower_bound_packs == lower_bound_packs(counts, max_depth)
+    assert 0 < p.efficiency <= 1
+
+
+@settings(max_examples=40, deadline=None)
+@given(lengths=st.lists(st.integers(1, 12), min_size=1, max_size=7), depth=st.integers(1, 4))
+def test_no_algorithm_beats_the_exhaustive_optimum_and_lp_bound_is_valid(lengths, depth):
+    optimum = optimal_packs(lengths, 12, depth)
+    histogram = histogram_from_lengths(lengths, 12)
+    assert lower_bound_packs(histogram, depth) <= optimum
+    lp_bound, _ = solve_packing_lp(histogram, depth)
+    assert lp_bound.sum() <= optimum + 1e-6
+    for algorithm in ALGORITHMS:
+        assert plan(histogram, 12, algorithm, depth).num_packs >= optimum
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_complementary_pairs_pack_perfectly(algorithm):
+    # 100 x 300 + 100 x 212 at L = 512: 100 full packs, the optimum.
+    histogram = histogram_from_lengths([300] * 100 + [212] * 100, 512)
+    p = plan(histogram, 512, algorithm, 3)
+    assert p.strategies == (((300, 212), 100),)
+    assert p.efficiency == 1.0 and p.packing_factor == 2.0
+
+
+@pytest.mark.parametrize("algorithm", ["nnlshp", "lp"])
+def test_exact_fill_solvers_find_triples(algorithm):
+    # L = 12: 40 x (5, 4, 3) is the only perfect packing.
+    histogram = histogram_from_lengths([5, 4, 3] * 40, 12)
+    p = plan(histogram, 12, algorithm, 3)
+    assert p.strategies == (((5, 4, 3), 40),)
+
+
+def test_lp_reaches_the_optimum_where_greedy_does_not():
+    # L = 8, depth 3: 5,5,3,3,1,1,1,1 fit in 3 packs; the greedy walks fill (5, 3) twice first
+    # and strand the four 1s in two packs.
+    lengths = [5, 5, 3, 3, 1, 1, 1, 1]
+    assert optimal_packs(lengths, 8, 3) == 3
+    histogram = histogram_from_lengths(lengths, 8)
+    assert plan(histogram, 8, "lp", 3).num_packs == 3
+    assert plan(histogram, 8, "spfhp", 3).num_packs == 4
+    assert plan(histogram, 8, "lpfhp", 3).num_packs == 4
+
+
+def test_depth_one_gives_one_sequence_per_pack():
+    histogram = wikipedia_like_histogram(10_000, 64)
+    for algorithm in ALGORITHMS:
+        p = plan(histogram, 64, algorithm, 1)
+        assert p.num_packs == 10_000 and p.packing_factor == 1.0
+
+
+def test_greedy_is_near_the_bound_on_wikipedia_like_data_at_unlimited_depth():
+    histogram = wikipedia_like_histogram(1_000_000, 512, seed=0)
+    for algorithm in ("spfhp", "lpfhp"):
+        p = plan(histogram, 512, algorithm, None)
+        assert p.num_packs <= 1.003 * p.lower_bound_packs
+        assert p.packing_factor == pytest.approx(2.0, abs=0.01)
+
+
+def test_lp_beats_nnlshp_at_the_same_depth():
+    histogram = wikipedia_like_histogram(200_000, 256, seed=0)
+    nnls = plan(histogram, 256, "nnlshp", 3)
+    lp = plan(histogram, 256, "lp", 3)
+    lp_bound, _ = solve_packing_lp(histogram, 3)
+    assert nnls.efficiency >= 0.997
+    assert lp.num_packs < nnls.num_packs
+    assert lp_bound.sum() <= lp.num_packs <= np.ceil(lp_bound.sum()) + 10
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(algorithm="bogus"), "unknown packing algorithm 'bogus'"),
+    (dict(max_sequences_per_pack=0), "max_sequences_per_pack must be an integer >= 1"),
+    (dict(max_sequences_per_pack=2.5), "max_sequences_per_pack must be an integer >= 1"),
+    (dict(max_sequence_length=2), "longer than the maximum sequence length 2"),
+])
+def test_plan_rejects_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        plan([1, 2, 3], **kwargs)
+
+
+def test_enumerating_solvers_refuse_huge_depths():
+    with pytest.raises(ValueError, match="nnlshp at L=512 and depth 5"):
+        plan([1] * 512, 512, "nnlshp", 5)
+    with pytest.raises(ValueError, match="lp at L=512 and depth 6"):
+        plan([1] * 512, 512, "lp", 6)
+
+
+def test_check_strategies_catches_lost_duplicated_and_oversized_sequences():
+    histogram = np.array([2, 0, 1, 0])
+    check_strategies([((3, 1), 1), ((1,), 1)], histogram, depth=2)
+    with pytest.raises(PlanError, match="places 1 sequences of length 1, the histogram has 2"):
+        check_strategies([((3, 1), 1)], histogram, depth=2)
+    with pytest.raises(PlanError, match="places 3 sequences of length 1"):
+        check_strategies([((3, 1), 1), ((1, 1), 1)], histogram, depth=2)
+    with pytest.raises(PlanError, match="invalid strategy"):
+        check_strategies([((3, 1, 1), 1)], histogram, depth=2)
+    with pytest.raises(PlanError, match="invalid strategy"):
+        check_strategies([((3, 3), 1)], np.array([0, 0, 2]), depth=2)

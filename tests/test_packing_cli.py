@@ -1,0 +1,71 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "bert_packed.packing", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def histogram_file(tmp_path):
+    path = tmp_path / "h.json"
+    path.write_text(json.dumps({"max_sequence_length": 8, "histogram": [4, 0, 2, 0, 2, 0, 0, 0]}))
+    return str(path)
+
+
+def test_json_report(histogram_file):
+    result = run_cli("--histogram", histogram_file, "--algorithm", "lp", "--max-sequences-per-pack", "3", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    for key in ("num_packs", "num_sequences", "efficiency", "packing_factor", "lower_bound_packs", "seconds",
+                "strategies"):
+        assert key in report
+    assert report["num_packs"] == 3 and report["num_sequences"] == 8
+    assert report["efficiency"] == pytest.approx(20 / 24)
+    assert sum(count * len(lengths) for lengths, count in report["strategies"]) == 8
+
+
+def test_all_algorithms_table(histogram_file):
+    result = run_cli("--histogram", histogram_file, "--algorithm", "all")
+    assert result.returncode == 0, result.stderr
+    rows = {line.split()[0]: line.split() for line in result.stdout.splitlines()[3:]}
+    assert set(rows) == {"spfhp", "lpfhp", "nnlshp", "lp"}
+    assert rows["lp"][2] == "3" and rows["spfhp"][2] == "4"  # packs column
+
+
+def test_all_algorithms_json_at_unlimited_depth_keeps_the_greedy_ones(histogram_file):
+    result = run_cli("--histogram", histogram_file, "--algorithm", "all", "--max-sequences-per-pack", "unlimited",
+                     "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert set(report) == {"spfhp", "lpfhp"}
+    assert report["lpfhp"]["max_sequences_per_pack"] is None
+
+
+@pytest.mark.parametrize("content, args, message", [
+    ("[1, -1]", [], "count for length 2 is -1"),
+    ("[1, 0.5]", [], "count for length 2 is 0.5"),
+    ("[0, 0]", [], "empty"),
+    ("{not json", [], "not valid JSON"),
+    ('{"max_sequence_length": 1, "histogram": [1, 1]}', [], "longer than the maximum sequence length 1"),
+    ("[1, 1]", ["--max-sequences-per-pack", "0"], "--max-sequences-per-pack: must be >= 1"),
+    ("[1, 1]", ["--max-sequences-per-pack", "two"], "--max-sequences-per-pack: expected an integer"),
+    ("[1, 1]", ["--algorithm", "magic"], "invalid choice: 'magic'"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, content, args, message):
+    path = tmp_path / "h.json"
+    path.write_text(content)
+    result = run_cli("--histogram", str(path), *args)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in result.stderr and result.stdout == ""
+
+
+def test_missing_file_is_named(tmp_path):
+    result = run_cli("--histogram", str(tmp_path / "missing.json"))
+    assert result.returncode == 2 and "missing.json: cannot read" in result.stderr
