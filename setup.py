@@ -14,6 +14,9 @@ setup(
     install_requires=[
         "numpy>=1.26",
         "scipy>=1.11",
+        "google-crc32c>=1.5",
+        "tokenizers>=0.15",
+        "absl-py>=2.0",
     ],
     extras_require={
         # TensorFlow comes only through an extra so that CPU machines never pull CUDA.

@@ -1,0 +1,75 @@
+"""Create unpacked BERT pre-training TFRecords from WikiExtractor or plain-text files.
+
+    python scripts/create_pretraining_data.py --input_file='data/wikipedia_sample/*' \
+        --output_dir=runs/data/unpacked --vocab_file=data/bert_uncased_vocab.txt \
+        --max_seq_length=512 --max_predictions_per_seq=76 --dupe_factor=10
+
+Flag names and defaults follow the MLPerf reference script (output_dir replaces output_file:
+one shard per input file, plus histogram.json and metadata.json).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from absl import app, flags
+
+from bert_packed.cli.common import expand_globs, fail
+from bert_packed.data.corpus import CorpusError
+from bert_packed.data.create_dataset import DatasetSettings, OutputDirectoryError, create_pretraining_dataset
+from bert_packed.data.pretraining import MaskingConfig
+from bert_packed.data.tokenization import VocabularyError
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("input_file", None, "Comma-separated input files or globs (WikiExtractor or one sentence a line).")
+flags.DEFINE_string("output_dir", None, "Where the TFRecord shards, histogram.json and metadata.json go.")
+flags.DEFINE_string("vocab_file", "data/bert_uncased_vocab.txt", "BERT WordPiece vocabulary.")
+flags.DEFINE_bool("do_lower_case", True, "Lower-case and strip accents (uncased models).")
+flags.DEFINE_bool("do_whole_word_mask", False, "Mask whole words instead of WordPieces.")
+flags.DEFINE_integer("max_seq_length", 512, "L: tokens per instance, [CLS] and [SEP]s included.")
+flags.DEFINE_integer("max_predictions_per_seq", 76, "P: masked-LM predictions per instance at most.")
+flags.DEFINE_integer("random_seed", 12345, "Seed; with the same inputs the output is identical.")
+flags.DEFINE_integer("dupe_factor", 10, "Passes over the data, each with different masks.")
+flags.DEFINE_float("masked_lm_prob", 0.15, "Share of tokens to predict.")
+flags.DEFINE_float("short_seq_prob", 0.1, "Probability of a shorter random target length per document.")
+flags.DEFINE_enum("empty_documents", "warn", ["warn", "error"], "What an empty document in the input does.")
+flags.DEFINE_integer("num_workers", 0, "Worker processes (0: one per core).")
+flags.mark_flags_as_required(["input_file", "output_dir"])
+
+PROGRAM = "create_pretraining_data"
+
+
+def main(argv):
+    del argv
+    logging.getLogger().setLevel(logging.INFO)
+    if FLAGS.max_seq_length < 8:
+        fail(PROGRAM, f"--max_seq_length={FLAGS.max_seq_length}: must be at least 8")
+    if FLAGS.max_predictions_per_seq < 1 or FLAGS.dupe_factor < 1:
+        fail(PROGRAM, "--max_predictions_per_seq and --dupe_factor must be at least 1")
+    if not 0.0 < FLAGS.masked_lm_prob < 1.0 or not 0.0 <= FLAGS.short_seq_prob <= 1.0:
+        fail(PROGRAM, "--masked_lm_prob must be in (0, 1) and --short_seq_prob in [0, 1]")
+    settings = DatasetSettings(
+        vocab_file=FLAGS.vocab_file,
+        do_lower_case=FLAGS.do_lower_case,
+        config=MaskingConfig(FLAGS.max_seq_length, FLAGS.max_predictions_per_seq, FLAGS.masked_lm_prob,
+                             FLAGS.short_seq_prob, FLAGS.do_whole_word_mask),
+        dupe_factor=FLAGS.dupe_factor,
+        seed=FLAGS.random_seed,
+        empty_documents=FLAGS.empty_documents,
+    )
+    try:
+        files = expand_globs(FLAGS.input_file, "--input_file")
+        metadata = create_pretraining_dataset(files, FLAGS.output_dir, settings, FLAGS.num_workers)
+    except (FileNotFoundError, CorpusError, VocabularyError, OutputDirectoryError) as e:
+        fail(PROGRAM, e)
+    summary = {k: v for k, v in metadata.items() if k not in ("sources", "files", "settings")}
+    print(json.dumps(summary, indent=1))
+
+
+def run():
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

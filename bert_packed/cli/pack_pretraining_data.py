@@ -1,0 +1,76 @@
+"""Pack unpacked BERT pre-training TFRecords into packed TFRecords, losslessly.
+
+    python scripts/pack_pretraining_data.py --input_files='runs/data/unpacked/part-*.tfrecord' \
+        --output_dir=runs/data/packed --max_seq_length=512 --max_predictions_per_seq=76 \
+        --max_sequences_per_pack=3 --algorithm=lp --verify
+
+Writes packed-NNNNN-of-NNNNN.tfrecord shards, histogram.json and metadata.json. An interrupted
+run resumes from where it stopped when started again with the same flags.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from absl import app, flags
+
+from bert_packed.cli.common import expand_globs, fail
+from bert_packed.data.pack_dataset import (
+    OutputDirectoryError,
+    PackingError,
+    PackSettings,
+    pack_pretraining_dataset,
+    verify_packed_dataset,
+)
+from bert_packed.data.reader import RecordError
+from bert_packed.data.schema import Shapes
+from bert_packed.data.tfrecord import CorruptRecordError
+from bert_packed.packing import ALGORITHMS
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("input_files", None, "Comma-separated globs of unpacked TFRecord files.")
+flags.DEFINE_string("output_dir", None, "Where the packed shards, histogram.json and metadata.json go.")
+flags.DEFINE_integer("max_seq_length", 512, "L of the input records and of the packs.")
+flags.DEFINE_integer("max_predictions_per_seq", 76, "P of the input records; packs hold P + S.")
+flags.DEFINE_integer("max_sequences_per_pack", 3, "S: at most this many sequences share a pack.")
+flags.DEFINE_enum("algorithm", "lp", list(ALGORITHMS), "Packing algorithm (see python -m bert_packed.packing).")
+flags.DEFINE_integer("seed", 12345, "Decides which sequences share a pack and the order of the packs.")
+flags.DEFINE_integer("num_shards", 1, "Output files at least (more when the data is large).")
+flags.DEFINE_integer("bucket_mb", 256, "Memory for one bucket of sequences in the writing pass.")
+flags.DEFINE_integer("num_workers", 0, "Processes for the writing pass (0: one per core).")
+flags.DEFINE_bool("verify", False, "Re-read the output and decode every pack back into its sequences.")
+flags.mark_flags_as_required(["input_files", "output_dir"])
+
+PROGRAM = "pack_pretraining_data"
+
+
+def main(argv):
+    del argv
+    logging.getLogger().setLevel(logging.INFO)
+    if FLAGS.max_sequences_per_pack < 1 or FLAGS.max_seq_length < 8 or FLAGS.max_predictions_per_seq < 1:
+        fail(PROGRAM, "--max_sequences_per_pack and --max_predictions_per_seq must be >= 1, --max_seq_length >= 8")
+    if FLAGS.num_shards < 1 or FLAGS.bucket_mb < 1:
+        fail(PROGRAM, "--num_shards and --bucket_mb must be >= 1")
+    settings = PackSettings(
+        shapes=Shapes(FLAGS.max_seq_length, FLAGS.max_predictions_per_seq, FLAGS.max_sequences_per_pack),
+        algorithm=FLAGS.algorithm, seed=FLAGS.seed, num_shards=FLAGS.num_shards,
+        bucket_bytes=FLAGS.bucket_mb << 20)
+    try:
+        files = expand_globs(FLAGS.input_files, "--input_files")
+        metadata = pack_pretraining_dataset(files, FLAGS.output_dir, settings, FLAGS.num_workers)
+        if FLAGS.verify:
+            found = verify_packed_dataset(FLAGS.output_dir)
+            logging.info("verified: %d packs decode to the %d input sequences (checksum %s)",
+                         found["num_packs"], found["num_sequences"], found["checksum"])
+    except (FileNotFoundError, CorruptRecordError, RecordError, OutputDirectoryError, PackingError, ValueError) as e:
+        fail(PROGRAM, e)
+    print(json.dumps({k: v for k, v in metadata.items() if k not in ("sources", "files")}, indent=1))
+
+
+def run():
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

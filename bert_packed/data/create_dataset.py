@@ -1,0 +1,242 @@
+"""Text files -> unpacked pre-training TFRecords (MLPerf schema) and their length histogram.
+
+Each input file is read and tokenized once, in the main process (the Rust tokenizer uses every
+core). Random "next" segments come from the same file, as when MLPerf runs the reference script
+per shard. Every (file i, dupe pass p) is then one job for the worker pool: it draws from a
+NumPy Generator seeded with (seed, i, p), writes `part-{i:05d}-{p:03d}.tfrecord` (its instances
+in random order) and, after it, `part-{i:05d}-{p:03d}.json` with its counts and histogram. So
+the output is the same whatever the number of workers, the work spreads evenly over them, and
+a job whose .json exists is done: an interrupted run resumes where it stopped.
+
+Output directory:
+  part-00000-000.tfrecord ...   unpacked records
+  part-00000-000.json ...       per-shard counts, histogram and settings
+  histogram.json                merged length histogram (DESIGN format)
+  metadata.json                 settings, sources, totals, statistics
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import logging
+import multiprocessing
+import os
+
+import numpy as np
+
+from bert_packed.data.corpus import CorpusError, read_documents
+from bert_packed.data.pretraining import MaskingConfig, create_instances, encode_instances
+from bert_packed.data.schema import Shapes
+from bert_packed.data.tfrecord import TFRecordWriter
+from bert_packed.data.tokenization import Tokenizer
+from bert_packed.files import write_text_atomically
+from bert_packed.packing.histogram import histogram_from_lengths, merge_histograms, save_histogram
+from bert_packed.progress import Progress
+
+
+class OutputDirectoryError(ValueError):
+    """The output directory holds data made with other settings."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetSettings:
+    """Everything that decides the output; a resumed run must use the same."""
+
+    vocab_file: str
+    do_lower_case: bool
+    config: MaskingConfig
+    dupe_factor: int
+    seed: int
+    empty_documents: str = "warn"  # or "error"
+
+    def to_dict(self) -> dict:
+        result = dataclasses.asdict(self)
+        result["vocab_file"] = os.path.basename(self.vocab_file)
+        return result
+
+
+def shard_name(file_index: int, dupe_pass: int) -> str:
+    return f"part-{file_index:05d}-{dupe_pass:03d}"
+
+
+def create_pretraining_dataset(input_files: list[str], output_dir: str, settings: DatasetSettings,
+                               num_workers: int = 0) -> dict:
+    """Writes the unpacked dataset; returns the metadata (also written to metadata.json).
+
+    Args:
+      input_files: text files, in a fixed order (their position seeds their jobs).
+      output_dir: created if missing; may hold a previous run with the same settings and inputs.
+      settings: see DatasetSettings.
+      num_workers: processes (0: one per core).
+
+    Raises:
+      CorpusError / VocabularyError: bad input, naming the file.
+      OutputDirectoryError: the directory holds data made with other settings or inputs.
+    """
+    if not input_files:
+        raise CorpusError("no input files")
+    tokenizer = Tokenizer(settings.vocab_file, settings.do_lower_case)  # fails early on a bad vocabulary
+    os.makedirs(output_dir, exist_ok=True)
+    sources = [os.path.abspath(path) for path in input_files]
+    _check_previous_run(output_dir, settings, sources)
+
+    def done(i, p):
+        return os.path.exists(os.path.join(output_dir, shard_name(i, p) + ".json"))
+
+    num_jobs = len(input_files) * settings.dupe_factor
+    progress = Progress("create_pretraining_data", total=num_jobs, unit="shards")
+    progress.done = sum(done(i, p) for i in range(len(input_files)) for p in range(settings.dupe_factor))
+    if progress.done:
+        logging.info("resuming: %d of %d shards already written", progress.done, num_jobs)
+    num_workers = num_workers or os.cpu_count() or 1
+    instances = 0
+    # Fresh interpreters for the workers: no inherited TensorFlow or tokenizer thread pools.
+    pool = (concurrent.futures.ProcessPoolExecutor(num_workers, mp_context=multiprocessing.get_context("spawn"),
+                                                   initializer=_quiet_worker) if num_workers > 1 else None)
+    in_flight: set = set()
+    try:
+        for i, path in enumerate(input_files):
+            passes = [p for p in range(settings.dupe_factor) if not done(i, p)]
+            if not passes:
+                continue
+            documents, empty = _tokenize_file(path, tokenizer, settings)
+            for p in passes:
+                job = (i, p, sources[i], documents, empty, output_dir, settings)
+                if pool is None:
+                    instances += _run_pass(*job)
+                    progress.update(1, f", {instances:,} instances")
+                    continue
+                in_flight.add(pool.submit(_run_pass, *job))
+                while len(in_flight) > 2 * num_workers:  # bounds the tokenized files held in memory
+                    finished, in_flight = concurrent.futures.wait(
+                        in_flight, return_when=concurrent.futures.FIRST_COMPLETED)
+                    for future in finished:
+                        instances += future.result()
+                        progress.update(1, f", {instances:,} instances")
+        for future in concurrent.futures.as_completed(in_flight):
+            instances += future.result()
+            progress.update(1, f", {instances:,} instances")
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    progress.close()
+    return _write_summary(sources, output_dir, settings)
+
+
+def _quiet_worker() -> None:
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
+def _check_previous_run(output_dir: str, settings: DatasetSettings, sources: list[str]) -> None:
+    expected = settings.to_dict()
+    for name in sorted(os.listdir(output_dir)):
+        if name.startswith("part-") and name.endswith(".json"):
+            with open(os.path.join(output_dir, name), encoding="utf-8") as f:
+                previous = json.load(f)
+            index = previous.get("file_index", -1)
+            if (previous.get("settings") != expected or not 0 <= index < len(sources)
+                    or previous.get("source") != sources[index]):
+                raise OutputDirectoryError(
+                    f"{output_dir}: holds {name}, made with other settings or input files; use a new "
+                    f"--output_dir or remove the old one")
+
+
+def _tokenize_file(path: str, tokenizer: Tokenizer, settings: DatasetSettings):
+    """Reads and tokenizes one file.
+
+    Returns:
+      (tokens, sentence_lengths, sentences_per_document): the non-empty documents as three flat
+      int arrays, cheap to send to a worker once per pass; and the sources of empty documents.
+    """
+    documents = read_documents(path)
+    empty = [doc.source for doc in documents if not doc.sentences]
+    if empty and settings.empty_documents == "error":
+        raise CorpusError(f"{empty[0]}: empty document (no text); {len(empty)} in this file")
+    for source in empty:
+        logging.warning("%s: empty document skipped", source)
+    sentences = [ids for ids in tokenizer.encode([s for doc in documents for s in doc.sentences])]
+    flat = (np.concatenate(sentences).astype(np.int32),
+            np.array([len(ids) for ids in sentences], dtype=np.int64),
+            np.array([len(doc.sentences) for doc in documents if doc.sentences], dtype=np.int64))
+    return flat, empty
+
+
+def _unflatten(tokens: np.ndarray, sentence_lengths: np.ndarray, sentences_per_document: np.ndarray):
+    """The inverse of _tokenize_file's flattening: documents as lists of int32 arrays."""
+    sentences = np.split(tokens, np.cumsum(sentence_lengths)[:-1])
+    bounds = np.concatenate([[0], np.cumsum(sentences_per_document)])
+    return [sentences[start:end] for start, end in zip(bounds[:-1], bounds[1:])]
+
+
+def _run_pass(file_index: int, dupe_pass: int, source: str, documents, empty: list[str], output_dir: str,
+              settings: DatasetSettings) -> int:
+    """One dupe pass over one file's documents -> one shard; returns its number of instances."""
+    config = settings.config
+    documents = _unflatten(*documents)
+    tokenizer = _worker_tokenizer(settings)
+    continuation = None
+    if config.do_whole_word_mask:
+        with open(settings.vocab_file, encoding="utf-8") as f:
+            continuation = np.array([line.startswith("##") for line in f])
+    rng = np.random.default_rng([settings.seed, file_index, dupe_pass])
+    instances = create_instances(documents, config, 1, tokenizer.vocab_size,
+                                 (tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id), rng, continuation)
+    shapes = Shapes(config.max_seq_length, config.max_predictions_per_seq)
+    name = shard_name(file_index, dupe_pass)
+    with TFRecordWriter(os.path.join(output_dir, name + ".tfrecord")) as writer:
+        writer.write_all(encode_instances(instances, shapes))
+    summary = {
+        "source": source,
+        "file_index": file_index,
+        "dupe_pass": dupe_pass,
+        "settings": settings.to_dict(),
+        "num_documents": len(documents),
+        "empty_documents": empty,
+        "num_instances": len(instances),
+        "num_predictions": int(sum(len(i.masked_lm_positions) for i in instances)),
+        "num_random_next": int(sum(i.is_random_next for i in instances)),
+        "histogram": histogram_from_lengths([len(i.input_ids) for i in instances], config.max_seq_length).tolist(),
+    }
+    write_text_atomically(os.path.join(output_dir, name + ".json"), json.dumps(summary) + "\n")
+    return len(instances)
+
+
+_TOKENIZERS: dict = {}
+
+
+def _worker_tokenizer(settings: DatasetSettings) -> Tokenizer:
+    """One Tokenizer per worker process (its special ids and vocabulary size)."""
+    key = (settings.vocab_file, settings.do_lower_case)
+    if key not in _TOKENIZERS:
+        _TOKENIZERS[key] = Tokenizer(*key)
+    return _TOKENIZERS[key]
+
+
+def _write_summary(sources: list[str], output_dir: str, settings: DatasetSettings) -> dict:
+    shards = []
+    for i in range(len(sources)):
+        for p in range(settings.dupe_factor):
+            with open(os.path.join(output_dir, shard_name(i, p) + ".json"), encoding="utf-8") as f:
+                shards.append(json.load(f))
+    histogram = merge_histograms(*[s["histogram"] for s in shards])
+    save_histogram(os.path.join(output_dir, "histogram.json"), histogram)
+    lengths = np.arange(1, len(histogram) + 1)
+    num_instances = int(histogram.sum())
+    first_pass = [s for s in shards if s["dupe_pass"] == 0]
+    metadata = {
+        "settings": settings.to_dict(),
+        "sources": sources,
+        "files": [shard_name(s["file_index"], s["dupe_pass"]) + ".tfrecord" for s in shards],
+        "num_documents": sum(s["num_documents"] for s in first_pass),
+        "num_empty_documents": sum(len(s["empty_documents"]) for s in first_pass),
+        "num_instances": num_instances,
+        "num_tokens": int(histogram @ lengths),
+        "padding_fraction": 1.0 - float(histogram @ lengths) / (num_instances * len(histogram)),
+        "full_length_fraction": float(histogram[-1]) / num_instances,
+        "predictions_per_instance": sum(s["num_predictions"] for s in shards) / num_instances,
+        "random_next_fraction": sum(s["num_random_next"] for s in shards) / num_instances,
+    }
+    write_text_atomically(os.path.join(output_dir, "metadata.json"), json.dumps(metadata, indent=1) + "\n")
+    return metadata

@@ -1,0 +1,321 @@
+"""Unpacked TFRecords -> packed TFRecords + metadata.json, losslessly, in bounded memory.
+
+Three passes, each resumable:
+1. Read every input file once (records parsed and checked), write its sequences as compact rows
+   to `.work/rows-NNNNN.bin` with their histogram and checksum (`.work/rows-NNNNN.json`).
+2. Plan the packing on the merged histogram; give every sequence its pack and position
+   (packer.SlotTable and keyed permutations: no per-sequence table in memory) and append it to
+   the bucket file of its pack (`.work/bucket-NNNNN.bin`). Packs are numbered in random output
+   order and buckets are ranges of that order, sized to `bucket_bytes`.
+3. For each bucket: load it (one bucket in memory at a time), assemble its packs, decode them
+   back and checksum the sequences, and write `packed-NNNNN-of-NNNNN.tfrecord`.
+
+Peak memory is one bucket (default 256 MB of rows) plus one reading batch, whatever the input
+size. The run succeeds only if the sequences out (count and order-independent checksum, decoded
+from the packs written) equal the sequences in; then metadata.json is written and .work removed.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import hashlib
+import json
+import math
+import multiprocessing
+import os
+import shutil
+
+import numpy as np
+
+from bert_packed.data import packer
+from bert_packed.data.reader import read_packed, read_unpacked
+from bert_packed.data.schema import Shapes
+from bert_packed.data.tfrecord import TFRecordWriter, encode_examples
+from bert_packed.files import write_text_atomically
+from bert_packed.packing import histogram_from_lengths, merge_histograms, plan, save_histogram
+from bert_packed.progress import Progress
+
+
+class PackingError(RuntimeError):
+    """The packed output does not hold exactly the input sequences (a bug; nothing is published)."""
+
+
+class OutputDirectoryError(ValueError):
+    """The output directory holds another run."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PackSettings:
+    """Everything that decides the packed output.
+
+    Attributes:
+      shapes: L, P and S (max_sequences_per_pack) of the packed data.
+      algorithm: packing algorithm (bert_packed.packing.ALGORITHMS).
+      seed: decides which sequences share a pack and the order of the packs.
+      num_shards: output files at least (more when a bucket would exceed bucket_bytes).
+      bucket_bytes: largest bucket of rows held in memory in pass 3.
+    """
+
+    shapes: Shapes
+    algorithm: str = "lpfhp"
+    seed: int = 12345
+    num_shards: int = 1
+    bucket_bytes: int = 256 << 20
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def pack_pretraining_dataset(input_files: list[str], output_dir: str, settings: PackSettings,
+                             num_workers: int = 0) -> dict:
+    """Packs the sequences of `input_files` into `output_dir`; returns the metadata.
+
+    Raises:
+      CorruptRecordError / RecordError: bad input, naming file and record.
+      OutputDirectoryError: `output_dir` holds another run.
+      PackingError: the output would not hold exactly the input sequences.
+    """
+    sources = [os.path.abspath(path) for path in input_files]
+    work = os.path.join(output_dir, ".work")
+    os.makedirs(work, exist_ok=True)
+    identity = {"settings": settings.to_dict(), "sources": sources}
+    _claim(output_dir, work, identity)
+
+    shapes = settings.shapes
+    unpacked_shapes = Shapes(shapes.max_seq_length, shapes.max_predictions_per_seq)
+    summaries = _read_inputs(sources, work, unpacked_shapes)
+    histogram = merge_histograms(*[s["histogram"] for s in summaries])
+    save_histogram(os.path.join(output_dir, "histogram.json"), histogram)
+    checksum_in = packer.combine_checksums(*[int(s["checksum"], 16) for s in summaries])
+    packing_plan = plan(histogram, shapes.max_seq_length, settings.algorithm, shapes.max_sequences_per_pack)
+
+    row_bytes = packer.row_dtype(unpacked_shapes).itemsize
+    num_buckets = max(settings.num_shards, math.ceil(int(histogram.sum()) * row_bytes / settings.bucket_bytes))
+    num_buckets = min(num_buckets, packing_plan.num_packs)
+    if not os.path.exists(os.path.join(work, "buckets.json")):
+        _distribute(summaries, work, unpacked_shapes, packing_plan, num_buckets, settings.seed)
+    shards = _write_packs(output_dir, work, settings, packing_plan.num_packs, num_buckets, num_workers)
+
+    num_out = sum(s["num_sequences"] for s in shards)
+    checksum_out = packer.combine_checksums(*[int(s["checksum"], 16) for s in shards])
+    if num_out != int(histogram.sum()) or checksum_out != checksum_in:
+        raise PackingError(f"packed output holds {num_out} sequences (checksum {checksum_out:016x}), the input "
+                           f"{int(histogram.sum())} (checksum {checksum_in:016x}); nothing published")
+    metadata = {
+        "algorithm": settings.algorithm,
+        "max_sequence_length": shapes.max_seq_length,
+        "max_sequences_per_pack": shapes.max_sequences_per_pack,
+        "max_predictions_per_seq": shapes.max_predictions_per_seq,
+        "max_predictions": shapes.max_predictions_per_pack,
+        "num_sequences": packing_plan.num_sequences,
+        "num_packs": packing_plan.num_packs,
+        "num_tokens": packing_plan.num_tokens,
+        "packing_factor": packing_plan.packing_factor,
+        "efficiency": packing_plan.efficiency,
+        "lower_bound_packs": packing_plan.lower_bound_packs,
+        "padding_fraction_unpacked": 1.0 - packing_plan.num_tokens / (packing_plan.num_sequences * shapes.max_seq_length),
+        "seed": settings.seed,
+        "sources": sources,
+        "files": [s["file"] for s in shards],
+        "checksum": f"{checksum_in:016x}",
+    }
+    write_text_atomically(os.path.join(output_dir, "metadata.json"), json.dumps(metadata, indent=1) + "\n")
+    shutil.rmtree(work, ignore_errors=True)
+    return metadata
+
+
+def _claim(output_dir: str, work: str, identity: dict) -> None:
+    """Refuses a directory that holds another run; records this run's identity for resuming."""
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+    marker = os.path.join(work, "run.json")
+    if os.path.exists(marker):
+        with open(marker, encoding="utf-8") as f:
+            if json.load(f).get("digest") != digest:
+                raise OutputDirectoryError(f"{output_dir}: holds an unfinished packing run with other settings "
+                                           f"or inputs; use a new --output_dir or remove it")
+    elif os.path.exists(os.path.join(output_dir, "metadata.json")) or any(
+            name.startswith("packed-") for name in os.listdir(output_dir)):
+        raise OutputDirectoryError(f"{output_dir}: already holds packed data; use a new --output_dir or remove it")
+    write_text_atomically(marker, json.dumps({"digest": digest, **identity}) + "\n")
+
+
+def _read_inputs(sources: list[str], work: str, shapes: Shapes) -> list[dict]:
+    """Pass 1: every input file to rows, with its histogram and checksum."""
+    summaries = []
+    progress = Progress("pack: reading", total=len(sources), unit="files")
+    sequences = 0
+    for index, path in enumerate(sources):
+        summary_path = os.path.join(work, f"rows-{index:05d}.json")
+        if not os.path.exists(summary_path):
+            rows_path = os.path.join(work, f"rows-{index:05d}.bin")
+            histogram = np.zeros(shapes.max_seq_length, dtype=np.int64)
+            total = 0
+            with TemporaryBinary(rows_path) as f:
+                for first, batch in read_unpacked(path, shapes):
+                    rows = packer.rows_from_unpacked(batch, shapes, index, first)
+                    histogram += histogram_from_lengths(rows["length"], shapes.max_seq_length)
+                    total = packer.combine_checksums(total, packer.checksum(rows))
+                    f.write(rows.tobytes())
+            summary = {"source": path, "histogram": histogram.tolist(), "checksum": f"{total:016x}"}
+            write_text_atomically(summary_path, json.dumps(summary) + "\n")
+        with open(summary_path, encoding="utf-8") as f:
+            summaries.append(json.load(f))
+        sequences += sum(summaries[-1]["histogram"])
+        progress.update(1, f", {sequences:,} sequences")
+    progress.close()
+    return summaries
+
+
+class TemporaryBinary:
+    """A binary file written under a temporary name and renamed when the block succeeds."""
+
+    def __init__(self, path: str):
+        self.path, self._tmp = path, f"{path}.tmp-{os.getpid()}"
+
+    def __enter__(self):
+        self._file = open(self._tmp, "wb")
+        return self._file
+
+    def __exit__(self, exc_type, exc, tb):
+        self._file.close()
+        if exc_type is None:
+            os.replace(self._tmp, self.path)
+        elif os.path.exists(self._tmp):
+            os.remove(self._tmp)
+
+
+def _distribute(summaries: list[dict], work: str, shapes: Shapes, packing_plan, num_buckets: int,
+                seed: int, chunk_rows: int = 1 << 15) -> None:
+    """Pass 2: give every sequence its pack and position; append it to its pack's bucket."""
+    for name in os.listdir(work):
+        if name.startswith("bucket-"):
+            os.remove(os.path.join(work, name))  # an interrupted pass 2 starts over
+    dtype = packer.row_dtype(shapes)
+    histogram = merge_histograms(*[s["histogram"] for s in summaries])
+    slots = packer.SlotTable(packing_plan.strategies, shapes.max_seq_length)
+    seen = np.zeros(shapes.max_seq_length + 1, dtype=np.int64)  # sequences of each length so far
+    progress = Progress("pack: assigning", total=int(histogram.sum()), unit="sequences")
+    for index in range(len(summaries)):
+        rows_path = os.path.join(work, f"rows-{index:05d}.bin")
+        for rows in _chunks(rows_path, dtype, chunk_rows):
+            lengths = rows["length"].astype(np.int64)
+            order = np.argsort(lengths, kind="stable")
+            sorted_lengths = lengths[order]
+            bounds = np.flatnonzero(np.r_[True, sorted_lengths[1:] != sorted_lengths[:-1], True])
+            for start, end in zip(bounds[:-1], bounds[1:]):
+                length = int(sorted_lengths[start])
+                rank = seen[length] + np.arange(end - start)
+                seen[length] += end - start
+                slot = packer.keyed_permutation(rank, int(histogram[length - 1]), key=seed * 1_000_003 + length)
+                pack, position = slots.locate(length, slot)
+                rows["pack"][order[start:end]] = pack
+                rows["position"][order[start:end]] = position
+            # Pack numbers become output order: a random permutation of all packs.
+            rows["pack"] = packer.keyed_permutation(rows["pack"], slots.num_packs, key=seed)
+            bucket = rows["pack"] * num_buckets // slots.num_packs
+            for b in np.unique(bucket):
+                with open(os.path.join(work, f"bucket-{b:05d}.bin"), "ab") as f:
+                    f.write(rows[bucket == b].tobytes())
+            progress.update(len(rows))
+        os.remove(rows_path)  # its sequences now live in the buckets
+    progress.close()
+    write_text_atomically(os.path.join(work, "buckets.json"), json.dumps({"num_buckets": num_buckets}) + "\n")
+
+
+def _chunks(path: str, dtype: np.dtype, chunk_rows: int):
+    with open(path, "rb") as f:
+        while True:
+            rows = np.fromfile(f, dtype=dtype, count=chunk_rows)
+            if not len(rows):
+                return
+            yield rows
+
+
+def shard_file(index: int, count: int) -> str:
+    return f"packed-{index:05d}-of-{count:05d}.tfrecord"
+
+
+def _write_packs(output_dir: str, work: str, settings: PackSettings, num_packs: int, num_buckets: int,
+                 num_workers: int) -> list[dict]:
+    """Pass 3: one output shard per bucket, in parallel; returns the shards' summaries."""
+    todo = [b for b in range(num_buckets) if not os.path.exists(os.path.join(work, f"shard-{b:05d}.json"))]
+    num_workers = min(num_workers or os.cpu_count() or 1, max(len(todo), 1))
+    progress = Progress("pack: writing", total=num_buckets, unit="shards")
+    progress.done = num_buckets - len(todo)
+    args = [(output_dir, work, settings, num_packs, num_buckets, b) for b in todo]
+    if num_workers <= 1:
+        for a in args:
+            _write_bucket(*a)
+            progress.update(1)
+    else:
+        context = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(num_workers, mp_context=context) as pool:
+            for future in concurrent.futures.as_completed([pool.submit(_write_bucket, *a) for a in args]):
+                future.result()  # a worker's error stops the run here
+                progress.update(1)
+    progress.close()
+    shards = []
+    for b in range(num_buckets):
+        with open(os.path.join(work, f"shard-{b:05d}.json"), encoding="utf-8") as f:
+            shards.append(json.load(f))
+    return shards
+
+
+def _write_bucket(output_dir: str, work: str, settings: PackSettings, num_packs: int, num_buckets: int,
+                  bucket: int, chunk_packs: int = 2048) -> None:
+    shapes = settings.shapes
+    unpacked_shapes = Shapes(shapes.max_seq_length, shapes.max_predictions_per_seq)
+    bucket_path = os.path.join(work, f"bucket-{bucket:05d}.bin")
+    rows = np.fromfile(bucket_path, dtype=packer.row_dtype(unpacked_shapes)) if os.path.exists(bucket_path) else \
+        np.zeros(0, dtype=packer.row_dtype(unpacked_shapes))
+    first = -(-bucket * num_packs // num_buckets)  # the first pack p with p * num_buckets // num_packs == bucket
+    last = -(-(bucket + 1) * num_packs // num_buckets)
+    rows = rows[np.argsort(rows["pack"], kind="stable")]
+    bounds = np.searchsorted(rows["pack"], np.arange(first, last + chunk_packs, chunk_packs).clip(max=last))
+    name = shard_file(bucket, num_buckets)
+    num_sequences, total = 0, 0
+    with TFRecordWriter(os.path.join(output_dir, name)) as writer:
+        # A few thousand packs at a time: small temporaries are reused instead of freshly mapped.
+        for chunk, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
+            chunk_first = first + chunk * chunk_packs
+            members = rows[start:end]
+            packs = packer.assemble_packs(members, members["pack"] - chunk_first, members["position"],
+                                          min(chunk_packs, last - chunk_first), shapes)
+            decoded = packer.unpack(packs, unpacked_shapes)
+            num_sequences += len(decoded)
+            total = packer.combine_checksums(total, packer.checksum(decoded))
+            writer.write_all(encode_examples(packs))
+    summary = {"file": name, "num_packs": last - first, "num_sequences": num_sequences, "checksum": f"{total:016x}"}
+    write_text_atomically(os.path.join(work, f"shard-{bucket:05d}.json"), json.dumps(summary) + "\n")
+    if os.path.exists(bucket_path):
+        os.remove(bucket_path)
+
+
+def verify_packed_dataset(output_dir: str) -> dict:
+    """Re-reads a packed dataset, decodes every pack into its sequences and checks them
+    against metadata.json: number of packs and sequences, and the checksum of the sequences.
+
+    Returns:
+      {"num_packs", "num_sequences", "checksum"} as read back.
+
+    Raises:
+      PackingError: naming what differs.
+    """
+    with open(os.path.join(output_dir, "metadata.json"), encoding="utf-8") as f:
+        metadata = json.load(f)
+    shapes = Shapes(metadata["max_sequence_length"], metadata["max_predictions_per_seq"],
+                    metadata["max_sequences_per_pack"])
+    unpacked_shapes = Shapes(shapes.max_seq_length, shapes.max_predictions_per_seq)
+    num_packs = num_sequences = total = 0
+    for name in metadata["files"]:
+        for _, batch in read_packed(os.path.join(output_dir, name), shapes):
+            rows = packer.unpack(batch, unpacked_shapes)
+            num_packs += len(batch["input_ids"])
+            num_sequences += len(rows)
+            total = packer.combine_checksums(total, packer.checksum(rows))
+    found = {"num_packs": num_packs, "num_sequences": num_sequences, "checksum": f"{total:016x}"}
+    expected = {key: metadata[key] for key in found}
+    if found != expected:
+        raise PackingError(f"{output_dir}: read back {found}, metadata.json says {expected}")
+    return found

@@ -1,0 +1,277 @@
+"""Packing unpacked sequences into packs: assignment, assembly, decoding and checksums.
+
+A sequence travels as a row of the structured dtype `row_dtype(shapes)`: its tokens, segment
+ids and predictions (offsets relative to its own [CLS]), its NSP label, where it came from
+(file and record index, for error messages) and where it goes (pack and position in the pack).
+
+The plan (bert_packed.packing) says how many packs hold which lengths. Real sequences are
+assigned to the plan's slots at random without holding them in memory: the j-th sequence of
+length l (in reading order) takes slot perm_l(j) among the slots of length l, and pack g is
+written at position perm(g), where the permutations are keyed pseudo-random bijections
+(keyed_permutation). So packs are random mixtures, the packed data is in random order, and each
+sequence is used exactly once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bert_packed.data.schema import Shapes
+
+_MIX_1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX_2 = np.uint64(0x94D049BB133111EB)
+
+
+def row_dtype(shapes: Shapes) -> np.dtype:
+    """One unpacked sequence, compact (ids as int32; predictions relative to the sequence)."""
+    seq, pred = shapes.max_seq_length, shapes.max_predictions_per_seq
+    return np.dtype([
+        ("length", "<i4"), ("num_predictions", "<i4"), ("next_sentence_label", "<i4"),
+        ("file", "<i4"), ("record", "<i8"), ("pack", "<i8"), ("position", "<i4"),
+        ("input_ids", "<i4", (seq,)), ("segment_ids", "<i1", (seq,)),
+        ("masked_lm_positions", "<i4", (pred,)), ("masked_lm_ids", "<i4", (pred,)),
+    ])
+
+
+def rows_from_unpacked(batch: dict[str, np.ndarray], shapes: Shapes, file_index: int, first_record: int) -> np.ndarray:
+    """Rows of a batch of parsed unpacked records (reader.read_unpacked)."""
+    rows = np.zeros(len(batch["input_ids"]), dtype=row_dtype(shapes))
+    rows["length"] = batch["input_mask"].sum(axis=1)
+    rows["num_predictions"] = (batch["masked_lm_weights"] > 0).sum(axis=1)
+    rows["next_sentence_label"] = batch["next_sentence_labels"][:, 0]
+    rows["file"] = file_index
+    rows["record"] = first_record + np.arange(len(rows))
+    valid = np.arange(shapes.max_seq_length) < rows["length"][:, None]
+    rows["input_ids"] = np.where(valid, batch["input_ids"], 0)
+    rows["segment_ids"] = np.where(valid, batch["segment_ids"], 0)
+    has = np.arange(shapes.max_predictions_per_seq) < rows["num_predictions"][:, None]
+    rows["masked_lm_positions"] = np.where(has, batch["masked_lm_positions"], 0)
+    rows["masked_lm_ids"] = np.where(has, batch["masked_lm_ids"], 0)
+    return rows
+
+
+def _mix(values: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: a fast bijective scramble of uint64 values."""
+    with np.errstate(over="ignore"):
+        values = values.astype(np.uint64)
+        values = (values ^ (values >> np.uint64(30))) * _MIX_1
+        values = (values ^ (values >> np.uint64(27))) * _MIX_2
+        return values ^ (values >> np.uint64(31))
+
+
+_HASHED_FIELDS = ("length", "num_predictions", "next_sentence_label", "input_ids", "segment_ids",
+                  "masked_lm_positions", "masked_lm_ids")
+
+
+def sequence_hashes(rows: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of each sequence's content (tokens, segments, predictions, NSP label).
+
+    A random linear form of the content (mod 2**64; an integer matmul, one pass) scrambled by a
+    non-linear mix, so that sums of hashes do not cancel when content moves between sequences.
+    Provenance and destination (file, record, pack) are left out.
+    """
+    total = np.zeros(len(rows), dtype=np.int64)
+    offset = 1
+    with np.errstate(over="ignore"):
+        for name in _HASHED_FIELDS:
+            field = rows[name].reshape(len(rows), -1).astype(np.int64)
+            weights = _mix(np.arange(offset, offset + field.shape[1], dtype=np.uint64)).view(np.int64)
+            total += field @ weights
+            offset += field.shape[1]
+    return _mix(total.view(np.uint64))
+
+
+def checksum(rows: np.ndarray) -> int:
+    """Order-independent checksum of a set of sequences: the sum of their hashes mod 2**64."""
+    return int(sequence_hashes(rows).sum(dtype=np.uint64)) if len(rows) else 0
+
+
+def combine_checksums(*values: int) -> int:
+    return sum(values) % (1 << 64)
+
+
+def keyed_permutation(indices: np.ndarray, size: int, key: int) -> np.ndarray:
+    """A pseudo-random bijection of [0, size), evaluated at `indices`, with no table in memory.
+
+    A 4-round Feistel network on the smallest even power of two >= size, cycle-walking values
+    that land outside [0, size) (fewer than 4 walks on average).
+
+    >>> sorted(keyed_permutation(np.arange(10), 10, key=7).tolist()) == list(range(10))
+    True
+    """
+    indices = np.asarray(indices, dtype=np.uint64)
+    if size <= 1:
+        return np.zeros(len(indices), dtype=np.int64)
+    half_bits = max(1, ((size - 1).bit_length() + 1) // 2)
+    mask = np.uint64((1 << half_bits) - 1)
+    keys = _mix(np.arange(4, dtype=np.uint64) + np.uint64(key) * np.uint64(4))
+
+    def feistel(values):
+        left, right = values >> np.uint64(half_bits), values & mask
+        for round_key in keys:
+            left, right = right, left ^ (_mix(right ^ round_key) & mask)
+        return (left << np.uint64(half_bits)) | right
+
+    values = feistel(indices)
+    outside = values >= np.uint64(size)
+    while outside.any():
+        values[outside] = feistel(values[outside])
+        outside = values >= np.uint64(size)
+    return values.astype(np.int64)
+
+
+class SlotTable:
+    """Where each slot of the plan is: slot k of length l -> (pack g, position in the pack).
+
+    Packs are numbered strategy by strategy; inside a strategy its lengths are in the plan's
+    order (longest first), so a pack's sequence index of a slot is its position + 1.
+    """
+
+    def __init__(self, strategies, max_sequence_length: int):
+        self.num_packs = sum(count for _, count in strategies)
+        first_pack = np.cumsum([0] + [count for _, count in strategies])
+        # For each length: runs of slots (first pack, count, position), in a fixed order.
+        runs: list[list[tuple[int, int, int]]] = [[] for _ in range(max_sequence_length + 1)]
+        for s, (lengths, count) in enumerate(strategies):
+            for position, length in enumerate(lengths):
+                runs[length].append((int(first_pack[s]), count, position))
+        self._first_pack = [np.array([r[0] for r in rs], dtype=np.int64) for rs in runs]
+        self._position = [np.array([r[2] for r in rs], dtype=np.int64) for rs in runs]
+        self._run_start = [np.cumsum([0] + [r[1] for r in rs])[:-1].astype(np.int64) for rs in runs]
+
+    def locate(self, length: int, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(pack index, position in pack) of slots `slots` of sequences of `length`."""
+        run = np.searchsorted(self._run_start[length], slots, side="right") - 1
+        return self._first_pack[length][run] + (slots - self._run_start[length][run]), self._position[length][run]
+
+
+def _runs(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Concatenated ranges [start, start + count) of every row, as one flat index array.
+
+    >>> _runs(np.array([10, 20]), np.array([3, 2])).tolist()
+    [10, 11, 12, 20, 21]
+    """
+    total = int(counts.sum())
+    within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+    return np.repeat(starts.astype(np.int64), counts) + within
+
+
+def assemble_packs(rows: np.ndarray, pack_of_row: np.ndarray, position_of_row: np.ndarray, num_packs: int,
+                   shapes: Shapes) -> dict[str, np.ndarray]:
+    """Packed features (DESIGN layout) for `num_packs` packs from their member rows.
+
+    Worked example (L = 8, S = 2): a 5-token and a 3-token sequence share pack 0.
+
+    >>> shapes = Shapes(8, 2, 2)
+    >>> rows = np.zeros(2, dtype=row_dtype(shapes))
+    >>> rows["length"], rows["num_predictions"], rows["next_sentence_label"] = [5, 3], [1, 1], [0, 1]
+    >>> rows["input_ids"][0, :5], rows["input_ids"][1, :3] = [101, 7, 8, 9, 102], [101, 5, 102]
+    >>> rows["masked_lm_positions"][:, 0], rows["masked_lm_ids"][:, 0] = [2, 1], [42, 43]
+    >>> packs = assemble_packs(rows, np.array([0, 0]), np.array([0, 1]), 1, shapes)
+    >>> packs["input_ids"][0].tolist(), packs["input_mask"][0].tolist(), packs["positions"][0].tolist()
+    ([101, 7, 8, 9, 102, 101, 5, 102], [1, 1, 1, 1, 1, 2, 2, 2], [0, 1, 2, 3, 4, 0, 1, 2])
+    >>> packs["masked_lm_positions"][0].tolist(), packs["masked_lm_weights"][0].tolist()
+    ([2, 6, 0, 0], [1, 2, 0, 0])
+    >>> packs["next_sentence_positions"][0].tolist(), packs["next_sentence_labels"][0].tolist()
+    ([0, 5], [0, 1])
+
+    Args:
+      rows: member sequences (row_dtype).
+      pack_of_row: int [n], the pack (0..num_packs-1) of each row.
+      position_of_row: int [n], its place in the pack (0..S-1); a pack's rows sit in that order.
+      num_packs: packs to build.
+      shapes: L, P and S; predictions per pack are P' = P + S.
+
+    Returns:
+      {feature: int32 array [num_packs, length]}.
+
+    Raises:
+      ValueError: a pack would exceed L tokens, P' predictions or S sequences.
+    """
+    seq, pred, depth = shapes.max_seq_length, shapes.max_predictions_per_pack, shapes.max_sequences_per_pack
+    order = np.lexsort((position_of_row, pack_of_row))
+    rows, packs = rows[order], np.asarray(pack_of_row, dtype=np.int64)[order]
+    # Offsets of each row's tokens and predictions inside its pack: exclusive sums within a pack.
+    starts = np.flatnonzero(np.r_[True, packs[1:] != packs[:-1]])
+    group = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(packs)]))
+    lengths = rows["length"].astype(np.int64)
+    predictions = rows["num_predictions"].astype(np.int64)
+    token_offset = np.cumsum(lengths) - lengths
+    token_offset -= token_offset[starts][group]
+    prediction_offset = np.cumsum(predictions) - predictions
+    prediction_offset -= prediction_offset[starts][group]
+    index_in_pack = np.arange(len(rows)) - starts[group]
+    bad = (token_offset + lengths > seq) | (prediction_offset + predictions > pred) | (index_in_pack >= depth)
+    if bad.any():
+        b = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"pack {packs[b]} overflows: more than {seq} tokens, {pred} predictions or {depth} "
+                         f"sequences (its sequence from input file {rows['file'][b]}, record {rows['record'][b]})")
+
+    out = {name: np.zeros((num_packs, length), dtype=np.int32) for name, length in shapes.packed_lengths().items()}
+    source = _runs(np.arange(len(rows)) * seq, lengths)  # flat indices of real tokens in the rows
+    destination = _runs(packs * seq + token_offset, lengths)
+    out["input_ids"].ravel()[destination] = np.ascontiguousarray(rows["input_ids"]).ravel()[source]
+    out["segment_ids"].ravel()[destination] = np.ascontiguousarray(rows["segment_ids"]).ravel()[source]
+    out["input_mask"].ravel()[destination] = np.repeat(index_in_pack + 1, lengths)
+    out["positions"].ravel()[destination] = source % seq
+
+    width = shapes.max_predictions_per_seq
+    source = _runs(np.arange(len(rows)) * width, predictions)
+    destination = _runs(packs * pred + prediction_offset, predictions)
+    out["masked_lm_positions"].ravel()[destination] = (
+        np.ascontiguousarray(rows["masked_lm_positions"]).ravel()[source] + np.repeat(token_offset, predictions))
+    out["masked_lm_ids"].ravel()[destination] = np.ascontiguousarray(rows["masked_lm_ids"]).ravel()[source]
+    out["masked_lm_weights"].ravel()[destination] = np.repeat(index_in_pack + 1, predictions)
+
+    out["next_sentence_positions"][packs, index_in_pack] = token_offset
+    out["next_sentence_labels"][packs, index_in_pack] = rows["next_sentence_label"]
+    out["next_sentence_weights"][packs, index_in_pack] = 1
+    return out
+
+
+def unpack(packs: dict[str, np.ndarray], shapes: Shapes) -> np.ndarray:
+    """The sequences inside packed features, as rows (provenance fields zero).
+
+    The inverse of assemble_packs: used to checksum what was written and by --verify. A pack's
+    sequence k (1-based) is where input_mask == k, its predictions where masked_lm_weights == k.
+    """
+    seq, width = shapes.max_seq_length, shapes.max_predictions_per_seq
+    depth = packs["next_sentence_weights"].shape[1]
+    pred = packs["masked_lm_weights"].shape[1]
+    pack_index, index_in_pack = np.nonzero(packs["next_sentence_weights"])
+    rows = np.zeros(len(pack_index), dtype=row_dtype(shapes))
+    cell = pack_index * depth + index_in_pack  # (pack, sequence) id
+    num_cells = len(packs["next_sentence_weights"]) * depth
+
+    def counts(sequence_ids, row_width):
+        flat = np.flatnonzero(sequence_ids.ravel())
+        ids = (flat // row_width) * depth + sequence_ids.ravel()[flat] - 1
+        return np.bincount(ids, minlength=num_cells)[cell]
+
+    lengths = counts(packs["input_mask"], seq)
+    predictions = counts(packs["masked_lm_weights"], pred)
+    if (predictions > width).any() or (lengths > seq).any():
+        raise ValueError(f"a packed sequence has more than {width} predictions")
+    start = packs["next_sentence_positions"][pack_index, index_in_pack].astype(np.int64)
+    rows["length"], rows["num_predictions"] = lengths, predictions
+    rows["next_sentence_label"] = packs["next_sentence_labels"][pack_index, index_in_pack]
+
+    source = _runs(pack_index * seq + start, lengths)
+    destination = _runs(np.arange(len(rows)) * seq, lengths)
+    for name in ("input_ids", "segment_ids"):
+        field = np.zeros((len(rows), seq), dtype=rows[name].dtype)
+        field.ravel()[destination] = packs[name].ravel()[source]
+        rows[name] = field
+    # A pack's predictions are stored sequence by sequence: sequence k's start after those before.
+    prediction_start = np.cumsum(predictions) - predictions
+    first = np.r_[True, pack_index[1:] != pack_index[:-1]]
+    prediction_start -= np.maximum.accumulate(np.where(first, prediction_start, 0))
+    source = _runs(pack_index * pred + prediction_start, predictions)
+    destination = _runs(np.arange(len(rows)) * width, predictions)
+    field = np.zeros((len(rows), width), dtype=np.int32)
+    field.ravel()[destination] = packs["masked_lm_positions"].ravel()[source] - np.repeat(start, predictions)
+    rows["masked_lm_positions"] = field
+    field = np.zeros((len(rows), width), dtype=np.int32)
+    field.ravel()[destination] = packs["masked_lm_ids"].ravel()[source]
+    rows["masked_lm_ids"] = field
+    return rows

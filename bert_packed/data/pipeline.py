@@ -1,0 +1,181 @@
+"""The tf.data input pipeline: TFRecord files -> batches of packed feature dicts.
+
+Every mode yields the packed layout of DESIGN.md, so the model has one code path: an unpacked
+record becomes a pack holding one sequence (sequence index 1 where input_mask is 1, positions
+0..n-1, its [CLS] at offset 0).
+
+Modes:
+  packed    packed records (pack_pretraining_data output), [B, L] rows of several sequences.
+  padded    unpacked records, each padded to L: the baseline.
+  bucketed  unpacked records grouped by length into batches trimmed to a bucket boundary:
+            the variable-shape alternative to packing (fewer padded slots, several shapes).
+
+Feature shapes (B = batch, L = max_seq_length, P' = predictions per row, S = sequences per row):
+  input_ids, input_mask, segment_ids, positions [B, L]; masked_lm_positions, masked_lm_ids,
+  masked_lm_weights [B, P']; next_sentence_positions, next_sentence_labels, next_sentence_weights
+  [B, S]. All int32. In packed data P' = P + S; in unpacked data P' = P and S = 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import tensorflow as tf
+
+from bert_packed.data.reader import read_packed, read_unpacked
+from bert_packed.data.schema import UNPACKED_FLOAT_FEATURES, Shapes
+
+MODES = ("packed", "padded", "bucketed")
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineConfig:
+    """How to read a dataset.
+
+    Attributes:
+      files: the TFRecord files (sorted; see expand_globs in bert_packed.cli.common).
+      shapes: L, P and S of the records (S = 1 for unpacked files).
+      mode: one of MODES; "packed" needs packed files, the others unpacked files.
+      batch_size: rows per batch (packs when packed).
+      is_training: shuffle, repeat forever and drop the last partial batch.
+      seed: seeds file order and the shuffle buffer.
+      shuffle_buffer: records in the shuffle buffer.
+      deterministic: the same seed gives the same batches, run after run.
+      bucket_boundaries: with "bucketed", the lengths a batch is trimmed to (the last is L).
+      cycle_length: files read in parallel.
+    """
+
+    files: tuple[str, ...]
+    shapes: Shapes
+    mode: str = "packed"
+    batch_size: int = 8
+    is_training: bool = True
+    seed: int = 12345
+    shuffle_buffer: int = 10_000
+    deterministic: bool = False
+    bucket_boundaries: tuple[int, ...] = ()
+    cycle_length: int = 4
+
+
+def read_metadata(files) -> dict | None:
+    """The metadata.json beside the first file, if there is one (packed data has it)."""
+    path = os.path.join(os.path.dirname(files[0]), "metadata.json")
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def make_dataset(config: PipelineConfig, input_context: tf.distribute.InputContext | None = None) -> tf.data.Dataset:
+    """The dataset of batches of packed feature dicts.
+
+    Args:
+      config: see PipelineConfig.
+      input_context: from tf.distribute (distribute_datasets_from_function); each input
+        pipeline reads its own share of the files, and batch_size is then the global batch.
+
+    Returns:
+      A tf.data.Dataset of {feature: int32 tensor}; see the module docstring for shapes.
+    """
+    if config.mode not in MODES:
+        raise ValueError(f"unknown input mode {config.mode!r}; expected one of {', '.join(MODES)}")
+    if not config.files:
+        raise ValueError("no input files")
+    packed = config.mode == "packed"
+    shapes = config.shapes
+    batch_size = config.batch_size
+    files = tf.data.Dataset.from_tensor_slices(list(config.files))
+    if input_context is not None and input_context.num_input_pipelines > 1:
+        if len(config.files) < input_context.num_input_pipelines:
+            raise ValueError(f"{len(config.files)} input files cannot be shared among "
+                             f"{input_context.num_input_pipelines} input pipelines; write more shards")
+        files = files.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+        batch_size = input_context.get_per_replica_batch_size(config.batch_size)
+    if config.is_training:
+        files = files.shuffle(len(config.files), seed=config.seed, reshuffle_each_iteration=True).repeat()
+    records = files.interleave(tf.data.TFRecordDataset, cycle_length=config.cycle_length,
+                               num_parallel_calls=tf.data.AUTOTUNE, deterministic=config.deterministic or None)
+    if config.is_training:
+        records = records.shuffle(config.shuffle_buffer, seed=config.seed, reshuffle_each_iteration=True)
+
+    if config.mode == "bucketed":
+        dataset = _bucketed(records, shapes, batch_size, config)
+    else:
+        lengths = shapes.packed_lengths() if packed else shapes.unpacked_lengths()
+        spec = _spec(lengths, () if packed else UNPACKED_FLOAT_FEATURES)
+        dataset = records.batch(batch_size, drop_remainder=config.is_training)
+        parse = (lambda serialized: _cast(tf.io.parse_example(serialized, spec))) if packed else \
+            (lambda serialized: _as_single_packs(tf.io.parse_example(serialized, spec)))
+        dataset = dataset.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=config.deterministic or None)
+    options = tf.data.Options()
+    options.deterministic = config.deterministic
+    return dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
+
+
+def _spec(lengths: dict[str, int], float_features=()) -> dict:
+    return {name: tf.io.FixedLenFeature([length], tf.float32 if name in float_features else tf.int64)
+            for name, length in lengths.items()}
+
+
+def _cast(features: dict) -> dict:
+    return {name: tf.cast(value, tf.int32) for name, value in features.items()}
+
+
+def _as_single_packs(features: dict) -> dict:
+    """Unpacked features [B, ...] -> the packed layout with one sequence per row."""
+    input_mask = tf.cast(features["input_mask"], tf.int32)  # 1 = sequence 1, 0 = padding
+    batch = tf.shape(input_mask)[0]
+    ones = tf.ones([batch, 1], tf.int32)
+    return {
+        "input_ids": tf.cast(features["input_ids"], tf.int32),
+        "input_mask": input_mask,
+        "segment_ids": tf.cast(features["segment_ids"], tf.int32),
+        "positions": tf.range(tf.shape(input_mask)[1], dtype=tf.int32)[None, :] * input_mask,
+        "masked_lm_positions": tf.cast(features["masked_lm_positions"], tf.int32),
+        "masked_lm_ids": tf.cast(features["masked_lm_ids"], tf.int32),
+        "masked_lm_weights": tf.cast(features["masked_lm_weights"] > 0, tf.int32),
+        "next_sentence_positions": tf.zeros([batch, 1], tf.int32),
+        "next_sentence_labels": tf.cast(features["next_sentence_labels"], tf.int32),
+        "next_sentence_weights": ones,
+    }
+
+
+def _bucketed(records, shapes: Shapes, batch_size: int, config: PipelineConfig):
+    """Unpacked records in batches of similar length, trimmed to their bucket's boundary."""
+    boundaries = sorted(set(config.bucket_boundaries) | {shapes.max_seq_length})
+    if boundaries[0] < 1 or boundaries[-1] > shapes.max_seq_length:
+        raise ValueError(f"bucket boundaries {config.bucket_boundaries} must lie in [1, {shapes.max_seq_length}]")
+    spec = _spec(shapes.unpacked_lengths(), UNPACKED_FLOAT_FEATURES)
+    examples = records.map(lambda serialized: tf.io.parse_single_example(serialized, spec),
+                           num_parallel_calls=tf.data.AUTOTUNE, deterministic=config.deterministic or None)
+    # bucket_by_sequence_length puts length n in the first bucket whose upper bound exceeds it.
+    dataset = examples.bucket_by_sequence_length(
+        lambda example: tf.cast(tf.reduce_sum(example["input_mask"]), tf.int32),
+        bucket_boundaries=[b + 1 for b in boundaries[:-1]],
+        bucket_batch_sizes=[batch_size] * len(boundaries),
+        drop_remainder=config.is_training)
+
+    def trim(features):
+        batch = _as_single_packs(features)
+        longest = tf.reduce_max(tf.reduce_sum(batch["input_mask"], axis=1))
+        width = tf.gather(tf.constant(boundaries), tf.searchsorted(tf.constant(boundaries), [longest])[0])
+        for name in ("input_ids", "input_mask", "segment_ids", "positions"):
+            batch[name] = batch[name][:, :width]
+        return batch
+
+    return dataset.map(trim, num_parallel_calls=tf.data.AUTOTUNE, deterministic=config.deterministic or None)
+
+
+def diagnose_input_error(config: PipelineConfig) -> None:
+    """After tf.data failed on the files (corrupt record, wrong feature lengths), finds the
+    first bad record and raises an error naming its file and index; returns if none is found.
+
+    Raises:
+      CorruptRecordError / RecordError: naming file, record and what was expected.
+    """
+    read = read_packed if config.mode == "packed" else read_unpacked
+    for path in config.files:
+        for _ in read(path, config.shapes):
+            pass

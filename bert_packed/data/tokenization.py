@@ -1,0 +1,53 @@
+"""BERT uncased WordPiece through HF `tokenizers` (same ids as the google-research vocabulary)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+class VocabularyError(ValueError):
+    """The vocabulary file is missing or is not a BERT WordPiece vocabulary."""
+
+
+class Tokenizer:
+    """WordPiece tokenizer with BERT uncased normalisation (lower case, accents stripped).
+
+    Attributes:
+      vocab_file: the vocabulary, one token a line; the line number is the id.
+      do_lower_case: lower-case and strip accents (BERT uncased).
+      vocab_size: number of tokens.
+      cls_id, sep_id, mask_id, pad_id: ids of the special tokens.
+    """
+
+    def __init__(self, vocab_file: str, do_lower_case: bool = True):
+        from tokenizers import BertWordPieceTokenizer  # imported here: worker processes import lazily
+
+        if not os.path.isfile(vocab_file):
+            raise VocabularyError(f"{vocab_file}: vocabulary file not found (expected a BERT vocab.txt, "
+                                  f"e.g. data/bert_uncased_vocab.txt)")
+        with open(vocab_file, encoding="utf-8") as f:
+            vocab = {line.rstrip("\n"): i for i, line in enumerate(f)}
+        missing = [token for token in SPECIAL_TOKENS if token not in vocab]
+        if missing:
+            raise VocabularyError(f"{vocab_file}: not a BERT vocabulary: missing {', '.join(missing)}")
+        self.vocab_file = vocab_file
+        self.do_lower_case = do_lower_case
+        self.vocab_size = len(vocab)
+        self.pad_id, self.cls_id, self.sep_id, self.mask_id = (
+            vocab["[PAD]"], vocab["[CLS]"], vocab["[SEP]"], vocab["[MASK]"])
+        self._tokenizer = BertWordPieceTokenizer(
+            vocab_file, lowercase=do_lower_case, strip_accents=do_lower_case, clean_text=True,
+            handle_chinese_chars=True)
+
+    def encode(self, texts: list[str]) -> list[np.ndarray]:
+        """Token ids of each text (no [CLS]/[SEP]), as int32 arrays.
+
+        >>> tokenizer = Tokenizer("data/bert_uncased_vocab.txt")
+        >>> [ids.tolist() for ids in tokenizer.encode(["Packing BERT is fun.", "Café"])]
+        [[14743, 14324, 2003, 4569, 1012], [7668]]
+        """
+        return [np.asarray(e.ids, dtype=np.int32) for e in self._tokenizer.encode_batch(texts, add_special_tokens=False)]

@@ -1,0 +1,55 @@
+"""A progress line for long jobs: done / total, rate and time left, at most twice a second."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+
+class Progress:
+    """Prints `label: done/total unit (rate/s, eta)` to stderr; one line per update when not a tty.
+
+    Attributes:
+      label: what is being done.
+      total: the amount of work (None when unknown).
+      unit: what is counted.
+    """
+
+    def __init__(self, label: str, total: int | None = None, unit: str = "items", stream=None):
+        self.label = label
+        self.total = total
+        self.unit = unit
+        self.done = 0
+        self._stream = stream or sys.stderr
+        self._start = time.perf_counter()
+        self._last = 0.0
+        self._tty = getattr(self._stream, "isatty", lambda: False)()
+
+    def update(self, amount: int = 1, extra: str = "") -> None:
+        self.done += amount
+        now = time.perf_counter()
+        if now - self._last >= (0.5 if self._tty else 10.0) or (self.total and self.done >= self.total):
+            self._last = now
+            self._print(extra)
+
+    def close(self, extra: str = "") -> None:
+        self._print(extra)
+        if self._tty:
+            self._stream.write("\n")
+
+    @property
+    def seconds(self) -> float:
+        return time.perf_counter() - self._start
+
+    @property
+    def rate(self) -> float:
+        return self.done / max(self.seconds, 1e-9)
+
+    def _print(self, extra: str) -> None:
+        total = f"/{self.total:,}" if self.total else ""
+        eta = ""
+        if self.total and 0 < self.done < self.total:
+            eta = f", {max(0.0, (self.total - self.done) / max(self.rate, 1e-9)):.0f} s left"
+        text = f"{self.label}: {self.done:,}{total} {self.unit} ({self.rate:,.0f}/s{eta}){extra}"
+        self._stream.write(("\r" + text + "\033[K") if self._tty else text + "\n")
+        self._stream.flush()

@@ -1,0 +1,6 @@
+"""Text -> unpacked pre-training TFRecords; see bert_packed/cli/create_pretraining_data.py."""
+
+from bert_packed.cli.create_pretraining_data import run
+
+if __name__ == "__main__":
+    run()
