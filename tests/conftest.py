@@ -1,5 +1,71 @@
 import os
+import re
+
+import pytest
 
 # Keep TensorFlow quiet and on the CPU in every test process.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VOCAB = os.path.join(REPO, "data", "bert_uncased_vocab.txt")
+SAMPLE = os.path.join(REPO, "data", "wikipedia_sample", "wiki_00")
+
+# Tiny shapes for the data tests: L, P, S.
+MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK = 128, 20, 3
+
+
+def write_corpus(directory, num_files=2, docs_per_file=8, paragraphs_per_doc=2):
+    """Writes small WikiExtractor files cut from the shipped sample (real text, hermetic copy)."""
+    with open(SAMPLE, encoding="utf-8") as f:
+        text = f.read()
+    docs = re.findall(r"(<doc [^>]*>)\n(.*?)\n</doc>", text, flags=re.S)
+    paths = []
+    for i in range(num_files):
+        chunks = []
+        for header, body in docs[i * docs_per_file:(i + 1) * docs_per_file]:
+            lines = [line for line in body.split("\n") if line.strip()][:paragraphs_per_doc + 1]
+            chunks.append(header + "\n" + "\n\n".join(lines) + "\n</doc>\n")
+        path = os.path.join(directory, f"wiki_{i:02d}")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("".join(chunks))
+        paths.append(path)
+    return paths
+
+
+def dataset_settings(dupe_factor=2, seed=12345, short_seq_prob=0.5, **masking):
+    from bert_packed.data.create_dataset import DatasetSettings
+    from bert_packed.data.pretraining import MaskingConfig
+
+    config = MaskingConfig(MAX_SEQ_LENGTH, MAX_PREDICTIONS, short_seq_prob=short_seq_prob, **masking)
+    return DatasetSettings(VOCAB, True, config, dupe_factor, seed)
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+    return write_corpus(str(tmp_path_factory.mktemp("corpus")))
+
+
+@pytest.fixture(scope="session")
+def unpacked_dir(corpus, tmp_path_factory):
+    from bert_packed.data.create_dataset import create_pretraining_dataset
+
+    directory = str(tmp_path_factory.mktemp("unpacked"))
+    create_pretraining_dataset(corpus, directory, dataset_settings(), num_workers=1)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def packed_dir(unpacked_dir, tmp_path_factory):
+    from bert_packed.data.pack_dataset import PackSettings, pack_pretraining_dataset
+    from bert_packed.data.schema import Shapes
+
+    directory = str(tmp_path_factory.mktemp("packed"))
+    files = sorted(os.path.join(unpacked_dir, n) for n in os.listdir(unpacked_dir) if n.endswith(".tfrecord"))
+    settings = PackSettings(Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK), "lp", num_shards=2)
+    pack_pretraining_dataset(files, directory, settings, num_workers=1)
+    return directory
+
+
+def tfrecords(directory):
+    return sorted(os.path.join(directory, n) for n in os.listdir(directory) if n.endswith(".tfrecord"))

@@ -11,6 +11,10 @@ MODULES = [
     "bert_packed.packing.exact_fill",
     "bert_packed.packing.plan",
     "bert_packed.packing.synthetic",
+    "bert_packed.data.corpus",
+    "bert_packed.data.tokenization",
+    "bert_packed.data.tfrecord",
+    "bert_packed.data.packer",
 ]
 
 

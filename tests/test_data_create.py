@@ -1,0 +1,158 @@
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bert_packed.data.corpus import CorpusError
+from bert_packed.data.create_dataset import OutputDirectoryError, create_pretraining_dataset
+from bert_packed.data.reader import read_unpacked
+from bert_packed.data.schema import Shapes
+from bert_packed.data.tokenization import VocabularyError
+from bert_packed.packing import load_histogram
+from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, SAMPLE, dataset_settings, tfrecords, write_corpus
+
+CLS, SEP, MASK = 101, 102, 103
+
+
+def read_all(directory, shapes=Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS)):
+    batches = [batch for path in tfrecords(directory) for _, batch in read_unpacked(path, shapes)]
+    return {name: np.concatenate([b[name] for b in batches]) for name in batches[0]}
+
+
+def masking_statistics(records):
+    weights = records["masked_lm_weights"] > 0
+    rows, columns = np.nonzero(weights)
+    positions = records["masked_lm_positions"][rows, columns]
+    shown = records["input_ids"][rows, positions]
+    original = records["masked_lm_ids"][rows, columns]
+    return {"mask": np.mean(shown == MASK), "same": np.mean(shown == original),
+            "random": np.mean((shown != MASK) & (shown != original))}
+
+
+def test_records_follow_the_mlperf_layout(unpacked_dir):
+    records = read_all(unpacked_dir)
+    lengths = records["input_mask"].sum(axis=1)
+    assert len(lengths) == json.load(open(os.path.join(unpacked_dir, "metadata.json")))["num_instances"] == 122
+    for row, length in enumerate(lengths):
+        ids, segments = records["input_ids"][row], records["segment_ids"][row]
+        boundary = int(np.argmax(segments[:length])) if segments[:length].any() else -1
+        assert ids[0] == CLS and ids[length - 1] == SEP and ids[boundary - 1] == SEP and boundary > 1
+        assert (segments[boundary:length] == 1).all() and (segments[:boundary] == 0).all()
+        assert (ids[length:] == 0).all() and (segments[length:] == 0).all()
+        num_predictions = int(records["masked_lm_weights"][row].sum())
+        assert num_predictions == min(MAX_PREDICTIONS, max(1, round(length * 0.15)))
+        positions = records["masked_lm_positions"][row, :num_predictions]
+        assert (np.diff(positions) > 0).all() and positions.max() < length
+        assert 0 not in positions and length - 1 not in positions and boundary - 1 not in positions
+    assert records["next_sentence_labels"].mean() == pytest.approx(0.5, abs=0.2)
+
+
+def test_histogram_matches_the_records(unpacked_dir):
+    lengths = read_all(unpacked_dir)["input_mask"].sum(axis=1)
+    histogram = load_histogram(os.path.join(unpacked_dir, "histogram.json"))
+    assert len(histogram) == MAX_SEQ_LENGTH
+    assert histogram.tolist() == np.bincount(lengths, minlength=MAX_SEQ_LENGTH + 1)[1:].tolist()
+
+
+def test_output_is_identical_whatever_the_number_of_workers(corpus, unpacked_dir, tmp_path):
+    create_pretraining_dataset(corpus, str(tmp_path), dataset_settings(), num_workers=2)
+    ours, theirs = tfrecords(str(tmp_path)), tfrecords(unpacked_dir)
+    assert [os.path.basename(p) for p in ours] == [os.path.basename(p) for p in theirs]
+    for a, b in zip(ours, theirs):
+        assert open(a, "rb").read() == open(b, "rb").read()
+
+
+def test_another_seed_gives_other_masks(corpus, unpacked_dir, tmp_path):
+    create_pretraining_dataset(corpus, str(tmp_path), dataset_settings(seed=1), num_workers=1)
+    assert open(tfrecords(str(tmp_path))[0], "rb").read() != open(tfrecords(unpacked_dir)[0], "rb").read()
+
+
+def test_an_interrupted_run_resumes_and_finishes_identically(corpus, unpacked_dir, tmp_path):
+    create_pretraining_dataset(corpus, str(tmp_path), dataset_settings(), num_workers=1)
+    # As if interrupted after the first shards: the last shard and the summary are missing.
+    last = tfrecords(str(tmp_path))[-1]
+    os.remove(last)
+    os.remove(last.replace(".tfrecord", ".json"))
+    os.remove(os.path.join(tmp_path, "metadata.json"))
+    before = {p: os.path.getmtime(p) for p in tfrecords(str(tmp_path))}
+    create_pretraining_dataset(corpus, str(tmp_path), dataset_settings(), num_workers=1)
+    assert all(os.path.getmtime(p) == t for p, t in before.items())  # finished shards were not redone
+    for a, b in zip(tfrecords(str(tmp_path)), tfrecords(unpacked_dir)):
+        assert open(a, "rb").read() == open(b, "rb").read()
+
+
+def test_a_directory_made_with_other_settings_is_refused(corpus, unpacked_dir):
+    with pytest.raises(OutputDirectoryError, match="made with other settings"):
+        create_pretraining_dataset(corpus, unpacked_dir, dataset_settings(dupe_factor=3), num_workers=1)
+
+
+def test_empty_documents_warn_by_default_and_can_be_errors(tmp_path):
+    path = tmp_path / "wiki"
+    path.write_text('<doc id="1" title="A">\nA\nSome text here. More text there.\n</doc>\n'
+                    '<doc id="2" title="B">\nB\n</doc>\n')
+    metadata = create_pretraining_dataset([str(path)], str(tmp_path / "out"), dataset_settings(), num_workers=1)
+    assert metadata["num_empty_documents"] == 1 and metadata["num_documents"] == 1
+    settings = dataset_settings()
+    strict = type(settings)(**{**settings.__dict__, "empty_documents": "error"})
+    with pytest.raises(CorpusError, match=f"{path}:5: empty document"):  # its <doc> line
+        create_pretraining_dataset([str(path)], str(tmp_path / "strict"), strict, num_workers=1)
+    assert not os.path.exists(tmp_path / "strict" / "metadata.json")
+
+
+def test_missing_vocabulary_is_named(corpus, tmp_path):
+    settings = dataset_settings()
+    settings = type(settings)(**{**settings.__dict__, "vocab_file": str(tmp_path / "vocab.txt")})
+    with pytest.raises(VocabularyError, match="vocab.txt: vocabulary file not found"):
+        create_pretraining_dataset(corpus, str(tmp_path / "out"), settings, num_workers=1)
+
+
+def test_masking_statistics_match_mlperf_on_the_sample(tmp_path):
+    """The whole shipped sample at the MLPerf shapes (L=512, P=76), dupe_factor 1."""
+    from bert_packed.data.create_dataset import DatasetSettings
+    from bert_packed.data.pretraining import MaskingConfig
+
+    samples = sorted(os.path.join(os.path.dirname(SAMPLE), n) for n in os.listdir(os.path.dirname(SAMPLE)))
+    settings = DatasetSettings(os.path.join(REPO, "data", "bert_uncased_vocab.txt"), True, MaskingConfig(), 1, 12345)
+    metadata = create_pretraining_dataset(samples, str(tmp_path), settings, num_workers=2)
+    records = read_all(str(tmp_path), Shapes(512, 76))
+    stats = masking_statistics(records)
+    assert stats["mask"] == pytest.approx(0.8, abs=0.01)
+    assert stats["same"] == pytest.approx(0.1, abs=0.01)
+    assert stats["random"] == pytest.approx(0.1, abs=0.01)
+    lengths = records["input_mask"].sum(axis=1)
+    predictions = records["masked_lm_weights"].sum(axis=1)
+    assert predictions.tolist() == np.minimum(76, np.maximum(1, np.round(lengths * 0.15))).tolist()
+    assert metadata["random_next_fraction"] == pytest.approx(0.5, abs=0.03)
+    # The reference script on the same text (its own sentence segmentation): 2,397 instances,
+    # 57% exactly 512 long, 53 predictions each. Same algorithm, so the same ballpark.
+    assert 0.8 * 2397 <= metadata["num_instances"] <= 1.2 * 2397
+    assert 0.45 <= metadata["full_length_fraction"] <= 0.75
+    assert 45 <= metadata["predictions_per_instance"] <= 65
+    assert 0.1 < 1 - lengths.mean() / 512 < 0.4 and (lengths <= 512).all()
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, os.path.join(REPO, "scripts", "create_pretraining_data.py"), *args],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+
+
+def test_cli_glob_matching_nothing_is_one_line_and_exit_2(tmp_path):
+    result = run_cli(f"--input_file={tmp_path}/nothing*", f"--output_dir={tmp_path}/out")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"create_pretraining_data: error: --input_file: '{tmp_path}/nothing*' matches no file")
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_writes_the_dataset(tmp_path):
+    paths = write_corpus(str(tmp_path), num_files=1, docs_per_file=2)
+    result = run_cli(f"--input_file={paths[0]}", f"--output_dir={tmp_path}/out", "--max_seq_length=64",
+                     "--max_predictions_per_seq=10", "--dupe_factor=1", "--num_workers=1")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["num_instances"] > 0
+    assert sorted(os.listdir(tmp_path / "out")) == ["histogram.json", "metadata.json", "part-00000-000.json",
+                                                     "part-00000-000.tfrecord"]

@@ -1,0 +1,196 @@
+import json
+import os
+
+import numpy as np
+import pytest
+
+from bert_packed.data import packer
+from bert_packed.data import pack_dataset as pack_module
+from bert_packed.data.pack_dataset import (
+    OutputDirectoryError,
+    PackSettings,
+    pack_pretraining_dataset,
+    verify_packed_dataset,
+)
+from bert_packed.data.reader import RecordError, read_packed, read_unpacked
+from bert_packed.data.schema import Shapes
+from bert_packed.data.tfrecord import CorruptRecordError
+from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, tfrecords
+
+PACKED = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK)
+UNPACKED = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS)
+CLS = 101
+
+
+def input_rows(unpacked_dir):
+    return np.concatenate([packer.rows_from_unpacked(batch, UNPACKED, 0, first)
+                           for path in tfrecords(unpacked_dir) for first, batch in read_unpacked(path, UNPACKED)])
+
+
+def packed_records(packed_dir):
+    batches = [batch for path in tfrecords(packed_dir) for _, batch in read_packed(path, PACKED)]
+    return {name: np.concatenate([b[name] for b in batches]) for name in batches[0]}
+
+
+def content(rows):
+    """Each sequence's content as a hashable tuple (provenance left out), as a sorted list."""
+    fields = ("length", "num_predictions", "next_sentence_label", "input_ids", "segment_ids",
+              "masked_lm_positions", "masked_lm_ids")
+    return sorted(tuple(np.concatenate([np.atleast_1d(row[f]).astype(np.int64) for f in fields]).tolist())
+                  for row in rows)
+
+
+def random_rows(rng, count, shapes=UNPACKED):
+    rows = np.zeros(count, dtype=packer.row_dtype(shapes))
+    rows["length"] = rng.integers(2, shapes.max_seq_length // 3, count)
+    rows["num_predictions"] = np.minimum(shapes.max_predictions_per_seq, np.maximum(1, rows["length"] // 7))
+    rows["next_sentence_label"] = rng.integers(0, 2, count)
+    for i, row in enumerate(rows):
+        rows["input_ids"][i, :row["length"]] = rng.integers(1, 30000, row["length"])
+        rows["segment_ids"][i, row["length"] // 2:row["length"]] = 1
+        positions = np.sort(rng.choice(np.arange(1, row["length"]), row["num_predictions"], replace=False))
+        rows["masked_lm_positions"][i, :row["num_predictions"]] = positions
+        rows["masked_lm_ids"][i, :row["num_predictions"]] = rng.integers(1, 30000, row["num_predictions"])
+    return rows
+
+
+def test_assemble_then_unpack_gives_back_the_rows():
+    rng = np.random.default_rng(0)
+    rows = random_rows(rng, 60)
+    pack_of_row = np.repeat(np.arange(20), 3)  # 3 short sequences a pack
+    position = np.tile(np.arange(3), 20)
+    order = rng.permutation(60)
+    packs = packer.assemble_packs(rows[order], pack_of_row[order], position[order], 20, PACKED)
+    assert content(packer.unpack(packs, UNPACKED)) == content(rows)
+    assert packer.checksum(packer.unpack(packs, UNPACKED)) == packer.checksum(rows[order])
+
+
+def test_checksum_is_order_independent_and_sensitive_to_content():
+    rows = random_rows(np.random.default_rng(1), 10)
+    assert packer.checksum(rows) == packer.checksum(rows[::-1])
+    changed = rows.copy()
+    changed["input_ids"][3, 0] += 1
+    assert packer.checksum(changed) != packer.checksum(rows)
+    moved = rows.copy()  # the same token moved from one sequence to another
+    moved["masked_lm_ids"][0, 0], moved["masked_lm_ids"][1, 0] = rows["masked_lm_ids"][1, 0], rows["masked_lm_ids"][0, 0]
+    assert packer.checksum(moved) != packer.checksum(rows)
+    assert packer.checksum(np.concatenate([rows, rows[:1]])) != packer.checksum(rows)  # a duplicate shows
+
+
+def test_assemble_refuses_overflowing_packs():
+    rows = random_rows(np.random.default_rng(2), 2, Shapes(MAX_SEQ_LENGTH, 40))
+    rows["num_predictions"] = 12  # 24 predictions in a pack of P' = 20 + 3
+    rows["length"] = 40
+    with pytest.raises(ValueError, match="pack 0 overflows.*23 predictions"):
+        packer.assemble_packs(rows, np.array([0, 0]), np.array([0, 1]), 1, Shapes(MAX_SEQ_LENGTH, 40 - 20, 3))
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 17, 1000, 65537])
+def test_keyed_permutation_is_a_bijection(size):
+    values = packer.keyed_permutation(np.arange(size), size, key=3)
+    assert sorted(values.tolist()) == list(range(size))
+    if size > 100:
+        assert not np.array_equal(values, packer.keyed_permutation(np.arange(size), size, key=4))
+        assert abs(np.corrcoef(np.arange(size), values)[0, 1]) < 0.1  # no visible order left
+
+
+def test_packed_output_holds_exactly_the_input_sequences(unpacked_dir, packed_dir):
+    assert content(packer.unpack(packed_records(packed_dir), UNPACKED)) == content(input_rows(unpacked_dir))
+    metadata = json.load(open(os.path.join(packed_dir, "metadata.json")))
+    assert metadata["num_sequences"] == len(input_rows(unpacked_dir)) == 122
+    assert metadata["checksum"] == f"{packer.checksum(input_rows(unpacked_dir)):016x}"
+    assert verify_packed_dataset(packed_dir)["num_sequences"] == 122
+    assert metadata["num_packs"] < 122 and metadata["efficiency"] > 0.9
+    assert metadata["packing_factor"] == pytest.approx(122 / metadata["num_packs"])
+    assert len(metadata["files"]) == 2 and not os.path.exists(os.path.join(packed_dir, ".work"))
+
+
+def test_packed_layout_is_right_pack_by_pack(packed_dir):
+    """Checked independently of packer.unpack: indices, positions and offsets in every pack."""
+    records = packed_records(packed_dir)
+    for r in range(len(records["input_ids"])):
+        mask, positions = records["input_mask"][r], records["positions"][r]
+        count = int(records["next_sentence_weights"][r].sum())
+        assert 1 <= count <= MAX_SEQUENCES_PER_PACK and (records["next_sentence_weights"][r][:count] == 1).all()
+        real = int((mask > 0).sum())
+        assert (mask[:real] > 0).all() and (mask[real:] == 0).all()  # sequences first, padding after
+        assert (np.diff(mask[:real]) >= 0).all() and set(mask[:real]) == set(range(1, count + 1))
+        for k in range(1, count + 1):
+            block = np.flatnonzero(mask == k)
+            start = records["next_sentence_positions"][r][k - 1]
+            assert block[0] == start and (np.diff(block) == 1).all()
+            assert records["input_ids"][r][start] == CLS
+            assert positions[block].tolist() == list(range(len(block)))
+        weights = records["masked_lm_weights"][r]
+        has = weights > 0
+        # Each prediction points into its own sequence.
+        assert (mask[records["masked_lm_positions"][r][has]] == weights[has]).all()
+        assert has.sum() <= MAX_PREDICTIONS + MAX_SEQUENCES_PER_PACK
+
+
+def test_packs_are_random_mixtures_and_seed_decides_them(unpacked_dir, packed_dir, tmp_path):
+    settings = PackSettings(PACKED, "lp", seed=7, num_shards=2)
+    pack_pretraining_dataset(tfrecords(unpacked_dir), str(tmp_path), settings, num_workers=1)
+    ours, theirs = packed_records(str(tmp_path)), packed_records(packed_dir)
+    assert not np.array_equal(ours["input_ids"], theirs["input_ids"])
+    assert content(packer.unpack(ours, UNPACKED)) == content(packer.unpack(theirs, UNPACKED))
+
+
+def test_an_interrupted_run_resumes_to_the_same_output(unpacked_dir, packed_dir, tmp_path, monkeypatch):
+    settings = PackSettings(PACKED, "lp", num_shards=2)
+    real = pack_module._write_bucket
+
+    def fail_on_second_bucket(*args, **kwargs):
+        if args[-1] == 1:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pack_module, "_write_bucket", fail_on_second_bucket)
+    with pytest.raises(KeyboardInterrupt):
+        pack_pretraining_dataset(tfrecords(unpacked_dir), str(tmp_path), settings, num_workers=1)
+    assert not os.path.exists(tmp_path / "metadata.json")  # nothing looks finished
+    assert [n for n in os.listdir(tmp_path) if n.startswith("packed-")] == ["packed-00000-of-00002.tfrecord"]
+    first_shard = os.path.getmtime(tmp_path / "packed-00000-of-00002.tfrecord")
+    monkeypatch.setattr(pack_module, "_write_bucket", real)
+    pack_pretraining_dataset(tfrecords(unpacked_dir), str(tmp_path), settings, num_workers=1)
+    assert os.path.getmtime(tmp_path / "packed-00000-of-00002.tfrecord") == first_shard  # not redone
+    for a, b in zip(tfrecords(str(tmp_path)), tfrecords(packed_dir)):
+        assert open(a, "rb").read() == open(b, "rb").read()
+
+
+def test_a_directory_with_another_run_is_refused(unpacked_dir, packed_dir):
+    with pytest.raises(OutputDirectoryError, match="already holds packed data"):
+        pack_pretraining_dataset(tfrecords(unpacked_dir), packed_dir, PackSettings(PACKED), num_workers=1)
+
+
+def test_truncated_input_is_named_with_its_record(unpacked_dir, tmp_path):
+    source = tfrecords(unpacked_dir)[0]
+    broken = tmp_path / "broken.tfrecord"
+    broken.write_bytes(open(source, "rb").read()[:-100])
+    with pytest.raises(CorruptRecordError, match=rf"{broken}: record \d+: truncated data"):
+        pack_pretraining_dataset([str(broken)], str(tmp_path / "out"), PackSettings(PACKED), num_workers=1)
+    assert not os.path.exists(tmp_path / "out" / "metadata.json")
+
+
+def test_flags_that_disagree_with_the_data_are_named(unpacked_dir, tmp_path):
+    wrong = PackSettings(Shapes(64, MAX_PREDICTIONS, 3))
+    with pytest.raises(RecordError, match=r"record 0: feature 'input_ids' has 128 values, expected 64 "
+                                          r"\(--max_seq_length=64"):
+        pack_pretraining_dataset(tfrecords(unpacked_dir)[:1], str(tmp_path), wrong, num_workers=1)
+
+
+def test_cli_error_is_one_line_naming_the_record(unpacked_dir, tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    result = subprocess.run(
+        [sys.executable, os.path.join(REPO, "scripts", "pack_pretraining_data.py"),
+         f"--input_files={tfrecords(unpacked_dir)[0]}", f"--output_dir={tmp_path}", "--max_seq_length=256"],
+        capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"pack_pretraining_data: error: {tfrecords(unpacked_dir)[0]}: record 0: feature 'input_ids' has 128 "
+        f"values, expected 256 (--max_seq_length=256, --max_predictions_per_seq=76)")
+    assert "Traceback" not in result.stderr and not os.path.exists(tmp_path / "metadata.json")

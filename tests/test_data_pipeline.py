@@ -1,0 +1,121 @@
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from bert_packed.data import packer
+from bert_packed.data.pipeline import PipelineConfig, diagnose_input_error, make_dataset
+from bert_packed.data.schema import Shapes
+from bert_packed.data.tfrecord import CorruptRecordError
+from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, tfrecords
+
+PACKED = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK)
+UNPACKED = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS)
+
+
+def one_epoch(config, **overrides):
+    config = PipelineConfig(**{**config.__dict__, "is_training": False, **overrides})
+    return [{k: v.numpy() for k, v in batch.items()} for batch in make_dataset(config)]
+
+
+def sequences(batches, shapes=UNPACKED):
+    """Decode batches of the packed layout (any mode) back to sorted sequence contents."""
+    rows = []
+    for batch in batches:
+        width = batch["input_ids"].shape[1]
+        if width < shapes.max_seq_length:  # bucketed batches are trimmed: pad back for decoding
+            batch = {k: np.pad(v, [(0, 0), (0, shapes.max_seq_length - width)]) if v.shape[1] == width else v
+                     for k, v in batch.items()}
+        rows.append(packer.unpack(batch, shapes))
+    rows = np.concatenate(rows)
+    fields = ("length", "num_predictions", "next_sentence_label", "input_ids", "segment_ids",
+              "masked_lm_positions", "masked_lm_ids")
+    return sorted(tuple(np.concatenate([np.atleast_1d(r[f]) for f in fields]).tolist()) for r in rows)
+
+
+@pytest.fixture(scope="module")
+def configs(unpacked_dir, packed_dir):
+    return {
+        "packed": PipelineConfig(tuple(tfrecords(packed_dir)), PACKED, "packed", batch_size=4),
+        "padded": PipelineConfig(tuple(tfrecords(unpacked_dir)), UNPACKED, "padded", batch_size=4),
+        "bucketed": PipelineConfig(tuple(tfrecords(unpacked_dir)), UNPACKED, "bucketed", batch_size=4,
+                                   bucket_boundaries=(32, 64, 96)),
+    }
+
+
+def test_every_mode_yields_the_same_sequences_in_the_same_layout(configs):
+    epochs = {mode: one_epoch(config) for mode, config in configs.items()}
+    assert sequences(epochs["packed"]) == sequences(epochs["padded"]) == sequences(epochs["bucketed"])
+    assert len(sequences(epochs["padded"])) == 122
+    for mode, batches in epochs.items():
+        assert set(batches[0]) == {"input_ids", "input_mask", "segment_ids", "positions", "masked_lm_positions",
+                                   "masked_lm_ids", "masked_lm_weights", "next_sentence_positions",
+                                   "next_sentence_labels", "next_sentence_weights"}
+        assert all(v.dtype == np.int32 for v in batches[0].values())
+    padded = epochs["padded"][0]
+    lengths = padded["input_mask"].sum(axis=1)
+    assert padded["positions"][0, :lengths[0]].tolist() == list(range(lengths[0]))
+    assert padded["masked_lm_positions"].shape[1] == MAX_PREDICTIONS and padded["next_sentence_weights"].shape[1] == 1
+    assert epochs["packed"][0]["masked_lm_positions"].shape[1] == MAX_PREDICTIONS + MAX_SEQUENCES_PER_PACK
+
+
+def test_bucketed_batches_are_trimmed_to_a_boundary(configs):
+    for batch in one_epoch(configs["bucketed"]):
+        width = batch["input_ids"].shape[1]
+        lengths = batch["input_mask"].sum(axis=1)
+        assert width in (32, 64, 96, 128)
+        assert lengths.max() <= width and (width == 32 or lengths.min() > {64: 32, 96: 64, 128: 96}[width])
+
+
+def test_training_batches_are_full_and_repeat(configs):
+    config = PipelineConfig(**{**configs["packed"].__dict__, "batch_size": 16})
+    batches = list(make_dataset(config).take(20))  # more than one epoch of ~100 packs
+    assert all(b["input_ids"].shape == (16, MAX_SEQ_LENGTH) for b in batches)
+
+
+def test_deterministic_runs_repeat_exactly_and_seeds_differ(configs):
+    config = PipelineConfig(**{**configs["padded"].__dict__, "deterministic": True})
+    first = [b["input_ids"].numpy() for b in make_dataset(config).take(5)]
+    again = [b["input_ids"].numpy() for b in make_dataset(config).take(5)]
+    other = [b["input_ids"].numpy() for b in make_dataset(PipelineConfig(**{**config.__dict__, "seed": 1})).take(5)]
+    assert all(np.array_equal(a, b) for a, b in zip(first, again))
+    assert not all(np.array_equal(a, b) for a, b in zip(first, other))
+
+
+def test_input_pipelines_share_the_files_without_overlap(configs):
+    config = PipelineConfig(**{**configs["padded"].__dict__, "is_training": False, "batch_size": 2})
+    shares = []
+    for pipeline in range(2):
+        context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=pipeline, num_replicas_in_sync=2)
+        shares.append(sequences([{k: v.numpy() for k, v in b.items()} for b in make_dataset(config, context)]))
+    assert shares[0] and shares[1] and not set(shares[0]) & set(shares[1])
+    assert sorted(shares[0] + shares[1]) == sequences(one_epoch(configs["padded"]))
+
+
+def test_a_checkpointed_iterator_resumes_without_repeating_or_skipping(configs, tmp_path):
+    config = PipelineConfig(**{**configs["packed"].__dict__, "deterministic": True, "shuffle_buffer": 50})
+    iterator = iter(make_dataset(config))
+    for _ in range(3):
+        next(iterator)
+    checkpoint = tf.train.Checkpoint(iterator=iterator)
+    path = checkpoint.save(str(tmp_path / "input"))
+    expected = [next(iterator)["input_ids"].numpy() for _ in range(4)]
+    resumed = iter(make_dataset(config))
+    tf.train.Checkpoint(iterator=resumed).restore(path)
+    assert all(np.array_equal(next(resumed)["input_ids"].numpy(), e) for e in expected)
+
+
+def test_a_corrupt_file_is_named_after_tf_data_fails(configs, tmp_path):
+    source = configs["padded"].files[0]
+    broken = tmp_path / "broken.tfrecord"
+    data = open(source, "rb").read()
+    broken.write_bytes(data[:500] + bytes([data[500] ^ 0xFF]) + data[501:])
+    config = PipelineConfig(**{**configs["padded"].__dict__, "files": (str(broken),), "is_training": False})
+    with pytest.raises(tf.errors.DataLossError):
+        list(make_dataset(config))
+    with pytest.raises(CorruptRecordError, match=rf"{broken}: record 0: data checksum mismatch"):
+        diagnose_input_error(config)
+
+
+def test_unknown_mode_is_refused(configs):
+    with pytest.raises(ValueError, match="unknown input mode 'mixed'"):
+        make_dataset(PipelineConfig(**{**configs["padded"].__dict__, "mode": "mixed"}))
