@@ -8,7 +8,7 @@ endif
 PYTHON := $(ENV_DIR)/bin/python
 STAMP := $(ENV_DIR)/.bert-packed-installed
 
-.PHONY: setup run test benchmark-packing clean
+.PHONY: setup run test benchmarks clean
 
 setup: $(STAMP)
 
@@ -18,16 +18,28 @@ $(STAMP): setup.py
 	$(PYTHON) -m pip install --quiet -e '.[cpu,test]'
 	touch $(STAMP)
 
-# The main job.
+RUN_DIR ?= runs/sample
+
+# The main job: the shipped Wikipedia sample to packed, verified pre-training data at L=512.
+# Re-running reuses finished stages.
 run: $(STAMP)
-	$(PYTHON) -m bert_packed.packing --histogram data/histograms/wikipedia_like_512.json \
+	$(PYTHON) scripts/create_pretraining_data.py --input_file='data/wikipedia_sample/wiki_*' \
+		--output_dir=$(RUN_DIR)/unpacked --max_seq_length=512 --max_predictions_per_seq=76 --dupe_factor=1
+	$(PYTHON) scripts/pack_pretraining_data.py --input_files='$(RUN_DIR)/unpacked/part-*.tfrecord' \
+		--output_dir=$(RUN_DIR)/packed --max_seq_length=512 --max_predictions_per_seq=76 \
+		--max_sequences_per_pack=3 --algorithm=lp --verify
+	$(PYTHON) -m bert_packed.packing --histogram $(RUN_DIR)/unpacked/histogram.json \
 		--algorithm all --max-sequences-per-pack 3
 
 test: $(STAMP)
 	$(PYTHON) -m pytest -q tests
 
-benchmark-packing: $(STAMP)
+# Every figure in the README.
+benchmarks: $(STAMP)
 	$(PYTHON) scripts/benchmark_packing.py
+	$(PYTHON) scripts/benchmark_create_pretraining_data.py
+	$(PYTHON) scripts/benchmark_pack_pretraining_data.py
+	$(PYTHON) scripts/benchmark_input_pipeline.py
 
 clean:
 	rm -rf .venv build *.egg-info .pytest_cache .hypothesis

@@ -158,9 +158,14 @@ def test_an_interrupted_run_resumes_to_the_same_output(unpacked_dir, packed_dir,
         assert open(a, "rb").read() == open(b, "rb").read()
 
 
-def test_a_directory_with_another_run_is_refused(unpacked_dir, packed_dir):
-    with pytest.raises(OutputDirectoryError, match="already holds packed data"):
+def test_a_directory_with_another_run_is_refused_and_a_finished_one_reused(unpacked_dir, packed_dir):
+    with pytest.raises(OutputDirectoryError, match="already holds packed data made with other settings"):
         pack_pretraining_dataset(tfrecords(unpacked_dir), packed_dir, PackSettings(PACKED), num_workers=1)
+    before = {name: os.path.getmtime(os.path.join(packed_dir, name)) for name in os.listdir(packed_dir)}
+    same = PackSettings(PACKED, "lp", num_shards=2)
+    metadata = pack_pretraining_dataset(tfrecords(unpacked_dir), packed_dir, same, num_workers=1)
+    assert metadata == json.load(open(os.path.join(packed_dir, "metadata.json")))
+    assert before == {name: os.path.getmtime(os.path.join(packed_dir, name)) for name in os.listdir(packed_dir)}
 
 
 def test_truncated_input_is_named_with_its_record(unpacked_dir, tmp_path):

@@ -21,10 +21,12 @@ import concurrent.futures
 import dataclasses
 import hashlib
 import json
+import logging
 import math
 import multiprocessing
 import os
 import shutil
+import time
 
 import numpy as np
 
@@ -77,17 +79,25 @@ def pack_pretraining_dataset(input_files: list[str], output_dir: str, settings: 
       PackingError: the output would not hold exactly the input sequences.
     """
     sources = [os.path.abspath(path) for path in input_files]
+    identity = {"settings": settings.to_dict(), "sources": sources}
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+    finished = _finished_run(output_dir, digest)
+    if finished is not None:
+        return finished
     work = os.path.join(output_dir, ".work")
     os.makedirs(work, exist_ok=True)
-    identity = {"settings": settings.to_dict(), "sources": sources}
-    _claim(output_dir, work, identity)
+    _claim(output_dir, work, identity, digest)
 
     shapes = settings.shapes
     unpacked_shapes = Shapes(shapes.max_seq_length, shapes.max_predictions_per_seq)
+    seconds = {}
+    start = time.perf_counter()
     summaries = _read_inputs(sources, work, unpacked_shapes)
+    seconds["read"] = time.perf_counter() - start
     histogram = merge_histograms(*[s["histogram"] for s in summaries])
     save_histogram(os.path.join(output_dir, "histogram.json"), histogram)
     checksum_in = packer.combine_checksums(*[int(s["checksum"], 16) for s in summaries])
+    start = time.perf_counter()
     packing_plan = plan(histogram, shapes.max_seq_length, settings.algorithm, shapes.max_sequences_per_pack)
 
     row_bytes = packer.row_dtype(unpacked_shapes).itemsize
@@ -95,7 +105,10 @@ def pack_pretraining_dataset(input_files: list[str], output_dir: str, settings: 
     num_buckets = min(num_buckets, packing_plan.num_packs)
     if not os.path.exists(os.path.join(work, "buckets.json")):
         _distribute(summaries, work, unpacked_shapes, packing_plan, num_buckets, settings.seed)
+    seconds["plan_and_assign"] = time.perf_counter() - start
+    start = time.perf_counter()
     shards = _write_packs(output_dir, work, settings, packing_plan.num_packs, num_buckets, num_workers)
+    seconds["write"] = time.perf_counter() - start
 
     num_out = sum(s["num_sequences"] for s in shards)
     checksum_out = packer.combine_checksums(*[int(s["checksum"], 16) for s in shards])
@@ -119,23 +132,37 @@ def pack_pretraining_dataset(input_files: list[str], output_dir: str, settings: 
         "sources": sources,
         "files": [s["file"] for s in shards],
         "checksum": f"{checksum_in:016x}",
+        "seconds": seconds,  # of this run (a resumed run times only what it redid)
+        "run_digest": digest,  # settings and sources: a finished run is not redone
     }
     write_text_atomically(os.path.join(output_dir, "metadata.json"), json.dumps(metadata, indent=1) + "\n")
     shutil.rmtree(work, ignore_errors=True)
     return metadata
 
 
-def _claim(output_dir: str, work: str, identity: dict) -> None:
+def _finished_run(output_dir: str, digest: str) -> dict | None:
+    """The metadata of a finished run with the same settings and sources in `output_dir`."""
+    path = os.path.join(output_dir, "metadata.json")
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        metadata = json.load(f)
+    if metadata.get("run_digest") != digest:
+        raise OutputDirectoryError(f"{output_dir}: already holds packed data made with other settings or "
+                                   f"inputs; use a new --output_dir or remove it")
+    logging.info("%s: already packed with these settings; nothing to do", output_dir)
+    return metadata
+
+
+def _claim(output_dir: str, work: str, identity: dict, digest: str) -> None:
     """Refuses a directory that holds another run; records this run's identity for resuming."""
-    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
     marker = os.path.join(work, "run.json")
     if os.path.exists(marker):
         with open(marker, encoding="utf-8") as f:
             if json.load(f).get("digest") != digest:
                 raise OutputDirectoryError(f"{output_dir}: holds an unfinished packing run with other settings "
                                            f"or inputs; use a new --output_dir or remove it")
-    elif os.path.exists(os.path.join(output_dir, "metadata.json")) or any(
-            name.startswith("packed-") for name in os.listdir(output_dir)):
+    elif any(name.startswith("packed-") for name in os.listdir(output_dir)):
         raise OutputDirectoryError(f"{output_dir}: already holds packed data; use a new --output_dir or remove it")
     write_text_atomically(marker, json.dumps({"digest": digest, **identity}) + "\n")
 
@@ -200,17 +227,15 @@ def _distribute(summaries: list[dict], work: str, shapes: Shapes, packing_plan, 
         rows_path = os.path.join(work, f"rows-{index:05d}.bin")
         for rows in _chunks(rows_path, dtype, chunk_rows):
             lengths = rows["length"].astype(np.int64)
+            # Rank of each sequence among those of its length read so far.
             order = np.argsort(lengths, kind="stable")
             sorted_lengths = lengths[order]
-            bounds = np.flatnonzero(np.r_[True, sorted_lengths[1:] != sorted_lengths[:-1], True])
-            for start, end in zip(bounds[:-1], bounds[1:]):
-                length = int(sorted_lengths[start])
-                rank = seen[length] + np.arange(end - start)
-                seen[length] += end - start
-                slot = packer.keyed_permutation(rank, int(histogram[length - 1]), key=seed * 1_000_003 + length)
-                pack, position = slots.locate(length, slot)
-                rows["pack"][order[start:end]] = pack
-                rows["position"][order[start:end]] = position
+            first_of_length = np.searchsorted(sorted_lengths, sorted_lengths)
+            rank = np.empty(len(rows), dtype=np.int64)
+            rank[order] = seen[sorted_lengths] + np.arange(len(rows)) - first_of_length
+            seen += np.bincount(lengths, minlength=len(seen))
+            slot = packer.keyed_permutation(rank, histogram[lengths - 1], key=seed * 1_000_003 + lengths)
+            rows["pack"], rows["position"] = slots.locate(lengths, slot)
             # Pack numbers become output order: a random permutation of all packs.
             rows["pack"] = packer.keyed_permutation(rows["pack"], slots.num_packs, key=seed)
             bucket = rows["pack"] * num_buckets // slots.num_packs

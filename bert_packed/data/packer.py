@@ -90,33 +90,38 @@ def combine_checksums(*values: int) -> int:
     return sum(values) % (1 << 64)
 
 
-def keyed_permutation(indices: np.ndarray, size: int, key: int) -> np.ndarray:
+def keyed_permutation(indices: np.ndarray, size, key) -> np.ndarray:
     """A pseudo-random bijection of [0, size), evaluated at `indices`, with no table in memory.
 
     A 4-round Feistel network on the smallest even power of two >= size, cycle-walking values
-    that land outside [0, size) (fewer than 4 walks on average).
+    that land outside [0, size) (fewer than 4 walks on average). `size` and `key` may be arrays
+    (one per index): each index is then permuted within its own domain.
 
     >>> sorted(keyed_permutation(np.arange(10), 10, key=7).tolist()) == list(range(10))
     True
     """
     indices = np.asarray(indices, dtype=np.uint64)
-    if size <= 1:
-        return np.zeros(len(indices), dtype=np.int64)
-    half_bits = max(1, ((size - 1).bit_length() + 1) // 2)
-    mask = np.uint64((1 << half_bits) - 1)
-    keys = _mix(np.arange(4, dtype=np.uint64) + np.uint64(key) * np.uint64(4))
+    size = np.broadcast_to(np.asarray(size, dtype=np.uint64), indices.shape)
+    key = np.broadcast_to(np.asarray(key, dtype=np.uint64), indices.shape)
+    bits = np.frexp(np.maximum(size, 2).astype(np.float64) - 1)[1].astype(np.uint64)  # bit length of size-1
+    half_bits = (bits + np.uint64(1)) // np.uint64(2)
+    mask = (np.uint64(1) << half_bits) - np.uint64(1)
+    round_keys = [_mix(key * np.uint64(4) + np.uint64(r)) for r in range(4)]
 
-    def feistel(values):
-        left, right = values >> np.uint64(half_bits), values & mask
-        for round_key in keys:
-            left, right = right, left ^ (_mix(right ^ round_key) & mask)
-        return (left << np.uint64(half_bits)) | right
+    def feistel(values, where):
+        half, low = half_bits[where], mask[where]
+        left, right = values >> half, values & low
+        for round_key in round_keys:
+            left, right = right, left ^ (_mix(right ^ round_key[where]) & low)
+        return (left << half) | right
 
-    values = feistel(indices)
-    outside = values >= np.uint64(size)
-    while outside.any():
-        values[outside] = feistel(values[outside])
-        outside = values >= np.uint64(size)
+    everything = np.arange(len(indices))
+    values = feistel(indices, everything)
+    outside = np.flatnonzero(values >= size)
+    while len(outside):
+        values[outside] = feistel(values[outside], outside)
+        outside = outside[values[outside] >= size[outside]]
+    values[size <= 1] = 0
     return values.astype(np.int64)
 
 
@@ -124,25 +129,36 @@ class SlotTable:
     """Where each slot of the plan is: slot k of length l -> (pack g, position in the pack).
 
     Packs are numbered strategy by strategy; inside a strategy its lengths are in the plan's
-    order (longest first), so a pack's sequence index of a slot is its position + 1.
+    order (longest first), so a pack's sequence index of a slot is its position + 1. Slots of one
+    length are numbered run by run, a run being one length's place in one strategy (count slots).
     """
 
     def __init__(self, strategies, max_sequence_length: int):
         self.num_packs = sum(count for _, count in strategies)
         first_pack = np.cumsum([0] + [count for _, count in strategies])
-        # For each length: runs of slots (first pack, count, position), in a fixed order.
-        runs: list[list[tuple[int, int, int]]] = [[] for _ in range(max_sequence_length + 1)]
-        for s, (lengths, count) in enumerate(strategies):
-            for position, length in enumerate(lengths):
-                runs[length].append((int(first_pack[s]), count, position))
-        self._first_pack = [np.array([r[0] for r in rs], dtype=np.int64) for rs in runs]
-        self._position = [np.array([r[2] for r in rs], dtype=np.int64) for rs in runs]
-        self._run_start = [np.cumsum([0] + [r[1] for r in rs])[:-1].astype(np.int64) for rs in runs]
+        runs = sorted((length, s, position) for s, (lengths, _) in enumerate(strategies)
+                      for position, length in enumerate(lengths))
+        run_length = np.array([r[0] for r in runs], dtype=np.int64)
+        counts = np.array([strategies[r[1]][1] for r in runs], dtype=np.int64)
+        # Slot number of each run's first slot among the slots of its length.
+        run_start = np.cumsum(counts) - counts
+        first_of_length = np.searchsorted(run_length, run_length)
+        run_start -= run_start[first_of_length]
+        self._stride = int(counts.sum()) + 1
+        self._run_key = run_length * self._stride + run_start  # sorted
+        self._run_start = run_start
+        self._first_pack = first_pack[[r[1] for r in runs]].astype(np.int64)
+        self._position = np.array([r[2] for r in runs], dtype=np.int64)
 
-    def locate(self, length: int, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(pack index, position in pack) of slots `slots` of sequences of `length`."""
-        run = np.searchsorted(self._run_start[length], slots, side="right") - 1
-        return self._first_pack[length][run] + (slots - self._run_start[length][run]), self._position[length][run]
+    def locate(self, lengths: np.ndarray, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(pack index, position in pack) of slot `slots[i]` among the slots of length `lengths[i]`.
+
+        >>> table = SlotTable([((5, 3), 2), ((5,), 1)], 8)   # packs 0-1: (5, 3); pack 2: (5,)
+        >>> [p.tolist() for p in table.locate(np.array([5, 5, 5, 3]), np.array([0, 1, 2, 1]))]
+        [[0, 1, 2, 1], [0, 0, 0, 1]]
+        """
+        run = np.searchsorted(self._run_key, np.asarray(lengths) * self._stride + slots, side="right") - 1
+        return self._first_pack[run] + (slots - self._run_start[run]), self._position[run]
 
 
 def _runs(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:

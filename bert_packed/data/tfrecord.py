@@ -48,7 +48,7 @@ def _varint(value: int) -> bytes:
     return _SMALL_VARINTS[value] if value < 1 << 16 else _encode_varint(value)
 
 
-def _varint_rows(matrix: np.ndarray, chunk_rows: int = 4096) -> tuple[bytes, list[int]]:
+def _varint_rows(matrix: np.ndarray) -> tuple[bytes, list[int]]:
     """Protobuf varints of every row of an int matrix, vectorised over all rows at once.
 
     >>> data, offsets = _varint_rows(np.array([[1, 300], [0, -1]]))
@@ -58,26 +58,33 @@ def _varint_rows(matrix: np.ndarray, chunk_rows: int = 4096) -> tuple[bytes, lis
     Returns:
       (the rows' varint bytes concatenated, offsets [N + 1] of each row's bytes).
     """
-    values = np.asarray(matrix, dtype=np.int64).reshape(len(matrix), -1)
+    values = np.asarray(matrix).reshape(len(matrix), -1)
+    num_rows, num_columns = values.shape
     if values.size == 0:
-        return b"", [0] * (len(values) + 1)
-    largest = int(values.view(np.uint64).max())  # negatives are huge: 10 bytes, two's complement
-    width = max(1, (largest.bit_length() + 6) // 7)
+        return b"", [0] * (num_rows + 1)
+    flat = values.ravel()
+    if flat.min() < 0:
+        flat = flat.astype(np.int64).view(np.uint64)  # negatives take 10 bytes, two's complement
+    else:
+        flat = flat.astype(np.uint32 if flat.max() < 1 << 32 else np.uint64)
+    width = max(1, (int(flat.max()).bit_length() + 6) // 7)
     if width == 1:
-        return values.astype(np.uint8).tobytes(), list(range(0, values.size + 1, values.shape[1]))
-    values = values.view(np.uint64).astype(np.uint32 if width <= 4 else np.uint64)
-    num_bytes = np.ones(values.shape, dtype=np.int64)
+        return flat.astype(np.uint8).tobytes(), list(range(0, flat.size + 1, num_columns))
+    num_bytes = np.ones(flat.shape, dtype=np.int64)
     for k in range(1, width):
-        num_bytes += values >= values.dtype.type(1 << (7 * k))
-    shifts = (np.arange(width) * 7).astype(values.dtype)
-    position = np.arange(width)
-    pieces = []
-    for start in range(0, len(values), chunk_rows):  # bounds the [rows, columns, width] temporaries
-        chunk, count = values[start:start + chunk_rows], num_bytes[start:start + chunk_rows, :, None]
-        groups = ((chunk[..., None] >> shifts) & 0x7F).astype(np.uint8)
-        groups |= ((position < count - 1) * 0x80).astype(np.uint8)
-        pieces.append(groups[position < count].tobytes())
-    return b"".join(pieces), np.concatenate([[0], np.cumsum(num_bytes.sum(axis=1))]).tolist()
+        num_bytes += flat >= flat.dtype.type(1 << (7 * k))
+    end = np.cumsum(num_bytes)
+    start = end - num_bytes
+    out = np.empty(int(end[-1]), dtype=np.uint8)
+    # Byte k of every value that has one: 7 bits, and the high bit when more bytes follow.
+    out[start] = (flat & 0x7F).astype(np.uint8) | ((num_bytes > 1) * 0x80).astype(np.uint8)
+    longer = np.arange(flat.size)
+    for k in range(1, width):
+        longer = longer[num_bytes[longer] > k]
+        shifted = flat[longer] >> flat.dtype.type(7 * k)
+        more = (num_bytes[longer] > k + 1).astype(flat.dtype) << flat.dtype.type(7)
+        out[start[longer] + k] = ((shifted & flat.dtype.type(0x7F)) | more).astype(np.uint8)
+    return out.tobytes(), [0] + end[num_columns - 1::num_columns].tolist()
 
 
 _INT64_LIST = b"\x1a"  # Feature.int64_list
