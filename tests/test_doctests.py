@@ -15,6 +15,7 @@ MODULES = [
     "bert_packed.data.tokenization",
     "bert_packed.data.tfrecord",
     "bert_packed.data.packer",
+    "bert_packed.model.modeling",
 ]
 
 

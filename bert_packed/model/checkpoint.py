@@ -1,0 +1,104 @@
+"""google-research/bert and MLPerf TF1 checkpoints: import into the model, export from it.
+
+The TF1 names (bert/embeddings/word_embeddings, bert/encoder/layer_0/attention/self/query/kernel,
+..., cls/predictions/output_bias, cls/seq_relationship/output_weights) map one to one onto the
+model's weights. Dense kernels are [in, out] in both; cls/seq_relationship/output_weights is
+stored [2, H], the transpose of the classifier's kernel. Optimizer slots and other variables in
+a checkpoint are ignored.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from bert_packed.model.modeling import BertPretrainingModel
+
+
+class CheckpointError(ValueError):
+    """A checkpoint does not hold every model weight with the right shape, or cannot be read."""
+
+
+def google_variable_names(model: BertPretrainingModel) -> list[tuple[str, object, bool]]:
+    """(TF1 name, model weight, stored transposed) for every weight of the model."""
+    if not model.built:
+        model.build()
+    names = []
+
+    def dense(prefix, layer):
+        names.extend([(f"{prefix}/kernel", layer.kernel, False), (f"{prefix}/bias", layer.bias, False)])
+
+    def layer_norm(prefix, layer):
+        names.extend([(f"{prefix}/gamma", layer.gamma, False), (f"{prefix}/beta", layer.beta, False)])
+
+    embeddings = model.embeddings
+    names += [("bert/embeddings/word_embeddings", embeddings.word_embeddings, False),
+              ("bert/embeddings/position_embeddings", embeddings.position_embeddings, False),
+              ("bert/embeddings/token_type_embeddings", embeddings.token_type_embeddings, False)]
+    layer_norm("bert/embeddings/LayerNorm", embeddings.layer_norm)
+    for i, layer in enumerate(model.encoder_layers):
+        prefix = f"bert/encoder/layer_{i}"
+        dense(f"{prefix}/attention/self/query", layer.query)
+        dense(f"{prefix}/attention/self/key", layer.key)
+        dense(f"{prefix}/attention/self/value", layer.value)
+        dense(f"{prefix}/attention/output/dense", layer.attention_output)
+        layer_norm(f"{prefix}/attention/output/LayerNorm", layer.attention_layer_norm)
+        dense(f"{prefix}/intermediate/dense", layer.intermediate)
+        dense(f"{prefix}/output/dense", layer.output_dense)
+        layer_norm(f"{prefix}/output/LayerNorm", layer.output_layer_norm)
+    dense("bert/pooler/dense", model.next_sentence.pooler)
+    dense("cls/predictions/transform/dense", model.masked_lm.transform)
+    layer_norm("cls/predictions/transform/LayerNorm", model.masked_lm.layer_norm)
+    names += [("cls/predictions/output_bias", model.masked_lm.output_bias, False),
+              ("cls/seq_relationship/output_weights", model.next_sentence.classifier.kernel, True),
+              ("cls/seq_relationship/output_bias", model.next_sentence.classifier.bias, False)]
+    return names
+
+
+def load_google_checkpoint(model: BertPretrainingModel, path: str) -> int:
+    """Loads a google-research/bert or MLPerf TF1 checkpoint into the model.
+
+    Args:
+      model: the model (built on first use).
+      path: checkpoint prefix (".../model.ckpt-28252") or a directory with a `checkpoint` file.
+
+    Returns:
+      The number of weights loaded (all of the model's).
+
+    Raises:
+      CheckpointError: unreadable, or listing every missing or mismatched weight.
+    """
+    try:
+        reader = tf.train.load_checkpoint(path)
+    except (tf.errors.OpError, ValueError) as e:
+        raise CheckpointError(f"{path}: cannot read the checkpoint: {str(e).splitlines()[0]}") from None
+    shapes = reader.get_variable_to_shape_map()
+    names = google_variable_names(model)
+    problems = []
+    for name, weight, transposed in names:
+        expected = tuple(weight.shape[::-1] if transposed else weight.shape)
+        if name not in shapes:
+            problems.append(f"missing {name} {list(expected)}")
+        elif tuple(shapes[name]) != expected:
+            problems.append(f"{name} has shape {list(shapes[name])}, the model needs {list(expected)}")
+    if problems:
+        raise CheckpointError(f"{path}: does not fit the model ({len(problems)} problems): " + "; ".join(problems))
+    for name, weight, transposed in names:
+        value = reader.get_tensor(name)
+        weight.assign(value.T if transposed else value)
+    return len(names)
+
+
+def export_google_checkpoint(model: BertPretrainingModel, path: str) -> str:
+    """Writes the model's weights as a TF1 checkpoint with google-research names.
+
+    Returns:
+      The checkpoint prefix (`path`), loadable by load_google_checkpoint and by TF1 BERT tools.
+    """
+    names, tensors = [], []
+    for name, weight, transposed in google_variable_names(model):
+        value = np.asarray(weight.numpy(), dtype=np.float32)
+        names.append(name)
+        tensors.append(tf.constant(value.T if transposed else value))
+    tf.raw_ops.SaveV2(prefix=path, tensor_names=names, shape_and_slices=[""] * len(names), tensors=tensors)
+    return path

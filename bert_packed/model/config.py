@@ -1,0 +1,70 @@
+"""BertConfig: the google-research `bert_config.json` keys, checked."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+
+class ConfigError(ValueError):
+    """A BERT config file is unreadable or has a bad value."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+    """BERT hyper-parameters, named as in google-research/bert (and MLPerf) config files."""
+
+    vocab_size: int = 30522
+    hidden_size: int = 1024
+    num_hidden_layers: int = 24
+    num_attention_heads: int = 16
+    intermediate_size: int = 4096
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                     "max_position_embeddings", "type_vocab_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError(f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
+                              f"{self.num_attention_heads}")
+        if self.hidden_act != "gelu":
+            raise ConfigError(f"hidden_act {self.hidden_act!r} is not supported (BERT uses 'gelu')")
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
+
+    @classmethod
+    def from_dict(cls, values: dict, source: str = "config") -> "BertConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"{source}: unknown keys {unknown}; expected google-research names {sorted(known)}")
+        try:
+            return cls(**values)
+        except ConfigError as e:
+            raise ConfigError(f"{source}: {e}") from None
+
+    @classmethod
+    def from_json_file(cls, path: str) -> "BertConfig":
+        """Reads a google-research `bert_config.json`."""
+        try:
+            with open(path, encoding="utf-8") as f:
+                values = json.load(f)
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot read the BERT config: {e.strerror or e}") from None
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}: not valid JSON: {e}") from None
+        if not isinstance(values, dict):
+            raise ConfigError(f"{path}: expected a JSON object of BERT hyper-parameters")
+        return cls.from_dict(values, source=path)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)

@@ -1,0 +1,98 @@
+"""Pre-training losses and metrics, unpacked per sequence.
+
+Everything is returned as additive sums and counts (float32 scalars): the trainer adds them over
+micro-batches and replicas and divides once, so accumulated or distributed results equal one
+big batch. A sequence never spans two rows, so per-sequence quantities are additive too.
+
+Two averaging bases for the masked-LM loss (REFERENCE.md), both identical for a set of
+sequences whether they arrive packed or one per row:
+  token     sum of the NLL of every prediction / number of predictions (the MLPerf reference);
+  sequence  mean NLL inside each sequence, summed / number of sequences with predictions.
+The NSP loss averages over sequences (one prediction each, weighted by next_sentence_weights).
+The total loss is MLM + NSP, as in the reference.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+LOSS_AVERAGING = ("token", "sequence")
+
+
+def pretraining_sums(outputs: dict, features: dict) -> dict[str, tf.Tensor]:
+    """Sums and counts behind every loss and metric of a batch.
+
+    Args:
+      outputs: the model's {"mlm_logits": [B, P', V], "nsp_logits": [B, S, 2]}.
+      features: the packed feature dict (masked_lm_ids, masked_lm_weights = sequence index of
+        each prediction or 0, next_sentence_labels, next_sentence_weights).
+
+    Returns:
+      float32 scalars: mlm_nll (sum over predictions), mlm_predictions, mlm_correct,
+      mlm_sequence_nll (sum over sequences of their mean NLL), mlm_sequence_correct (sum of
+      per-sequence accuracies), mlm_sequences, nsp_nll, nsp_correct, nsp_sequences.
+    """
+    mlm_logits = tf.cast(outputs["mlm_logits"], tf.float32)
+    labels = tf.cast(features["masked_lm_ids"], tf.int32)
+    sequence_index = tf.cast(features["masked_lm_weights"], tf.int32)                # [B, P']
+    valid = tf.cast(sequence_index > 0, tf.float32)
+    nll = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=mlm_logits) * valid
+    correct = tf.cast(tf.equal(tf.argmax(mlm_logits, -1, output_type=tf.int32), labels), tf.float32) * valid
+
+    # Per sequence: segment b * S + (k - 1) for prediction of sequence k in row b; padding to a spare one.
+    batch = tf.shape(sequence_index)[0]
+    depth = tf.shape(features["next_sentence_weights"])[1]
+    num_cells = batch * depth
+    rows = tf.range(batch)[:, None] * depth
+    segment = tf.where(sequence_index > 0, rows + sequence_index - 1, num_cells)
+    per_sequence_nll = tf.math.unsorted_segment_sum(nll, segment, num_cells + 1)[:num_cells]
+    per_sequence_correct = tf.math.unsorted_segment_sum(correct, segment, num_cells + 1)[:num_cells]
+    per_sequence_count = tf.math.unsorted_segment_sum(valid, segment, num_cells + 1)[:num_cells]
+    denominator = tf.maximum(per_sequence_count, 1.0)
+
+    nsp_logits = tf.cast(outputs["nsp_logits"], tf.float32)
+    nsp_labels = tf.cast(features["next_sentence_labels"], tf.int32)
+    nsp_weights = tf.cast(features["next_sentence_weights"], tf.float32)
+    nsp_nll = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=nsp_labels, logits=nsp_logits) * nsp_weights
+    nsp_correct = tf.cast(tf.equal(tf.argmax(nsp_logits, -1, output_type=tf.int32), nsp_labels), tf.float32)
+    return {
+        "mlm_nll": tf.reduce_sum(nll),
+        "mlm_predictions": tf.reduce_sum(valid),
+        "mlm_correct": tf.reduce_sum(correct),
+        "mlm_sequence_nll": tf.reduce_sum(per_sequence_nll / denominator),
+        "mlm_sequence_correct": tf.reduce_sum(per_sequence_correct / denominator),
+        "mlm_sequences": tf.reduce_sum(tf.cast(per_sequence_count > 0, tf.float32)),
+        "nsp_nll": tf.reduce_sum(nsp_nll),
+        "nsp_correct": tf.reduce_sum(nsp_correct * nsp_weights),
+        "nsp_sequences": tf.reduce_sum(nsp_weights),
+    }
+
+
+def loss_from_sums(sums: dict, loss_averaging: str = "token") -> tf.Tensor:
+    """The total loss (MLM + NSP) of summed sums; 0 where a count is 0 (never NaN)."""
+    if loss_averaging not in LOSS_AVERAGING:
+        raise ValueError(f"unknown loss_averaging {loss_averaging!r}; expected one of {LOSS_AVERAGING}")
+    if loss_averaging == "token":
+        mlm = sums["mlm_nll"] / tf.maximum(sums["mlm_predictions"], 1.0)
+    else:
+        mlm = sums["mlm_sequence_nll"] / tf.maximum(sums["mlm_sequences"], 1.0)
+    return mlm + sums["nsp_nll"] / tf.maximum(sums["nsp_sequences"], 1.0)
+
+
+def metrics_from_sums(sums: dict, loss_averaging: str = "token") -> dict[str, float]:
+    """Losses and accuracies as Python floats (logging and evaluation)."""
+    values = {name: float(value) for name, value in sums.items()}
+
+    def ratio(numerator, denominator):
+        return values[numerator] / values[denominator] if values[denominator] else 0.0
+
+    return {
+        "loss": float(loss_from_sums(sums, loss_averaging)),
+        "mlm_loss": ratio("mlm_nll", "mlm_predictions") if loss_averaging == "token"
+        else ratio("mlm_sequence_nll", "mlm_sequences"),
+        "nsp_loss": ratio("nsp_nll", "nsp_sequences"),
+        "mlm_accuracy": ratio("mlm_correct", "mlm_predictions"),           # the MLPerf metric
+        "mlm_sequence_accuracy": ratio("mlm_sequence_correct", "mlm_sequences"),
+        "nsp_accuracy": ratio("nsp_correct", "nsp_sequences"),
+        "sequences": values["nsp_sequences"],
+    }

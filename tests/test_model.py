@@ -1,0 +1,292 @@
+"""Packed BERT: the same sequences give the same outputs, losses and gradients packed or not."""
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from bert_packed.data import packer
+from bert_packed.data.schema import Shapes
+from bert_packed.model import (
+    BertConfig,
+    BertPretrainingModel,
+    CheckpointError,
+    ConfigError,
+    export_google_checkpoint,
+    google_variable_names,
+    load_google_checkpoint,
+)
+from bert_packed.training import loss_from_sums, metrics_from_sums, pretraining_sums
+
+CONFIG = BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                    intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=0.1,
+                    attention_probs_dropout_prob=0.1)
+L, P, S = 32, 6, 3
+
+
+def make_sequences(count, seed=0):
+    """Random sequences as packer rows: [CLS]=1 first, lengths 4..14, 1..P predictions."""
+    rng = np.random.default_rng(seed)
+    rows = np.zeros(count, dtype=packer.row_dtype(Shapes(L, P)))
+    rows["length"] = rng.integers(4, 15, count)
+    rows["num_predictions"] = np.minimum(rows["length"] - 1, rng.integers(1, P + 1, count))
+    rows["num_predictions"][1] = 1
+    rows["next_sentence_label"] = rng.integers(0, 2, count)
+    for i, row in enumerate(rows):
+        n, p = int(row["length"]), int(row["num_predictions"])
+        rows["input_ids"][i, :n] = rng.integers(5, CONFIG.vocab_size, n)
+        rows["input_ids"][i, 0] = 1
+        rows["segment_ids"][i, n // 2:n] = 1
+        rows["masked_lm_positions"][i, :p] = np.sort(rng.choice(np.arange(1, n), p, replace=False))
+        rows["masked_lm_ids"][i, :p] = rng.integers(5, CONFIG.vocab_size, p)
+    return rows
+
+
+def layouts(rows):
+    """(unpacked features, packed features, [(pack, position)] of each sequence)."""
+    one_per_row = packer.assemble_packs(rows, np.arange(len(rows)), np.zeros(len(rows), int), len(rows), Shapes(L, P))
+    pack_of_row, position, used, fill, predictions = [], [], [], [], []
+    for length, count in zip(rows["length"], rows["num_predictions"]):  # first fit within L, S and P + S
+        for p in range(len(used)):
+            if fill[p] + length <= L and used[p] < S and predictions[p] + count <= P + S:
+                break
+        else:
+            p = len(used)
+            used.append(0)
+            fill.append(0)
+            predictions.append(0)
+        pack_of_row.append(p)
+        position.append(used[p])
+        used[p] += 1
+        fill[p] += length
+        predictions[p] += count
+    packed = packer.assemble_packs(rows, np.array(pack_of_row), np.array(position), len(used), Shapes(L, P, S))
+    as_tensors = lambda features: {k: tf.constant(v) for k, v in features.items()}
+    return as_tensors(one_per_row), as_tensors(packed), list(zip(pack_of_row, position))
+
+
+@pytest.fixture(scope="module")
+def model():
+    keras_model = BertPretrainingModel(CONFIG)
+    keras_model.build()
+    return keras_model
+
+
+@pytest.fixture(scope="module")
+def data():
+    rows = make_sequences(12)
+    return rows, *layouts(rows)
+
+
+def per_sequence_outputs(outputs, features, where):
+    """For each sequence: (its MLM logits [p, V], its NSP logits [2])."""
+    mlm, nsp = outputs["mlm_logits"].numpy(), outputs["nsp_logits"].numpy()
+    weights = features["masked_lm_weights"].numpy()
+    return [(mlm[p][weights[p] == k + 1], nsp[p, k]) for p, k in where]
+
+
+def test_packed_rows_hold_several_sequences(data):
+    rows, unpacked, packed, where = data
+    assert packed["input_ids"].shape[0] < unpacked["input_ids"].shape[0] == 12
+    assert max(k for _, k in where) == S - 1
+
+
+def test_same_per_sequence_logits_packed_or_not(model, data):
+    rows, unpacked, packed, where = data
+    alone = per_sequence_outputs(model(unpacked), unpacked, [(i, 0) for i in range(len(rows))])
+    together = per_sequence_outputs(model(packed), packed, where)
+    for (mlm_a, nsp_a), (mlm_b, nsp_b), row in zip(alone, together, rows):
+        assert mlm_a.shape == (row["num_predictions"], CONFIG.vocab_size)
+        np.testing.assert_allclose(mlm_a, mlm_b, atol=1e-5)
+        np.testing.assert_allclose(nsp_a, nsp_b, atol=1e-5)
+
+
+@pytest.mark.parametrize("loss_averaging", ["token", "sequence"])
+def test_same_loss_and_gradients_packed_or_not(model, data, loss_averaging):
+    _, unpacked, packed, _ = data
+
+    def loss_and_gradients(features):
+        with tf.GradientTape() as tape:
+            loss = loss_from_sums(pretraining_sums(model(features), features), loss_averaging)
+        return loss, tape.gradient(loss, model.trainable_variables)
+
+    loss_a, grads_a = loss_and_gradients(unpacked)
+    loss_b, grads_b = loss_and_gradients(packed)
+    np.testing.assert_allclose(loss_a.numpy(), loss_b.numpy(), rtol=1e-6)
+    assert len(grads_a) == len(model.trainable_variables) and all(g is not None for g in grads_a)
+    for a, b in zip(grads_a, grads_b):
+        np.testing.assert_allclose(tf.convert_to_tensor(a).numpy(), tf.convert_to_tensor(b).numpy(), atol=1e-5)
+
+
+def test_sums_add_up_across_micro_batches(model, data):
+    """Summing sums over two halves and dividing once equals the whole batch."""
+    _, unpacked, _, _ = data
+    halves = [{k: v[:6] for k, v in unpacked.items()}, {k: v[6:] for k, v in unpacked.items()}]
+    whole = pretraining_sums(model(unpacked), unpacked)
+    parts = [pretraining_sums(model(h), h) for h in halves]
+    added = {k: parts[0][k] + parts[1][k] for k in whole}
+    for averaging in ("token", "sequence"):
+        np.testing.assert_allclose(loss_from_sums(added, averaging), loss_from_sums(whole, averaging), rtol=1e-6)
+
+
+def test_losses_match_an_independent_numpy_computation(model, data):
+    rows, unpacked, packed, where = data
+    outputs = model(packed)
+    per_sequence = per_sequence_outputs(outputs, packed, where)
+
+    def nll(logits, label):
+        logits = logits - logits.max()
+        return np.log(np.exp(logits).sum()) - logits[label]
+
+    token_nll, sequence_means, correct = [], [], []
+    for (mlm, nsp), row in zip(per_sequence, rows):
+        labels = row["masked_lm_ids"][:row["num_predictions"]]
+        values = [nll(logit, label) for logit, label in zip(mlm, labels)]
+        token_nll += values
+        sequence_means.append(np.mean(values))
+        correct += list(mlm.argmax(-1) == labels)
+    nsp = np.mean([nll(nsp, row["next_sentence_label"]) for (_, nsp), row in zip(per_sequence, rows)])
+    metrics_token = metrics_from_sums(pretraining_sums(outputs, packed), "token")
+    metrics_sequence = metrics_from_sums(pretraining_sums(outputs, packed), "sequence")
+    assert metrics_token["mlm_loss"] == pytest.approx(np.mean(token_nll), rel=1e-5)
+    assert metrics_sequence["mlm_loss"] == pytest.approx(np.mean(sequence_means), rel=1e-5)
+    assert metrics_token["nsp_loss"] == pytest.approx(nsp, rel=1e-5)
+    assert metrics_token["loss"] == pytest.approx(np.mean(token_nll) + nsp, rel=1e-5)
+    assert metrics_token["mlm_accuracy"] == pytest.approx(np.mean(correct))
+    assert metrics_token["sequences"] == len(rows)
+
+
+def test_empty_packs_and_sequences_without_predictions_give_no_nan(model, data):
+    _, _, packed, _ = data
+    empty = {k: tf.zeros_like(v) for k, v in packed.items()}
+    sums = pretraining_sums(model(empty), empty)
+    assert float(loss_from_sums(sums, "token")) == 0.0 and float(loss_from_sums(sums, "sequence")) == 0.0
+    no_predictions = dict(packed, masked_lm_weights=tf.zeros_like(packed["masked_lm_weights"]))
+    metrics = metrics_from_sums(pretraining_sums(model(no_predictions), no_predictions), "sequence")
+    assert np.isfinite(list(metrics.values())).all() and metrics["mlm_loss"] == 0.0
+
+
+def test_no_attention_crosses_sequences(model, data):
+    _, _, packed, where = data
+    pack = next(p for p, k in where if k == 1)  # a pack with at least two sequences
+    mask = packed["input_mask"].numpy()[pack]
+    changed = {k: v.numpy().copy() for k, v in packed.items()}
+    second = mask == 2
+    changed["input_ids"][pack][second] = (changed["input_ids"][pack][second] + 7) % CONFIG.vocab_size
+    before = model.encode(packed).numpy()[pack]
+    after = model.encode({k: tf.constant(v) for k, v in changed.items()}).numpy()[pack]
+    np.testing.assert_allclose(before[mask != 2], after[mask != 2], atol=1e-6)
+    assert np.abs(before[second] - after[second]).max() > 1e-3
+
+
+def test_dropout_is_active_only_in_training(model, data):
+    _, unpacked, _, _ = data
+    a = model(unpacked, training=True)["nsp_logits"].numpy()
+    b = model(unpacked, training=True)["nsp_logits"].numpy()
+    c = model(unpacked)["nsp_logits"].numpy()
+    assert not np.allclose(a, b) and np.array_equal(c, model(unpacked)["nsp_logits"].numpy())
+
+
+def test_xla_matches_eager(model, data):
+    _, _, packed, _ = data
+    compiled = tf.function(lambda features: model(features), jit_compile=True)
+    np.testing.assert_allclose(compiled(packed)["mlm_logits"].numpy(), model(packed)["mlm_logits"].numpy(),
+                               atol=1e-4)
+
+
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+def test_mixed_precision_keeps_float32_where_it_matters(data, policy):
+    import keras
+
+    _, _, packed, _ = data
+    reference = BertPretrainingModel(CONFIG)
+    reference.build()
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        half = BertPretrainingModel(CONFIG)
+        half.build()
+        for a, b in zip(half.weights, reference.weights):
+            a.assign(b)
+        outputs = half(packed)
+        assert half.encoder_layers[0].compute_dtype == policy.split("_")[1]
+        assert half.encoder_layers[0].output_layer_norm.compute_dtype == "float32"
+        assert all(w.dtype == "float32" for w in half.weights)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert outputs["mlm_logits"].dtype == tf.float32 and outputs["nsp_logits"].dtype == tf.float32
+    expected = reference(packed)["mlm_logits"].numpy()
+    np.testing.assert_allclose(outputs["mlm_logits"].numpy(), expected, atol=0.1)
+    sums = pretraining_sums(outputs, packed)
+    assert np.isfinite(float(loss_from_sums(sums)))
+
+
+def write_tf1_checkpoint(path, values):
+    """A checkpoint as google-research/bert writes them: tf.compat.v1 variables and a Saver."""
+    graph = tf.Graph()
+    with graph.as_default():
+        variables = [tf.compat.v1.get_variable(name, initializer=tf.constant(value)) for name, value in values.items()]
+        variables.append(tf.compat.v1.get_variable("bert/encoder/layer_0/attention/self/query/kernel/adam_m",
+                                                   initializer=tf.zeros([2])))  # an optimizer slot: ignored
+        saver = tf.compat.v1.train.Saver(variables)
+        with tf.compat.v1.Session(graph=graph) as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            return saver.save(session, path)
+
+
+def google_values(model, seed=0):
+    rng = np.random.default_rng(seed)
+    return {name: rng.normal(size=(w.shape[::-1] if transposed else w.shape)).astype(np.float32)
+            for name, w, transposed in google_variable_names(model)}
+
+
+def test_a_google_research_checkpoint_loads_every_weight(tmp_path):
+    model = BertPretrainingModel(CONFIG)
+    values = google_values(model)
+    # 5 embedding weights, 16 a layer, pooler 2, MLM head 5, NSP classifier 2.
+    assert len(values) == len(model.weights) == 5 + 16 * CONFIG.num_hidden_layers + 2 + 5 + 2
+    path = write_tf1_checkpoint(str(tmp_path / "model.ckpt"), values)
+    assert load_google_checkpoint(model, path) == len(model.weights)
+    by_name = {name: (w, t) for name, w, t in google_variable_names(model)}
+    np.testing.assert_array_equal(by_name["bert/encoder/layer_1/intermediate/dense/kernel"][0].numpy(),
+                                  values["bert/encoder/layer_1/intermediate/dense/kernel"])
+    np.testing.assert_array_equal(model.next_sentence.classifier.kernel.numpy(),
+                                  values["cls/seq_relationship/output_weights"].T)
+
+
+def test_a_checkpoint_that_does_not_fit_lists_every_problem(tmp_path):
+    model = BertPretrainingModel(CONFIG)
+    values = google_values(model)
+    del values["cls/predictions/output_bias"]
+    values["bert/pooler/dense/kernel"] = np.zeros((3, 3), np.float32)
+    path = write_tf1_checkpoint(str(tmp_path / "model.ckpt"), values)
+    with pytest.raises(CheckpointError) as info:
+        load_google_checkpoint(model, path)
+    assert "does not fit the model (2 problems)" in str(info.value)
+    assert "missing cls/predictions/output_bias [60]" in str(info.value)
+    assert "bert/pooler/dense/kernel has shape [3, 3], the model needs [32, 32]" in str(info.value)
+    with pytest.raises(CheckpointError, match="cannot read the checkpoint"):
+        load_google_checkpoint(model, str(tmp_path / "nothing"))
+
+
+def test_export_then_import_round_trips(model, data, tmp_path):
+    _, _, packed, _ = data
+    path = export_google_checkpoint(model, str(tmp_path / "exported"))
+    assert tf.train.load_checkpoint(path).has_tensor("bert/encoder/layer_1/attention/output/LayerNorm/gamma")
+    other = BertPretrainingModel(CONFIG)
+    load_google_checkpoint(other, path)
+    np.testing.assert_array_equal(other(packed)["mlm_logits"].numpy(), model(packed)["mlm_logits"].numpy())
+
+
+def test_config_files(tmp_path):
+    for name, hidden in [("tiny", 128), ("mini", 256), ("base", 768), ("large", 1024)]:
+        assert BertConfig.from_json_file(f"configs/bert_config_{name}.json").hidden_size == hidden
+    large = BertConfig.from_json_file("configs/bert_config_large.json")
+    assert (large.num_hidden_layers, large.num_attention_heads, large.intermediate_size) == (24, 16, 4096)
+    bad = tmp_path / "bert_config.json"
+    bad.write_text(json.dumps({**large.to_dict(), "num_attention_heads": 5}))
+    with pytest.raises(ConfigError, match="bert_config.json: hidden_size 1024 is not a multiple of"):
+        BertConfig.from_json_file(str(bad))
+    bad.write_text(json.dumps({"hidden_sizes": 3}))
+    with pytest.raises(ConfigError, match=r"unknown keys \['hidden_sizes'\]"):
+        BertConfig.from_json_file(str(bad))
