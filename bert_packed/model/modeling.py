@@ -43,6 +43,15 @@ def attention_mask_from_sequence_ids(sequence_ids: tf.Tensor) -> tf.Tensor:
     return tf.equal(sequence_ids[:, :, None], sequence_ids[:, None, :])
 
 
+def attention_bias_from_mask(mask: tf.Tensor) -> tf.Tensor:
+    """float32 additive attention bias, 0 where allowed and -10000 where not (google-research).
+
+    Built once per forward pass from a bool mask [B, L, L] (or [B, 1, L] for padding only) and
+    broadcast over heads: [B, 1, L, L].
+    """
+    return (1.0 - tf.cast(mask[:, None, :, :], tf.float32)) * -10000.0
+
+
 def _initializer(config_range: float):
     return keras.initializers.TruncatedNormal(stddev=config_range)
 
@@ -119,7 +128,7 @@ class TransformerLayer(keras.layers.Layer):
         self.attention_layer_norm.build(hidden)
         self.output_layer_norm.build(hidden)
 
-    def call(self, hidden_states, attention_mask, training=False):
+    def call(self, hidden_states, attention_bias, training=False):
         batch, length = tf.shape(hidden_states)[0], tf.shape(hidden_states)[1]
         heads, head_size = self.num_attention_heads, self.hidden_size // self.num_attention_heads
 
@@ -131,7 +140,7 @@ class TransformerLayer(keras.layers.Layer):
         value = split_heads(self.value(hidden_states))
         scores = tf.matmul(query, key, transpose_b=True)                      # [B, N, L, L]
         scores = tf.cast(scores, tf.float32) * (1.0 / math.sqrt(head_size))
-        scores += (1.0 - tf.cast(attention_mask[:, None, :, :], tf.float32)) * -10000.0
+        scores += tf.cast(attention_bias, tf.float32)  # [B, 1, L, L]; Keras casts float inputs to compute dtype
         probabilities = tf.nn.softmax(scores, axis=-1)                        # float32
         probabilities = self.attention_dropout(tf.cast(probabilities, self.compute_dtype), training=training)
         context = tf.matmul(probabilities, value)                             # [B, N, L, D]
@@ -242,9 +251,9 @@ class BertPretrainingModel(keras.Model):
         """The encoder's output for every token: [B, L, H] (compute dtype)."""
         hidden = self.embeddings(features["input_ids"], features["segment_ids"], features["positions"],
                                  training=training)
-        mask = attention_mask_from_sequence_ids(features["input_mask"])
+        bias = attention_bias_from_mask(attention_mask_from_sequence_ids(features["input_mask"]))
         for layer in self.encoder_layers:
-            hidden = layer(hidden, mask, training=training)
+            hidden = layer(hidden, bias, training=training)
         return hidden
 
     def call(self, features, training=False):

@@ -1,0 +1,138 @@
+"""Benchmark the packed model: packing's own cost per training step, and where the FLOPs go.
+
+    python scripts/benchmark_model.py
+
+1. Step time (forward + backward, float32, tf.function) of the same model and batch shape on
+   - packed rows (up to 3 sequences a row: block-diagonal mask, per-sequence positions, three
+     [CLS] gathers),
+   - one-sequence rows (the unpacked baseline through the same code),
+   - plain BERT (a variant without packing machinery: padding mask [B, 1, 1, L], positions
+     0..L-1, [CLS] at offset 0).
+   Packing's own overhead = packed / plain - 1 (target <= 3%): one step of each in turn for
+   --rounds rounds, the median of the per-round ratios, so machine noise hits all three alike.
+2. FLOPs per token of forward + backward (3x the forward multiply-adds x 2) for base and large
+   at L=128 and 512, split between attention scores/context (the L x L part, computed in full
+   for a packed row since TensorFlow has no variable-length attention) and everything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from bert_packed.data import packer
+from bert_packed.data.schema import Shapes
+from bert_packed.model import BertConfig, BertPretrainingModel
+from bert_packed.model.modeling import attention_bias_from_mask
+from bert_packed.training import loss_from_sums, pretraining_sums
+
+
+class PlainBert(BertPretrainingModel):
+    """BERT without the packing machinery, for timing only: one sequence a row assumed."""
+
+    def encode(self, features, training=False):
+        length = tf.shape(features["input_ids"])[1]
+        positions = tf.broadcast_to(tf.range(length)[None, :], tf.shape(features["input_ids"]))
+        hidden = self.embeddings(features["input_ids"], features["segment_ids"], positions, training=training)
+        bias = attention_bias_from_mask(features["input_mask"][:, None, :] > 0)  # [B, 1, 1, L]
+        for layer in self.encoder_layers:
+            hidden = layer(hidden, bias, training=training)
+        return hidden
+
+    def call(self, features, training=False):
+        sequence_output = self.encode(features, training=training)
+        cls = tf.zeros_like(features["next_sentence_positions"])
+        return {"mlm_logits": self.masked_lm(sequence_output, features["masked_lm_positions"],
+                                             self.embeddings.word_embeddings),
+                "nsp_logits": self.next_sentence(sequence_output, cls)}
+
+
+def batches(batch_size: int, length: int, predictions: int, depth: int, seed: int = 0):
+    """(packed batch, one-sequence batch) of identical shapes [B, L], [B, P + S], [B, S]."""
+    rng = np.random.default_rng(seed)
+    shapes = Shapes(length, predictions, depth)
+    rows = np.zeros(batch_size * depth, dtype=packer.row_dtype(Shapes(length, predictions)))
+    lengths = np.full(len(rows), length // depth)
+    rows["length"] = lengths
+    rows["num_predictions"] = np.minimum(predictions, np.round(lengths * 0.15)).astype(int)
+    rows["input_ids"] = np.where(np.arange(length) < lengths[:, None], rng.integers(1000, 30000, (len(rows), length)), 0)
+    for i, row in enumerate(rows):
+        count = int(row["num_predictions"])
+        rows["masked_lm_positions"][i, :count] = np.sort(rng.choice(np.arange(1, row["length"]), count, replace=False))
+        rows["masked_lm_ids"][i, :count] = rng.integers(1000, 30000, count)
+    packed = packer.assemble_packs(rows, np.repeat(np.arange(batch_size), depth), np.tile(np.arange(depth), batch_size),
+                                   batch_size, shapes)
+    single_rows = rows[:batch_size].copy()
+    single_rows["length"] = length
+    single_rows["input_ids"] = rng.integers(1000, 30000, (batch_size, length))
+    single = packer.assemble_packs(single_rows, np.arange(batch_size), np.zeros(batch_size, int), batch_size, shapes)
+    as_tensors = lambda features: {k: tf.constant(v) for k, v in features.items()}
+    return as_tensors(packed), as_tensors(single)
+
+
+def step_function(model):
+    @tf.function
+    def step(features):
+        with tf.GradientTape() as tape:
+            loss = loss_from_sums(pretraining_sums(model(features, training=True), features))
+        return tape.gradient(loss, model.trainable_variables)
+    return step
+
+
+def time_steps(config: BertConfig, length: int, batch_size: int, rounds: int) -> dict[str, float]:
+    """Median seconds per step of each variant, and the median per-round ratio packed / plain."""
+    packed, single = batches(batch_size, length, round(length * 0.15), 3)
+    model, plain = BertPretrainingModel(config), PlainBert(config)
+    model.build()
+    plain.build()
+    runs = {"packed": (step_function(model), packed), "one-sequence rows": (step_function(model), single),
+            "plain BERT": (step_function(plain), single)}
+    for step, features in runs.values():
+        step(features)  # trace and warm up
+    times = {name: [] for name in runs}
+    for _ in range(rounds):  # one step of each in turn: load on the machine hits all alike
+        for name, (step, features) in runs.items():
+            start = time.perf_counter()
+            step(features)[0].numpy()
+            times[name].append(time.perf_counter() - start)
+    result = {name: statistics.median(values) for name, values in times.items()}
+    result["overhead"] = statistics.median(a / b for a, b in zip(times["packed"], times["plain BERT"])) - 1
+    return result
+
+
+def flops_per_token(config: BertConfig, length: int) -> tuple[float, float]:
+    """(attention FLOPs, other FLOPs) per token for forward + backward, encoder only."""
+    hidden, intermediate = config.hidden_size, config.intermediate_size
+    dense = 8 * hidden * hidden + 4 * hidden * intermediate   # Q, K, V, output; two FFN matmuls (x2 for FLOPs)
+    attention = 4 * length * hidden                           # scores and context
+    return 3 * attention * config.num_hidden_layers, 3 * dense * config.num_hidden_layers
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=40)
+    args = parser.parse_args()
+    print("| config | L | batch | packed (s/step) | one-sequence rows | plain BERT | packing overhead vs plain |")
+    print("|---|---|---|---|---|---|---|")
+    for name, length, batch_size in [("tiny", 128, 32), ("tiny", 512, 8), ("mini", 128, 16), ("mini", 512, 4)]:
+        config = BertConfig.from_json_file(f"configs/bert_config_{name}.json")
+        times = time_steps(config, length, batch_size, args.rounds)
+        overhead = times["overhead"]
+        print(f"| {name} | {length} | {batch_size} | {times['packed']:.4f} | {times['one-sequence rows']:.4f} | "
+              f"{times['plain BERT']:.4f} | {overhead:+.1%} |", flush=True)
+    print("\n| config | L | attention GFLOP/token | other GFLOP/token | attention share |")
+    print("|---|---|---|---|---|")
+    for name in ("base", "large"):
+        config = BertConfig.from_json_file(f"configs/bert_config_{name}.json")
+        for length in (128, 512):
+            attention, other = flops_per_token(config, length)
+            print(f"| {name} | {length} | {attention / 1e9:.3f} | {other / 1e9:.3f} | "
+                  f"{attention / (attention + other):.1%} |")
+
+
+if __name__ == "__main__":
+    main()
