@@ -16,6 +16,7 @@ MODULES = [
     "bert_packed.data.tfrecord",
     "bert_packed.data.packer",
     "bert_packed.model.modeling",
+    "bert_packed.training.optimizers",
 ]
 
 

@@ -1,0 +1,154 @@
+"""LAMB with the MLPerf reference semantics, and BERT's original AdamW, as Keras 3 optimizers.
+
+Per variable w with gradient g, at update t (1-based), after clipping all gradients to global
+norm `clip_norm`:
+  m = beta_1 m + (1 - beta_1) g;   v = beta_2 v + (1 - beta_2) g^2
+  LAMB:  u = (m / (1 - beta_1^t)) / (sqrt(v / (1 - beta_2^t)) + epsilon)     (bias-corrected)
+  AdamW: u = m / (sqrt(v) + epsilon)                                       (no bias correction)
+  u += weight_decay_rate * w            unless w's path matches exclude_from_weight_decay
+  r = ||w|| / ||u||  (1 where either norm is 0)   LAMB, unless w matches exclude_from_layer_adaptation
+  w -= learning_rate * r * u
+Weight decay sits inside the update, before the trust ratio, as in the MLPerf reference (not
+Keras' decoupled `weight_decay`). Exclusions are regular expressions searched in the variable's
+path; by default LayerNorm weights and biases are excluded from both.
+
+For packed data, raise the betas to the power of the packing factor (beta ** pf) to keep the
+momentum horizon of pf unpacked steps (REFERENCE.md); see adjusted_betas().
+"""
+
+from __future__ import annotations
+
+import re
+
+import keras
+from keras import ops
+
+DEFAULT_EXCLUSIONS = ("LayerNorm", "layer_norm", "bias")
+
+
+def adjusted_betas(beta_1: float, beta_2: float, packing_factor: float) -> tuple[float, float]:
+    """LAMB betas for packed data: each raised to the packing factor.
+
+    >>> [round(b, 4) for b in adjusted_betas(0.9, 0.999, 2.0)]
+    [0.81, 0.998]
+    """
+    if packing_factor < 1.0:
+        raise ValueError(f"a packing factor is at least 1, got {packing_factor}")
+    return beta_1 ** packing_factor, beta_2 ** packing_factor
+
+
+class _BertOptimizer(keras.optimizers.Optimizer):
+    """The shared update; LAMB and AdamW differ in bias correction and the trust ratio."""
+
+    bias_correction = True
+    layer_adaptation = True
+
+    def __init__(self, learning_rate=1e-3, beta_1=0.9, beta_2=0.999, epsilon=1e-6, weight_decay_rate=0.01,
+                 exclude_from_weight_decay=DEFAULT_EXCLUSIONS, exclude_from_layer_adaptation=None,
+                 clip_norm=1.0, name=None, **kwargs):
+        super().__init__(learning_rate=learning_rate, name=name or type(self).__name__.lower(),
+                         global_clipnorm=clip_norm, **kwargs)
+        self.beta_1 = beta_1
+        self.beta_2 = beta_2
+        self.epsilon = epsilon
+        self.weight_decay_rate = weight_decay_rate
+        self.exclude_from_weight_decay = tuple(exclude_from_weight_decay or ())
+        self.exclude_from_layer_adaptation = tuple(
+            self.exclude_from_weight_decay if exclude_from_layer_adaptation is None else exclude_from_layer_adaptation)
+        self.clip_norm = clip_norm
+
+    def build(self, var_list):
+        if self.built:
+            return
+        super().build(var_list)
+        self._momentums = [self.add_variable_from_reference(v, "m") for v in var_list]
+        self._velocities = [self.add_variable_from_reference(v, "v") for v in var_list]
+        # update_step may see the backend variable, which has no Keras path: decide here.
+        self._decayed = [not self._matches(v.path, self.exclude_from_weight_decay) for v in var_list]
+        self._adapted = [not self._matches(v.path, self.exclude_from_layer_adaptation) for v in var_list]
+
+    @staticmethod
+    def _matches(path: str, patterns) -> bool:
+        return any(re.search(pattern, path) for pattern in patterns)
+
+    def update_step(self, gradient, variable, learning_rate):
+        index = self._get_variable_index(variable)
+        m, v = self._momentums[index], self._velocities[index]
+        dtype = variable.dtype
+        gradient = ops.cast(gradient, dtype)
+        beta_1, beta_2 = ops.cast(self.beta_1, dtype), ops.cast(self.beta_2, dtype)
+        self.assign(m, m * beta_1 + gradient * (1.0 - beta_1))
+        self.assign(v, v * beta_2 + ops.square(gradient) * (1.0 - beta_2))
+        if self.bias_correction:
+            step = ops.cast(self.iterations + 1, dtype)
+            update = (m / (1.0 - ops.power(beta_1, step))) / (
+                ops.sqrt(v / (1.0 - ops.power(beta_2, step))) + self.epsilon)
+        else:
+            update = m / (ops.sqrt(v) + self.epsilon)
+        if self.weight_decay_rate and self._decayed[index]:
+            update = update + self.weight_decay_rate * variable
+        ratio = 1.0
+        if self.layer_adaptation and self._adapted[index]:
+            weight_norm, update_norm = ops.norm(ops.reshape(variable, [-1])), ops.norm(ops.reshape(update, [-1]))
+            ratio = ops.where((weight_norm > 0) & (update_norm > 0), weight_norm / update_norm, 1.0)
+        self.assign_sub(variable, ops.cast(learning_rate, dtype) * ratio * update)
+
+    def get_config(self):
+        config = super().get_config()
+        config.pop("global_clipnorm", None)
+        return {**config, "beta_1": self.beta_1, "beta_2": self.beta_2, "epsilon": self.epsilon,
+                "weight_decay_rate": self.weight_decay_rate,
+                "exclude_from_weight_decay": list(self.exclude_from_weight_decay),
+                "exclude_from_layer_adaptation": list(self.exclude_from_layer_adaptation),
+                "clip_norm": self.clip_norm}
+
+
+class Lamb(_BertOptimizer):
+    """LAMB as the MLPerf BERT reference runs it (bias correction, trust ratio); see module doc."""
+
+
+class AdamWeightDecay(_BertOptimizer):
+    """google-research/bert's AdamWeightDecayOptimizer: no bias correction, no trust ratio."""
+
+    bias_correction = False
+    layer_adaptation = False
+
+
+class PolynomialWarmup(keras.optimizers.schedules.LearningRateSchedule):
+    """The reference learning rate: polynomial decay from step 0, overridden by linear warmup.
+
+    lr(step) = init_lr * (1 - min(step, num_train_steps) / num_train_steps) ** power, except while
+    step - start_warmup_step < num_warmup_steps, where it is
+    init_lr * (step - start_warmup_step) / num_warmup_steps (never below 0). A negative
+    start_warmup_step starts partway through warmup.
+
+    >>> schedule = PolynomialWarmup(1e-3, num_train_steps=100, num_warmup_steps=10)
+    >>> [round(float(schedule(s)), 6) for s in (0, 5, 10, 55, 100)]
+    [0.0, 0.0005, 0.0009, 0.00045, 0.0]
+    """
+
+    def __init__(self, init_lr, num_train_steps, num_warmup_steps=0, start_warmup_step=0, power=1.0):
+        super().__init__()
+        if num_train_steps < 1 or num_warmup_steps < 0:
+            raise ValueError(f"num_train_steps must be >= 1 and num_warmup_steps >= 0, got {num_train_steps}, "
+                             f"{num_warmup_steps}")
+        self.init_lr = init_lr
+        self.num_train_steps = num_train_steps
+        self.num_warmup_steps = num_warmup_steps
+        self.start_warmup_step = start_warmup_step
+        self.power = power
+
+    def __call__(self, step):
+        step = ops.cast(step, "float32")
+        done = ops.minimum(step, float(self.num_train_steps)) / float(self.num_train_steps)
+        learning_rate = self.init_lr * ops.power(1.0 - done, self.power)
+        if self.num_warmup_steps:
+            warm = step - float(self.start_warmup_step)
+            warmup_rate = ops.maximum(self.init_lr * warm / float(self.num_warmup_steps), 0.0)
+            learning_rate = ops.where(warm < float(self.num_warmup_steps), warmup_rate, learning_rate)
+        return learning_rate
+
+    def get_config(self):
+        return {"init_lr": self.init_lr, "num_train_steps": self.num_train_steps,
+                "num_warmup_steps": self.num_warmup_steps, "start_warmup_step": self.start_warmup_step,
+                "power": self.power}
