@@ -2,6 +2,9 @@
 
 from setuptools import find_packages, setup
 
+# What training needs besides TensorFlow itself (tensorflow-cpu does not bring TensorBoard).
+TRAINING = ["tensorboard==2.21.*", "mlperf-logging>=3.0", "matplotlib>=3.7"]
+
 setup(
     name="bert-packed",
     version="0.1.0",
@@ -20,8 +23,8 @@ setup(
     ],
     extras_require={
         # TensorFlow comes only through an extra so that CPU machines never pull CUDA.
-        "cpu": ["tensorflow-cpu==2.21.*"],
-        "gpu": ["tensorflow[and-cuda]==2.21.*"],
+        "cpu": ["tensorflow-cpu==2.21.*", *TRAINING],
+        "gpu": ["tensorflow[and-cuda]==2.21.*", *TRAINING],
         "test": ["pytest>=8", "hypothesis>=6.100"],
     },
     entry_points={

@@ -120,14 +120,23 @@ def test_same_loss_and_gradients_packed_or_not(model, data, loss_averaging):
 
 
 def test_sums_add_up_across_micro_batches(model, data):
-    """Summing sums over two halves and dividing once equals the whole batch."""
-    _, unpacked, _, _ = data
-    halves = [{k: v[:6] for k, v in unpacked.items()}, {k: v[6:] for k, v in unpacked.items()}]
-    whole = pretraining_sums(model(unpacked), unpacked)
+    """Summing sums over two halves and dividing once equals the whole batch; so do the halves'
+    losses divided by the normalizers of the whole batch (how the trainer accumulates)."""
+    from bert_packed.training.losses import normalizers
+
+    _, _, packed, _ = data
+    halves = [{k: v[:3] for k, v in packed.items()}, {k: v[3:] for k, v in packed.items()}]
+    whole = pretraining_sums(model(packed), packed)
     parts = [pretraining_sums(model(h), h) for h in halves]
     added = {k: parts[0][k] + parts[1][k] for k in whole}
+    counts = {k: normalizers(halves[0])[k] + normalizers(halves[1])[k] for k in normalizers(packed)}
+    for name, value in normalizers(packed).items():
+        assert float(value) == float(whole[name]) == float(counts[name])
     for averaging in ("token", "sequence"):
-        np.testing.assert_allclose(loss_from_sums(added, averaging), loss_from_sums(whole, averaging), rtol=1e-6)
+        expected = loss_from_sums(whole, averaging)
+        np.testing.assert_allclose(loss_from_sums(added, averaging), expected, rtol=1e-6)
+        split = sum(loss_from_sums(part, averaging, counts) for part in parts)
+        np.testing.assert_allclose(split, expected, rtol=1e-6)
 
 
 def test_losses_match_an_independent_numpy_computation(model, data):
@@ -154,7 +163,7 @@ def test_losses_match_an_independent_numpy_computation(model, data):
     assert metrics_token["nsp_loss"] == pytest.approx(nsp, rel=1e-5)
     assert metrics_token["loss"] == pytest.approx(np.mean(token_nll) + nsp, rel=1e-5)
     assert metrics_token["mlm_accuracy"] == pytest.approx(np.mean(correct))
-    assert metrics_token["sequences"] == len(rows)
+    assert metrics_token["num_sequences"] == len(rows)
 
 
 def test_empty_packs_and_sequences_without_predictions_give_no_nan(model, data):

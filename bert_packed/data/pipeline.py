@@ -45,6 +45,7 @@ class PipelineConfig:
       deterministic: the same seed gives the same batches, run after run.
       bucket_boundaries: with "bucketed", the lengths a batch is trimmed to (the last is L).
       cycle_length: files read in parallel.
+      skip_batches: batches to pass over first (a resumed run's position; before parsing, cheap).
     """
 
     files: tuple[str, ...]
@@ -57,6 +58,7 @@ class PipelineConfig:
     deterministic: bool = False
     bucket_boundaries: tuple[int, ...] = ()
     cycle_length: int = 4
+    skip_batches: int = 0
 
 
 def read_metadata(files) -> dict | None:
@@ -87,12 +89,14 @@ def make_dataset(config: PipelineConfig, input_context: tf.distribute.InputConte
     shapes = config.shapes
     batch_size = config.batch_size
     files = tf.data.Dataset.from_tensor_slices(list(config.files))
-    if input_context is not None and input_context.num_input_pipelines > 1:
-        if len(config.files) < input_context.num_input_pipelines:
-            raise ValueError(f"{len(config.files)} input files cannot be shared among "
-                             f"{input_context.num_input_pipelines} input pipelines; write more shards")
-        files = files.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+    if input_context is not None:
+        # batch_size is global: each replica gets its share (one host may feed several replicas).
         batch_size = input_context.get_per_replica_batch_size(config.batch_size)
+        if input_context.num_input_pipelines > 1:
+            if len(config.files) < input_context.num_input_pipelines:
+                raise ValueError(f"{len(config.files)} input files cannot be shared among "
+                                 f"{input_context.num_input_pipelines} input pipelines; write more shards")
+            files = files.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
     if config.is_training:
         files = files.shuffle(len(config.files), seed=config.seed, reshuffle_each_iteration=True).repeat()
     records = files.interleave(tf.data.TFRecordDataset, cycle_length=config.cycle_length,
@@ -105,7 +109,7 @@ def make_dataset(config: PipelineConfig, input_context: tf.distribute.InputConte
     else:
         lengths = shapes.packed_lengths() if packed else shapes.unpacked_lengths()
         spec = _spec(lengths, () if packed else UNPACKED_FLOAT_FEATURES)
-        dataset = records.batch(batch_size, drop_remainder=config.is_training)
+        dataset = records.batch(batch_size, drop_remainder=config.is_training).skip(config.skip_batches)
         parse = (lambda serialized: _cast(tf.io.parse_example(serialized, spec))) if packed else \
             (lambda serialized: _as_single_packs(tf.io.parse_example(serialized, spec)))
         dataset = dataset.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=config.deterministic or None)
@@ -155,7 +159,7 @@ def _bucketed(records, shapes: Shapes, batch_size: int, config: PipelineConfig):
         lambda example: tf.cast(tf.reduce_sum(example["input_mask"]), tf.int32),
         bucket_boundaries=[b + 1 for b in boundaries[:-1]],
         bucket_batch_sizes=[batch_size] * len(boundaries),
-        drop_remainder=config.is_training)
+        drop_remainder=config.is_training).skip(config.skip_batches)
 
     def trim(features):
         batch = _as_single_packs(features)

@@ -68,15 +68,39 @@ def pretraining_sums(outputs: dict, features: dict) -> dict[str, tf.Tensor]:
     }
 
 
-def loss_from_sums(sums: dict, loss_averaging: str = "token") -> tf.Tensor:
-    """The total loss (MLM + NSP) of summed sums; 0 where a count is 0 (never NaN)."""
+def normalizers(features: dict) -> dict[str, tf.Tensor]:
+    """The counts of pretraining_sums, from the features alone (no forward pass needed).
+
+    The trainer sums them over every micro-batch and replica of an update first, then divides
+    each micro-batch's sums by these global counts: the gradients then add up to exactly the
+    gradient of one big batch.
+    """
+    sequence_index = tf.cast(features["masked_lm_weights"], tf.int32)
+    depth = tf.shape(features["next_sentence_weights"])[1]
+    has_predictions = tf.reduce_any(sequence_index[:, None, :] == tf.range(1, depth + 1)[None, :, None], axis=-1)
+    return {
+        "mlm_predictions": tf.reduce_sum(tf.cast(sequence_index > 0, tf.float32)),
+        "mlm_sequences": tf.reduce_sum(tf.cast(has_predictions, tf.float32)),
+        "nsp_sequences": tf.reduce_sum(tf.cast(features["next_sentence_weights"], tf.float32)),
+    }
+
+
+def loss_from_sums(sums: dict, loss_averaging: str = "token", counts: dict | None = None) -> tf.Tensor:
+    """The total loss (MLM + NSP) of summed sums; 0 where a count is 0 (never NaN).
+
+    Args:
+      sums: pretraining_sums, possibly added over batches.
+      loss_averaging: "token" or "sequence".
+      counts: divide by these (normalizers summed over a whole update) instead of sums' own.
+    """
     if loss_averaging not in LOSS_AVERAGING:
         raise ValueError(f"unknown loss_averaging {loss_averaging!r}; expected one of {LOSS_AVERAGING}")
+    counts = counts or sums
     if loss_averaging == "token":
-        mlm = sums["mlm_nll"] / tf.maximum(sums["mlm_predictions"], 1.0)
+        mlm = sums["mlm_nll"] / tf.maximum(counts["mlm_predictions"], 1.0)
     else:
-        mlm = sums["mlm_sequence_nll"] / tf.maximum(sums["mlm_sequences"], 1.0)
-    return mlm + sums["nsp_nll"] / tf.maximum(sums["nsp_sequences"], 1.0)
+        mlm = sums["mlm_sequence_nll"] / tf.maximum(counts["mlm_sequences"], 1.0)
+    return mlm + sums["nsp_nll"] / tf.maximum(counts["nsp_sequences"], 1.0)
 
 
 def metrics_from_sums(sums: dict, loss_averaging: str = "token") -> dict[str, float]:
@@ -94,5 +118,5 @@ def metrics_from_sums(sums: dict, loss_averaging: str = "token") -> dict[str, fl
         "mlm_accuracy": ratio("mlm_correct", "mlm_predictions"),           # the MLPerf metric
         "mlm_sequence_accuracy": ratio("mlm_sequence_correct", "mlm_sequences"),
         "nsp_accuracy": ratio("nsp_correct", "nsp_sequences"),
-        "sequences": values["nsp_sequences"],
+        "num_sequences": values["nsp_sequences"],  # in these sums (not the samples seen so far)
     }

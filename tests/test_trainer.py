@@ -1,0 +1,155 @@
+"""The training loop: accumulation, distribution, resume, NaN, evaluation and logs."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bert_packed.model import BertConfig
+from bert_packed.training.trainer import TrainConfig, Trainer, TrainingError
+from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, REPO, tfrecords
+
+TINY = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+            max_position_embeddings=MAX_SEQ_LENGTH)
+
+
+def config(output_dir, files, dropout=0.1, **overrides):
+    bert = BertConfig(**TINY, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+    values = dict(bert_config=bert, input_files=tuple(files), output_dir=str(output_dir),
+                  max_seq_length=MAX_SEQ_LENGTH, max_predictions_per_seq=MAX_PREDICTIONS,
+                  max_sequences_per_pack=MAX_SEQUENCES_PER_PACK, train_batch_size=4, num_train_steps=2,
+                  learning_rate=1e-3, deterministic=True, log_every_steps=1, save_checkpoints_steps=1000)
+    values.update(overrides)
+    return TrainConfig(**values)
+
+
+def weights(trainer):
+    return [w.numpy() for w in trainer.model.weights]
+
+
+def read_log(path):
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def test_accumulated_micro_batches_equal_one_big_batch(packed_dir, tmp_path):
+    files = tfrecords(packed_dir)
+    for averaging in ("token", "sequence"):
+        accumulated = Trainer(config(tmp_path / f"a-{averaging}", files, dropout=0.0, steps_per_update=2,
+                                     num_train_steps=1, loss_averaging=averaging))
+        start = weights(accumulated)
+        accumulated.train()
+        big = Trainer(config(tmp_path / f"b-{averaging}", files, dropout=0.0, train_batch_size=8, num_train_steps=1,
+                             loss_averaging=averaging))
+        for w, value in zip(big.model.weights, start):
+            w.assign(value)
+        big.train()
+        for a, b, before in zip(weights(accumulated), weights(big), start):
+            np.testing.assert_allclose(a, b, atol=2e-6)
+        assert any(not np.allclose(a, s) for a, s in zip(weights(big), start))
+        first = read_log(os.path.join(tmp_path, f"a-{averaging}", "train_log.jsonl"))[0]
+        second = read_log(os.path.join(tmp_path, f"b-{averaging}", "train_log.jsonl"))[0]
+        assert first["loss"] == pytest.approx(second["loss"], rel=1e-6)
+        assert first["sequences"] == second["sequences"] > 8  # packs of several sequences
+
+
+MIRRORED = r"""
+import sys, numpy as np, tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+sys.path.insert(0, sys.argv[3])
+from test_trainer import config, weights
+from bert_packed.training.trainer import Trainer
+files = sys.argv[2].split(",")
+single = Trainer(config(sys.argv[1] + "/single", files, dropout=0.0, train_batch_size=8, num_train_steps=1))
+start = weights(single)
+single.train()
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+mirrored = Trainer(config(sys.argv[1] + "/mirrored", files, dropout=0.0, train_batch_size=8, num_train_steps=1), strategy)
+assert mirrored.strategy.num_replicas_in_sync == 2
+for w, value in zip(mirrored.model.weights, start):
+    w.assign(value)
+mirrored.train()
+print(max(float(np.abs(a - b).max()) for a, b in zip(weights(single), weights(mirrored))))
+"""
+
+
+def test_mirrored_over_two_devices_gives_the_same_update(packed_dir, tmp_path):
+    result = subprocess.run([sys.executable, "-c", MIRRORED, str(tmp_path), ",".join(tfrecords(packed_dir)),
+                             os.path.dirname(__file__)],
+                            capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert float(result.stdout.strip().splitlines()[-1]) < 2e-6
+
+
+def test_an_interrupted_run_resumes_with_exactly_the_same_losses(packed_dir, tmp_path):
+    files = tfrecords(packed_dir)
+    Trainer(config(tmp_path / "straight", files, num_train_steps=4)).train()
+    interrupted = Trainer(config(tmp_path / "resumed", files, num_train_steps=4))
+    update = interrupted._update
+
+    def update_then_sigterm(iterator):
+        result = update(iterator)
+        if int(interrupted.step) == 1:  # during step 2
+            os.kill(os.getpid(), signal.SIGTERM)
+        return result
+
+    interrupted._update = update_then_sigterm
+    interrupted.train()
+    assert [r["step"] for r in read_log(tmp_path / "resumed" / "train_log.jsonl")] == [1, 2]
+    Trainer(config(tmp_path / "resumed", files, num_train_steps=4)).train()
+    straight = read_log(tmp_path / "straight" / "train_log.jsonl")
+    resumed = read_log(tmp_path / "resumed" / "train_log.jsonl")
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
+    assert [r["loss"] for r in resumed] == [r["loss"] for r in straight]
+    assert [r["sequences"] for r in resumed] == [r["sequences"] for r in straight]
+
+
+def test_a_nan_loss_stops_and_keeps_the_last_good_checkpoint(packed_dir, tmp_path):
+    trainer = Trainer(config(tmp_path, tfrecords(packed_dir), num_train_steps=4, save_checkpoints_steps=1))
+    update = trainer._update
+
+    def poison_after_step_1(iterator):
+        if int(trainer.step) == 1:
+            trainer.model.embeddings.word_embeddings.assign(np.full(trainer.model.embeddings.word_embeddings.shape,
+                                                                    np.nan, np.float32))
+        return update(iterator)
+
+    trainer._update = poison_after_step_1
+    with pytest.raises(TrainingError, match=r"loss is nan at step 2; stopped without saving, the last good "
+                                            r"checkpoint is .*ckpt-1"):
+        trainer.train()
+    assert trainer.manager.latest_checkpoint.endswith("ckpt-1")
+
+
+def test_packed_and_unpacked_eval_files_give_the_same_metrics(packed_dir, unpacked_dir, tmp_path):
+    packed = Trainer(config(tmp_path / "p", tfrecords(packed_dir), eval_files=tuple(tfrecords(packed_dir)),
+                            eval_sequences_per_pack=MAX_SEQUENCES_PER_PACK))
+    unpacked = Trainer(config(tmp_path / "u", tfrecords(packed_dir), eval_files=tuple(tfrecords(unpacked_dir))))
+    for w, value in zip(unpacked.model.weights, weights(packed)):
+        w.assign(value)
+    a, b = packed.evaluate(), unpacked.evaluate()
+    assert a["num_sequences"] == b["num_sequences"] == 122
+    for key in ("loss", "mlm_accuracy", "mlm_loss", "nsp_loss", "nsp_accuracy"):
+        assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), key
+
+
+def test_reaching_the_target_stops_the_run_and_logs_it(packed_dir, unpacked_dir, tmp_path):
+    trainer = Trainer(config(tmp_path, tfrecords(packed_dir), num_train_steps=5, eval_files=tuple(tfrecords(unpacked_dir)),
+                             eval_every_samples=1, target_mlm_accuracy=0.0))
+    trainer.train()
+    train_log = read_log(tmp_path / "train_log.jsonl")
+    eval_log = read_log(tmp_path / "eval_log.jsonl")
+    assert len(train_log) == 1 and len(eval_log) == 1
+    for key in ("step", "sequences", "loss", "mlm_accuracy", "learning_rate", "seconds", "padding_efficiency"):
+        assert key in train_log[0]
+    assert eval_log[0]["sequences"] == train_log[0]["sequences"] and eval_log[0]["num_sequences"] == 122
+    mllog = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in open(tmp_path / "mllog.txt")]
+    keys = [entry["key"] for entry in mllog]
+    assert keys[0] == "run_start" and "eval_accuracy" in keys and keys[-1] == "run_stop"
+    assert mllog[-1]["metadata"]["status"] == "success"
+    assert os.listdir(tmp_path / "tensorboard")
