@@ -153,3 +153,52 @@ def test_reaching_the_target_stops_the_run_and_logs_it(packed_dir, unpacked_dir,
     assert keys[0] == "run_start" and "eval_accuracy" in keys and keys[-1] == "run_stop"
     assert mllog[-1]["metadata"]["status"] == "success"
     assert os.listdir(tmp_path / "tensorboard")
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, os.path.join(REPO, "run_pretraining.py"), *args],
+                          capture_output=True, text=True, timeout=600, cwd=REPO)
+
+
+@pytest.fixture
+def bert_config_file(tmp_path):
+    path = tmp_path / "bert_config.json"
+    path.write_text(json.dumps({**TINY, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
+                                "attention_probs_dropout_prob": 0.1, "type_vocab_size": 2,
+                                "initializer_range": 0.02}))
+    return str(path)
+
+
+def test_cli_trains_logs_and_records_its_flags(packed_dir, unpacked_dir, bert_config_file, tmp_path):
+    out = tmp_path / "run"
+    result = run_cli(f"--bert_config_file={bert_config_file}", f"--input_files={packed_dir}/packed-*.tfrecord",
+                     f"--eval_files={unpacked_dir}/part-*.tfrecord", f"--output_dir={out}", "--max_seq_length=128",
+                     "--max_predictions_per_seq=20", "--max_sequences_per_pack=3", "--train_batch_size=4",
+                     "--num_train_steps=2", "--eval_every_samples=0", "--adjust_betas_for_packing")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert {"flags.txt", "train_log.jsonl", "eval_log.jsonl", "mllog.txt", "checkpoints", "tensorboard"} <= set(
+        os.listdir(out))
+    assert "--adjust_betas_for_packing" in (out / "flags.txt").read_text()
+    metadata = json.load(open(os.path.join(packed_dir, "metadata.json")))
+    betas = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in open(out / "mllog.txt") if "opt_lamb_beta" in line]
+    assert betas[0]["value"] == pytest.approx(0.9 ** metadata["packing_factor"])
+    assert betas[1]["value"] == pytest.approx(0.999 ** metadata["packing_factor"])
+    assert len(read_log(out / "eval_log.jsonl")) == 1
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--max_seq_length=64"], "the data has max_seq_length=128, but --max_seq_length=64"),
+    (["--max_seq_length=256"], "--max_seq_length=256 exceeds max_position_embeddings=128"),
+    (["--max_sequences_per_pack=2"], "packed with max_sequences_per_pack=3, but --max_sequences_per_pack=2"),
+    (["--input_mode=padded"], "packed data (metadata.json), but --input_mode=padded"),
+    (["--adjust_betas_for_packing", "--input_mode=bucketed"], "--adjust_betas_for_packing needs packed data"),
+    (["--num_warmup_steps=50"], "--num_warmup_steps=50 exceeds --num_train_steps=2"),
+])
+def test_cli_flags_that_disagree_stop_before_any_work(packed_dir, bert_config_file, tmp_path, flags, message):
+    out = tmp_path / "run"
+    result = run_cli(f"--bert_config_file={bert_config_file}", f"--input_files={packed_dir}/packed-*.tfrecord",
+                     f"--output_dir={out}", "--max_seq_length=128", "--max_predictions_per_seq=20",
+                     "--num_train_steps=2", *flags)
+    assert result.returncode == 2
+    assert message in result.stderr.strip().splitlines()[-1]
+    assert not out.exists()

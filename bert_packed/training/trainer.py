@@ -121,7 +121,8 @@ class Trainer:
                                               sequences=self.sequences, dropout_seeds=seeds)
         self.manager = tf.train.CheckpointManager(self.checkpoint, os.path.join(config.output_dir, "checkpoints"),
                                                   max_to_keep=3)
-        self._update = tf.function(self._update_fn, jit_compile=False)
+        self._update = tf.function(self._update_fn)
+        self._gradients = tf.function(self._gradients_fn, jit_compile=True) if config.xla else self._gradients_fn
         self._stop_requested = False
 
     # ---- data
@@ -158,6 +159,23 @@ class Trainer:
                 counts[name] = counts.get(name, 0.0) + value
         counts = {k: context.all_reduce(tf.distribute.ReduceOp.SUM, v) for k, v in counts.items()}
         variables = self.model.trainable_variables
+        gradients, totals = self._gradients(batches, counts)
+        # Each replica's loss is divided by the global counts, so the replicas' gradients add up to
+        # the global gradient. Keras clips per replica before it all-reduces; MLPerf clips the
+        # global gradient. So: all-reduce and clip here, then hand Keras 1/n of the result a
+        # replica (its clip is then a no-op, its sum restores the clipped global gradient).
+        gradients = context.all_reduce(tf.distribute.ReduceOp.SUM, gradients)
+        scale = 1.0
+        if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+            scale = tf.cast(self.optimizer.dynamic_scale, tf.float32)
+        gradients, _ = tf.clip_by_global_norm([g / scale for g in gradients], self._clip_norm)
+        share = scale / context.num_replicas_in_sync
+        self.optimizer.apply_gradients(zip([g * share for g in gradients], variables))
+        return totals
+
+    def _gradients_fn(self, batches, counts):
+        """Summed gradients and sums of the micro-batches (XLA-compiled with --xla)."""
+        variables = self.model.trainable_variables
         gradients = [tf.zeros_like(v) for v in variables]
         totals = {}
         for features in batches:
@@ -172,18 +190,7 @@ class Trainer:
             totals["tokens"] = totals.get("tokens", 0.0) + tf.reduce_sum(
                 tf.cast(features["input_mask"] > 0, tf.float32))
             totals["slots"] = totals.get("slots", 0.0) + tf.cast(tf.size(features["input_mask"]), tf.float32)
-        # Each replica's loss is divided by the global counts, so the replicas' gradients add up to
-        # the global gradient. Keras clips per replica before it all-reduces; MLPerf clips the
-        # global gradient. So: all-reduce and clip here, then hand Keras 1/n of the result a
-        # replica (its clip is then a no-op, its sum restores the clipped global gradient).
-        gradients = context.all_reduce(tf.distribute.ReduceOp.SUM, gradients)
-        scale = 1.0
-        if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
-            scale = tf.cast(self.optimizer.dynamic_scale, tf.float32)
-        gradients, _ = tf.clip_by_global_norm([g / scale for g in gradients], self._clip_norm)
-        share = scale / context.num_replicas_in_sync
-        self.optimizer.apply_gradients(zip([g * share for g in gradients], variables))
-        return totals
+        return gradients, totals
 
     # ---- evaluation
     def evaluate(self) -> dict:

@@ -1,0 +1,196 @@
+"""Pre-train BERT with the MLPerf recipe on packed (or padded, or bucketed) data.
+
+    python run_pretraining.py --flagfile=configs/bert_large_mlperf_packed.cfg
+
+Flag names follow the MLPerf reference where one exists. train_batch_size counts rows (packs
+when packed); logs count sequences too. Flags that disagree with the data's metadata.json
+(sequence length, predictions, depth) or with each other stop the run before any work.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+from absl import app, flags
+
+from bert_packed.cli.common import expand_globs, fail
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("bert_config_file", None, "google-research bert_config.json.")
+flags.DEFINE_string("input_files", None, "Comma-separated globs of training TFRecords.")
+flags.DEFINE_string("eval_files", None, "Comma-separated globs of evaluation TFRecords (packed or unpacked).")
+flags.DEFINE_string("output_dir", None, "Logs, checkpoints, TensorBoard; a run restarted here resumes.")
+flags.DEFINE_string("init_checkpoint", None, "google-research/MLPerf TF1 checkpoint to start from.")
+flags.DEFINE_integer("max_seq_length", 512, "L of the data.")
+flags.DEFINE_integer("max_predictions_per_seq", 76, "P of the data (packs hold P + S).")
+flags.DEFINE_integer("max_sequences_per_pack", 3, "S of packed training data (ignored for padded/bucketed).")
+flags.DEFINE_enum("input_mode", "packed", ["packed", "padded", "bucketed"], "How the training data is read.")
+flags.DEFINE_list("bucket_boundaries", [], "Lengths batches are trimmed to in bucketed mode.")
+flags.DEFINE_integer("train_batch_size", 8, "Rows per micro-batch, all replicas (packs when packed).")
+flags.DEFINE_integer("eval_batch_size", 8, "Rows per eval batch.")
+flags.DEFINE_float("learning_rate", 4.25e-4, "Peak learning rate.")
+flags.DEFINE_integer("num_train_steps", 100, "Updates.")
+flags.DEFINE_integer("num_warmup_steps", 0, "Linear warmup updates.")
+flags.DEFINE_integer("start_warmup_step", 0, "Warmup origin (negative: start partway through warmup).")
+flags.DEFINE_integer("steps_per_update", 1, "Micro-batches accumulated into one update.")
+flags.DEFINE_enum("optimizer", "lamb", ["lamb", "adamw"], "LAMB (MLPerf) or AdamW (original BERT).")
+flags.DEFINE_float("lamb_beta_1", 0.9, "beta_1 (before any packing adjustment).")
+flags.DEFINE_float("lamb_beta_2", 0.999, "beta_2 (before any packing adjustment).")
+flags.DEFINE_float("lamb_weight_decay_rate", 0.01, "Weight decay inside the update.")
+flags.DEFINE_float("epsilon", 1e-6, "Optimizer epsilon.")
+flags.DEFINE_bool("adjust_betas_for_packing", False, "Raise the betas to the power of the packing factor.")
+flags.DEFINE_enum("loss_averaging", "token", ["token", "sequence"], "MLM loss basis.")
+flags.DEFINE_integer("save_checkpoints_steps", 1000, "Checkpoint every this many updates (and at the end).")
+flags.DEFINE_integer("seed", 12345, "Seed for initialisation, data order and dropout.")
+flags.DEFINE_bool("deterministic", False, "Same flags, same results (op determinism, fixed data order).")
+flags.DEFINE_enum("precision", "fp32", ["fp32", "bf16", "fp16"], "fp16 uses dynamic loss scaling.")
+flags.DEFINE_bool("xla", False, "Compile the forward and backward pass with XLA.")
+flags.DEFINE_enum("distribution_strategy", "default", ["default", "mirrored", "multi_worker_mirrored", "tpu"],
+                  "tf.distribute strategy (multi_worker_mirrored reads TF_CONFIG).")
+flags.DEFINE_string("tpu", None, "TPU name or address for --distribution_strategy=tpu.")
+flags.DEFINE_float("target_mlm_accuracy", 0.720, "Stop when evaluation reaches this masked-LM accuracy.")
+flags.DEFINE_integer("eval_every_samples", -1, "Evaluate every this many sequences; -1: the MLPerf cadence; "
+                                               "0: once at the end.")
+flags.DEFINE_integer("log_every_steps", 10, "Progress line every this many updates.")
+flags.mark_flags_as_required(["bert_config_file", "input_files", "output_dir"])
+
+PROGRAM = "run_pretraining"
+
+
+def mlperf_eval_every_samples(sequences_per_update: float) -> int:
+    """floor(0.05 * (230.23 * global batch + 3,000,000) / 25,000) * 25,000 (REFERENCE.md).
+
+    >>> mlperf_eval_every_samples(448)
+    150000
+    """
+    return int(0.05 * (230.23 * sequences_per_update + 3_000_000) // 25_000) * 25_000
+
+
+def data_metadata(files: list[str]) -> dict | None:
+    path = os.path.join(os.path.dirname(files[0]), "metadata.json")
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def check_data(files: list[str], what: str, packed: bool) -> tuple[int, float]:
+    """Checks flags against the data's metadata.json; returns (sequences per row S, packing factor)."""
+    metadata = data_metadata(files)
+    if metadata is None:
+        logging.warning("%s: no metadata.json beside the files; cannot check them against the flags", what)
+        return (FLAGS.max_sequences_per_pack if packed else 1), 1.0
+    if "algorithm" in metadata:  # packed data
+        found = {"max_seq_length": metadata["max_sequence_length"],
+                 "max_predictions_per_seq": metadata["max_predictions_per_seq"]}
+        if not packed:
+            raise ValueError(f"{what}: packed data (metadata.json), but --input_mode={FLAGS.input_mode} reads "
+                             f"unpacked records; use --input_mode=packed")
+        if packed and what == "--input_files" and metadata["max_sequences_per_pack"] != FLAGS.max_sequences_per_pack:
+            raise ValueError(f"{what}: packed with max_sequences_per_pack={metadata['max_sequences_per_pack']}, "
+                             f"but --max_sequences_per_pack={FLAGS.max_sequences_per_pack}")
+        depth, factor = metadata["max_sequences_per_pack"], metadata["packing_factor"]
+    else:
+        config = metadata.get("settings", {}).get("config", {})
+        found = {"max_seq_length": config.get("max_seq_length"),
+                 "max_predictions_per_seq": config.get("max_predictions_per_seq")}
+        if packed and what == "--input_files":
+            raise ValueError(f"{what}: unpacked data, but --input_mode=packed; pack it with "
+                             f"scripts/pack_pretraining_data.py or use --input_mode=padded")
+        depth, factor = 1, 1.0
+    for name, value in found.items():
+        if value is not None and value != getattr(FLAGS, name):
+            raise ValueError(f"{what}: the data has {name}={value}, but --{name}={getattr(FLAGS, name)}")
+    return depth, factor
+
+
+def make_strategy():
+    import tensorflow as tf
+
+    if FLAGS.distribution_strategy == "mirrored":
+        return tf.distribute.MirroredStrategy()
+    if FLAGS.distribution_strategy == "multi_worker_mirrored":
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    if FLAGS.distribution_strategy == "tpu":
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=FLAGS.tpu)
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+        return tf.distribute.TPUStrategy(resolver)
+    return tf.distribute.get_strategy()
+
+
+def build_config():
+    """Flags -> TrainConfig, after every check that needs no model."""
+    from bert_packed.model import BertConfig
+    from bert_packed.training.trainer import TrainConfig
+
+    if FLAGS.steps_per_update < 1 or FLAGS.train_batch_size < 1 or FLAGS.num_train_steps < 1:
+        raise ValueError("--steps_per_update, --train_batch_size and --num_train_steps must be >= 1")
+    if FLAGS.num_warmup_steps > FLAGS.num_train_steps:
+        raise ValueError(f"--num_warmup_steps={FLAGS.num_warmup_steps} exceeds --num_train_steps={FLAGS.num_train_steps}")
+    if FLAGS.distribution_strategy == "tpu" and not FLAGS.tpu:
+        raise ValueError("--distribution_strategy=tpu needs --tpu")
+    packed = FLAGS.input_mode == "packed"
+    if FLAGS.adjust_betas_for_packing and not packed:
+        raise ValueError(f"--adjust_betas_for_packing needs packed data, not --input_mode={FLAGS.input_mode}")
+    if FLAGS.bucket_boundaries and FLAGS.input_mode != "bucketed":
+        raise ValueError("--bucket_boundaries is for --input_mode=bucketed")
+    bert_config = BertConfig.from_json_file(FLAGS.bert_config_file)
+    if FLAGS.max_seq_length > bert_config.max_position_embeddings:
+        raise ValueError(f"--max_seq_length={FLAGS.max_seq_length} exceeds max_position_embeddings="
+                         f"{bert_config.max_position_embeddings} of {FLAGS.bert_config_file}")
+    input_files = expand_globs(FLAGS.input_files, "--input_files")
+    depth, packing_factor = check_data(input_files, "--input_files", packed)
+    eval_files, eval_depth = [], 1
+    if FLAGS.eval_files:
+        eval_files = expand_globs(FLAGS.eval_files, "--eval_files")
+        eval_metadata = data_metadata(eval_files) or {}
+        eval_depth, _ = check_data(eval_files, "--eval_files", "algorithm" in eval_metadata)
+    eval_every = FLAGS.eval_every_samples
+    if eval_every < 0:
+        eval_every = mlperf_eval_every_samples(FLAGS.train_batch_size * FLAGS.steps_per_update * packing_factor)
+    return TrainConfig(
+        bert_config=bert_config, input_files=tuple(input_files), output_dir=FLAGS.output_dir,
+        eval_files=tuple(eval_files), init_checkpoint=FLAGS.init_checkpoint, max_seq_length=FLAGS.max_seq_length,
+        max_predictions_per_seq=FLAGS.max_predictions_per_seq, max_sequences_per_pack=depth,
+        eval_sequences_per_pack=eval_depth, input_mode=FLAGS.input_mode,
+        bucket_boundaries=tuple(int(b) for b in FLAGS.bucket_boundaries), train_batch_size=FLAGS.train_batch_size,
+        eval_batch_size=FLAGS.eval_batch_size, learning_rate=FLAGS.learning_rate,
+        num_train_steps=FLAGS.num_train_steps, num_warmup_steps=FLAGS.num_warmup_steps,
+        start_warmup_step=FLAGS.start_warmup_step, steps_per_update=FLAGS.steps_per_update,
+        optimizer=FLAGS.optimizer, beta_1=FLAGS.lamb_beta_1, beta_2=FLAGS.lamb_beta_2,
+        weight_decay_rate=FLAGS.lamb_weight_decay_rate, epsilon=FLAGS.epsilon, packing_factor=packing_factor,
+        adjust_betas_for_packing=FLAGS.adjust_betas_for_packing, loss_averaging=FLAGS.loss_averaging,
+        save_checkpoints_steps=FLAGS.save_checkpoints_steps, seed=FLAGS.seed, deterministic=FLAGS.deterministic,
+        precision=FLAGS.precision, xla=FLAGS.xla, target_mlm_accuracy=FLAGS.target_mlm_accuracy,
+        eval_every_samples=eval_every, log_every_steps=FLAGS.log_every_steps)
+
+
+def main(argv):
+    del argv
+    logging.getLogger().setLevel(logging.INFO)
+    from bert_packed.model import CheckpointError, ConfigError
+    from bert_packed.training.trainer import Trainer, TrainingError
+
+    try:
+        config = build_config()
+    except (ValueError, FileNotFoundError, ConfigError) as e:
+        fail(PROGRAM, e)
+    os.makedirs(FLAGS.output_dir, exist_ok=True)
+    with open(os.path.join(FLAGS.output_dir, "flags.txt"), "w", encoding="utf-8") as f:
+        f.write(FLAGS.flags_into_string())
+    try:
+        metrics = Trainer(config, make_strategy()).train()
+    except (TrainingError, CheckpointError) as e:
+        fail(PROGRAM, e)
+    print(json.dumps(metrics))
+
+
+def run():
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()
