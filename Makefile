@@ -41,6 +41,7 @@ benchmarks: $(STAMP)
 	$(PYTHON) scripts/benchmark_pack_pretraining_data.py
 	$(PYTHON) scripts/benchmark_input_pipeline.py
 	$(PYTHON) scripts/benchmark_model.py
+	$(PYTHON) scripts/benchmark_training.py
 
 clean:
 	rm -rf .venv build *.egg-info .pytest_cache .hypothesis

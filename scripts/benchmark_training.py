@@ -1,0 +1,75 @@
+"""Benchmark training throughput on CPU: packed vs padded input, same data, same model, one run.
+
+    python scripts/benchmark_training.py
+
+Builds (or reuses) the shipped sample at L=512 (runs/sample, as `make run` does), then trains
+the tiny and mini configs for --steps updates on packed rows and on padded rows (train_batch_size
+rows each), and reports real tokens/s after --warmup updates. The realized speed-up is packed /
+padded real tokens/s; its ratio to the packing factor says how much of packing's promise is
+kept (target >= 0.9).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import tempfile
+
+from bert_packed.model import BertConfig
+from bert_packed.training.trainer import TrainConfig, Trainer
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+
+
+def sample_data() -> tuple[list[str], list[str], float]:
+    """(packed files, unpacked files, packing factor) of the sample at L=512."""
+    packed = sorted(glob.glob(os.path.join(ROOT, "runs", "sample", "packed", "packed-*.tfrecord")))
+    unpacked = sorted(glob.glob(os.path.join(ROOT, "runs", "sample", "unpacked", "part-*.tfrecord")))
+    if not packed or not unpacked:
+        raise SystemExit("no sample data: run `make run` first (it builds runs/sample/)")
+    with open(os.path.join(ROOT, "runs", "sample", "packed", "metadata.json"), encoding="utf-8") as f:
+        return packed, unpacked, json.load(f)["packing_factor"]
+
+
+def tokens_per_second(name, files, mode, depth, batch_size, steps, warmup, output_dir):
+    config = TrainConfig(bert_config=BertConfig.from_json_file(os.path.join(ROOT, "configs", f"bert_config_{name}.json")),
+                         input_files=tuple(files), output_dir=output_dir, max_seq_length=512,
+                         max_predictions_per_seq=76, max_sequences_per_pack=depth, input_mode=mode,
+                         train_batch_size=batch_size, num_train_steps=steps, learning_rate=1e-3,
+                         save_checkpoints_steps=10 ** 9, log_every_steps=10 ** 9)
+    Trainer(config).train()
+    with open(os.path.join(output_dir, "train_log.jsonl"), encoding="utf-8") as f:
+        log = [json.loads(line) for line in f]
+    timed = log[warmup:]
+    seconds = timed[-1]["seconds"] - log[warmup - 1]["seconds"]
+    return (sum(r["real_tokens"] for r in timed) / seconds, sum(r["num_sequences"] for r in timed) / seconds,
+            sum(r["padding_efficiency"] for r in timed) / len(timed))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=25)
+    parser.add_argument("--warmup", type=int, default=5)
+    args = parser.parse_args()
+    packed, unpacked, packing_factor = sample_data()
+    print(f"\nsample at L=512: packing factor {packing_factor:.3f}\n")
+    print("| config | batch (rows) | input | real tokens/s | sequences/s | padding efficiency | speed-up | "
+          "speed-up / packing factor |")
+    print("|---|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as work:
+        for name, batch_size in (("tiny", 8), ("mini", 4)):
+            padded = tokens_per_second(name, unpacked, "padded", 1, batch_size, args.steps, args.warmup,
+                                       os.path.join(work, f"{name}-padded"))
+            pack = tokens_per_second(name, packed, "packed", 3, batch_size, args.steps, args.warmup,
+                                     os.path.join(work, f"{name}-packed"))
+            speedup = pack[0] / padded[0]
+            print(f"| {name} | {batch_size} | padded | {padded[0]:,.0f} | {padded[1]:.1f} | {padded[2]:.1%} | 1.00 | |")
+            print(f"| {name} | {batch_size} | packed | {pack[0]:,.0f} | {pack[1]:.1f} | {pack[2]:.1%} | "
+                  f"{speedup:.2f} | {speedup / packing_factor:.2f} ({'PASS' if speedup / packing_factor >= 0.9 else 'FAIL'}) |",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
