@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import shutil
 import tempfile
@@ -21,9 +20,7 @@ import time
 
 from bert_packed.data.create_dataset import DatasetSettings, create_pretraining_dataset
 from bert_packed.data.pretraining import MaskingConfig
-
-SAMPLE = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "data", "wikipedia_sample", "wiki_*")))
-VOCAB = os.path.join(os.path.dirname(__file__), "..", "data", "bert_uncased_vocab.txt")
+from sample_corpus import SAMPLE, VOCAB, copy_sample
 REFERENCE = {"num_instances": 2397, "padding_fraction": 0.30, "full_length_fraction": 0.57,
              "predictions_per_instance": 53.0, "random_next_fraction": 0.50}
 REFERENCE_RATE = 480.0
@@ -50,13 +47,7 @@ def main() -> None:
         print(f"| predictions per instance | {REFERENCE['predictions_per_instance']:.0f} | "
               f"{stats['predictions_per_instance']:.1f} |")
 
-        corpus = os.path.join(work, "corpus")
-        os.makedirs(corpus)
-        files = []
-        for copy in range(args.copies):
-            for path in SAMPLE:
-                files.append(os.path.join(corpus, f"{copy}_{os.path.basename(path)}"))
-                shutil.copy(path, files[-1])
+        files = copy_sample(os.path.join(work, "corpus"), args.copies)
         settings = DatasetSettings(VOCAB, True, MaskingConfig(512, 76), args.dupe_factor, 12345)
         start = time.perf_counter()
         result = create_pretraining_dataset(files, os.path.join(work, "throughput"), settings, args.num_workers)

@@ -22,8 +22,7 @@ from bert_packed.data.pack_dataset import PackSettings, pack_pretraining_dataset
 from bert_packed.data.pipeline import PipelineConfig, make_dataset
 from bert_packed.data.pretraining import MaskingConfig
 from bert_packed.data.schema import Shapes
-
-DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data")
+from sample_corpus import SAMPLE, VOCAB
 
 
 def rate(config: PipelineConfig, batches: int) -> tuple[float, float]:
@@ -48,9 +47,8 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="bench_pipeline_")
     try:
         unpacked, packed = os.path.join(work, "unpacked"), os.path.join(work, "packed")
-        settings = DatasetSettings(os.path.join(DATA, "bert_uncased_vocab.txt"), True, MaskingConfig(512, 76), 2, 12345)
-        create_pretraining_dataset(sorted(glob.glob(os.path.join(DATA, "wikipedia_sample", "wiki_*"))), unpacked,
-                                   settings)
+        settings = DatasetSettings(VOCAB, True, MaskingConfig(512, 76), 2, 12345)
+        create_pretraining_dataset(SAMPLE, unpacked, settings)
         unpacked_files = tuple(sorted(glob.glob(os.path.join(unpacked, "*.tfrecord"))))
         pack_pretraining_dataset(list(unpacked_files), packed, PackSettings(Shapes(512, 76, 3), "lp", num_shards=4))
         packed_files = tuple(sorted(glob.glob(os.path.join(packed, "*.tfrecord"))))

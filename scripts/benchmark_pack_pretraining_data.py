@@ -22,8 +22,7 @@ from bert_packed.data.create_dataset import DatasetSettings, create_pretraining_
 from bert_packed.data.pack_dataset import PackSettings, pack_pretraining_dataset, verify_packed_dataset
 from bert_packed.data.pretraining import MaskingConfig
 from bert_packed.data.schema import Shapes
-
-DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data")
+from sample_corpus import VOCAB, copy_sample
 
 
 def main() -> None:
@@ -33,14 +32,10 @@ def main() -> None:
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="bench_pack_")
     try:
-        corpus = os.path.join(work, "corpus")
-        os.makedirs(corpus)
-        for copy in range(args.copies):
-            for path in sorted(glob.glob(os.path.join(DATA, "wikipedia_sample", "wiki_*"))):
-                shutil.copy(path, os.path.join(corpus, f"{copy}_{os.path.basename(path)}"))
         unpacked = os.path.join(work, "unpacked")
-        settings = DatasetSettings(os.path.join(DATA, "bert_uncased_vocab.txt"), True, MaskingConfig(512, 76), 10, 12345)
-        create_pretraining_dataset(sorted(glob.glob(os.path.join(corpus, "*"))), unpacked, settings, args.num_workers)
+        settings = DatasetSettings(VOCAB, True, MaskingConfig(512, 76), 10, 12345)
+        create_pretraining_dataset(copy_sample(os.path.join(work, "corpus"), args.copies), unpacked, settings,
+                                   args.num_workers)
         start = time.perf_counter()
         import tensorflow  # noqa: F401  (fixed start-up cost, outside the clock)
         import_seconds = time.perf_counter() - start

@@ -41,8 +41,6 @@ def read_batches(path: str, lengths: dict[str, int], float_features=(), batch_si
       CorruptRecordError: the file is truncated or corrupt (file and record named).
       RecordError: a record lacks a feature or has the wrong length (file, record, feature named).
     """
-    import tensorflow as tf
-
     spec = _feature_spec(lengths, float_features)
     batch: list[bytes] = []
     first = 0
