@@ -17,6 +17,7 @@ MODULES = [
     "bert_packed.data.packer",
     "bert_packed.model.modeling",
     "bert_packed.training.optimizers",
+    "bert_packed.cli.run_pretraining",
 ]
 
 

@@ -202,3 +202,86 @@ def test_cli_flags_that_disagree_stop_before_any_work(packed_dir, bert_config_fi
     assert result.returncode == 2
     assert message in result.stderr.strip().splitlines()[-1]
     assert not out.exists()
+
+
+def free_ports(count):
+    import socket
+
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def test_two_local_workers_train_together_and_hold_the_same_weights(packed_dir, bert_config_file, tmp_path):
+    import tensorflow as tf
+
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in free_ports(2)]}
+    out = tmp_path / "run"
+    workers = []
+    for index in range(2):
+        env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}))
+        workers.append(subprocess.Popen(
+            [sys.executable, os.path.join(REPO, "run_pretraining.py"), f"--bert_config_file={bert_config_file}",
+             f"--input_files={packed_dir}/packed-*.tfrecord", f"--output_dir={out}", "--max_seq_length=128",
+             "--max_predictions_per_seq=20", "--train_batch_size=4", "--num_train_steps=3",
+             "--distribution_strategy=multi_worker_mirrored", "--eval_every_samples=0"],
+            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = [worker.communicate(timeout=600) for worker in workers]
+    for worker, (_, stderr) in zip(workers, results):
+        assert worker.returncode == 0, stderr[-3000:]
+    assert len(read_log(out / "train_log.jsonl")) == 3
+    chief = tf.train.load_checkpoint(str(out / "checkpoints"))
+    other = tf.train.load_checkpoint(str(out / ".workers" / "worker-1" / "checkpoints"))
+    names = [n for n in chief.get_variable_to_shape_map() if n != "_CHECKPOINTABLE_OBJECT_GRAPH"]
+    assert len(names) > 100  # weights, optimizer slots, step, dropout state
+    for name in names:
+        np.testing.assert_array_equal(chief.get_tensor(name), other.get_tensor(name))
+    assert chief.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == 3
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_half_precision_trains_with_finite_losses(packed_dir, tmp_path, precision):
+    import keras
+
+    try:
+        trainer = Trainer(config(tmp_path, tfrecords(packed_dir), precision=precision, num_train_steps=2))
+        trainer.train()
+        assert trainer.model.encoder_layers[0].compute_dtype == {"bf16": "bfloat16", "fp16": "float16"}[precision]
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    losses = [r["loss"] for r in read_log(tmp_path / "train_log.jsonl")]
+    assert len(losses) == 2 and np.isfinite(losses).all()
+
+
+def test_xla_gives_the_same_update(packed_dir, tmp_path):
+    files = tfrecords(packed_dir)
+    eager = Trainer(config(tmp_path / "eager", files, dropout=0.0, num_train_steps=1))
+    start = weights(eager)
+    eager.train()
+    compiled = Trainer(config(tmp_path / "xla", files, dropout=0.0, num_train_steps=1, xla=True))
+    for w, value in zip(compiled.model.weights, start):
+        w.assign(value)
+    compiled.train()
+    for a, b in zip(weights(eager), weights(compiled)):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_init_checkpoint_and_a_corrupt_checkpoint(packed_dir, tmp_path):
+    from bert_packed.model import BertPretrainingModel, export_google_checkpoint
+
+    source = BertPretrainingModel(BertConfig(**TINY))
+    source.build()
+    path = export_google_checkpoint(source, str(tmp_path / "google"))
+    trainer = Trainer(config(tmp_path / "run", tfrecords(packed_dir), init_checkpoint=path, num_train_steps=1,
+                             learning_rate=0.0))
+    trainer.train()
+    np.testing.assert_array_equal(trainer.model.embeddings.word_embeddings.numpy(),
+                                  source.embeddings.word_embeddings.numpy())
+    data_file = next(p for p in (tmp_path / "run" / "checkpoints").iterdir() if ".data-" in p.name)
+    data_file.write_bytes(data_file.read_bytes()[:100])
+    with pytest.raises(TrainingError, match=r"checkpoints/ckpt-1: cannot restore this checkpoint"):
+        Trainer(config(tmp_path / "run", tfrecords(packed_dir), num_train_steps=2)).train()

@@ -101,7 +101,11 @@ class Trainer:
             tf.config.experimental.enable_op_determinism()
         keras.mixed_precision.set_global_policy(
             {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}[config.precision])
-        os.makedirs(config.output_dir, exist_ok=True)
+        # Every worker takes part in saving (it is collective); only the chief writes output_dir.
+        self.is_chief, task_id = _chief(self.strategy)
+        self.work_dir = config.output_dir if self.is_chief else os.path.join(
+            config.output_dir, ".workers", f"worker-{task_id}")
+        os.makedirs(self.work_dir, exist_ok=True)
         with self.strategy.scope():
             self.model = BertPretrainingModel(config.bert_config)
             self.model.build()
@@ -119,7 +123,7 @@ class Trainer:
             v for v in self.model.variables if v.path.endswith("seed_generator_state"))}
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.step,
                                               sequences=self.sequences, dropout_seeds=seeds)
-        self.manager = tf.train.CheckpointManager(self.checkpoint, os.path.join(config.output_dir, "checkpoints"),
+        self.manager = tf.train.CheckpointManager(self.checkpoint, os.path.join(self.work_dir, "checkpoints"),
                                                   max_to_keep=3)
         self._update = tf.function(self._update_fn)
         self._gradients = tf.function(self._gradients_fn, jit_compile=True) if config.xla else self._gradients_fn
@@ -214,12 +218,12 @@ class Trainer:
     def train(self) -> dict:
         """Runs (or resumes) training to num_train_steps or the target accuracy; returns the last metrics."""
         c = self.config
-        logs = _Logs(c.output_dir)
+        logs = _Logs(self.work_dir)
         resumed = self.manager.latest_checkpoint
         if resumed:
             try:
                 self.checkpoint.restore(resumed).assert_existing_objects_matched()
-            except (tf.errors.OpError, AssertionError, ValueError) as e:
+            except Exception as e:  # noqa: BLE001 - whatever broke, the checkpoint is what to name
                 raise TrainingError(f"{resumed}: cannot restore this checkpoint ({str(e).splitlines()[0]}); "
                                     f"remove it to fall back to an older one") from None
             logging.info("resumed from %s at step %d", resumed, int(self.step.numpy()))
@@ -303,6 +307,17 @@ class Trainer:
 
     def _on_sigterm(self, signum, frame):
         self._stop_requested = True
+
+
+def _chief(strategy) -> tuple[bool, int]:
+    """(whether this process is the chief, its task index) under multi-worker training."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not resolver.task_type:
+        return True, 0
+    cluster = resolver.cluster_spec().as_dict()
+    if "chief" in cluster:
+        return resolver.task_type == "chief", resolver.task_id or 0
+    return resolver.task_type == "worker" and resolver.task_id == 0, resolver.task_id or 0
 
 
 class _Logs:
