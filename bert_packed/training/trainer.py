@@ -7,6 +7,7 @@ come from the features alone), so an accumulated or distributed update equals on
 Output directory:
   train_log.jsonl, eval_log.jsonl   one JSON object a line: step, sequences, loss, mlm_accuracy, ...
   mllog.txt                         :::MLLOG lines (mlperf-logging)
+  run.json                          input mode, packing factor, batch, seed (for compare_curves)
   tensorboard/                      TensorBoard events
   checkpoints/                      model, optimizer, step and input position; the latest resumes
 """
@@ -26,6 +27,7 @@ import tensorflow as tf
 
 from bert_packed.data.pipeline import PipelineConfig, make_dataset
 from bert_packed.data.schema import Shapes
+from bert_packed.files import write_text_atomically
 from bert_packed.model import BertConfig, BertPretrainingModel, load_google_checkpoint
 from bert_packed.training.losses import loss_from_sums, metrics_from_sums, normalizers, pretraining_sums
 from bert_packed.training.optimizers import AdamWeightDecay, Lamb, PolynomialWarmup, adjusted_betas
@@ -219,6 +221,10 @@ class Trainer:
         """Runs (or resumes) training to num_train_steps or the target accuracy; returns the last metrics."""
         c = self.config
         logs = _Logs(self.work_dir)
+        summary = {"input_mode": c.input_mode, "packing_factor": c.packing_factor,
+                   "train_batch_size": c.train_batch_size, "steps_per_update": c.steps_per_update,
+                   "loss_averaging": c.loss_averaging, "seed": c.seed, "target_mlm_accuracy": c.target_mlm_accuracy}
+        write_text_atomically(os.path.join(self.work_dir, "run.json"), json.dumps(summary, indent=1) + "\n")
         resumed = self.manager.latest_checkpoint
         if resumed:
             try:

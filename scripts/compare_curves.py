@@ -1,0 +1,6 @@
+"""Accuracy/loss curves and a summary table for runs; see bert_packed/cli/compare_curves.py."""
+
+from bert_packed.cli.compare_curves import main
+
+if __name__ == "__main__":
+    main()
