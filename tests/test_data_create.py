@@ -156,3 +156,28 @@ def test_cli_writes_the_dataset(tmp_path):
     assert summary["num_instances"] > 0
     assert sorted(os.listdir(tmp_path / "out")) == ["histogram.json", "metadata.json", "part-00000-000.json",
                                                      "part-00000-000.tfrecord"]
+
+
+def test_eval_split_holds_out_whole_documents(corpus, unpacked_dir, tmp_path):
+    settings = dataset_settings()
+    settings = type(settings)(**{**settings.__dict__, "eval_fraction": 0.3})
+    metadata = create_pretraining_dataset(corpus, str(tmp_path), settings, num_workers=1)
+    names = sorted(os.listdir(tmp_path))
+    assert [n for n in names if n.startswith("eval-")] == ["eval-00000.json", "eval-00000.tfrecord",
+                                                           "eval-00001.json", "eval-00001.tfrecord"]
+    assert metadata["num_eval_documents"] > 0 and metadata["num_eval_instances"] > 0
+    assert metadata["num_documents"] + metadata["num_eval_documents"] == 16
+    # Training and held-out records share no real (unmasked, non-special) token sequence of 8.
+    def ngrams(paths):
+        grams = set()
+        for path in paths:
+            for _, batch in read_unpacked(path, Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS)):
+                for ids, mask in zip(batch["input_ids"], batch["input_mask"]):
+                    ids = [t for t in ids[mask > 0] if t > 103]
+                    grams.update(tuple(ids[i:i + 8]) for i in range(len(ids) - 8))
+        return grams
+    train = ngrams([p for p in tfrecords(str(tmp_path)) if "part-" in p])
+    held_out = ngrams([p for p in tfrecords(str(tmp_path)) if "eval-" in p])
+    assert held_out and len(train & held_out) < 0.01 * len(held_out)
+    histogram = load_histogram(os.path.join(tmp_path, "histogram.json"))
+    assert histogram.sum() == metadata["num_instances"]  # training records only

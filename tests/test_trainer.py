@@ -145,7 +145,8 @@ def test_reaching_the_target_stops_the_run_and_logs_it(packed_dir, unpacked_dir,
     train_log = read_log(tmp_path / "train_log.jsonl")
     eval_log = read_log(tmp_path / "eval_log.jsonl")
     assert len(train_log) == 1 and len(eval_log) == 1
-    for key in ("step", "sequences", "loss", "mlm_accuracy", "learning_rate", "seconds", "padding_efficiency"):
+    for key in ("step", "sequences", "loss", "mlm_accuracy", "learning_rate", "seconds", "train_seconds",
+                "padding_efficiency"):
         assert key in train_log[0]
     assert eval_log[0]["sequences"] == train_log[0]["sequences"] and eval_log[0]["num_sequences"] == 122
     mllog = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in open(tmp_path / "mllog.txt")]

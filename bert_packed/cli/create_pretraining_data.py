@@ -34,6 +34,7 @@ flags.DEFINE_integer("dupe_factor", 10, "Passes over the data, each with differe
 flags.DEFINE_float("masked_lm_prob", 0.15, "Share of tokens to predict.")
 flags.DEFINE_float("short_seq_prob", 0.1, "Probability of a shorter random target length per document.")
 flags.DEFINE_enum("empty_documents", "warn", ["warn", "error"], "What an empty document in the input does.")
+flags.DEFINE_float("eval_fraction", 0.0, "Share of each file's documents held out as eval-*.tfrecord.")
 flags.DEFINE_integer("num_workers", 0, "Worker processes (0: one per core).")
 flags.mark_flags_as_required(["input_file", "output_dir"])
 
@@ -49,6 +50,8 @@ def main(argv):
         fail(PROGRAM, "--max_predictions_per_seq and --dupe_factor must be at least 1")
     if not 0.0 < FLAGS.masked_lm_prob < 1.0 or not 0.0 <= FLAGS.short_seq_prob <= 1.0:
         fail(PROGRAM, "--masked_lm_prob must be in (0, 1) and --short_seq_prob in [0, 1]")
+    if not 0.0 <= FLAGS.eval_fraction < 1.0:
+        fail(PROGRAM, f"--eval_fraction={FLAGS.eval_fraction}: must be in [0, 1)")
     settings = DatasetSettings(
         vocab_file=FLAGS.vocab_file,
         do_lower_case=FLAGS.do_lower_case,
@@ -57,13 +60,14 @@ def main(argv):
         dupe_factor=FLAGS.dupe_factor,
         seed=FLAGS.random_seed,
         empty_documents=FLAGS.empty_documents,
+        eval_fraction=FLAGS.eval_fraction,
     )
     try:
         files = expand_globs(FLAGS.input_file, "--input_file")
         metadata = create_pretraining_dataset(files, FLAGS.output_dir, settings, FLAGS.num_workers)
     except (FileNotFoundError, CorpusError, VocabularyError, OutputDirectoryError) as e:
         fail(PROGRAM, e)
-    summary = {k: v for k, v in metadata.items() if k not in ("sources", "files", "settings")}
+    summary = {k: v for k, v in metadata.items() if k not in ("sources", "files", "eval_files", "settings")}
     print(json.dumps(summary, indent=1))
 
 

@@ -8,10 +8,14 @@ in random order) and, after it, `part-{i:05d}-{p:03d}.json` with its counts and 
 the output is the same whatever the number of workers, the work spreads evenly over them, and
 a job whose .json exists is done: an interrupted run resumes where it stopped.
 
+With eval_fraction > 0, a seeded share of each file's documents is held out: they never reach
+the training shards, and one more job per file writes them once as `eval-{i:05d}.tfrecord`.
+
 Output directory:
-  part-00000-000.tfrecord ...   unpacked records
+  part-00000-000.tfrecord ...   unpacked training records
   part-00000-000.json ...       per-shard counts, histogram and settings
-  histogram.json                merged length histogram (DESIGN format)
+  eval-00000.tfrecord ...       held-out documents (with eval_fraction > 0)
+  histogram.json                merged length histogram of the training records (DESIGN format)
   metadata.json                 settings, sources, totals, statistics
 """
 
@@ -50,6 +54,7 @@ class DatasetSettings:
     dupe_factor: int
     seed: int
     empty_documents: str = "warn"  # or "error"
+    eval_fraction: float = 0.0  # share of each file's documents held out for evaluation
 
     def to_dict(self) -> dict:
         result = dataclasses.asdict(self)
@@ -57,8 +62,17 @@ class DatasetSettings:
         return result
 
 
+EVAL_PASS = -1  # the job that writes a file's held-out documents, once, with fresh masks
+
+
 def shard_name(file_index: int, dupe_pass: int) -> str:
+    if dupe_pass == EVAL_PASS:
+        return f"eval-{file_index:05d}"
     return f"part-{file_index:05d}-{dupe_pass:03d}"
+
+
+def _passes(settings: DatasetSettings) -> list[int]:
+    return list(range(settings.dupe_factor)) + ([EVAL_PASS] if settings.eval_fraction > 0 else [])
 
 
 def create_pretraining_dataset(input_files: list[str], output_dir: str, settings: DatasetSettings,
@@ -85,9 +99,9 @@ def create_pretraining_dataset(input_files: list[str], output_dir: str, settings
     def done(i, p):
         return os.path.exists(os.path.join(output_dir, shard_name(i, p) + ".json"))
 
-    num_jobs = len(input_files) * settings.dupe_factor
+    num_jobs = len(input_files) * len(_passes(settings))
     progress = Progress("create_pretraining_data", total=num_jobs, unit="shards")
-    progress.done = sum(done(i, p) for i in range(len(input_files)) for p in range(settings.dupe_factor))
+    progress.done = sum(done(i, p) for i in range(len(input_files)) for p in _passes(settings))
     if progress.done:
         logging.info("resuming: %d of %d shards already written", progress.done, num_jobs)
     num_workers = num_workers or os.cpu_count() or 1
@@ -98,12 +112,12 @@ def create_pretraining_dataset(input_files: list[str], output_dir: str, settings
     in_flight: set = set()
     try:
         for i, path in enumerate(input_files):
-            passes = [p for p in range(settings.dupe_factor) if not done(i, p)]
+            passes = [p for p in _passes(settings) if not done(i, p)]
             if not passes:
                 continue
-            documents, empty = _tokenize_file(path, tokenizer, settings)
+            documents, held_out, empty = _tokenize_file(path, i, tokenizer, settings)
             for p in passes:
-                job = (i, p, sources[i], documents, empty, output_dir, settings)
+                job = (i, p, sources[i], held_out if p == EVAL_PASS else documents, empty, output_dir, settings)
                 if pool is None:
                     instances += _run_pass(*job)
                     progress.update(1, f", {instances:,} instances")
@@ -143,12 +157,13 @@ def _check_previous_run(output_dir: str, settings: DatasetSettings, sources: lis
                     f"--output_dir or remove the old one")
 
 
-def _tokenize_file(path: str, tokenizer: Tokenizer, settings: DatasetSettings):
-    """Reads and tokenizes one file.
+def _tokenize_file(path: str, file_index: int, tokenizer: Tokenizer, settings: DatasetSettings):
+    """Reads and tokenizes one file, holding out a seeded share of its documents for evaluation.
 
     Returns:
-      (tokens, sentence_lengths, sentences_per_document): the non-empty documents as three flat
-      int arrays, cheap to send to a worker once per pass; and the sources of empty documents.
+      (training documents, held-out documents, sources of empty documents); documents as three
+      flat int arrays (tokens, sentence_lengths, sentences_per_document), cheap to send to a
+      worker once per pass.
     """
     documents = read_documents(path)
     empty = [doc.source for doc in documents if not doc.sentences]
@@ -156,23 +171,30 @@ def _tokenize_file(path: str, tokenizer: Tokenizer, settings: DatasetSettings):
         raise CorpusError(f"{empty[0]}: empty document (no text); {len(empty)} in this file")
     for source in empty:
         logging.warning("%s: empty document skipped", source)
-    sentences = [ids for ids in tokenizer.encode([s for doc in documents for s in doc.sentences])]
-    flat = (np.concatenate(sentences).astype(np.int32),
-            np.array([len(ids) for ids in sentences], dtype=np.int64),
-            np.array([len(doc.sentences) for doc in documents if doc.sentences], dtype=np.int64))
-    return flat, empty
+    documents = [doc for doc in documents if doc.sentences]
+    held_out = np.random.default_rng([settings.seed, file_index, 2**31 - 1]).random(len(documents)) < \
+        settings.eval_fraction
+
+    def flatten(chosen):
+        sentences = tokenizer.encode([s for doc in chosen for s in doc.sentences])
+        return (np.concatenate(sentences or [np.zeros(0)]).astype(np.int32),
+                np.array([len(ids) for ids in sentences], dtype=np.int64),
+                np.array([len(doc.sentences) for doc in chosen], dtype=np.int64))
+
+    return (flatten([d for d, e in zip(documents, held_out) if not e]),
+            flatten([d for d, e in zip(documents, held_out) if e]), empty)
 
 
 def _unflatten(tokens: np.ndarray, sentence_lengths: np.ndarray, sentences_per_document: np.ndarray):
     """The inverse of _tokenize_file's flattening: documents as lists of int32 arrays."""
-    sentences = np.split(tokens, np.cumsum(sentence_lengths)[:-1])
+    sentences = np.split(tokens, np.cumsum(sentence_lengths)[:-1]) if len(sentence_lengths) else []
     bounds = np.concatenate([[0], np.cumsum(sentences_per_document)])
     return [sentences[start:end] for start, end in zip(bounds[:-1], bounds[1:])]
 
 
 def _run_pass(file_index: int, dupe_pass: int, source: str, documents, empty: list[str], output_dir: str,
               settings: DatasetSettings) -> int:
-    """One dupe pass over one file's documents -> one shard; returns its number of instances."""
+    """One dupe pass (or the eval pass) over one file's documents -> one shard; returns its instances."""
     config = settings.config
     documents = _unflatten(*documents)
     tokenizer = _worker_tokenizer(settings)
@@ -180,7 +202,7 @@ def _run_pass(file_index: int, dupe_pass: int, source: str, documents, empty: li
     if config.do_whole_word_mask:
         with open(settings.vocab_file, encoding="utf-8") as f:
             continuation = np.array([line.startswith("##") for line in f])
-    rng = np.random.default_rng([settings.seed, file_index, dupe_pass])
+    rng = np.random.default_rng([settings.seed, file_index, dupe_pass if dupe_pass != EVAL_PASS else 2**31 - 2])
     instances = create_instances(documents, config, 1, tokenizer.vocab_size,
                                  (tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id), rng, continuation)
     shapes = Shapes(config.max_seq_length, config.max_predictions_per_seq)
@@ -215,11 +237,11 @@ def _worker_tokenizer(settings: DatasetSettings) -> Tokenizer:
 
 
 def _write_summary(sources: list[str], output_dir: str, settings: DatasetSettings) -> dict:
-    shards = []
+    shards, evals = [], []
     for i in range(len(sources)):
-        for p in range(settings.dupe_factor):
+        for p in _passes(settings):
             with open(os.path.join(output_dir, shard_name(i, p) + ".json"), encoding="utf-8") as f:
-                shards.append(json.load(f))
+                (evals if p == EVAL_PASS else shards).append(json.load(f))
     histogram = merge_histograms(*[s["histogram"] for s in shards])
     save_histogram(os.path.join(output_dir, "histogram.json"), histogram)
     lengths = np.arange(1, len(histogram) + 1)
@@ -237,6 +259,9 @@ def _write_summary(sources: list[str], output_dir: str, settings: DatasetSetting
         "full_length_fraction": float(histogram[-1]) / num_instances,
         "predictions_per_instance": sum(s["num_predictions"] for s in shards) / num_instances,
         "random_next_fraction": sum(s["num_random_next"] for s in shards) / num_instances,
+        "eval_files": [shard_name(s["file_index"], EVAL_PASS) + ".tfrecord" for s in evals],
+        "num_eval_documents": sum(s["num_documents"] for s in evals),
+        "num_eval_instances": sum(s["num_instances"] for s in evals),
     }
     write_text_atomically(os.path.join(output_dir, "metadata.json"), json.dumps(metadata, indent=1) + "\n")
     return metadata

@@ -261,7 +261,8 @@ class Trainer:
                 seconds = time.perf_counter() - start
                 step = int(self.step.numpy())
                 record = {"step": step, "sequences": int(self.sequences.numpy()), "learning_rate": learning_rate,
-                          "seconds": seconds, "real_tokens": float(sums["tokens"]),
+                          "seconds": seconds, "train_seconds": seconds - logs.eval_seconds,
+                          "real_tokens": float(sums["tokens"]),
                           "padding_efficiency": float(sums["tokens"] / sums["slots"]), **metrics}
                 logs.train(record)
                 if step % c.log_every_steps == 0 or step == c.num_train_steps:
@@ -291,7 +292,9 @@ class Trainer:
         return metrics
 
     def _evaluate_and_log(self, logs, step, seconds) -> bool:
+        start = time.perf_counter()
         metrics = self.evaluate()
+        logs.eval_seconds += time.perf_counter() - start
         record = {"step": step, "sequences": int(self.sequences.numpy()), "seconds": seconds, **metrics}
         logs.eval(record)
         logs.mllog("eval_accuracy", metrics.get("mlm_accuracy", 0.0), {"epoch_num": int(self.sequences.numpy())})
@@ -338,6 +341,7 @@ class _Logs:
         mllog.config(filename=os.path.join(output_dir, "mllog.txt"))
         self.mllogger = mllog.get_mllogger()
         self.last_seconds = 0.0
+        self.eval_seconds = 0.0  # of this process: train_seconds = seconds - eval_seconds
         self.reached = False
 
     def train(self, record: dict) -> None:
