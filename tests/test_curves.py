@@ -48,6 +48,9 @@ def test_cli_writes_a_png_and_a_table(tmp_path):
     assert output.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and output.stat().st_size > 20_000
     rows = [line for line in result.stdout.splitlines() if line.startswith("| packed")]
     assert rows and "| 2.00 |" in rows[0]
+    auto = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "compare_curves.py"), padded, packed,
+                           "--output", str(output), "--accuracy", "auto"], capture_output=True, text=True, timeout=120)
+    assert auto.returncode == 0 and "sequences to 0.360" in auto.stdout  # 0.9 x the lowest final 0.4
 
 
 def test_bad_run_directories_are_named(tmp_path):

@@ -286,3 +286,11 @@ def test_init_checkpoint_and_a_corrupt_checkpoint(packed_dir, tmp_path):
     data_file.write_bytes(data_file.read_bytes()[:100])
     with pytest.raises(TrainingError, match=r"checkpoints/ckpt-1: cannot restore this checkpoint"):
         Trainer(config(tmp_path / "run", tfrecords(packed_dir), num_train_steps=2)).train()
+
+
+def test_an_output_dir_holding_another_run_is_refused_and_left_intact(packed_dir, tmp_path):
+    Trainer(config(tmp_path, tfrecords(packed_dir), num_train_steps=1)).train()
+    before = (tmp_path / "train_log.jsonl").read_text()
+    with pytest.raises(TrainingError, match=r"holds another run \(seed, train_batch_size differ\)"):
+        Trainer(config(tmp_path, tfrecords(packed_dir), num_train_steps=2, seed=7, train_batch_size=2)).train()
+    assert (tmp_path / "train_log.jsonl").read_text() == before

@@ -18,8 +18,9 @@ def main(argv=None) -> None:
     parser.add_argument("runs", nargs="+", help="run_pretraining.py output directories; the first is the baseline")
     parser.add_argument("--labels", default=None, help="comma-separated names for the runs")
     parser.add_argument("--output", default="compare_curves.png", help="where the PNG goes")
-    parser.add_argument("--accuracy", type=float, default=0.720,
-                        help="MLM accuracy for the sequences-and-time-to-accuracy columns (default 0.720)")
+    parser.add_argument("--accuracy", default="0.720",
+                        help="MLM accuracy for the sequences-and-time-to-accuracy columns (default 0.720); "
+                             "'auto': 90%% of the lowest final eval accuracy among the runs")
     args = parser.parse_args(argv)
     labels = args.labels.split(",") if args.labels else [None] * len(args.runs)
     if len(labels) != len(args.runs):
@@ -28,8 +29,18 @@ def main(argv=None) -> None:
         runs = [load_run(directory, label) for directory, label in zip(args.runs, labels)]
     except RunError as e:
         parser.exit(2, f"compare_curves: error: {e}\n")
+    if args.accuracy == "auto":
+        finals = [run.evals[-1]["mlm_accuracy"] for run in runs if run.evals]
+        if len(finals) < len(runs):
+            parser.exit(2, "compare_curves: error: --accuracy auto needs an eval_log.jsonl in every run\n")
+        accuracy = 0.9 * min(finals)
+    else:
+        try:
+            accuracy = float(args.accuracy)
+        except ValueError:
+            parser.exit(2, f"compare_curves: error: --accuracy {args.accuracy!r}: expected a number or 'auto'\n")
     plot(runs, args.output)
-    print(format_table(summary_table(runs, args.accuracy), args.accuracy))
+    print(format_table(summary_table(runs, accuracy), accuracy))
     print(f"\ncurves: {args.output}")
 
 

@@ -220,11 +220,19 @@ class Trainer:
     def train(self) -> dict:
         """Runs (or resumes) training to num_train_steps or the target accuracy; returns the last metrics."""
         c = self.config
-        logs = _Logs(self.work_dir)
         summary = {"input_mode": c.input_mode, "packing_factor": c.packing_factor,
                    "train_batch_size": c.train_batch_size, "steps_per_update": c.steps_per_update,
-                   "loss_averaging": c.loss_averaging, "seed": c.seed, "target_mlm_accuracy": c.target_mlm_accuracy}
-        write_text_atomically(os.path.join(self.work_dir, "run.json"), json.dumps(summary, indent=1) + "\n")
+                   "loss_averaging": c.loss_averaging, "seed": c.seed, "target_mlm_accuracy": c.target_mlm_accuracy,
+                   "bert_config": c.bert_config.to_dict()}
+        run_file = os.path.join(self.work_dir, "run.json")
+        if os.path.exists(run_file):
+            with open(run_file, encoding="utf-8") as f:
+                previous = json.load(f)
+            changed = sorted(k for k in summary if k in previous and previous[k] != summary[k])
+            if changed:
+                raise TrainingError(f"{c.output_dir}: holds another run ({', '.join(changed)} differ); use a new "
+                                    f"--output_dir, or the same flags to resume it")
+        write_text_atomically(run_file, json.dumps(summary, indent=1) + "\n")
         resumed = self.manager.latest_checkpoint
         if resumed:
             try:
@@ -233,10 +241,15 @@ class Trainer:
                 raise TrainingError(f"{resumed}: cannot restore this checkpoint ({str(e).splitlines()[0]}); "
                                     f"remove it to fall back to an older one") from None
             logging.info("resumed from %s at step %d", resumed, int(self.step.numpy()))
+            if int(self.step.numpy()) >= c.num_train_steps:
+                logging.info("%s: already trained to step %d; nothing to do", c.output_dir, c.num_train_steps)
+                with open(os.path.join(self.work_dir, "train_log.jsonl"), encoding="utf-8") as f:
+                    return json.loads(f.readlines()[-1])
         elif c.init_checkpoint:
             load_google_checkpoint(self.model, c.init_checkpoint)
             logging.info("initialised from %s", c.init_checkpoint)
         self.train_iterator = iter(self.strategy.distribute_datasets_from_function(self._train_dataset))
+        logs = _Logs(self.work_dir)
         betas = (self.optimizer.inner_optimizer if hasattr(self.optimizer, "inner_optimizer") else self.optimizer)
         logs.mllog("run_start" if not resumed else "run_resume", None)
         logs.mllog("opt_lamb_beta_1", betas.beta_1)
