@@ -3,8 +3,9 @@
     python scripts/benchmark_training.py
 
 Builds (or reuses) the shipped sample at L=512 (runs/sample, as `make run` does), then trains
-the tiny and mini configs for --steps updates on packed rows and on padded rows (train_batch_size
-rows each), and reports real tokens/s after --warmup updates. The realized speed-up is packed /
+the tiny and mini configs for --steps updates on padded rows, bucketed rows (trimmed to
+128/256/384/512) and packed rows (train_batch_size rows each), and reports real tokens/s after
+--warmup updates. The realized speed-up is packed /
 padded real tokens/s; its ratio to the packing factor says how much of packing's promise is
 kept (target >= 0.9).
 """
@@ -33,11 +34,12 @@ def sample_data() -> tuple[list[str], list[str], float]:
         return packed, unpacked, json.load(f)["packing_factor"]
 
 
-def tokens_per_second(name, files, mode, depth, batch_size, steps, warmup, output_dir):
+def tokens_per_second(name, files, mode, depth, batch_size, steps, warmup, output_dir, boundaries=()):
     config = TrainConfig(bert_config=BertConfig.from_json_file(os.path.join(ROOT, "configs", f"bert_config_{name}.json")),
                          input_files=tuple(files), output_dir=output_dir, max_seq_length=512,
                          max_predictions_per_seq=76, max_sequences_per_pack=depth, input_mode=mode,
                          train_batch_size=batch_size, num_train_steps=steps, learning_rate=1e-3,
+                         bucket_boundaries=boundaries,
                          save_checkpoints_steps=10 ** 9, log_every_steps=10 ** 9)
     Trainer(config).train()
     with open(os.path.join(output_dir, "train_log.jsonl"), encoding="utf-8") as f:
@@ -62,10 +64,14 @@ def main() -> None:
         for name, batch_size in (("tiny", 8), ("mini", 4)):
             padded = tokens_per_second(name, unpacked, "padded", 1, batch_size, args.steps, args.warmup,
                                        os.path.join(work, f"{name}-padded"))
+            bucketed = tokens_per_second(name, unpacked, "bucketed", 1, batch_size, args.steps, args.warmup,
+                                         os.path.join(work, f"{name}-bucketed"), (128, 256, 384))
             pack = tokens_per_second(name, packed, "packed", 3, batch_size, args.steps, args.warmup,
                                      os.path.join(work, f"{name}-packed"))
             speedup = pack[0] / padded[0]
             print(f"| {name} | {batch_size} | padded | {padded[0]:,.0f} | {padded[1]:.1f} | {padded[2]:.1%} | 1.00 | |")
+            print(f"| {name} | {batch_size} | bucketed (128/256/384/512) | {bucketed[0]:,.0f} | {bucketed[1]:.1f} | "
+                  f"{bucketed[2]:.1%} | {bucketed[0] / padded[0]:.2f} | |")
             print(f"| {name} | {batch_size} | packed | {pack[0]:,.0f} | {pack[1]:.1f} | {pack[2]:.1%} | "
                   f"{speedup:.2f} | {speedup / packing_factor:.2f} ({'PASS' if speedup / packing_factor >= 0.9 else 'FAIL'}) |",
                   flush=True)
