@@ -34,7 +34,7 @@ from bert_packed.data import packer
 from bert_packed.data.reader import read_packed, read_unpacked
 from bert_packed.data.schema import Shapes
 from bert_packed.data.tfrecord import TFRecordWriter, encode_examples
-from bert_packed.files import write_text_atomically
+from bert_packed.files import atomic_path, write_text_atomically
 from bert_packed.packing import histogram_from_lengths, merge_histograms, plan, save_histogram
 from bert_packed.progress import Progress
 
@@ -178,7 +178,7 @@ def _read_inputs(sources: list[str], work: str, shapes: Shapes) -> list[dict]:
             rows_path = os.path.join(work, f"rows-{index:05d}.bin")
             histogram = np.zeros(shapes.max_seq_length, dtype=np.int64)
             total = 0
-            with TemporaryBinary(rows_path) as f:
+            with atomic_path(rows_path) as tmp, open(tmp, "wb") as f:
                 for first, batch in read_unpacked(path, shapes):
                     rows = packer.rows_from_unpacked(batch, shapes, index, first)
                     histogram += histogram_from_lengths(rows["length"], shapes.max_seq_length)
@@ -192,24 +192,6 @@ def _read_inputs(sources: list[str], work: str, shapes: Shapes) -> list[dict]:
         progress.update(1, f", {sequences:,} sequences")
     progress.close()
     return summaries
-
-
-class TemporaryBinary:
-    """A binary file written under a temporary name and renamed when the block succeeds."""
-
-    def __init__(self, path: str):
-        self.path, self._tmp = path, f"{path}.tmp-{os.getpid()}"
-
-    def __enter__(self):
-        self._file = open(self._tmp, "wb")
-        return self._file
-
-    def __exit__(self, exc_type, exc, tb):
-        self._file.close()
-        if exc_type is None:
-            os.replace(self._tmp, self.path)
-        elif os.path.exists(self._tmp):
-            os.remove(self._tmp)
 
 
 def _distribute(summaries: list[dict], work: str, shapes: Shapes, packing_plan, num_buckets: int,

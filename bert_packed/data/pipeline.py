@@ -19,8 +19,6 @@ Feature shapes (B = batch, L = max_seq_length, P' = predictions per row, S = seq
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 
 import tensorflow as tf
 
@@ -59,15 +57,6 @@ class PipelineConfig:
     bucket_boundaries: tuple[int, ...] = ()
     cycle_length: int = 4
     skip_batches: int = 0
-
-
-def read_metadata(files) -> dict | None:
-    """The metadata.json beside the first file, if there is one (packed data has it)."""
-    path = os.path.join(os.path.dirname(files[0]), "metadata.json")
-    if not os.path.exists(path):
-        return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
 
 
 def make_dataset(config: PipelineConfig, input_context: tf.distribute.InputContext | None = None) -> tf.data.Dataset:

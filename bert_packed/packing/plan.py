@@ -66,14 +66,6 @@ class PackingPlan:
         """Sequences per pack."""
         return self.num_sequences / self.num_packs
 
-    def histogram(self) -> np.ndarray:
-        """The histogram of the sequences the plan places (equal to the planned histogram)."""
-        histogram = np.zeros(self.max_sequence_length, dtype=np.int64)
-        for lengths, count in self.strategies:
-            for length in lengths:
-                histogram[length - 1] += count
-        return histogram
-
     def to_dict(self, with_strategies: bool = True) -> dict:
         """The plan's figures as plain JSON-able values."""
         result = {
