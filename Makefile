@@ -54,6 +54,7 @@ benchmarks: $(STAMP)
 	$(PYTHON) scripts/benchmark_input_pipeline.py
 	$(PYTHON) scripts/benchmark_model.py
 	$(PYTHON) scripts/benchmark_training.py
+	$(PYTHON) scripts/benchmark_wikipedia_like_training.py
 
 clean:
 	rm -rf .venv build *.egg-info .pytest_cache .hypothesis
