@@ -76,29 +76,37 @@ def data_metadata(files: list[str]) -> dict | None:
         return json.load(f)
 
 
-def check_data(files: list[str], what: str, packed: bool) -> tuple[int, float]:
-    """Checks flags against the data's metadata.json; returns (sequences per row S, packing factor)."""
+def check_data(files: list[str], what: str, expect_packed: bool | None) -> tuple[int, float]:
+    """Checks flags against the data's metadata.json; returns (sequences per row S, packing factor).
+
+    Args:
+      files: the data files (metadata.json sits beside the first).
+      what: the flag that named them, for messages.
+      expect_packed: True or False for training data (--input_mode decides); None for eval data,
+        which may be either.
+    """
     metadata = data_metadata(files)
     if metadata is None:
         logging.warning("%s: no metadata.json beside the files; cannot check them against the flags", what)
-        return (FLAGS.max_sequences_per_pack if packed else 1), 1.0
-    if "algorithm" in metadata:  # packed data
+        return (FLAGS.max_sequences_per_pack if expect_packed else 1), 1.0
+    packed = "algorithm" in metadata
+    if expect_packed is False and packed:
+        raise ValueError(f"{what}: packed data (metadata.json), but --input_mode={FLAGS.input_mode} reads "
+                         f"unpacked records; use --input_mode=packed")
+    if expect_packed and not packed:
+        raise ValueError(f"{what}: unpacked data, but --input_mode=packed; pack it with "
+                         f"scripts/pack_pretraining_data.py or use --input_mode=padded")
+    if packed:
         found = {"max_seq_length": metadata["max_sequence_length"],
                  "max_predictions_per_seq": metadata["max_predictions_per_seq"]}
-        if not packed:
-            raise ValueError(f"{what}: packed data (metadata.json), but --input_mode={FLAGS.input_mode} reads "
-                             f"unpacked records; use --input_mode=packed")
-        if packed and what == "--input_files" and metadata["max_sequences_per_pack"] != FLAGS.max_sequences_per_pack:
-            raise ValueError(f"{what}: packed with max_sequences_per_pack={metadata['max_sequences_per_pack']}, "
-                             f"but --max_sequences_per_pack={FLAGS.max_sequences_per_pack}")
         depth, factor = metadata["max_sequences_per_pack"], metadata["packing_factor"]
+        if expect_packed and depth != FLAGS.max_sequences_per_pack:
+            raise ValueError(f"{what}: packed with max_sequences_per_pack={depth}, "
+                             f"but --max_sequences_per_pack={FLAGS.max_sequences_per_pack}")
     else:
         config = metadata.get("settings", {}).get("config", {})
         found = {"max_seq_length": config.get("max_seq_length"),
                  "max_predictions_per_seq": config.get("max_predictions_per_seq")}
-        if packed and what == "--input_files":
-            raise ValueError(f"{what}: unpacked data, but --input_mode=packed; pack it with "
-                             f"scripts/pack_pretraining_data.py or use --input_mode=padded")
         depth, factor = 1, 1.0
     for name, value in found.items():
         if value is not None and value != getattr(FLAGS, name):
@@ -146,8 +154,7 @@ def build_config():
     eval_files, eval_depth = [], 1
     if FLAGS.eval_files:
         eval_files = expand_globs(FLAGS.eval_files, "--eval_files")
-        eval_metadata = data_metadata(eval_files) or {}
-        eval_depth, _ = check_data(eval_files, "--eval_files", "algorithm" in eval_metadata)
+        eval_depth, _ = check_data(eval_files, "--eval_files", None)
     eval_every = FLAGS.eval_every_samples
     if eval_every < 0:
         eval_every = mlperf_eval_every_samples(FLAGS.train_batch_size * FLAGS.steps_per_update * packing_factor)

@@ -89,7 +89,7 @@ def pack_pretraining_dataset(input_files: list[str], output_dir: str, settings: 
     _claim(output_dir, work, identity, digest)
 
     shapes = settings.shapes
-    unpacked_shapes = Shapes(shapes.max_seq_length, shapes.max_predictions_per_seq)
+    unpacked_shapes = shapes.unpacked()
     seconds = {}
     start = time.perf_counter()
     summaries = _read_inputs(sources, work, unpacked_shapes)
@@ -104,7 +104,7 @@ def pack_pretraining_dataset(input_files: list[str], output_dir: str, settings: 
     num_buckets = max(settings.num_shards, math.ceil(int(histogram.sum()) * row_bytes / settings.bucket_bytes))
     num_buckets = min(num_buckets, packing_plan.num_packs)
     if not os.path.exists(os.path.join(work, "buckets.json")):
-        _distribute(summaries, work, unpacked_shapes, packing_plan, num_buckets, settings.seed)
+        _distribute(summaries, histogram, work, unpacked_shapes, packing_plan, num_buckets, settings.seed)
     seconds["plan_and_assign"] = time.perf_counter() - start
     start = time.perf_counter()
     shards = _write_packs(output_dir, work, settings, packing_plan.num_packs, num_buckets, num_workers)
@@ -194,14 +194,13 @@ def _read_inputs(sources: list[str], work: str, shapes: Shapes) -> list[dict]:
     return summaries
 
 
-def _distribute(summaries: list[dict], work: str, shapes: Shapes, packing_plan, num_buckets: int,
+def _distribute(summaries: list[dict], histogram, work: str, shapes: Shapes, packing_plan, num_buckets: int,
                 seed: int, chunk_rows: int = 1 << 15) -> None:
     """Pass 2: give every sequence its pack and position; append it to its pack's bucket."""
     for name in os.listdir(work):
         if name.startswith("bucket-"):
             os.remove(os.path.join(work, name))  # an interrupted pass 2 starts over
     dtype = packer.row_dtype(shapes)
-    histogram = merge_histograms(*[s["histogram"] for s in summaries])
     slots = packer.SlotTable(packing_plan.strategies, shapes.max_seq_length)
     seen = np.zeros(shapes.max_seq_length + 1, dtype=np.int64)  # sequences of each length so far
     progress = Progress("pack: assigning", total=int(histogram.sum()), unit="sequences")
@@ -272,10 +271,10 @@ def _write_packs(output_dir: str, work: str, settings: PackSettings, num_packs: 
 def _write_bucket(output_dir: str, work: str, settings: PackSettings, num_packs: int, num_buckets: int,
                   bucket: int, chunk_packs: int = 2048) -> None:
     shapes = settings.shapes
-    unpacked_shapes = Shapes(shapes.max_seq_length, shapes.max_predictions_per_seq)
+    unpacked_shapes = shapes.unpacked()
     bucket_path = os.path.join(work, f"bucket-{bucket:05d}.bin")
-    rows = np.fromfile(bucket_path, dtype=packer.row_dtype(unpacked_shapes)) if os.path.exists(bucket_path) else \
-        np.zeros(0, dtype=packer.row_dtype(unpacked_shapes))
+    dtype = packer.row_dtype(unpacked_shapes)
+    rows = np.fromfile(bucket_path, dtype=dtype) if os.path.exists(bucket_path) else np.zeros(0, dtype=dtype)
     first = -(-bucket * num_packs // num_buckets)  # the first pack p with p * num_buckets // num_packs == bucket
     last = -(-(bucket + 1) * num_packs // num_buckets)
     rows = rows[np.argsort(rows["pack"], kind="stable")]
@@ -313,7 +312,7 @@ def verify_packed_dataset(output_dir: str) -> dict:
         metadata = json.load(f)
     shapes = Shapes(metadata["max_sequence_length"], metadata["max_predictions_per_seq"],
                     metadata["max_sequences_per_pack"])
-    unpacked_shapes = Shapes(shapes.max_seq_length, shapes.max_predictions_per_seq)
+    unpacked_shapes = shapes.unpacked()
     num_packs = num_sequences = total = 0
     for name in metadata["files"]:
         for _, batch in read_packed(os.path.join(output_dir, name), shapes):

@@ -41,6 +41,10 @@ class Shapes:
             return self.max_predictions_per_seq
         return self.max_predictions_per_seq + self.max_sequences_per_pack
 
+    def unpacked(self) -> "Shapes":
+        """The shapes of the unpacked records these packs are made of (S = 1)."""
+        return Shapes(self.max_seq_length, self.max_predictions_per_seq)
+
     def unpacked_lengths(self) -> dict[str, int]:
         """Feature name -> length in an unpacked record."""
         seq, pred = self.max_seq_length, self.max_predictions_per_seq

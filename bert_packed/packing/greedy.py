@@ -26,7 +26,7 @@ def spfhp(histogram, max_sequences_per_pack: int) -> Strategies:
 
     When nothing fits, new packs are opened holding as many copies of the length as fit (the
     original opens one pack per sequence, which strands the shortest sequences in nearly empty
-    packs: 0.1-0.5% more packs on Wikipedia-like data).
+    packs).
 
     Worked example (L = 8): four 6s, two 5s, six 2s and two 1s, at most 3 per pack.
 

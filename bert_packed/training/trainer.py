@@ -113,8 +113,9 @@ class Trainer:
             self.model.build()
             self.optimizer = make_optimizer(config)
             self.optimizer.build(self.model.trainable_variables)
-            inner = getattr(self.optimizer, "inner_optimizer", self.optimizer)
-            self._clip_norm = inner.clip_norm
+            # LAMB or AdamW itself (inside a LossScaleOptimizer with fp16).
+            self._loss_scaled = isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer)
+            self._base_optimizer = self.optimizer.inner_optimizer if self._loss_scaled else self.optimizer
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
             self.sequences = tf.Variable(0, dtype=tf.int64, trainable=False, name="sequences")
         # The input position is the step: a resumed run skips the batches already used (exact in
@@ -128,6 +129,7 @@ class Trainer:
         self.manager = tf.train.CheckpointManager(self.checkpoint, os.path.join(self.work_dir, "checkpoints"),
                                                   max_to_keep=3)
         self._update = tf.function(self._update_fn)
+        self._eval_step = tf.function(self._eval_step_fn)  # built once: evaluations do not retrace
         self._gradients = tf.function(self._gradients_fn, jit_compile=True) if config.xla else self._gradients_fn
         self._stop_requested = False
 
@@ -171,10 +173,8 @@ class Trainer:
         # global gradient. So: all-reduce and clip here, then hand Keras 1/n of the result a
         # replica (its clip is then a no-op, its sum restores the clipped global gradient).
         gradients = context.all_reduce(tf.distribute.ReduceOp.SUM, gradients)
-        scale = 1.0
-        if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
-            scale = tf.cast(self.optimizer.dynamic_scale, tf.float32)
-        gradients, _ = tf.clip_by_global_norm([g / scale for g in gradients], self._clip_norm)
+        scale = tf.cast(self.optimizer.dynamic_scale, tf.float32) if self._loss_scaled else 1.0
+        gradients, _ = tf.clip_by_global_norm([g / scale for g in gradients], self._base_optimizer.clip_norm)
         share = scale / context.num_replicas_in_sync
         self.optimizer.apply_gradients(zip([g * share for g in gradients], variables))
         return totals
@@ -188,7 +188,7 @@ class Trainer:
             with tf.GradientTape() as tape:
                 sums = pretraining_sums(self.model(features, training=True), features)
                 loss = loss_from_sums(sums, self.config.loss_averaging, counts)
-                if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+                if self._loss_scaled:
                     loss = self.optimizer.scale_loss(loss)
             gradients = [g + tf.convert_to_tensor(d) for g, d in zip(gradients, tape.gradient(loss, variables))]
             for name, value in sums.items():
@@ -201,20 +201,17 @@ class Trainer:
     # ---- evaluation
     def evaluate(self) -> dict:
         """Metrics over the whole eval set (packed or unpacked files give the same numbers)."""
-        dataset = self.strategy.distribute_datasets_from_function(self._eval_dataset)
-
-        @tf.function
-        def eval_step(features):
-            def replica(features):
-                return pretraining_sums(self.model(features, training=False), features)
-            sums = self.strategy.run(replica, args=(features,))
-            return {k: self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for k, v in sums.items()}
-
         totals = None
-        for features in dataset:
-            sums = eval_step(features)
+        for features in self.strategy.distribute_datasets_from_function(self._eval_dataset):
+            sums = self._eval_step(features)
             totals = sums if totals is None else {k: totals[k] + sums[k] for k in sums}
         return metrics_from_sums(totals, self.config.loss_averaging) if totals else {}
+
+    def _eval_step_fn(self, features):
+        def replica(features):
+            return pretraining_sums(self.model(features, training=False), features)
+        sums = self.strategy.run(replica, args=(features,))
+        return {k: self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for k, v in sums.items()}
 
     # ---- the loop
     def train(self) -> dict:
@@ -250,30 +247,31 @@ class Trainer:
             logging.info("initialised from %s", c.init_checkpoint)
         self.train_iterator = iter(self.strategy.distribute_datasets_from_function(self._train_dataset))
         logs = _Logs(self.work_dir)
-        betas = (self.optimizer.inner_optimizer if hasattr(self.optimizer, "inner_optimizer") else self.optimizer)
+        betas = self._base_optimizer
         logs.mllog("run_start" if not resumed else "run_resume", None)
         logs.mllog("opt_lamb_beta_1", betas.beta_1)
         logs.mllog("opt_lamb_beta_2", betas.beta_2)
         logging.info("optimizer %s, betas %.6f / %.6f (packing factor %.3f, adjusted: %s)", c.optimizer,
                      betas.beta_1, betas.beta_2, c.packing_factor, c.adjust_betas_for_packing)
         previous = signal.signal(signal.SIGTERM, self._on_sigterm)
-        next_eval = (int(self.sequences.numpy()) // c.eval_every_samples + 1) * c.eval_every_samples \
-            if c.eval_every_samples else None
+        step, sequences = int(self.step.numpy()), int(self.sequences.numpy())
+        next_eval = (sequences // c.eval_every_samples + 1) * c.eval_every_samples if c.eval_every_samples else None
         metrics, start = {}, time.perf_counter()
         try:
-            while int(self.step.numpy()) < c.num_train_steps:
+            while step < c.num_train_steps:
                 learning_rate = float(self.optimizer.learning_rate)
                 sums = self._update(self.train_iterator)
                 metrics = metrics_from_sums({k: v for k, v in sums.items() if k not in ("tokens", "slots")},
                                             c.loss_averaging)
                 if not math.isfinite(metrics["loss"]):
-                    raise TrainingError(f"loss is {metrics['loss']} at step {int(self.step.numpy()) + 1}; stopped without "
+                    raise TrainingError(f"loss is {metrics['loss']} at step {step + 1}; stopped without "
                                         f"saving, the last good checkpoint is {self.manager.latest_checkpoint}")
-                self.step.assign_add(1)
-                self.sequences.assign_add(int(metrics["num_sequences"]))
+                step += 1
+                sequences += int(metrics["num_sequences"])
+                self.step.assign(step)
+                self.sequences.assign(sequences)
                 seconds = time.perf_counter() - start
-                step = int(self.step.numpy())
-                record = {"step": step, "sequences": int(self.sequences.numpy()), "learning_rate": learning_rate,
+                record = {"step": step, "sequences": sequences, "learning_rate": learning_rate,
                           "seconds": seconds, "train_seconds": seconds - logs.eval_seconds,
                           "real_tokens": float(sums["tokens"]),
                           "padding_efficiency": float(sums["tokens"] / sums["slots"]), **metrics}
@@ -281,13 +279,13 @@ class Trainer:
                 if step % c.log_every_steps == 0 or step == c.num_train_steps:
                     logging.info("step %d: loss %.4f, mlm accuracy %.4f, %d sequences (%.1f/s, %.0f real tokens/s, "
                                  "padding efficiency %.1f%%)", step, metrics["loss"], metrics["mlm_accuracy"],
-                                 int(self.sequences.numpy()), metrics["num_sequences"] / max(seconds - logs.last_seconds, 1e-9),
+                                 sequences, metrics["num_sequences"] / max(seconds - logs.last_seconds, 1e-9),
                                  float(sums["tokens"]) / max(seconds - logs.last_seconds, 1e-9),
                                  100 * record["padding_efficiency"])
                 logs.last_seconds = seconds
                 if step % c.save_checkpoints_steps == 0:
                     self._save()
-                if next_eval is not None and int(self.sequences.numpy()) >= next_eval and c.eval_files:
+                if next_eval is not None and sequences >= next_eval and c.eval_files:
                     next_eval += c.eval_every_samples
                     if self._evaluate_and_log(logs, step, seconds):
                         break
@@ -297,7 +295,7 @@ class Trainer:
                     return metrics
             self._save()
             if c.eval_files and not c.eval_every_samples:
-                self._evaluate_and_log(logs, int(self.step.numpy()), time.perf_counter() - start)
+                self._evaluate_and_log(logs, step, time.perf_counter() - start)
             logs.mllog("run_stop", None, {"status": "success" if logs.reached else "aborted"})
         finally:
             signal.signal(signal.SIGTERM, previous)
@@ -308,15 +306,16 @@ class Trainer:
         start = time.perf_counter()
         metrics = self.evaluate()
         logs.eval_seconds += time.perf_counter() - start
-        record = {"step": step, "sequences": int(self.sequences.numpy()), "seconds": seconds, **metrics}
+        sequences = int(self.sequences.numpy())
+        record = {"step": step, "sequences": sequences, "seconds": seconds, **metrics}
         logs.eval(record)
-        logs.mllog("eval_accuracy", metrics.get("mlm_accuracy", 0.0), {"epoch_num": int(self.sequences.numpy())})
-        logging.info("eval at step %d (%d sequences): mlm accuracy %.4f, loss %.4f", step, int(self.sequences.numpy()),
+        logs.mllog("eval_accuracy", metrics.get("mlm_accuracy", 0.0), {"epoch_num": sequences})
+        logging.info("eval at step %d (%d sequences): mlm accuracy %.4f, loss %.4f", step, sequences,
                      metrics.get("mlm_accuracy", 0.0), metrics.get("loss", 0.0))
         if metrics.get("mlm_accuracy", 0.0) >= self.config.target_mlm_accuracy:
             logs.reached = True
             logging.info("target mlm accuracy %.3f reached at step %d after %d sequences",
-                         self.config.target_mlm_accuracy, step, int(self.sequences.numpy()))
+                         self.config.target_mlm_accuracy, step, sequences)
             return True
         return False
 
