@@ -17,7 +17,7 @@ setup(
     install_requires=[
         "numpy>=1.26",
         "scipy>=1.11",
-        "google-crc32c>=1.5",
+        "numba>=0.60",
         "tokenizers>=0.15",
         "absl-py>=2.0",
     ],

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_packed.data.tfrecord import CorruptRecordError, TFRecordWriter, encode_examples, read_records
+from bert_packed.data.tfrecord import CorruptRecordError, TFRecordWriter, _masked_crc, encode_examples, read_records
 
 
 def test_encoded_examples_parse_back_with_tensorflow():
@@ -53,3 +53,9 @@ def test_corrupt_and_truncated_files_name_file_and_record(tmp_path, damage, mess
     with pytest.raises(CorruptRecordError, match=message) as info:
         list(read_records(str(path)))
     assert str(path) in str(info.value)
+
+
+def test_crc32c_matches_the_standard_check_value():
+    crc = 0xE3069283  # CRC-32C of b"123456789" (RFC 3720 / iSCSI)
+    masked = (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF  # TFRecord's masking
+    assert _masked_crc(np.frombuffer(b"123456789", np.uint8), 0, 9) == masked
