@@ -1,18 +1,22 @@
 """Reading unpacked or packed TFRecords into NumPy batches, with errors that name the record.
 
-Raw records come from tfrecord.read_records (both checksums checked, so a corrupt or truncated
-file is reported by file and record index); batches are parsed by TensorFlow's C++ parser. A
-record whose features do not have the expected lengths is found and named.
+Raw records come from tfrecord.read_record_batches (both checksums checked, so a corrupt or
+truncated file is reported by file and record index). A batch is parsed by a compiled
+tf.train.Example parser that only knows the expected features (_parse_examples, ~10x faster than
+TensorFlow's parser, and no TensorFlow import); a batch it does not take (a missing feature, a
+wrong length, a bytes list, an unusual encoding) goes to TensorFlow's parser, which either parses
+it or leads to an error naming the record.
 """
 
 from __future__ import annotations
 
 from typing import Iterator
 
+import numba
 import numpy as np
 
 from bert_packed.data.schema import UNPACKED_FLOAT_FEATURES, Shapes
-from bert_packed.data.tfrecord import read_records
+from bert_packed.data.tfrecord import read_record_batches
 
 
 class RecordError(ValueError):
@@ -26,9 +30,193 @@ def _feature_spec(lengths: dict[str, int], float_features=()):
             for name, length in lengths.items()}
 
 
+@numba.njit(cache=True, nogil=True)
+def _varint(data, at, end):
+    """(value, index after it) of the varint at data[at]; index -1 when it runs past `end`."""
+    value, shift = np.uint64(0), np.uint64(0)
+    while at < end and shift < 64:
+        byte = np.uint64(data[at])
+        value |= (byte & np.uint64(0x7F)) << shift
+        at += 1
+        if byte < 0x80:
+            return value, at
+        shift += np.uint64(7)
+    return value, -1
+
+
+@numba.njit(cache=True, nogil=True)
+def _skip(data, at, end, wire):
+    """The index after a field's value of wire type `wire` (-1 when malformed)."""
+    if wire == 0:
+        return _varint(data, at, end)[1]
+    if wire == 1 or wire == 5:
+        at += 8 if wire == 1 else 4
+    elif wire == 2:
+        size, at = _varint(data, at, end)
+        if at < 0:
+            return -1
+        at += np.int64(size)
+    else:
+        return -1
+    return at if at <= end else -1
+
+
+@numba.njit(cache=True, nogil=True)
+def _fixed32(data, at):
+    return np.int64(data[at]) | np.int64(data[at + 1]) << 8 | np.int64(data[at + 2]) << 16 | np.int64(data[at + 3]) << 24
+
+
+@numba.njit(cache=True, nogil=True)
+def _parse_list(data, at, end, want_float, out, row, first, count):
+    """Parses an Int64List or FloatList into out[row, first:first + count]; returns the values
+    found (-1 when malformed). Floats are stored as their float32 bits."""
+    found = 0
+    while at < end:
+        tag, at = _varint(data, at, end)
+        if at < 0:
+            return -1
+        field, wire = tag >> np.uint64(3), np.int64(tag & np.uint64(7))
+        if field != 1:
+            at = _skip(data, at, end, wire)
+        elif want_float and (wire == 2 or wire == 5):
+            stop = at + 4
+            if wire == 2:
+                size, at = _varint(data, at, end)
+                stop = at + np.int64(size)
+            if at < 0 or stop > end or (stop - at) % 4:
+                return -1
+            while at < stop:
+                if found < count:
+                    out[row, first + found] = _fixed32(data, at)
+                found += 1
+                at += 4
+        elif not want_float and (wire == 2 or wire == 0):
+            stop = end
+            if wire == 2:
+                size, at = _varint(data, at, end)
+                stop = at + np.int64(size)
+                if at < 0 or stop > end:
+                    return -1
+            while at < stop:
+                value, at = _varint(data, at, stop)
+                if at < 0:
+                    return -1
+                if found < count:
+                    out[row, first + found] = np.int64(value)
+                found += 1
+                if wire == 0:
+                    break
+        else:
+            return -1
+        if at < 0:
+            return -1
+    return found
+
+
+@numba.njit(cache=True, nogil=True)
+def _parse_examples(data, starts, lengths, names, name_starts, is_float, columns, out):
+    """Parses tf.train.Example records into out [n, columns[-1]]: feature f in the columns
+    columns[f]:columns[f + 1]. Returns the first record that does not hold exactly the expected
+    features with exactly their lengths (-1 when all do)."""
+    num_features = len(columns) - 1
+    found = np.zeros(num_features, np.int64)
+    for row in range(len(starts)):
+        found[:] = -1
+        at, end = starts[row], starts[row] + lengths[row]
+        while at < end:
+            tag, at = _varint(data, at, end)
+            if at < 0:
+                return row
+            if tag != 0x0A:  # not Example.features
+                at = _skip(data, at, end, np.int64(tag & np.uint64(7)))
+                if at < 0:
+                    return row
+                continue
+            size, at = _varint(data, at, end)
+            features_end = at + np.int64(size)
+            if at < 0 or features_end > end:
+                return row
+            while at < features_end:  # Features: map entries
+                tag, at = _varint(data, at, features_end)
+                if at < 0:
+                    return row
+                if tag != 0x0A:
+                    at = _skip(data, at, features_end, np.int64(tag & np.uint64(7)))
+                    if at < 0:
+                        return row
+                    continue
+                size, at = _varint(data, at, features_end)
+                entry_end = at + np.int64(size)
+                if at < 0 or entry_end > features_end:
+                    return row
+                key_at, key_size, value_at, value_end = -1, 0, -1, -1
+                while at < entry_end:
+                    tag, at = _varint(data, at, entry_end)
+                    if at < 0:
+                        return row
+                    if tag == 0x0A or tag == 0x12:  # key, value
+                        size, at = _varint(data, at, entry_end)
+                        if at < 0 or at + np.int64(size) > entry_end:
+                            return row
+                        if tag == 0x0A:
+                            key_at, key_size = at, np.int64(size)
+                        else:
+                            value_at, value_end = at, at + np.int64(size)
+                        at += np.int64(size)
+                    else:
+                        at = _skip(data, at, entry_end, np.int64(tag & np.uint64(7)))
+                        if at < 0:
+                            return row
+                feature = -1
+                for f in range(num_features):
+                    if name_starts[f + 1] - name_starts[f] == key_size and key_at >= 0:
+                        same = True
+                        for k in range(key_size):
+                            if data[key_at + k] != names[name_starts[f] + k]:
+                                same = False
+                                break
+                        if same:
+                            feature = f
+                            break
+                if feature < 0:
+                    continue  # a feature nobody asked for
+                if found[feature] >= 0 or value_at < 0:
+                    return row  # repeated key (protobuf would keep the last) or no value
+                found[feature] = 0
+                list_tag = 0x12 if is_float[feature] else 0x1A
+                while value_at < value_end:  # Feature: the one list
+                    tag, value_at = _varint(data, value_at, value_end)
+                    if value_at < 0 or (tag != list_tag and tag & np.uint64(7) == 2 and tag >> np.uint64(3) <= 3):
+                        return row  # a list of another type
+                    if tag != list_tag:
+                        value_at = _skip(data, value_at, value_end, np.int64(tag & np.uint64(7)))
+                        if value_at < 0:
+                            return row
+                        continue
+                    size, value_at = _varint(data, value_at, value_end)
+                    list_end = value_at + np.int64(size)
+                    if value_at < 0 or list_end > value_end:
+                        return row
+                    count = columns[feature + 1] - columns[feature]
+                    got = _parse_list(data, value_at, list_end, is_float[feature], out, row, columns[feature] + found[feature],
+                                      count - found[feature])
+                    if got < 0:
+                        return row
+                    found[feature] += got
+                    value_at = list_end
+                if found[feature] != columns[feature + 1] - columns[feature]:
+                    return row
+        for f in range(num_features):
+            if found[f] < 0:
+                return row
+    return -1
+
+
 def read_batches(path: str, lengths: dict[str, int], float_features=(), batch_size: int = 1024,
                  flag_hint: str = "") -> Iterator[tuple[int, dict[str, np.ndarray]]]:
     """Yields (index of the batch's first record, {feature: array [batch, length]}) for one file.
+
+    Integer features come as int64, float features as float32.
 
     Args:
       path: a TFRecord file of tf.train.Example records.
@@ -41,16 +229,23 @@ def read_batches(path: str, lengths: dict[str, int], float_features=(), batch_si
       CorruptRecordError: the file is truncated or corrupt (file and record named).
       RecordError: a record lacks a feature or has the wrong length (file, record, feature named).
     """
-    spec = _feature_spec(lengths, float_features)
-    batch: list[bytes] = []
-    first = 0
-    for index, record in enumerate(read_records(path)):
-        batch.append(record)
-        if len(batch) == batch_size:
-            yield first, _parse(path, first, batch, spec, lengths, flag_hint)
-            first, batch = index + 1, []
-    if batch:
-        yield first, _parse(path, first, batch, spec, lengths, flag_hint)
+    encoded = [name.encode() for name in lengths]
+    names = np.frombuffer(b"".join(encoded), np.uint8)
+    name_starts = np.cumsum([0] + [len(name) for name in encoded])
+    is_float = np.array([name in float_features for name in lengths])
+    columns = np.cumsum([0] + list(lengths.values()))
+    for first, data, starts, sizes in read_record_batches(path, batch_size):
+        out = np.empty((len(starts), columns[-1]), np.int64)
+        bad = _parse_examples(np.frombuffer(data, np.uint8), starts, sizes, names, name_starts, is_float, columns, out)
+        if bad >= 0:
+            records = [data[a:a + n] for a, n in zip(starts.tolist(), sizes.tolist())]
+            yield first, _parse(path, first, records, _feature_spec(lengths, float_features), lengths, flag_hint)
+            continue
+        batch = {}
+        for f, name in enumerate(lengths):
+            values = out[:, columns[f]:columns[f + 1]]
+            batch[name] = values.astype(np.uint32).view(np.float32) if is_float[f] else values
+        yield first, batch
 
 
 def _parse(path, first, batch, spec, lengths, flag_hint):
