@@ -14,6 +14,7 @@ sequence is used exactly once.
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 
 from bert_packed.data.schema import Shapes
@@ -33,20 +34,36 @@ def row_dtype(shapes: Shapes) -> np.dtype:
     ])
 
 
+@numba.njit(cache=True, nogil=True)
+def _fill_rows(input_ids, input_mask, segment_ids, masked_positions, masked_ids, masked_weights, labels,
+               out_length, out_predictions, out_label, out_ids, out_segments, out_masked_positions, out_masked_ids):
+    """Copies each record's real tokens and predictions into its (zeroed) row."""
+    for i in range(input_ids.shape[0]):
+        length = 0
+        for j in range(input_mask.shape[1]):
+            length += input_mask[i, j] != 0
+        count = 0
+        for m in range(masked_weights.shape[1]):
+            count += masked_weights[i, m] > 0
+        out_length[i], out_predictions[i], out_label[i] = length, count, labels[i, 0]
+        for j in range(length):
+            out_ids[i, j] = input_ids[i, j]
+            out_segments[i, j] = segment_ids[i, j]
+        for m in range(count):
+            out_masked_positions[i, m] = masked_positions[i, m]
+            out_masked_ids[i, m] = masked_ids[i, m]
+
+
 def rows_from_unpacked(batch: dict[str, np.ndarray], shapes: Shapes, file_index: int, first_record: int) -> np.ndarray:
-    """Rows of a batch of parsed unpacked records (reader.read_unpacked)."""
+    """Rows of a batch of parsed unpacked records (reader.read_unpacked, which checks that masks
+    and weights are ones then zeros)."""
     rows = np.zeros(len(batch["input_ids"]), dtype=row_dtype(shapes))
-    rows["length"] = batch["input_mask"].sum(axis=1)
-    rows["num_predictions"] = (batch["masked_lm_weights"] > 0).sum(axis=1)
-    rows["next_sentence_label"] = batch["next_sentence_labels"][:, 0]
+    _fill_rows(batch["input_ids"], batch["input_mask"], batch["segment_ids"], batch["masked_lm_positions"],
+               batch["masked_lm_ids"], batch["masked_lm_weights"], batch["next_sentence_labels"],
+               rows["length"], rows["num_predictions"], rows["next_sentence_label"], rows["input_ids"],
+               rows["segment_ids"], rows["masked_lm_positions"], rows["masked_lm_ids"])
     rows["file"] = file_index
     rows["record"] = first_record + np.arange(len(rows))
-    valid = np.arange(shapes.max_seq_length) < rows["length"][:, None]
-    rows["input_ids"] = np.where(valid, batch["input_ids"], 0)
-    rows["segment_ids"] = np.where(valid, batch["segment_ids"], 0)
-    has = np.arange(shapes.max_predictions_per_seq) < rows["num_predictions"][:, None]
-    rows["masked_lm_positions"] = np.where(has, batch["masked_lm_positions"], 0)
-    rows["masked_lm_ids"] = np.where(has, batch["masked_lm_ids"], 0)
     return rows
 
 
@@ -63,21 +80,30 @@ _HASHED_FIELDS = ("length", "num_predictions", "next_sentence_label", "input_ids
                   "masked_lm_positions", "masked_lm_ids")
 
 
+@numba.njit(cache=True, nogil=True)
+def _add_linear_form(total, field, weights):
+    """total[i] += field[i] . weights, mod 2**64 (int64 arithmetic wraps)."""
+    for i in range(field.shape[0]):
+        acc = np.int64(0)
+        for j in range(field.shape[1]):
+            acc += np.int64(field[i, j]) * weights[j]
+        total[i] += acc
+
+
 def sequence_hashes(rows: np.ndarray) -> np.ndarray:
     """A 64-bit hash of each sequence's content (tokens, segments, predictions, NSP label).
 
-    A random linear form of the content (mod 2**64; an integer matmul, one pass) scrambled by a
-    non-linear mix, so that sums of hashes do not cancel when content moves between sequences.
-    Provenance and destination (file, record, pack) are left out.
+    A random linear form of the content (mod 2**64, one pass) scrambled by a non-linear mix, so
+    that sums of hashes do not cancel when content moves between sequences. Provenance and
+    destination (file, record, pack) are left out.
     """
     total = np.zeros(len(rows), dtype=np.int64)
     offset = 1
-    with np.errstate(over="ignore"):
-        for name in _HASHED_FIELDS:
-            field = rows[name].reshape(len(rows), -1).astype(np.int64)
-            weights = _mix(np.arange(offset, offset + field.shape[1], dtype=np.uint64)).view(np.int64)
-            total += field @ weights
-            offset += field.shape[1]
+    for name in _HASHED_FIELDS:
+        field = rows[name].reshape(len(rows), -1)
+        weights = _mix(np.arange(offset, offset + field.shape[1], dtype=np.uint64)).view(np.int64)
+        _add_linear_form(total, field, weights)
+        offset += field.shape[1]
     return _mix(total.view(np.uint64))
 
 
@@ -161,15 +187,36 @@ class SlotTable:
         return self._first_pack[run] + (slots - self._run_start[run]), self._position[run]
 
 
-def _runs(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Concatenated ranges [start, start + count) of every row, as one flat index array.
-
-    >>> _runs(np.array([10, 20]), np.array([3, 2])).tolist()
-    [10, 11, 12, 20, 21]
-    """
-    total = int(counts.sum())
-    within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
-    return np.repeat(starts.astype(np.int64), counts) + within
+@numba.njit(cache=True, nogil=True)
+def _assemble(order, packs, lengths, predictions, labels, input_ids, segment_ids, masked_positions, masked_ids,
+              out_ids, out_mask, out_segments, out_positions, out_masked_positions, out_masked_ids,
+              out_masked_weights, out_next_positions, out_next_labels, out_next_weights):
+    """Copies rows into packs, in `order` (by pack, then position); returns the first row that
+    overflows its pack (-1 when none does)."""
+    seq, pred, depth = out_ids.shape[1], out_masked_ids.shape[1], out_next_labels.shape[1]
+    pack, token, prediction, index = -1, 0, 0, 0
+    for r in order:
+        if packs[r] != pack:
+            pack, token, prediction, index = packs[r], 0, 0, 0
+        length, count = lengths[r], predictions[r]
+        if token + length > seq or prediction + count > pred or index >= depth:
+            return r
+        for j in range(length):
+            out_ids[pack, token + j] = input_ids[r, j]
+            out_segments[pack, token + j] = segment_ids[r, j]
+            out_mask[pack, token + j] = index + 1
+            out_positions[pack, token + j] = j
+        for m in range(count):
+            out_masked_positions[pack, prediction + m] = masked_positions[r, m] + token
+            out_masked_ids[pack, prediction + m] = masked_ids[r, m]
+            out_masked_weights[pack, prediction + m] = index + 1
+        out_next_positions[pack, index] = token
+        out_next_labels[pack, index] = labels[r]
+        out_next_weights[pack, index] = 1
+        token += length
+        prediction += count
+        index += 1
+    return -1
 
 
 def assemble_packs(rows: np.ndarray, pack_of_row: np.ndarray, position_of_row: np.ndarray, num_packs: int,
@@ -205,44 +252,45 @@ def assemble_packs(rows: np.ndarray, pack_of_row: np.ndarray, position_of_row: n
       ValueError: a pack would exceed L tokens, P' predictions or S sequences.
     """
     seq, pred, depth = shapes.max_seq_length, shapes.max_predictions_per_pack, shapes.max_sequences_per_pack
-    order = np.lexsort((position_of_row, pack_of_row))
-    rows, packs = rows[order], np.asarray(pack_of_row, dtype=np.int64)[order]
-    # Offsets of each row's tokens and predictions inside its pack: exclusive sums within a pack.
-    starts = np.flatnonzero(np.r_[True, packs[1:] != packs[:-1]])
-    group = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(packs)]))
-    lengths = rows["length"].astype(np.int64)
-    predictions = rows["num_predictions"].astype(np.int64)
-    token_offset = np.cumsum(lengths) - lengths
-    token_offset -= token_offset[starts][group]
-    prediction_offset = np.cumsum(predictions) - predictions
-    prediction_offset -= prediction_offset[starts][group]
-    index_in_pack = np.arange(len(rows)) - starts[group]
-    bad = (token_offset + lengths > seq) | (prediction_offset + predictions > pred) | (index_in_pack >= depth)
-    if bad.any():
-        b = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"pack {packs[b]} overflows: more than {seq} tokens, {pred} predictions or {depth} "
-                         f"sequences (its sequence from input file {rows['file'][b]}, record {rows['record'][b]})")
-
+    packs = np.asarray(pack_of_row, dtype=np.int64)
+    order = np.lexsort((position_of_row, packs))
     out = {name: np.zeros((num_packs, length), dtype=np.int32) for name, length in shapes.packed_lengths().items()}
-    source = _runs(np.arange(len(rows)) * seq, lengths)  # flat indices of real tokens in the rows
-    destination = _runs(packs * seq + token_offset, lengths)
-    out["input_ids"].ravel()[destination] = np.ascontiguousarray(rows["input_ids"]).ravel()[source]
-    out["segment_ids"].ravel()[destination] = np.ascontiguousarray(rows["segment_ids"]).ravel()[source]
-    out["input_mask"].ravel()[destination] = np.repeat(index_in_pack + 1, lengths)
-    out["positions"].ravel()[destination] = source % seq
-
-    width = shapes.max_predictions_per_seq
-    source = _runs(np.arange(len(rows)) * width, predictions)
-    destination = _runs(packs * pred + prediction_offset, predictions)
-    out["masked_lm_positions"].ravel()[destination] = (
-        np.ascontiguousarray(rows["masked_lm_positions"]).ravel()[source] + np.repeat(token_offset, predictions))
-    out["masked_lm_ids"].ravel()[destination] = np.ascontiguousarray(rows["masked_lm_ids"]).ravel()[source]
-    out["masked_lm_weights"].ravel()[destination] = np.repeat(index_in_pack + 1, predictions)
-
-    out["next_sentence_positions"][packs, index_in_pack] = token_offset
-    out["next_sentence_labels"][packs, index_in_pack] = rows["next_sentence_label"]
-    out["next_sentence_weights"][packs, index_in_pack] = 1
+    bad = _assemble(order, packs, rows["length"], rows["num_predictions"], rows["next_sentence_label"],
+                    rows["input_ids"], rows["segment_ids"], rows["masked_lm_positions"], rows["masked_lm_ids"],
+                    *out.values())
+    if bad >= 0:
+        raise ValueError(f"pack {packs[bad]} overflows: more than {seq} tokens, {pred} predictions or {depth} "
+                         f"sequences (its sequence from input file {rows['file'][bad]}, record {rows['record'][bad]})")
     return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _unpack(row_of_cell, input_ids, input_mask, segment_ids, masked_positions, masked_ids, masked_weights,
+            next_positions, lengths, predictions, out_ids, out_segments, out_masked_positions, out_masked_ids):
+    """Copies every pack's sequences out; returns the first pack that does not decode (-1: none)."""
+    depth, width = row_of_cell.shape[1], out_masked_ids.shape[1]
+    for pack in range(input_ids.shape[0]):
+        for t in range(input_ids.shape[1]):
+            k = input_mask[pack, t]
+            if k == 0:
+                continue
+            if k > depth or row_of_cell[pack, k - 1] < 0:
+                return pack
+            row = row_of_cell[pack, k - 1]
+            out_ids[row, lengths[row]] = input_ids[pack, t]
+            out_segments[row, lengths[row]] = segment_ids[pack, t]
+            lengths[row] += 1
+        for m in range(masked_ids.shape[1]):
+            k = masked_weights[pack, m]
+            if k == 0:
+                continue
+            if k > depth or row_of_cell[pack, k - 1] < 0 or predictions[row_of_cell[pack, k - 1]] >= width:
+                return pack
+            row = row_of_cell[pack, k - 1]
+            out_masked_positions[row, predictions[row]] = masked_positions[pack, m] - next_positions[pack, k - 1]
+            out_masked_ids[row, predictions[row]] = masked_ids[pack, m]
+            predictions[row] += 1
+    return -1
 
 
 def unpack(packs: dict[str, np.ndarray], shapes: Shapes) -> np.ndarray:
@@ -250,44 +298,29 @@ def unpack(packs: dict[str, np.ndarray], shapes: Shapes) -> np.ndarray:
 
     The inverse of assemble_packs: used to checksum what was written and by --verify. A pack's
     sequence k (1-based) is where input_mask == k, its predictions where masked_lm_weights == k.
+
+    Raises:
+      ValueError: a pack refers to a sequence it does not have, or one sequence has more than P
+        predictions.
     """
-    seq, width = shapes.max_seq_length, shapes.max_predictions_per_seq
-    depth = packs["next_sentence_weights"].shape[1]
-    pred = packs["masked_lm_weights"].shape[1]
-    pack_index, index_in_pack = np.nonzero(packs["next_sentence_weights"])
+    weights = packs["next_sentence_weights"]
+    pack_index, index_in_pack = np.nonzero(weights)
     rows = np.zeros(len(pack_index), dtype=row_dtype(shapes))
-    cell = pack_index * depth + index_in_pack  # (pack, sequence) id
-    num_cells = len(packs["next_sentence_weights"]) * depth
-
-    def counts(sequence_ids, row_width):
-        flat = np.flatnonzero(sequence_ids.ravel())
-        ids = (flat // row_width) * depth + sequence_ids.ravel()[flat] - 1
-        return np.bincount(ids, minlength=num_cells)[cell]
-
-    lengths = counts(packs["input_mask"], seq)
-    predictions = counts(packs["masked_lm_weights"], pred)
-    if (predictions > width).any() or (lengths > seq).any():
-        raise ValueError(f"a packed sequence has more than {width} predictions")
-    start = packs["next_sentence_positions"][pack_index, index_in_pack].astype(np.int64)
+    row_of_cell = np.full(weights.shape, -1, dtype=np.int64)
+    row_of_cell[pack_index, index_in_pack] = np.arange(len(rows))
+    seq, width = shapes.max_seq_length, shapes.max_predictions_per_seq
+    lengths, predictions = np.zeros(len(rows), np.int32), np.zeros(len(rows), np.int32)
+    input_ids, segment_ids = np.zeros((len(rows), seq), np.int32), np.zeros((len(rows), seq), np.int8)
+    masked_positions, masked_ids = np.zeros((len(rows), width), np.int32), np.zeros((len(rows), width), np.int32)
+    bad = _unpack(row_of_cell, packs["input_ids"], packs["input_mask"], packs["segment_ids"],
+                  packs["masked_lm_positions"], packs["masked_lm_ids"], packs["masked_lm_weights"],
+                  packs["next_sentence_positions"], lengths, predictions, input_ids, segment_ids,
+                  masked_positions, masked_ids)
+    if bad >= 0:
+        raise ValueError(f"pack {bad} does not decode: a token or prediction belongs to no sequence of the pack, "
+                         f"or a sequence has more than {width} predictions")
     rows["length"], rows["num_predictions"] = lengths, predictions
     rows["next_sentence_label"] = packs["next_sentence_labels"][pack_index, index_in_pack]
-
-    source = _runs(pack_index * seq + start, lengths)
-    destination = _runs(np.arange(len(rows)) * seq, lengths)
-    for name in ("input_ids", "segment_ids"):
-        field = np.zeros((len(rows), seq), dtype=rows[name].dtype)
-        field.ravel()[destination] = packs[name].ravel()[source]
-        rows[name] = field
-    # A pack's predictions are stored sequence by sequence: sequence k's start after those before.
-    prediction_start = np.cumsum(predictions) - predictions
-    first = np.r_[True, pack_index[1:] != pack_index[:-1]]
-    prediction_start -= np.maximum.accumulate(np.where(first, prediction_start, 0))
-    source = _runs(pack_index * pred + prediction_start, predictions)
-    destination = _runs(np.arange(len(rows)) * width, predictions)
-    field = np.zeros((len(rows), width), dtype=np.int32)
-    field.ravel()[destination] = packs["masked_lm_positions"].ravel()[source] - np.repeat(start, predictions)
-    rows["masked_lm_positions"] = field
-    field = np.zeros((len(rows), width), dtype=np.int32)
-    field.ravel()[destination] = packs["masked_lm_ids"].ravel()[source]
-    rows["masked_lm_ids"] = field
+    rows["input_ids"], rows["segment_ids"] = input_ids, segment_ids
+    rows["masked_lm_positions"], rows["masked_lm_ids"] = masked_positions, masked_ids
     return rows
