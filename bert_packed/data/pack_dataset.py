@@ -1,19 +1,24 @@
 """Unpacked TFRecords -> packed TFRecords + metadata.json, losslessly, in bounded memory.
 
-Three passes, each resumable:
-1. Read every input file once (records parsed and checked), write its sequences as compact rows
-   to `.work/rows-NNNNN.bin` with their histogram and checksum (`.work/rows-NNNNN.json`).
-2. Plan the packing on the merged histogram; give every sequence its pack and position
-   (packer.SlotTable and keyed permutations: no per-sequence table in memory) and append it to
-   the bucket file of its pack (`.work/bucket-NNNNN.bin`). Packs are numbered in random output
-   order and buckets are ranges of that order, sized to `bucket_bytes`.
-3. For each bucket: load it (one bucket in memory at a time), assemble its packs, decode them
-   back and checksum the sequences, and write `packed-NNNNN-of-NNNNN.tfrecord`.
+Three passes, each resumable, each spread over threads (the work is in compiled loops that
+release the GIL, NumPy and file I/O):
+1. Read every input file (records parsed and checked): its histogram and the checksum of its
+   sequences go to `.work/input-NNNNN.json`.
+2. Plan the packing on the merged histogram. Read the inputs again, give every sequence its pack
+   and position (packer.SlotTable and keyed permutations: no per-sequence table in memory) and
+   append it, as a compact row, to the bucket file of its pack (`.work/bucket-NNNNN.bin`). Packs
+   are numbered in random output order and buckets are ranges of that order, sized to
+   `bucket_bytes`. Each file's checksum must match its first reading.
+3. For each bucket: load it, assemble its packs, decode them back and checksum the sequences,
+   and write `packed-NNNNN-of-NNNNN.tfrecord`.
 
-Peak memory is one bucket (default 256 MB of rows) plus one reading batch, whatever the input
-size. The run succeeds only if the sequences out (count and order-independent checksum, decoded
-from the packs written) equal the sequences in; then metadata.json is written and .work removed.
-"""
+Reading the inputs twice costs less than writing every row to disk and reading it back: a row
+is larger than its TFRecord, and disk writes are the slowest part of the job.
+
+Peak memory is one bucket (default 256 MB of rows) per worker in pass 3 and one chunk (32,768
+rows, ~100 MB at L=512) per worker in pass 2, whatever the input size. The run succeeds only if
+the sequences out (count and order-independent checksum, decoded from the packs written) equal
+the sequences in; then metadata.json is written and .work removed."""
 
 from __future__ import annotations
 
@@ -23,9 +28,9 @@ import hashlib
 import json
 import logging
 import math
-import multiprocessing
 import os
 import shutil
+import threading
 import time
 
 import numpy as np
@@ -34,7 +39,7 @@ from bert_packed.data import packer
 from bert_packed.data.reader import read_packed, read_unpacked
 from bert_packed.data.schema import Shapes
 from bert_packed.data.tfrecord import TFRecordWriter, encode_examples
-from bert_packed.files import atomic_path, write_text_atomically
+from bert_packed.files import write_text_atomically
 from bert_packed.packing import histogram_from_lengths, merge_histograms, plan, save_histogram
 from bert_packed.progress import Progress
 
@@ -92,7 +97,7 @@ def pack_pretraining_dataset(input_files: list[str], output_dir: str, settings: 
     unpacked_shapes = shapes.unpacked()
     seconds = {}
     start = time.perf_counter()
-    summaries = _read_inputs(sources, work, unpacked_shapes)
+    summaries = _read_inputs(sources, work, unpacked_shapes, num_workers)
     seconds["read"] = time.perf_counter() - start
     histogram = merge_histograms(*[s["histogram"] for s in summaries])
     save_histogram(os.path.join(output_dir, "histogram.json"), histogram)
@@ -104,7 +109,8 @@ def pack_pretraining_dataset(input_files: list[str], output_dir: str, settings: 
     num_buckets = max(settings.num_shards, math.ceil(int(histogram.sum()) * row_bytes / settings.bucket_bytes))
     num_buckets = min(num_buckets, packing_plan.num_packs)
     if not os.path.exists(os.path.join(work, "buckets.json")):
-        _distribute(summaries, histogram, work, unpacked_shapes, packing_plan, num_buckets, settings.seed)
+        _distribute(summaries, histogram, work, unpacked_shapes, packing_plan, num_buckets, settings.seed,
+                    num_workers)
     seconds["plan_and_assign"] = time.perf_counter() - start
     start = time.perf_counter()
     shards = _write_packs(output_dir, work, settings, packing_plan.num_packs, num_buckets, num_workers)
@@ -167,75 +173,108 @@ def _claim(output_dir: str, work: str, identity: dict, digest: str) -> None:
     write_text_atomically(marker, json.dumps({"digest": digest, **identity}) + "\n")
 
 
-def _read_inputs(sources: list[str], work: str, shapes: Shapes) -> list[dict]:
-    """Pass 1: every input file to rows, with its histogram and checksum."""
-    summaries = []
+def _read_inputs(sources: list[str], work: str, shapes: Shapes, num_workers: int) -> list[dict]:
+    """Pass 1: every input file's histogram and checksum (files in parallel)."""
+    todo = [(index, path, work, shapes) for index, path in enumerate(sources)
+            if not os.path.exists(os.path.join(work, f"input-{index:05d}.json"))]
     progress = Progress("pack: reading", total=len(sources), unit="files")
-    sequences = 0
-    for index, path in enumerate(sources):
-        summary_path = os.path.join(work, f"rows-{index:05d}.json")
-        if not os.path.exists(summary_path):
-            rows_path = os.path.join(work, f"rows-{index:05d}.bin")
-            histogram = np.zeros(shapes.max_seq_length, dtype=np.int64)
-            total = 0
-            with atomic_path(rows_path) as tmp, open(tmp, "wb") as f:
-                for first, batch in read_unpacked(path, shapes):
-                    rows = packer.rows_from_unpacked(batch, shapes, index, first)
-                    histogram += histogram_from_lengths(rows["length"], shapes.max_seq_length)
-                    total = packer.combine_checksums(total, packer.checksum(rows))
-                    f.write(rows.tobytes())
-            summary = {"source": path, "histogram": histogram.tolist(), "checksum": f"{total:016x}"}
-            write_text_atomically(summary_path, json.dumps(summary) + "\n")
-        with open(summary_path, encoding="utf-8") as f:
+    progress.done = len(sources) - len(todo)
+    _in_parallel(_read_input, todo, num_workers, progress)
+    summaries = []
+    for index in range(len(sources)):
+        with open(os.path.join(work, f"input-{index:05d}.json"), encoding="utf-8") as f:
             summaries.append(json.load(f))
-        sequences += sum(summaries[-1]["histogram"])
-        progress.update(1, f", {sequences:,} sequences")
-    progress.close()
     return summaries
 
 
+def _read_input(index: int, path: str, work: str, shapes: Shapes) -> None:
+    histogram = np.zeros(shapes.max_seq_length, dtype=np.int64)
+    total = 0
+    for first, batch in read_unpacked(path, shapes):
+        rows = packer.rows_from_unpacked(batch, shapes, index, first)
+        histogram += histogram_from_lengths(rows["length"], shapes.max_seq_length)
+        total = packer.combine_checksums(total, packer.checksum(rows))
+    summary = {"source": path, "histogram": histogram.tolist(), "checksum": f"{total:016x}"}
+    write_text_atomically(os.path.join(work, f"input-{index:05d}.json"), json.dumps(summary) + "\n")
+
+
+def _in_parallel(function, jobs: list[tuple], num_workers: int, progress: Progress) -> None:
+    """Runs function(*job) for every job on `num_workers` threads (0: one per core).
+
+    Threads, not processes: the work is in compiled loops that release the GIL (numba's nogil),
+    NumPy and file I/O, so threads use every core without a process's start-up and imports.
+    """
+    num_workers = min(num_workers or os.cpu_count() or 1, max(len(jobs), 1))
+    with concurrent.futures.ThreadPoolExecutor(num_workers) as pool:
+        futures = [pool.submit(function, *job) for job in jobs]
+        try:
+            for future in concurrent.futures.as_completed(futures):
+                future.result()  # a job's error stops the run here
+                progress.update(1)
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
+    progress.close()
+
+
 def _distribute(summaries: list[dict], histogram, work: str, shapes: Shapes, packing_plan, num_buckets: int,
-                seed: int, chunk_rows: int = 1 << 15) -> None:
-    """Pass 2: give every sequence its pack and position; append it to its pack's bucket."""
+                seed: int, num_workers: int) -> None:
+    """Pass 2: read the inputs again (files in parallel), give every sequence its pack and
+    position, and append it to its pack's bucket."""
     for name in os.listdir(work):
         if name.startswith("bucket-"):
             os.remove(os.path.join(work, name))  # an interrupted pass 2 starts over
-    dtype = packer.row_dtype(shapes)
     slots = packer.SlotTable(packing_plan.strategies, shapes.max_seq_length)
-    seen = np.zeros(shapes.max_seq_length + 1, dtype=np.int64)  # sequences of each length so far
-    progress = Progress("pack: assigning", total=int(histogram.sum()), unit="sequences")
-    for index in range(len(summaries)):
-        rows_path = os.path.join(work, f"rows-{index:05d}.bin")
-        for rows in _chunks(rows_path, dtype, chunk_rows):
-            lengths = rows["length"].astype(np.int64)
-            # Rank of each sequence among those of its length read so far.
-            order = np.argsort(lengths, kind="stable")
-            sorted_lengths = lengths[order]
-            first_of_length = np.searchsorted(sorted_lengths, sorted_lengths)
-            rank = np.empty(len(rows), dtype=np.int64)
-            rank[order] = seen[sorted_lengths] + np.arange(len(rows)) - first_of_length
-            seen += np.bincount(lengths, minlength=len(seen))
-            slot = packer.keyed_permutation(rank, histogram[lengths - 1], key=seed * 1_000_003 + lengths)
-            rows["pack"], rows["position"] = slots.locate(lengths, slot)
-            # Pack numbers become output order: a random permutation of all packs.
-            rows["pack"] = packer.keyed_permutation(rows["pack"], slots.num_packs, key=seed)
-            bucket = rows["pack"] * num_buckets // slots.num_packs
-            for b in np.unique(bucket):
-                with open(os.path.join(work, f"bucket-{b:05d}.bin"), "ab") as f:
-                    f.write(rows[bucket == b].tobytes())
-            progress.update(len(rows))
-        os.remove(rows_path)  # its sequences now live in the buckets
-    progress.close()
+    # Sequences of each length in the files before each file: ranks continue across files.
+    counts = np.zeros((len(summaries) + 1, shapes.max_seq_length + 1), dtype=np.int64)
+    counts[1:, 1:] = np.cumsum([s["histogram"] for s in summaries], axis=0)
+    locks = [threading.Lock() for _ in range(num_buckets)]
+    jobs = [(index, summary, counts[index], histogram, work, shapes, slots, num_buckets, locks, seed)
+            for index, summary in enumerate(summaries)]
+    _in_parallel(_distribute_file, jobs, num_workers, Progress("pack: assigning", total=len(jobs), unit="files"))
     write_text_atomically(os.path.join(work, "buckets.json"), json.dumps({"num_buckets": num_buckets}) + "\n")
 
 
-def _chunks(path: str, dtype: np.dtype, chunk_rows: int):
-    with open(path, "rb") as f:
-        while True:
-            rows = np.fromfile(f, dtype=dtype, count=chunk_rows)
-            if not len(rows):
-                return
-            yield rows
+def _distribute_file(index: int, summary: dict, seen: np.ndarray, histogram, work: str, shapes: Shapes, slots,
+                     num_buckets: int, locks, seed: int, chunk_rows: int = 1 << 15) -> None:
+    seen = seen.copy()  # sequences of each length before this chunk
+    total = 0
+    chunk: list[np.ndarray] = []
+    batches = read_unpacked(summary["source"], shapes)
+    while True:
+        batch = next(batches, None)
+        if batch is not None:
+            rows = packer.rows_from_unpacked(batch[1], shapes, index, batch[0])
+            total = packer.combine_checksums(total, packer.checksum(rows))
+            chunk.append(rows)
+            if sum(len(c) for c in chunk) < chunk_rows:
+                continue
+        if not chunk:
+            break
+        rows, chunk = np.concatenate(chunk), []
+        lengths = rows["length"].astype(np.int64)
+        # Rank of each sequence among those of its length, in reading order.
+        order = np.argsort(lengths, kind="stable")
+        sorted_lengths = lengths[order]
+        first_of_length = np.searchsorted(sorted_lengths, sorted_lengths)
+        rank = np.empty(len(rows), dtype=np.int64)
+        rank[order] = seen[sorted_lengths] + np.arange(len(rows)) - first_of_length
+        seen += np.bincount(lengths, minlength=len(seen))
+        slot = packer.keyed_permutation(rank, histogram[lengths - 1], key=seed * 1_000_003 + lengths)
+        rows["pack"], rows["position"] = slots.locate(lengths, slot)
+        # Pack numbers become output order: a random permutation of all packs.
+        rows["pack"] = packer.keyed_permutation(rows["pack"], slots.num_packs, key=seed)
+        bucket = rows["pack"] * num_buckets // slots.num_packs
+        order = np.argsort(bucket, kind="stable")
+        rows, bucket = rows[order], bucket[order]
+        bounds = np.searchsorted(bucket, np.arange(num_buckets + 1))
+        for b in np.flatnonzero(np.diff(bounds)):
+            with locks[b], open(os.path.join(work, f"bucket-{b:05d}.bin"), "ab") as f:
+                f.write(rows[bounds[b]:bounds[b + 1]])
+    if f"{total:016x}" != summary["checksum"]:
+        raise PackingError(f"{summary['source']}: changed while being packed (its sequences differ from the first "
+                           f"reading); nothing published")
 
 
 def shard_file(index: int, count: int) -> str:
@@ -245,22 +284,11 @@ def shard_file(index: int, count: int) -> str:
 def _write_packs(output_dir: str, work: str, settings: PackSettings, num_packs: int, num_buckets: int,
                  num_workers: int) -> list[dict]:
     """Pass 3: one output shard per bucket, in parallel; returns the shards' summaries."""
-    todo = [b for b in range(num_buckets) if not os.path.exists(os.path.join(work, f"shard-{b:05d}.json"))]
-    num_workers = min(num_workers or os.cpu_count() or 1, max(len(todo), 1))
+    todo = [(output_dir, work, settings, num_packs, num_buckets, b) for b in range(num_buckets)
+            if not os.path.exists(os.path.join(work, f"shard-{b:05d}.json"))]
     progress = Progress("pack: writing", total=num_buckets, unit="shards")
     progress.done = num_buckets - len(todo)
-    args = [(output_dir, work, settings, num_packs, num_buckets, b) for b in todo]
-    if num_workers <= 1:
-        for a in args:
-            _write_bucket(*a)
-            progress.update(1)
-    else:
-        context = multiprocessing.get_context("spawn")
-        with concurrent.futures.ProcessPoolExecutor(num_workers, mp_context=context) as pool:
-            for future in concurrent.futures.as_completed([pool.submit(_write_bucket, *a) for a in args]):
-                future.result()  # a worker's error stops the run here
-                progress.update(1)
-    progress.close()
+    _in_parallel(_write_bucket, todo, num_workers, progress)
     shards = []
     for b in range(num_buckets):
         with open(os.path.join(work, f"shard-{b:05d}.json"), encoding="utf-8") as f:
@@ -277,15 +305,15 @@ def _write_bucket(output_dir: str, work: str, settings: PackSettings, num_packs:
     rows = np.fromfile(bucket_path, dtype=dtype) if os.path.exists(bucket_path) else np.zeros(0, dtype=dtype)
     first = -(-bucket * num_packs // num_buckets)  # the first pack p with p * num_buckets // num_packs == bucket
     last = -(-(bucket + 1) * num_packs // num_buckets)
-    rows = rows[np.argsort(rows["pack"], kind="stable")]
-    bounds = np.searchsorted(rows["pack"], np.arange(first, last + chunk_packs, chunk_packs).clip(max=last))
+    order = np.argsort(rows["pack"], kind="stable")  # indices: rows are only copied chunk by chunk
+    bounds = np.searchsorted(rows["pack"][order], np.arange(first, last + chunk_packs, chunk_packs).clip(max=last))
     name = shard_file(bucket, num_buckets)
     num_sequences, total = 0, 0
     with TFRecordWriter(os.path.join(output_dir, name)) as writer:
         # A few thousand packs at a time: small temporaries are reused instead of freshly mapped.
         for chunk, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
             chunk_first = first + chunk * chunk_packs
-            members = rows[start:end]
+            members = rows[order[start:end]]
             packs = packer.assemble_packs(members, members["pack"] - chunk_first, members["position"],
                                           min(chunk_packs, last - chunk_first), shapes)
             decoded = packer.unpack(packs, unpacked_shapes)
