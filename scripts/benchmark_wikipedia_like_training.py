@@ -20,7 +20,7 @@ import tempfile
 import numpy as np
 
 from bert_packed.data.pack_dataset import PackSettings, pack_pretraining_dataset
-from bert_packed.data.pretraining import Instance, encode_instances
+from bert_packed.data.pretraining import Instance, instance_features
 from bert_packed.data.schema import Shapes
 from bert_packed.data.tfrecord import TFRecordWriter
 from bert_packed.packing import wikipedia_like_histogram
@@ -63,7 +63,7 @@ def main() -> None:
         for shard, chunk in enumerate(np.array_split(np.arange(args.sequences), 4)):
             files.append(os.path.join(unpacked, f"part-{shard:05d}.tfrecord"))
             with TFRecordWriter(files[-1]) as writer:
-                writer.write_all(encode_instances(synthetic_instances(len(chunk), seed=shard), Shapes(512, 76)))
+                writer.write_examples(instance_features(synthetic_instances(len(chunk), seed=shard), Shapes(512, 76)))
         metadata = pack_pretraining_dataset(files, os.path.join(work, "packed"),
                                             PackSettings(Shapes(512, 76, 3), "lp", num_shards=4))
         packed = sorted(os.path.join(work, "packed", n) for n in os.listdir(os.path.join(work, "packed"))

@@ -14,7 +14,7 @@ from bert_packed.data.pack_dataset import (
 )
 from bert_packed.data.reader import RecordError, read_packed, read_unpacked
 from bert_packed.data.schema import Shapes
-from bert_packed.data.tfrecord import CorruptRecordError
+from bert_packed.data.tfrecord import CorruptRecordError, TFRecordWriter
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, tfrecords
 
 PACKED = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK)
@@ -199,3 +199,56 @@ def test_cli_error_is_one_line_naming_the_record(unpacked_dir, tmp_path):
         f"pack_pretraining_data: error: {tfrecords(unpacked_dir)[0]}: record 0: feature 'input_ids' has 128 "
         f"values, expected 256 (--max_seq_length=256, --max_predictions_per_seq=76)")
     assert "Traceback" not in result.stderr and not os.path.exists(tmp_path / "metadata.json")
+
+
+def unpacked_features(rows, shapes=UNPACKED):
+    """The unpacked features (DESIGN schema) of `rows`."""
+    seq, pred = shapes.max_seq_length, shapes.max_predictions_per_seq
+    return {"input_ids": rows["input_ids"], "input_mask": (np.arange(seq) < rows["length"][:, None]).astype(int),
+            "segment_ids": rows["segment_ids"], "masked_lm_positions": rows["masked_lm_positions"],
+            "masked_lm_ids": rows["masked_lm_ids"],
+            "masked_lm_weights": (np.arange(pred) < rows["num_predictions"][:, None]).astype(np.float32),
+            "next_sentence_labels": rows["next_sentence_label"][:, None]}
+
+
+def write_unpacked(path, rows):
+    with TFRecordWriter(str(path)) as writer:
+        writer.write_examples(unpacked_features(rows))
+
+
+def test_token_ids_beyond_16_bits_pack_losslessly(tmp_path):
+    """Rows keep ids as uint16 when they fit (BERT vocabularies); a multilingual id needs int32."""
+    assert packer.row_dtype(UNPACKED, 30_521)["input_ids"].base == np.dtype("<u2")
+    assert packer.row_dtype(UNPACKED, 119_546)["input_ids"].base == np.dtype("<i4")
+    rows = random_rows(np.random.default_rng(5), 40)
+    rows["input_ids"][:, 1] += 100_000
+    rows["masked_lm_ids"][:, 0] = 119_546
+    write_unpacked(tmp_path / "in.tfrecord", rows)
+    pack_pretraining_dataset([str(tmp_path / "in.tfrecord")], str(tmp_path / "out"), PackSettings(PACKED, "lp"),
+                             num_workers=2)
+    assert content(packer.unpack(packed_records(str(tmp_path / "out")), UNPACKED)) == content(rows)
+    assert verify_packed_dataset(str(tmp_path / "out"))["num_sequences"] == 40
+
+
+def test_negative_token_ids_are_named(tmp_path):
+    rows = random_rows(np.random.default_rng(6), 5)
+    rows["masked_lm_ids"][3, 0] = -7
+    write_unpacked(tmp_path / "in.tfrecord", rows)
+    with pytest.raises(RecordError, match=r"in.tfrecord: record 3: .*token ids in \[0, 2\*\*31\)"):
+        pack_pretraining_dataset([str(tmp_path / "in.tfrecord")], str(tmp_path / "out"), PackSettings(PACKED))
+
+
+@pytest.mark.parametrize("damage", [
+    lambda f: f["input_mask"][3].__setitem__(1, 0),  # a hole in the mask
+    lambda f: f["input_mask"][3].__setitem__(slice(1, None), 0),  # one token
+    lambda f: f["masked_lm_weights"][3].__setitem__(0, 0.0),  # weights not ones then zeros
+    lambda f: f["masked_lm_positions"][3].__setitem__(0, MAX_SEQ_LENGTH - 1),  # past the sequence
+])
+def test_records_that_break_the_mlperf_layout_are_named(tmp_path, damage):
+    rows = random_rows(np.random.default_rng(7), 5)
+    features = unpacked_features(rows)
+    damage(features)
+    with TFRecordWriter(str(tmp_path / "in.tfrecord")) as writer:
+        writer.write_examples(features)
+    with pytest.raises(RecordError, match=r"in.tfrecord: record 3: expected input_mask to be at least 2 ones"):
+        pack_pretraining_dataset([str(tmp_path / "in.tfrecord")], str(tmp_path / "out"), PackSettings(PACKED))

@@ -30,6 +30,20 @@ def test_written_files_read_back_with_tf_data_and_our_reader(tmp_path):
     assert list(read_records(path)) == records
 
 
+def test_write_examples_frames_the_same_records_as_write_all(tmp_path):
+    rng = np.random.default_rng(1)
+    features = {"ids": rng.integers(0, 2**22, size=(50, 40)), "mask": rng.integers(0, 4, size=(50, 40)),
+                "weights": rng.random((50, 3)).astype(np.float32)}
+    with TFRecordWriter(str(tmp_path / "a")) as writer:
+        writer.write_examples(features)
+    with TFRecordWriter(str(tmp_path / "b")) as writer:
+        writer.write_all(encode_examples(features))
+    assert (tmp_path / "a").read_bytes() == (tmp_path / "b").read_bytes()
+    assert writer.num_records == 50
+    first = tf.train.Example.FromString(next(iter(tf.data.TFRecordDataset(str(tmp_path / "a")))).numpy())
+    assert list(first.features.feature["ids"].int64_list.value) == features["ids"][0].tolist()
+
+
 def test_a_failed_writer_leaves_nothing(tmp_path):
     path = tmp_path / "x.tfrecord"
     with pytest.raises(RuntimeError):

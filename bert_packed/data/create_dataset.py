@@ -31,7 +31,7 @@ import os
 import numpy as np
 
 from bert_packed.data.corpus import CorpusError, read_documents
-from bert_packed.data.pretraining import MaskingConfig, create_instances, encode_instances
+from bert_packed.data.pretraining import MaskingConfig, create_instances, instance_features
 from bert_packed.data.schema import Shapes
 from bert_packed.data.tfrecord import TFRecordWriter
 from bert_packed.data.tokenization import Tokenizer
@@ -208,7 +208,7 @@ def _run_pass(file_index: int, dupe_pass: int, source: str, documents, empty: li
     shapes = Shapes(config.max_seq_length, config.max_predictions_per_seq)
     name = shard_name(file_index, dupe_pass)
     with TFRecordWriter(os.path.join(output_dir, name + ".tfrecord")) as writer:
-        writer.write_all(encode_instances(instances, shapes))
+        writer.write_examples(instance_features(instances, shapes))
     summary = {
         "source": source,
         "file_index": file_index,

@@ -38,7 +38,7 @@ import numpy as np
 from bert_packed.data import packer
 from bert_packed.data.reader import read_packed, read_unpacked
 from bert_packed.data.schema import Shapes
-from bert_packed.data.tfrecord import TFRecordWriter, encode_examples
+from bert_packed.data.tfrecord import TFRecordWriter
 from bert_packed.files import write_text_atomically
 from bert_packed.packing import histogram_from_lengths, merge_histograms, plan, save_histogram
 from bert_packed.progress import Progress
@@ -105,15 +105,16 @@ def pack_pretraining_dataset(input_files: list[str], output_dir: str, settings: 
     start = time.perf_counter()
     packing_plan = plan(histogram, shapes.max_seq_length, settings.algorithm, shapes.max_sequences_per_pack)
 
-    row_bytes = packer.row_dtype(unpacked_shapes).itemsize
+    max_token_id = max(s["max_token_id"] for s in summaries)
+    row_bytes = packer.row_dtype(unpacked_shapes, max_token_id).itemsize
     num_buckets = max(settings.num_shards, math.ceil(int(histogram.sum()) * row_bytes / settings.bucket_bytes))
     num_buckets = min(num_buckets, packing_plan.num_packs)
     if not os.path.exists(os.path.join(work, "buckets.json")):
-        _distribute(summaries, histogram, work, unpacked_shapes, packing_plan, num_buckets, settings.seed,
-                    num_workers)
+        _distribute(summaries, histogram, work, unpacked_shapes, packing_plan, num_buckets, max_token_id,
+                    settings.seed, num_workers)
     seconds["plan_and_assign"] = time.perf_counter() - start
     start = time.perf_counter()
-    shards = _write_packs(output_dir, work, settings, packing_plan.num_packs, num_buckets, num_workers)
+    shards = _write_packs(output_dir, work, settings, packing_plan.num_packs, num_buckets, max_token_id, num_workers)
     seconds["write"] = time.perf_counter() - start
 
     num_out = sum(s["num_sequences"] for s in shards)
@@ -189,12 +190,14 @@ def _read_inputs(sources: list[str], work: str, shapes: Shapes, num_workers: int
 
 def _read_input(index: int, path: str, work: str, shapes: Shapes) -> None:
     histogram = np.zeros(shapes.max_seq_length, dtype=np.int64)
-    total = 0
+    total, max_token_id = 0, 0
     for first, batch in read_unpacked(path, shapes):
         rows = packer.rows_from_unpacked(batch, shapes, index, first)
         histogram += histogram_from_lengths(rows["length"], shapes.max_seq_length)
         total = packer.combine_checksums(total, packer.checksum(rows))
-    summary = {"source": path, "histogram": histogram.tolist(), "checksum": f"{total:016x}"}
+        max_token_id = max(max_token_id, int(rows["input_ids"].max()), int(rows["masked_lm_ids"].max()))
+    summary = {"source": path, "histogram": histogram.tolist(), "checksum": f"{total:016x}",
+               "max_token_id": max_token_id}
     write_text_atomically(os.path.join(work, f"input-{index:05d}.json"), json.dumps(summary) + "\n")
 
 
@@ -219,7 +222,7 @@ def _in_parallel(function, jobs: list[tuple], num_workers: int, progress: Progre
 
 
 def _distribute(summaries: list[dict], histogram, work: str, shapes: Shapes, packing_plan, num_buckets: int,
-                seed: int, num_workers: int) -> None:
+                max_token_id: int, seed: int, num_workers: int) -> None:
     """Pass 2: read the inputs again (files in parallel), give every sequence its pack and
     position, and append it to its pack's bucket."""
     for name in os.listdir(work):
@@ -230,14 +233,14 @@ def _distribute(summaries: list[dict], histogram, work: str, shapes: Shapes, pac
     counts = np.zeros((len(summaries) + 1, shapes.max_seq_length + 1), dtype=np.int64)
     counts[1:, 1:] = np.cumsum([s["histogram"] for s in summaries], axis=0)
     locks = [threading.Lock() for _ in range(num_buckets)]
-    jobs = [(index, summary, counts[index], histogram, work, shapes, slots, num_buckets, locks, seed)
+    jobs = [(index, summary, counts[index], histogram, work, shapes, slots, num_buckets, locks, max_token_id, seed)
             for index, summary in enumerate(summaries)]
     _in_parallel(_distribute_file, jobs, num_workers, Progress("pack: assigning", total=len(jobs), unit="files"))
     write_text_atomically(os.path.join(work, "buckets.json"), json.dumps({"num_buckets": num_buckets}) + "\n")
 
 
 def _distribute_file(index: int, summary: dict, seen: np.ndarray, histogram, work: str, shapes: Shapes, slots,
-                     num_buckets: int, locks, seed: int, chunk_rows: int = 1 << 15) -> None:
+                     num_buckets: int, locks, max_token_id: int, seed: int, chunk_rows: int = 1 << 15) -> None:
     seen = seen.copy()  # sequences of each length before this chunk
     total = 0
     chunk: list[np.ndarray] = []
@@ -245,7 +248,7 @@ def _distribute_file(index: int, summary: dict, seen: np.ndarray, histogram, wor
     while True:
         batch = next(batches, None)
         if batch is not None:
-            rows = packer.rows_from_unpacked(batch[1], shapes, index, batch[0])
+            rows = packer.rows_from_unpacked(batch[1], shapes, index, batch[0], max_token_id)
             total = packer.combine_checksums(total, packer.checksum(rows))
             chunk.append(rows)
             if sum(len(c) for c in chunk) < chunk_rows:
@@ -282,9 +285,9 @@ def shard_file(index: int, count: int) -> str:
 
 
 def _write_packs(output_dir: str, work: str, settings: PackSettings, num_packs: int, num_buckets: int,
-                 num_workers: int) -> list[dict]:
+                 max_token_id: int, num_workers: int) -> list[dict]:
     """Pass 3: one output shard per bucket, in parallel; returns the shards' summaries."""
-    todo = [(output_dir, work, settings, num_packs, num_buckets, b) for b in range(num_buckets)
+    todo = [(output_dir, work, settings, num_packs, num_buckets, max_token_id, b) for b in range(num_buckets)
             if not os.path.exists(os.path.join(work, f"shard-{b:05d}.json"))]
     progress = Progress("pack: writing", total=num_buckets, unit="shards")
     progress.done = num_buckets - len(todo)
@@ -297,12 +300,14 @@ def _write_packs(output_dir: str, work: str, settings: PackSettings, num_packs: 
 
 
 def _write_bucket(output_dir: str, work: str, settings: PackSettings, num_packs: int, num_buckets: int,
-                  bucket: int, chunk_packs: int = 2048) -> None:
+                  max_token_id: int, bucket: int, chunk_packs: int = 512) -> None:
     shapes = settings.shapes
     unpacked_shapes = shapes.unpacked()
     bucket_path = os.path.join(work, f"bucket-{bucket:05d}.bin")
-    dtype = packer.row_dtype(unpacked_shapes)
-    rows = np.fromfile(bucket_path, dtype=dtype) if os.path.exists(bucket_path) else np.zeros(0, dtype=dtype)
+    dtype = packer.row_dtype(unpacked_shapes, max_token_id)
+    # Mapped, not read: rows are gathered chunk by chunk straight from the page cache.
+    rows = (np.memmap(bucket_path, dtype=dtype, mode="r") if os.path.exists(bucket_path) and os.path.getsize(bucket_path)
+            else np.zeros(0, dtype=dtype))
     first = -(-bucket * num_packs // num_buckets)  # the first pack p with p * num_buckets // num_packs == bucket
     last = -(-(bucket + 1) * num_packs // num_buckets)
     order = np.argsort(rows["pack"], kind="stable")  # indices: rows are only copied chunk by chunk
@@ -310,7 +315,8 @@ def _write_bucket(output_dir: str, work: str, settings: PackSettings, num_packs:
     name = shard_file(bucket, num_buckets)
     num_sequences, total = 0, 0
     with TFRecordWriter(os.path.join(output_dir, name)) as writer:
-        # A few thousand packs at a time: small temporaries are reused instead of freshly mapped.
+        # 512 packs at a time: temporaries small enough for the allocator to reuse them instead of
+        # mapping fresh memory (page faults, zeroing) for every chunk.
         for chunk, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
             chunk_first = first + chunk * chunk_packs
             members = rows[order[start:end]]
@@ -319,7 +325,7 @@ def _write_bucket(output_dir: str, work: str, settings: PackSettings, num_packs:
             decoded = packer.unpack(packs, unpacked_shapes)
             num_sequences += len(decoded)
             total = packer.combine_checksums(total, packer.checksum(decoded))
-            writer.write_all(encode_examples(packs))
+            writer.write_examples(packs)
     summary = {"file": name, "num_packs": last - first, "num_sequences": num_sequences, "checksum": f"{total:016x}"}
     write_text_atomically(os.path.join(work, f"shard-{bucket:05d}.json"), json.dumps(summary) + "\n")
     if os.path.exists(bucket_path):

@@ -19,18 +19,17 @@ import numpy as np
 
 from bert_packed.data.schema import Shapes
 
-_MIX_1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX_2 = np.uint64(0x94D049BB133111EB)
-
-
-def row_dtype(shapes: Shapes) -> np.dtype:
-    """One unpacked sequence, compact (ids as int32; predictions relative to the sequence)."""
+def row_dtype(shapes: Shapes, max_token_id: int = 2**31 - 1) -> np.dtype:
+    """One unpacked sequence, compact: predictions relative to the sequence, token ids as uint16
+    when every id is below 2**16 (the BERT vocabularies but the multilingual one), else int32."""
     seq, pred = shapes.max_seq_length, shapes.max_predictions_per_seq
+    ids = "<u2" if max_token_id < 2**16 else "<i4"
+    positions = "<u2" if seq <= 2**16 else "<i4"
     return np.dtype([
         ("length", "<i4"), ("num_predictions", "<i4"), ("next_sentence_label", "<i4"),
         ("file", "<i4"), ("record", "<i8"), ("pack", "<i8"), ("position", "<i4"),
-        ("input_ids", "<i4", (seq,)), ("segment_ids", "<i1", (seq,)),
-        ("masked_lm_positions", "<i4", (pred,)), ("masked_lm_ids", "<i4", (pred,)),
+        ("input_ids", ids, (seq,)), ("segment_ids", "<i1", (seq,)),
+        ("masked_lm_positions", positions, (pred,)), ("masked_lm_ids", ids, (pred,)),
     ])
 
 
@@ -54,10 +53,12 @@ def _fill_rows(input_ids, input_mask, segment_ids, masked_positions, masked_ids,
             out_masked_ids[i, m] = masked_ids[i, m]
 
 
-def rows_from_unpacked(batch: dict[str, np.ndarray], shapes: Shapes, file_index: int, first_record: int) -> np.ndarray:
-    """Rows of a batch of parsed unpacked records (reader.read_unpacked, which checks that masks
-    and weights are ones then zeros)."""
-    rows = np.zeros(len(batch["input_ids"]), dtype=row_dtype(shapes))
+def rows_from_unpacked(batch: dict[str, np.ndarray], shapes: Shapes, file_index: int, first_record: int,
+                       max_token_id: int = 2**31 - 1) -> np.ndarray:
+    """Rows (row_dtype(shapes, max_token_id)) of a batch of parsed unpacked records
+    (reader.read_unpacked, which checks that masks and weights are ones then zeros, and ids in
+    [0, 2**31))."""
+    rows = np.zeros(len(batch["input_ids"]), dtype=row_dtype(shapes, max_token_id))
     _fill_rows(batch["input_ids"], batch["input_mask"], batch["segment_ids"], batch["masked_lm_positions"],
                batch["masked_lm_ids"], batch["masked_lm_weights"], batch["next_sentence_labels"],
                rows["length"], rows["num_predictions"], rows["next_sentence_label"], rows["input_ids"],
@@ -67,13 +68,12 @@ def rows_from_unpacked(batch: dict[str, np.ndarray], shapes: Shapes, file_index:
     return rows
 
 
-def _mix(values: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser: a fast bijective scramble of uint64 values."""
-    with np.errstate(over="ignore"):
-        values = values.astype(np.uint64)
-        values = (values ^ (values >> np.uint64(30))) * _MIX_1
-        values = (values ^ (values >> np.uint64(27))) * _MIX_2
-        return values ^ (values >> np.uint64(31))
+@numba.vectorize(["uint64(uint64)"], cache=True)
+def _mix(value):
+    """splitmix64's finaliser: a fast bijective scramble of uint64 values (a ufunc)."""
+    value = (value ^ (value >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    value = (value ^ (value >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return value ^ (value >> np.uint64(31))
 
 
 _HASHED_FIELDS = ("length", "num_predictions", "next_sentence_label", "input_ids", "segment_ids",
@@ -116,6 +116,31 @@ def combine_checksums(*values: int) -> int:
     return sum(values) % (1 << 64)
 
 
+@numba.njit(cache=True, nogil=True)
+def _keyed_permutation(indices, sizes, keys, out):
+    one = np.uint64(1)
+    for i in range(len(indices)):
+        size = sizes[i]
+        if size <= one:
+            out[i] = 0
+            continue
+        bits = np.uint64(0)  # bit length of size - 1
+        while (size - one) >> bits:
+            bits += one
+        half = (bits + one) // np.uint64(2)
+        mask = (one << half) - one
+        round_keys = [_mix(keys[i] * np.uint64(4) + np.uint64(r)) for r in range(4)]
+        value = indices[i]
+        while True:  # cycle-walk until the value lands inside [0, size)
+            left, right = value >> half, value & mask
+            for round_key in round_keys:
+                left, right = right, left ^ (_mix(right ^ round_key) & mask)
+            value = (left << half) | right
+            if value < size:
+                break
+        out[i] = value
+
+
 def keyed_permutation(indices: np.ndarray, size, key) -> np.ndarray:
     """A pseudo-random bijection of [0, size), evaluated at `indices`, with no table in memory.
 
@@ -126,29 +151,12 @@ def keyed_permutation(indices: np.ndarray, size, key) -> np.ndarray:
     >>> sorted(keyed_permutation(np.arange(10), 10, key=7).tolist()) == list(range(10))
     True
     """
-    indices = np.asarray(indices, dtype=np.uint64)
-    size = np.broadcast_to(np.asarray(size, dtype=np.uint64), indices.shape)
-    key = np.broadcast_to(np.asarray(key, dtype=np.uint64), indices.shape)
-    bits = np.frexp(np.maximum(size, 2).astype(np.float64) - 1)[1].astype(np.uint64)  # bit length of size-1
-    half_bits = (bits + np.uint64(1)) // np.uint64(2)
-    mask = (np.uint64(1) << half_bits) - np.uint64(1)
-    round_keys = [_mix(key * np.uint64(4) + np.uint64(r)) for r in range(4)]
-
-    def feistel(values, where):
-        half, low = half_bits[where], mask[where]
-        left, right = values >> half, values & low
-        for round_key in round_keys:
-            left, right = right, left ^ (_mix(right ^ round_key[where]) & low)
-        return (left << half) | right
-
-    everything = np.arange(len(indices))
-    values = feistel(indices, everything)
-    outside = np.flatnonzero(values >= size)
-    while len(outside):
-        values[outside] = feistel(values[outside], outside)
-        outside = outside[values[outside] >= size[outside]]
-    values[size <= 1] = 0
-    return values.astype(np.int64)
+    indices = np.ascontiguousarray(indices, dtype=np.uint64)
+    size = np.ascontiguousarray(np.broadcast_to(np.asarray(size, dtype=np.uint64), indices.shape))
+    key = np.ascontiguousarray(np.broadcast_to(np.asarray(key, dtype=np.uint64), indices.shape))
+    out = np.empty(indices.shape, dtype=np.int64)
+    _keyed_permutation(indices, size, key, out)
+    return out
 
 
 class SlotTable:

@@ -20,7 +20,6 @@ import dataclasses
 import numpy as np
 
 from bert_packed.data.schema import Shapes
-from bert_packed.data.tfrecord import encode_examples
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,8 +173,8 @@ def _mask(input_ids, segment_ids, is_random_next, config, vocab_size, special_id
     return Instance(masked, segment_ids, positions.astype(np.int32), original.astype(np.int32), is_random_next)
 
 
-def encode_instances(instances: list[Instance], shapes: Shapes) -> list[bytes]:
-    """The unpacked records (DESIGN schema) of instances, padded to L and P, serialized."""
+def instance_features(instances: list[Instance], shapes: Shapes) -> dict[str, np.ndarray]:
+    """The unpacked features (DESIGN schema) of instances, padded to L and P: {name: [N, length]}."""
     seq, pred = shapes.max_seq_length, shapes.max_predictions_per_seq
     features = {name: np.zeros((len(instances), length), dtype=np.int64)
                 for name, length in shapes.unpacked_lengths().items()}
@@ -192,4 +191,4 @@ def encode_instances(instances: list[Instance], shapes: Shapes) -> list[bytes]:
         features["masked_lm_ids"][row, :num_predictions] = instance.masked_lm_ids
         features["masked_lm_weights"][row, :num_predictions] = 1.0
         features["next_sentence_labels"][row, 0] = instance.is_random_next
-    return encode_examples(features)
+    return features

@@ -98,9 +98,14 @@ def _parse_list(data, at, end, want_float, out, row, first, count):
                 if at < 0 or stop > end:
                     return -1
             while at < stop:
-                value, at = _varint(data, at, stop)
-                if at < 0:
-                    return -1
+                if data[at] < 0x80:  # one byte: most values; then two
+                    value, at = np.uint64(data[at]), at + 1
+                elif at + 1 < stop and data[at + 1] < 0x80:
+                    value, at = np.uint64(data[at] & 0x7F) | np.uint64(data[at + 1]) << np.uint64(7), at + 2
+                else:
+                    value, at = _varint(data, at, stop)
+                    if at < 0:
+                        return -1
                 if found < count:
                     out[row, first + found] = np.int64(value)
                 found += 1
@@ -287,23 +292,42 @@ def read_unpacked(path: str, shapes: Shapes, batch_size: int = 1024):
         yield first, batch
 
 
+@numba.njit(cache=True, nogil=True)
+def _first_bad_unpacked(input_mask, masked_weights, masked_positions, input_ids, masked_ids):
+    """The first record whose mask is not ones then zeros (at least 2 ones), whose weights are not
+    ones then zeros, whose predictions point outside the sequence or whose ids are outside
+    [0, 2**31); -1 when none."""
+    for i in range(input_mask.shape[0]):
+        length = 0
+        while length < input_mask.shape[1] and input_mask[i, length] == 1:
+            length += 1
+        count = 0
+        while count < masked_weights.shape[1] and masked_weights[i, count] == 1:
+            count += 1
+        bad = length < 2
+        for j in range(length, input_mask.shape[1]):
+            bad |= input_mask[i, j] != 0
+        for m in range(count, masked_weights.shape[1]):
+            bad |= masked_weights[i, m] != 0
+        for m in range(count):
+            bad |= masked_positions[i, m] < 0 or masked_positions[i, m] >= length
+        for j in range(input_ids.shape[1]):
+            bad |= input_ids[i, j] < 0 or input_ids[i, j] >= 2**31
+        for m in range(masked_ids.shape[1]):
+            bad |= masked_ids[i, m] < 0 or masked_ids[i, m] >= 2**31
+        if bad:
+            return i
+    return -1
+
+
 def _check_unpacked(path: str, first: int, batch: dict, shapes: Shapes) -> None:
-    """Masks must be prefixes of ones; predictions must point inside the sequence."""
-    mask = batch["input_mask"]
-    lengths = mask.sum(axis=1)
-    columns = np.arange(mask.shape[1])
-    bad = (mask != (columns < lengths[:, None])).any(axis=1) | (lengths < 2)
-    weights = batch["masked_lm_weights"]
-    num_predictions = (weights > 0).sum(axis=1)
-    pred_columns = np.arange(weights.shape[1])
-    bad |= (weights != (pred_columns < num_predictions[:, None])).any(axis=1)
-    positions = batch["masked_lm_positions"]
-    bad |= ((positions >= lengths[:, None]) & (pred_columns < num_predictions[:, None])).any(axis=1)
-    if bad.any():
-        row = int(np.flatnonzero(bad)[0])
+    row = _first_bad_unpacked(batch["input_mask"], batch["masked_lm_weights"], batch["masked_lm_positions"],
+                              batch["input_ids"], batch["masked_lm_ids"])
+    if row >= 0:
         raise RecordError(
-            f"{path}: record {first + row}: expected input_mask to be {lengths[row]} ones then zeros, "
-            f"masked_lm_weights ones then zeros, and masked_lm_positions inside the sequence")
+            f"{path}: record {first + row}: expected input_mask to be at least 2 ones then zeros, "
+            f"masked_lm_weights ones then zeros, masked_lm_positions inside the sequence and token ids "
+            f"in [0, 2**31)")
 
 
 def read_packed(path: str, shapes: Shapes, batch_size: int = 1024):

@@ -73,15 +73,21 @@ def _get_uint(data, at, size):
 
 
 @numba.njit(cache=True, nogil=True)
+def _put_frame(out, at, size):
+    """Frames the `size` bytes at out[at + 12:]: the length and both checksums around them."""
+    _put_uint(out, at, size, 8)
+    _put_uint(out, at + 8, _masked_crc(out, at, at + 8), 4)
+    _put_uint(out, at + 12 + size, _masked_crc(out, at + 12, at + 12 + size), 4)
+
+
+@numba.njit(cache=True, nogil=True)
 def _frame(data, starts, ends, out):
     """Writes records data[starts[i]:ends[i]] into `out` as TFRecords."""
     at = 0
     for i in range(len(starts)):
         size = ends[i] - starts[i]
-        _put_uint(out, at, size, 8)
-        _put_uint(out, at + 8, _masked_crc(out, at, at + 8), 4)
         out[at + 12:at + 12 + size] = data[starts[i]:ends[i]]
-        _put_uint(out, at + 12 + size, _masked_crc(out, at + 12, at + 12 + size), 4)
+        _put_frame(out, at, size)
         at += 16 + size
 
 
@@ -131,66 +137,117 @@ def _put_varint(out, at, value) -> int:
 
 
 @numba.njit(cache=True, nogil=True)
-def _entry_sizes(values, raw, key_size):
-    """(payload bytes, bytes of the whole map entry) of one feature in each record."""
-    payload = np.empty(values.shape[0], np.int64)
-    entry = np.empty(values.shape[0], np.int64)
-    for i in range(values.shape[0]):
-        if raw:
-            payload[i] = values.shape[1]
-        else:
-            payload[i] = 0
-            for value in values[i]:
-                payload[i] += _varint_size(value)
-        feature = 1 + _varint_size(payload[i]) + payload[i]
-        value_size = 1 + _varint_size(feature) + feature
-        size = 1 + _varint_size(key_size) + key_size + 1 + _varint_size(value_size) + value_size
-        entry[i] = 1 + _varint_size(size) + size
-    return payload, entry
+def _put_small_varint(out, at, value) -> int:
+    """_put_varint without unpredictable branches for values below 2**21 (three bytes are
+    written, as many as needed are kept): it may write two bytes past the value."""
+    value = np.uint64(value)
+    if value >= np.uint64(1 << 21):
+        return _put_varint(out, at, value)
+    two, three = value >= np.uint64(1 << 7), value >= np.uint64(1 << 14)
+    out[at] = (value & np.uint64(0x7F)) | (np.uint64(two) << np.uint64(7))
+    out[at + 1] = ((value >> np.uint64(7)) & np.uint64(0x7F)) | (np.uint64(three) << np.uint64(7))
+    out[at + 2] = value >> np.uint64(14)
+    return at + 1 + two + three
 
 
 @numba.njit(cache=True, nogil=True)
-def _write_entries(values, raw, key, kind, payload, starts, out):
-    """Writes one feature's map entry into every record: record i's at out[starts[i]]."""
-    for i in range(values.shape[0]):
-        feature = 1 + _varint_size(payload[i]) + payload[i]
-        value_size = 1 + _varint_size(feature) + feature
-        at = starts[i]
-        out[at] = 0x0A  # Features.feature (a map entry)
-        at = _put_varint(out, at + 1, 1 + _varint_size(len(key)) + len(key) + 1 + _varint_size(value_size) + value_size)
-        out[at] = 0x0A  # key
-        at = _put_varint(out, at + 1, len(key))
-        out[at:at + len(key)] = key
-        at += len(key)
-        out[at] = 0x12  # value
-        at = _put_varint(out, at + 1, value_size)
-        out[at] = kind  # float_list or int64_list
-        at = _put_varint(out, at + 1, feature)
-        out[at] = 0x0A  # the packed values
-        at = _put_varint(out, at + 1, payload[i])
-        if raw:
-            out[at:at + payload[i]] = values[i]
-        else:
-            for value in values[i]:
-                at = _put_varint(out, at, value)
+def _entry_size(key_size, payload_size):
+    """Bytes inside one feature's map entry: its key and its Feature."""
+    list_size = 1 + _varint_size(payload_size) + payload_size
+    value_size = 1 + _varint_size(list_size) + list_size
+    return 1 + _varint_size(key_size) + key_size + 1 + _varint_size(value_size) + value_size
 
 
 @numba.njit(cache=True, nogil=True)
-def _write_headers(body_sizes, starts, out):
-    for i in range(len(body_sizes)):
-        out[starts[i]] = 0x0A  # Example.features
-        _put_varint(out, starts[i] + 1, body_sizes[i])
+def _encode(features, is_float, keys, key_starts, scratch, out, ends):
+    """Serializes and frames record i of `features` (a tuple of [N, n_f] arrays) for every i.
+
+    A length precedes what it measures, so a record's payloads are first written to `scratch`;
+    their sizes give every length, and the record is then written front to back. Returns the
+    bytes used; record i ends at ends[i].
+    """
+    num_features = len(features)
+    payload_ends = np.empty(num_features, np.int64)
+    at = 0
+    for i in range(features[0].shape[0]):
+        end = 0
+        for f in range(num_features):
+            if is_float[f]:
+                for value in features[f][i]:
+                    _put_uint(scratch, end, value, 4)
+                    end += 4
+            else:
+                for value in features[f][i]:
+                    end = _put_small_varint(scratch, end, value)
+            payload_ends[f] = end
+        body_size = 0
+        for f in range(num_features):
+            payload_size = payload_ends[f] - (payload_ends[f - 1] if f else 0)
+            entry_size = _entry_size(key_starts[f + 1] - key_starts[f], payload_size)
+            body_size += 1 + _varint_size(entry_size) + entry_size
+        record = at
+        out[at + 12] = 0x0A  # Example.features
+        at = _put_varint(out, at + 13, body_size)
+        for f in range(num_features):
+            key = keys[key_starts[f]:key_starts[f + 1]]
+            payload_start = payload_ends[f - 1] if f else 0
+            payload_size = payload_ends[f] - payload_start
+            list_size = 1 + _varint_size(payload_size) + payload_size
+            value_size = 1 + _varint_size(list_size) + list_size
+            out[at] = 0x0A  # Features.feature: a map entry {key=1, value=2: Feature}
+            at = _put_varint(out, at + 1, _entry_size(len(key), payload_size))
+            out[at] = 0x0A  # key
+            at = _put_varint(out, at + 1, len(key))
+            out[at:at + len(key)] = key
+            at += len(key)
+            out[at] = 0x12  # value
+            at = _put_varint(out, at + 1, value_size)
+            out[at] = 0x12 if is_float[f] else 0x1A  # float_list or int64_list
+            at = _put_varint(out, at + 1, list_size)
+            out[at] = 0x0A  # value (packed)
+            at = _put_varint(out, at + 1, payload_size)
+            out[at:at + payload_size] = scratch[payload_start:payload_ends[f]]
+            at += payload_size
+        _put_frame(out, record, at - record - 12)
+        at += 4
+        ends[i] = at
+    return at
 
 
-_INT64_LIST = 0x1A  # Feature.int64_list
-_FLOAT_LIST = 0x12  # Feature.float_list
+_HEADER_ROOM = 1 + 5  # a tag and a length of up to 2**35 bytes
+
+
+def _encode_features(features: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(framed TFRecords of N tf.train.Example records, ends [N] of each record in them)."""
+    num_records = len(next(iter(features.values())))
+    arrays, is_float, room = [], [], 0
+    for name, values in features.items():
+        values = np.asarray(values).reshape(num_records, -1)
+        is_float.append(values.dtype.kind == "f")
+        if is_float[-1]:
+            values = values.astype("<f4").view(np.int32)  # packed fixed32: the float's bits
+            room += 4 * values.shape[1]
+        else:
+            top = int(values.max(initial=0))
+            width = 10 if values.size and values.min() < 0 else max(1, (top.bit_length() + 6) // 7)
+            room += width * values.shape[1]
+        arrays.append(values)
+        room += 5 * _HEADER_ROOM + len(name.encode())  # its headers
+    dtype = np.result_type(*[a.dtype for a in arrays])  # one dtype: the features travel as one tuple
+    arrays = tuple(np.ascontiguousarray(a, dtype=dtype) for a in arrays)
+    keys = [name.encode() for name in features]
+    scratch = np.empty(room + 2, dtype=np.uint8)  # + 2: _put_small_varint writes past a value
+    out = np.empty(num_records * (room + 12 + _HEADER_ROOM + 4), dtype=np.uint8)
+    ends = np.empty(num_records, dtype=np.int64)
+    used = _encode(arrays, np.array(is_float), np.frombuffer(b"".join(keys), np.uint8),
+                   np.cumsum([0] + [len(key) for key in keys]), scratch, out, ends)
+    return out[:used], ends
 
 
 def encode_examples(features: dict[str, np.ndarray]) -> list[bytes]:
     """Serializes N tf.train.Example records at once.
 
-    Float features become FloatList, integer ones Int64List. Sizes are computed first (the
-    varint lengths of every value), then each feature is written into every record.
+    Float features become FloatList, integer ones Int64List (packed, in the order given).
 
     >>> [r.hex() for r in encode_examples({"a": np.array([[1, 300], [2, 3]])})]
     ['0a0e0a0c0a016112071a050a0301ac02', '0a0d0a0b0a016112061a040a020203']
@@ -201,31 +258,11 @@ def encode_examples(features: dict[str, np.ndarray]) -> list[bytes]:
     Returns:
       N serialized Examples.
     """
-    num_records = len(next(iter(features.values())))
-    if num_records == 0:
+    if len(next(iter(features.values()))) == 0:
         return []
-    columns = []
-    for name, values in features.items():
-        values = np.ascontiguousarray(values).reshape(num_records, -1)
-        raw = values.dtype.kind == "f"
-        if raw:
-            values = values.astype("<f4").view(np.uint8)  # packed fixed32: the bytes as they are
-        key = np.frombuffer(name.encode(), np.uint8)
-        payload, entry = _entry_sizes(values, raw, len(key))
-        columns.append((values, raw, key, _FLOAT_LIST if raw else _INT64_LIST, payload, entry))
-    body = sum(column[5] for column in columns)
-    record = 1 + np.ones_like(body) + body
-    for k in range(1, 10):
-        record += body >= 1 << (7 * k)
-    ends = np.cumsum(record)
-    starts = ends - record
-    out = np.empty(int(ends[-1]), np.uint8)
-    _write_headers(body, starts, out)
-    at = ends - body
-    for values, raw, key, kind, payload, entry in columns:
-        _write_entries(values, raw, key, kind, payload, at, out)
-        at = at + entry
-    return [out[a:b].tobytes() for a, b in zip(starts.tolist(), ends.tolist())]
+    data, ends = _encode_features(features)
+    starts = np.r_[0, ends[:-1]]
+    return [data[start + 12:end - 4].tobytes() for start, end in zip(starts.tolist(), ends.tolist())]
 
 
 class TFRecordWriter:
@@ -243,6 +280,13 @@ class TFRecordWriter:
 
     def write(self, record: bytes) -> None:
         self.write_all([record])
+
+    def write_examples(self, features: dict[str, np.ndarray]) -> None:
+        """Writes N tf.train.Example records (see encode_examples) with one system call."""
+        num_records = len(next(iter(features.values())))
+        if num_records:
+            self._file.write(_encode_features(features)[0])
+        self.num_records += num_records
 
     def write_all(self, records: list[bytes]) -> None:
         """Frames and writes records with one system call."""
