@@ -1,5 +1,6 @@
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -8,6 +9,7 @@ from bert_packed.data import packer
 from bert_packed.data import pack_dataset as pack_module
 from bert_packed.data.pack_dataset import (
     OutputDirectoryError,
+    PackingError,
     PackSettings,
     pack_pretraining_dataset,
     verify_packed_dataset,
@@ -22,9 +24,13 @@ UNPACKED = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS)
 CLS = 101
 
 
-def input_rows(unpacked_dir):
+def input_rows_of(path):
     return np.concatenate([packer.rows_from_unpacked(batch, UNPACKED, 0, first)
-                           for path in tfrecords(unpacked_dir) for first, batch in read_unpacked(path, UNPACKED)])
+                           for first, batch in read_unpacked(path, UNPACKED)])
+
+
+def input_rows(unpacked_dir):
+    return np.concatenate([input_rows_of(path) for path in tfrecords(unpacked_dir)])
 
 
 def packed_records(packed_dir):
@@ -252,3 +258,32 @@ def test_records_that_break_the_mlperf_layout_are_named(tmp_path, damage):
         writer.write_examples(features)
     with pytest.raises(RecordError, match=r"in.tfrecord: record 3: expected input_mask to be at least 2 ones"):
         pack_pretraining_dataset([str(tmp_path / "in.tfrecord")], str(tmp_path / "out"), PackSettings(PACKED))
+
+
+def test_verify_finds_a_changed_pack(packed_dir, tmp_path):
+    copy = tmp_path / "packed"
+    shutil.copytree(packed_dir, copy)
+    shard = tfrecords(str(copy))[1]
+    [(_, batch)] = list(read_packed(shard, PACKED))
+    batch["input_ids"][5, 1] += 1
+    with TFRecordWriter(shard) as writer:
+        writer.write_examples(batch)
+    with pytest.raises(PackingError, match=r"read back .*'checksum'.*metadata.json says"):
+        verify_packed_dataset(str(copy))
+
+
+def test_an_input_changed_between_readings_stops_the_run(unpacked_dir, tmp_path, monkeypatch):
+    source = tmp_path / "in.tfrecord"
+    shutil.copy(tfrecords(unpacked_dir)[0], source)
+    real_plan = pack_module.plan
+
+    def plan_then_change_the_input(*args, **kwargs):
+        rows = input_rows_of(str(source))
+        rows["masked_lm_ids"][0, 0] += 1
+        write_unpacked(source, rows)
+        return real_plan(*args, **kwargs)
+
+    monkeypatch.setattr(pack_module, "plan", plan_then_change_the_input)
+    with pytest.raises(PackingError, match=rf"{source}: changed while being packed"):
+        pack_pretraining_dataset([str(source)], str(tmp_path / "out"), PackSettings(PACKED), num_workers=1)
+    assert not os.path.exists(tmp_path / "out" / "metadata.json")

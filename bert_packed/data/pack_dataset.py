@@ -332,9 +332,11 @@ def _write_bucket(output_dir: str, work: str, settings: PackSettings, num_packs:
         os.remove(bucket_path)
 
 
-def verify_packed_dataset(output_dir: str) -> dict:
+def verify_packed_dataset(output_dir: str, num_workers: int = 0) -> dict:
     """Re-reads a packed dataset, decodes every pack into its sequences and checks them
     against metadata.json: number of packs and sequences, and the checksum of the sequences.
+
+    Files are read on `num_workers` threads (0: one per core).
 
     Returns:
       {"num_packs", "num_sequences", "checksum"} as read back.
@@ -346,15 +348,22 @@ def verify_packed_dataset(output_dir: str) -> dict:
         metadata = json.load(f)
     shapes = Shapes(metadata["max_sequence_length"], metadata["max_predictions_per_seq"],
                     metadata["max_sequences_per_pack"])
-    unpacked_shapes = shapes.unpacked()
-    num_packs = num_sequences = total = 0
-    for name in metadata["files"]:
+    found_in_file = {}
+
+    def read_back(name):
+        num_packs = num_sequences = total = 0
         for _, batch in read_packed(os.path.join(output_dir, name), shapes):
-            rows = packer.unpack(batch, unpacked_shapes)
+            rows = packer.unpack(batch, shapes.unpacked())
             num_packs += len(batch["input_ids"])
             num_sequences += len(rows)
             total = packer.combine_checksums(total, packer.checksum(rows))
-    found = {"num_packs": num_packs, "num_sequences": num_sequences, "checksum": f"{total:016x}"}
+        found_in_file[name] = num_packs, num_sequences, total
+
+    _in_parallel(read_back, [(name,) for name in metadata["files"]], num_workers,
+                 Progress("verify", total=len(metadata["files"]), unit="files"))
+    found = {"num_packs": sum(f[0] for f in found_in_file.values()),
+             "num_sequences": sum(f[1] for f in found_in_file.values()),
+             "checksum": f"{packer.combine_checksums(*[f[2] for f in found_in_file.values()]):016x}"}
     expected = {key: metadata[key] for key in found}
     if found != expected:
         raise PackingError(f"{output_dir}: read back {found}, metadata.json says {expected}")
