@@ -109,6 +109,30 @@ def test_an_interrupted_run_resumes_with_exactly_the_same_losses(packed_dir, tmp
     assert [r["sequences"] for r in resumed] == [r["sequences"] for r in straight]
 
 
+def test_a_crash_after_the_checkpoint_resumes_without_repeated_log_lines(packed_dir, tmp_path):
+    files = tfrecords(packed_dir)
+    straight = Trainer(config(tmp_path / "straight", files, num_train_steps=4))
+    straight.train()
+    crashing = Trainer(config(tmp_path / "resumed", files, num_train_steps=4, save_checkpoints_steps=2))
+    update = crashing._update
+
+    def update_then_crash(iterator):
+        if int(crashing.step) == 3:  # step 3 is logged, the checkpoint is step 2
+            raise RuntimeError("killed")
+        return update(iterator)
+
+    crashing._update = update_then_crash
+    with pytest.raises(RuntimeError, match="killed"):
+        crashing.train()
+    assert [r["step"] for r in read_log(tmp_path / "resumed" / "train_log.jsonl")] == [1, 2, 3]
+    Trainer(config(tmp_path / "resumed", files, num_train_steps=4, save_checkpoints_steps=2)).train()
+    resumed = read_log(tmp_path / "resumed" / "train_log.jsonl")
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
+    assert [r["loss"] for r in resumed] == [r["loss"] for r in read_log(tmp_path / "straight" / "train_log.jsonl")]
+    assert np.all(np.diff([r["seconds"] for r in resumed]) > 0)  # the clock continues from the checkpoint
+    assert np.all(np.diff([r["train_seconds"] for r in resumed]) > 0)
+
+
 def test_a_nan_loss_stops_and_keeps_the_last_good_checkpoint(packed_dir, tmp_path):
     trainer = Trainer(config(tmp_path, tfrecords(packed_dir), num_train_steps=4, save_checkpoints_steps=1))
     update = trainer._update
@@ -289,8 +313,10 @@ def test_init_checkpoint_and_a_corrupt_checkpoint(packed_dir, tmp_path):
 
 
 def test_an_output_dir_holding_another_run_is_refused_and_left_intact(packed_dir, tmp_path):
-    Trainer(config(tmp_path, tfrecords(packed_dir), num_train_steps=1)).train()
+    Trainer(config(tmp_path, tfrecords(packed_dir), num_train_steps=1, flags_text="--seed=12345\n")).train()
     before = (tmp_path / "train_log.jsonl").read_text()
     with pytest.raises(TrainingError, match=r"holds another run \(seed, train_batch_size differ\)"):
-        Trainer(config(tmp_path, tfrecords(packed_dir), num_train_steps=2, seed=7, train_batch_size=2)).train()
+        Trainer(config(tmp_path, tfrecords(packed_dir), num_train_steps=2, seed=7, train_batch_size=2,
+                       flags_text="--seed=7\n")).train()
     assert (tmp_path / "train_log.jsonl").read_text() == before
+    assert (tmp_path / "flags.txt").read_text() == "--seed=12345\n"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 
+from bert_packed.cli.common import fail_if_disk_full
 from bert_packed.curves import RunError, format_table, load_run, plot, summary_table
 
 
@@ -39,7 +40,11 @@ def main(argv=None) -> None:
             accuracy = float(args.accuracy)
         except ValueError:
             parser.exit(2, f"compare_curves: error: --accuracy {args.accuracy!r}: expected a number or 'auto'\n")
-    plot(runs, args.output)
+    try:
+        plot(runs, args.output)
+    except OSError as e:
+        fail_if_disk_full("compare_curves", e, args.output, "The runs are untouched")
+        raise
     print(format_table(summary_table(runs, accuracy), accuracy))
     print(f"\ncurves: {args.output}")
 

@@ -15,7 +15,7 @@ import logging
 
 from absl import app, flags
 
-from bert_packed.cli.common import expand_globs, fail
+from bert_packed.cli.common import expand_globs, fail, fail_if_disk_full
 from bert_packed.data.corpus import CorpusError
 from bert_packed.data.create_dataset import DatasetSettings, OutputDirectoryError, create_pretraining_dataset
 from bert_packed.data.pretraining import MaskingConfig
@@ -67,6 +67,9 @@ def main(argv):
         metadata = create_pretraining_dataset(files, FLAGS.output_dir, settings, FLAGS.num_workers)
     except (FileNotFoundError, CorpusError, VocabularyError, OutputDirectoryError) as e:
         fail(PROGRAM, e)
+    except OSError as e:
+        fail_if_disk_full(PROGRAM, e, FLAGS.output_dir, "Finished shards are kept")
+        raise
     summary = {k: v for k, v in metadata.items() if k not in ("sources", "files", "eval_files", "settings")}
     print(json.dumps(summary, indent=1))
 

@@ -15,7 +15,7 @@ import logging
 
 from absl import app, flags
 
-from bert_packed.cli.common import expand_globs, fail
+from bert_packed.cli.common import expand_globs, fail, fail_if_disk_full
 from bert_packed.data.pack_dataset import (
     OutputDirectoryError,
     PackingError,
@@ -65,6 +65,9 @@ def main(argv):
                          found["num_packs"], found["num_sequences"], found["checksum"])
     except (FileNotFoundError, CorruptRecordError, RecordError, OutputDirectoryError, PackingError, ValueError) as e:
         fail(PROGRAM, e)
+    except OSError as e:
+        fail_if_disk_full(PROGRAM, e, FLAGS.output_dir, "Finished passes and shards are kept")
+        raise
     print(json.dumps({k: v for k, v in metadata.items() if k not in ("sources", "files")}, indent=1))
 
 

@@ -15,7 +15,7 @@ import os
 
 from absl import app, flags
 
-from bert_packed.cli.common import expand_globs, fail
+from bert_packed.cli.common import expand_globs, fail, fail_if_disk_full
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("bert_config_file", None, "google-research bert_config.json.")
@@ -172,7 +172,7 @@ def build_config():
         adjust_betas_for_packing=FLAGS.adjust_betas_for_packing, loss_averaging=FLAGS.loss_averaging,
         save_checkpoints_steps=FLAGS.save_checkpoints_steps, seed=FLAGS.seed, deterministic=FLAGS.deterministic,
         precision=FLAGS.precision, xla=FLAGS.xla, target_mlm_accuracy=FLAGS.target_mlm_accuracy,
-        eval_every_samples=eval_every, log_every_steps=FLAGS.log_every_steps)
+        eval_every_samples=eval_every, log_every_steps=FLAGS.log_every_steps, flags_text=FLAGS.flags_into_string())
 
 
 def main(argv):
@@ -185,13 +185,13 @@ def main(argv):
         config = build_config()
     except (ValueError, FileNotFoundError, ConfigError) as e:
         fail(PROGRAM, e)
-    os.makedirs(FLAGS.output_dir, exist_ok=True)
-    with open(os.path.join(FLAGS.output_dir, "flags.txt"), "w", encoding="utf-8") as f:
-        f.write(FLAGS.flags_into_string())
     try:
         metrics = Trainer(config, make_strategy()).train()
     except (TrainingError, CheckpointError) as e:
         fail(PROGRAM, e)
+    except Exception as e:  # noqa: BLE001 - TensorFlow reports a full disk as its own error types
+        fail_if_disk_full(PROGRAM, e, FLAGS.output_dir, "The last complete checkpoint and the logs up to it are kept")
+        raise
     print(json.dumps(metrics))
 
 

@@ -15,10 +15,12 @@ Output directory:
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import logging
 import math
 import os
+import shutil
 import signal
 import time
 
@@ -75,6 +77,7 @@ class TrainConfig:
     target_mlm_accuracy: float = 0.720
     eval_every_samples: int = 0           # 0: never during training, once at the end
     log_every_steps: int = 10
+    flags_text: str = ""                 # the command's flags, written to flags.txt once the run is claimed
 
 
 def make_optimizer(config: TrainConfig):
@@ -230,6 +233,8 @@ class Trainer:
                 raise TrainingError(f"{c.output_dir}: holds another run ({', '.join(changed)} differ); use a new "
                                     f"--output_dir, or the same flags to resume it")
         write_text_atomically(run_file, json.dumps(summary, indent=1) + "\n")
+        if c.flags_text:
+            write_text_atomically(os.path.join(self.work_dir, "flags.txt"), c.flags_text)
         resumed = self.manager.latest_checkpoint
         if resumed:
             try:
@@ -246,7 +251,11 @@ class Trainer:
             load_google_checkpoint(self.model, c.init_checkpoint)
             logging.info("initialised from %s", c.init_checkpoint)
         self.train_iterator = iter(self.strategy.distribute_datasets_from_function(self._train_dataset))
+        # Steps logged after the checkpoint resumed from are redone: their lines go, and the clocks
+        # continue from the checkpoint's.
+        last = _keep_logged_steps(self.work_dir, int(self.step.numpy()))
         logs = _Logs(self.work_dir)
+        logs.last_seconds = last.get("seconds", 0.0)
         betas = self._base_optimizer
         logs.mllog("run_start" if not resumed else "run_resume", None)
         logs.mllog("opt_lamb_beta_1", betas.beta_1)
@@ -270,9 +279,11 @@ class Trainer:
                 sequences += int(metrics["num_sequences"])
                 self.step.assign(step)
                 self.sequences.assign(sequences)
-                seconds = time.perf_counter() - start
+                elapsed = time.perf_counter() - start
+                seconds = last.get("seconds", 0.0) + elapsed
                 record = {"step": step, "sequences": sequences, "learning_rate": learning_rate,
-                          "seconds": seconds, "train_seconds": seconds - logs.eval_seconds,
+                          "seconds": seconds,
+                          "train_seconds": last.get("train_seconds", 0.0) + elapsed - logs.eval_seconds,
                           "real_tokens": float(sums["tokens"]),
                           "padding_efficiency": float(sums["tokens"] / sums["slots"]), **metrics}
                 logs.train(record)
@@ -295,7 +306,7 @@ class Trainer:
                     return metrics
             self._save()
             if c.eval_files and not c.eval_every_samples:
-                self._evaluate_and_log(logs, step, time.perf_counter() - start)
+                self._evaluate_and_log(logs, step, last.get("seconds", 0.0) + time.perf_counter() - start)
             logs.mllog("run_stop", None, {"status": "success" if logs.reached else "aborted"})
         finally:
             signal.signal(signal.SIGTERM, previous)
@@ -324,10 +335,31 @@ class Trainer:
         step = int(self.step.numpy())
         latest = self.manager.latest_checkpoint
         if latest is None or not latest.endswith(f"-{step}"):
-            self.manager.save(checkpoint_number=step)
+            try:
+                self.manager.save(checkpoint_number=step)
+            except Exception:
+                # A failed save (a full disk) leaves TensorFlow's temporary files behind.
+                for path in glob.glob(os.path.join(self.manager.directory, f"ckpt-{step}_temp*")):
+                    shutil.rmtree(path, ignore_errors=True)
+                raise
 
     def _on_sigterm(self, signum, frame):
         self._stop_requested = True
+
+
+def _keep_logged_steps(directory: str, step: int) -> dict:
+    """Drops the train and eval log lines after `step`; returns the last train record kept."""
+    last = {}
+    for name in ("train_log.jsonl", "eval_log.jsonl"):
+        path = os.path.join(directory, name)
+        if not os.path.exists(path):
+            continue
+        with open(path, encoding="utf-8") as f:
+            lines = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+        write_text_atomically(path, "".join(lines))
+        if name == "train_log.jsonl" and lines:
+            last = json.loads(lines[-1])
+    return last
 
 
 def _chief(strategy) -> tuple[bool, int]:
