@@ -45,77 +45,77 @@ def _varint(data, at, end):
 
 
 @numba.njit(cache=True, nogil=True)
-def _skip(data, at, end, wire):
-    """The index after a field's value of wire type `wire` (-1 when malformed)."""
+def _field(data, at, end):
+    """(field number, wire type, start, stop) of the protobuf field at data[at]: its value is
+    data[start:stop] (the content of a length-delimited one), and the next field begins at stop;
+    stop is -1 when the field is malformed or runs past `end`."""
+    tag, at = _varint(data, at, end)
+    field, wire = np.int64(tag >> np.uint64(3)), np.int64(tag & np.uint64(7))
+    if at < 0:
+        return field, wire, at, -1
     if wire == 0:
-        return _varint(data, at, end)[1]
-    if wire == 1 or wire == 5:
-        at += 8 if wire == 1 else 4
-    elif wire == 2:
+        return field, wire, at, _varint(data, at, end)[1]
+    if wire == 2:
         size, at = _varint(data, at, end)
-        if at < 0:
-            return -1
-        at += np.int64(size)
+        stop = at + np.int64(size)
+    elif wire == 1 or wire == 5:
+        stop = at + (8 if wire == 1 else 4)
     else:
-        return -1
-    return at if at <= end else -1
-
-
-@numba.njit(cache=True, nogil=True)
-def _fixed32(data, at):
-    return np.int64(data[at]) | np.int64(data[at + 1]) << 8 | np.int64(data[at + 2]) << 16 | np.int64(data[at + 3]) << 24
+        return field, wire, at, -1
+    return field, wire, at, stop if 0 <= at and stop <= end else -1
 
 
 @numba.njit(cache=True, nogil=True)
 def _parse_list(data, at, end, want_float, out, row, first, count):
-    """Parses an Int64List or FloatList into out[row, first:first + count]; returns the values
-    found (-1 when malformed). Floats are stored as their float32 bits."""
+    """Parses an Int64List or FloatList into out[row, first:first + count], values packed or one
+    a field; returns the values found (-1 when malformed). Floats are stored as their bits."""
     found = 0
     while at < end:
-        tag, at = _varint(data, at, end)
+        field, wire, start, at = _field(data, at, end)
         if at < 0:
             return -1
-        field, wire = tag >> np.uint64(3), np.int64(tag & np.uint64(7))
         if field != 1:
-            at = _skip(data, at, end, wire)
-        elif want_float and (wire == 2 or wire == 5):
-            stop = at + 4
-            if wire == 2:
-                size, at = _varint(data, at, end)
-                stop = at + np.int64(size)
-            if at < 0 or stop > end or (stop - at) % 4:
+            continue
+        if want_float and (wire == 2 or wire == 5):
+            if (at - start) % 4:
                 return -1
-            while at < stop:
+            for value_at in range(start, at, 4):
                 if found < count:
-                    out[row, first + found] = _fixed32(data, at)
+                    out[row, first + found] = (np.int64(data[value_at]) | np.int64(data[value_at + 1]) << 8
+                                               | np.int64(data[value_at + 2]) << 16 | np.int64(data[value_at + 3]) << 24)
                 found += 1
-                at += 4
         elif not want_float and (wire == 2 or wire == 0):
-            stop = end
-            if wire == 2:
-                size, at = _varint(data, at, end)
-                stop = at + np.int64(size)
-                if at < 0 or stop > end:
-                    return -1
-            while at < stop:
-                if data[at] < 0x80:  # one byte: most values; then two
-                    value, at = np.uint64(data[at]), at + 1
-                elif at + 1 < stop and data[at + 1] < 0x80:
-                    value, at = np.uint64(data[at] & 0x7F) | np.uint64(data[at + 1]) << np.uint64(7), at + 2
+            while start < at:
+                if data[start] < 0x80:  # one byte: most values; then two
+                    value, start = np.uint64(data[start]), start + 1
+                elif start + 1 < at and data[start + 1] < 0x80:
+                    value = np.uint64(data[start] & 0x7F) | np.uint64(data[start + 1]) << np.uint64(7)
+                    start += 2
                 else:
-                    value, at = _varint(data, at, stop)
-                    if at < 0:
+                    value, start = _varint(data, start, at)
+                    if start < 0:
                         return -1
                 if found < count:
                     out[row, first + found] = np.int64(value)
                 found += 1
-                if wire == 0:
-                    break
         else:
             return -1
-        if at < 0:
-            return -1
     return found
+
+
+@numba.njit(cache=True, nogil=True)
+def _feature_index(data, start, stop, names, name_starts):
+    """Which expected feature the key data[start:stop] names (-1: none)."""
+    for f in range(len(name_starts) - 1):
+        if name_starts[f + 1] - name_starts[f] == stop - start:
+            same = True
+            for k in range(stop - start):
+                if data[start + k] != names[name_starts[f] + k]:
+                    same = False
+                    break
+            if same:
+                return f
+    return -1
 
 
 @numba.njit(cache=True, nogil=True)
@@ -128,88 +128,47 @@ def _parse_examples(data, starts, lengths, names, name_starts, is_float, columns
     for row in range(len(starts)):
         found[:] = -1
         at, end = starts[row], starts[row] + lengths[row]
-        while at < end:
-            tag, at = _varint(data, at, end)
+        while at < end:  # Example: features = 1
+            field, wire, entry, at = _field(data, at, end)
             if at < 0:
                 return row
-            if tag != 0x0A:  # not Example.features
-                at = _skip(data, at, end, np.int64(tag & np.uint64(7)))
-                if at < 0:
-                    return row
+            if field != 1 or wire != 2:
                 continue
-            size, at = _varint(data, at, end)
-            features_end = at + np.int64(size)
-            if at < 0 or features_end > end:
-                return row
-            while at < features_end:  # Features: map entries
-                tag, at = _varint(data, at, features_end)
-                if at < 0:
+            features_end = at
+            while entry < features_end:  # Features: feature = 1, map entries
+                field, wire, start, entry = _field(data, entry, features_end)
+                if entry < 0:
                     return row
-                if tag != 0x0A:
-                    at = _skip(data, at, features_end, np.int64(tag & np.uint64(7)))
-                    if at < 0:
-                        return row
+                if field != 1 or wire != 2:
                     continue
-                size, at = _varint(data, at, features_end)
-                entry_end = at + np.int64(size)
-                if at < 0 or entry_end > features_end:
-                    return row
-                key_at, key_size, value_at, value_end = -1, 0, -1, -1
-                while at < entry_end:
-                    tag, at = _varint(data, at, entry_end)
-                    if at < 0:
+                key_start, key_stop, value_start, value_stop = -1, -1, -1, -1
+                while start < entry:  # the entry: key = 1, value = 2
+                    field, wire, content, start = _field(data, start, entry)
+                    if start < 0:
                         return row
-                    if tag == 0x0A or tag == 0x12:  # key, value
-                        size, at = _varint(data, at, entry_end)
-                        if at < 0 or at + np.int64(size) > entry_end:
-                            return row
-                        if tag == 0x0A:
-                            key_at, key_size = at, np.int64(size)
-                        else:
-                            value_at, value_end = at, at + np.int64(size)
-                        at += np.int64(size)
-                    else:
-                        at = _skip(data, at, entry_end, np.int64(tag & np.uint64(7)))
-                        if at < 0:
-                            return row
-                feature = -1
-                for f in range(num_features):
-                    if name_starts[f + 1] - name_starts[f] == key_size and key_at >= 0:
-                        same = True
-                        for k in range(key_size):
-                            if data[key_at + k] != names[name_starts[f] + k]:
-                                same = False
-                                break
-                        if same:
-                            feature = f
-                            break
+                    if field == 1 and wire == 2:
+                        key_start, key_stop = content, start
+                    elif field == 2 and wire == 2:
+                        value_start, value_stop = content, start
+                feature = _feature_index(data, key_start, key_stop, names, name_starts) if key_start >= 0 else -1
                 if feature < 0:
                     continue  # a feature nobody asked for
-                if found[feature] >= 0 or value_at < 0:
+                if found[feature] >= 0 or value_start < 0:
                     return row  # repeated key (protobuf would keep the last) or no value
                 found[feature] = 0
-                list_tag = 0x12 if is_float[feature] else 0x1A
-                while value_at < value_end:  # Feature: the one list
-                    tag, value_at = _varint(data, value_at, value_end)
-                    if value_at < 0 or (tag != list_tag and tag & np.uint64(7) == 2 and tag >> np.uint64(3) <= 3):
-                        return row  # a list of another type
-                    if tag != list_tag:
-                        value_at = _skip(data, value_at, value_end, np.int64(tag & np.uint64(7)))
-                        if value_at < 0:
+                count = columns[feature + 1] - columns[feature]
+                list_field = 2 if is_float[feature] else 3
+                while value_start < value_stop:  # Feature: bytes_list = 1 | float_list = 2 | int64_list = 3
+                    field, wire, content, value_start = _field(data, value_start, value_stop)
+                    if value_start < 0 or (field != list_field and 1 <= field <= 3):
+                        return row  # malformed, or a list of another type
+                    if field == list_field and wire == 2:
+                        got = _parse_list(data, content, value_start, is_float[feature], out, row,
+                                          columns[feature] + found[feature], count - found[feature])
+                        if got < 0:
                             return row
-                        continue
-                    size, value_at = _varint(data, value_at, value_end)
-                    list_end = value_at + np.int64(size)
-                    if value_at < 0 or list_end > value_end:
-                        return row
-                    count = columns[feature + 1] - columns[feature]
-                    got = _parse_list(data, value_at, list_end, is_float[feature], out, row, columns[feature] + found[feature],
-                                      count - found[feature])
-                    if got < 0:
-                        return row
-                    found[feature] += got
-                    value_at = list_end
-                if found[feature] != columns[feature + 1] - columns[feature]:
+                        found[feature] += got
+                if found[feature] != count:
                     return row
         for f in range(num_features):
             if found[f] < 0:

@@ -1,14 +1,12 @@
-"""TFRecord files of tf.train.Example records, written and framed without TensorFlow.
+"""TFRecord files of tf.train.Example records, written, framed and read without TensorFlow.
 
 Building a tf.train.Example through the protobuf API costs ~180 us for one BERT record at
-L=512. encode_examples serializes a batch of records with small compiled loops (numba) in ~20 us
-a packed record, and keeps the data-preparation workers free of a 7 s TensorFlow import. Reading
-parses batches with TensorFlow (see reader.py).
+L=512. Here small compiled loops (numba) serialize and frame a packed record in ~20 us, and keep
+data preparation free of a 7 s TensorFlow import. reader.py parses the records read here.
 
 TFRecord framing: uint64 length, masked crc32c of the length, data, masked crc32c of the data.
 Example layout, as written here: Example{features=1: Features{feature=1 (one map entry per
-feature){key=1: name, value=2: Feature{float_list=2 | int64_list=3: {value=1, packed}}}}}.
-"""
+feature){key=1: name, value=2: Feature{float_list=2 | int64_list=3: {value=1, packed}}}}}."""
 
 from __future__ import annotations
 
@@ -119,7 +117,7 @@ def _varint_size(value) -> int:
     """Bytes of the protobuf varint of an int (negative ints take 10, as two's complement)."""
     value = np.uint64(value)
     size = 1
-    for k in range(1, 10):  # no data-dependent branch: the loop over a row vectorises
+    for k in range(1, 10):  # compares, no data-dependent branch
         size += value >= np.uint64(1) << np.uint64(7 * k)
     return size
 
