@@ -15,8 +15,9 @@ release the GIL, NumPy and file I/O):
 Reading the inputs twice costs less than writing every row to disk and reading it back: a row
 is larger than its TFRecord, and disk writes are the slowest part of the job.
 
-Peak memory is one bucket (default 256 MB of rows) per worker in pass 3 and one chunk (32,768
-rows, ~100 MB at L=512) per worker in pass 2, whatever the input size. The run succeeds only if
+Peak memory is one bucket (default 256 MB of rows, memory-mapped) per worker in pass 3 and one
+chunk (32,768 rows, ~120 MB at L=512 with its sorted copy) per worker in pass 2, whatever the
+input size. The run succeeds only if
 the sequences out (count and order-independent checksum, decoded from the packs written) equal
 the sequences in; then metadata.json is written and .work removed."""
 
@@ -240,22 +241,11 @@ def _distribute(summaries: list[dict], histogram, work: str, shapes: Shapes, pac
 
 
 def _distribute_file(index: int, summary: dict, seen: np.ndarray, histogram, work: str, shapes: Shapes, slots,
-                     num_buckets: int, locks, max_token_id: int, seed: int, chunk_rows: int = 1 << 15) -> None:
+                     num_buckets: int, locks, max_token_id: int, seed: int) -> None:
     seen = seen.copy()  # sequences of each length before this chunk
     total = 0
-    chunk: list[np.ndarray] = []
-    batches = read_unpacked(summary["source"], shapes)
-    while True:
-        batch = next(batches, None)
-        if batch is not None:
-            rows = packer.rows_from_unpacked(batch[1], shapes, index, batch[0], max_token_id)
-            total = packer.combine_checksums(total, packer.checksum(rows))
-            chunk.append(rows)
-            if sum(len(c) for c in chunk) < chunk_rows:
-                continue
-        if not chunk:
-            break
-        rows, chunk = np.concatenate(chunk), []
+    for rows in _row_chunks(summary["source"], index, shapes, max_token_id):
+        total = packer.combine_checksums(total, packer.checksum(rows))
         lengths = rows["length"].astype(np.int64)
         # Rank of each sequence among those of its length, in reading order.
         order = np.argsort(lengths, kind="stable")
@@ -278,6 +268,19 @@ def _distribute_file(index: int, summary: dict, seen: np.ndarray, histogram, wor
     if f"{total:016x}" != summary["checksum"]:
         raise PackingError(f"{summary['source']}: changed while being packed (its sequences differ from the first "
                            f"reading); nothing published")
+
+
+def _row_chunks(path: str, index: int, shapes: Shapes, max_token_id: int, chunk_rows: int = 1 << 15):
+    """The rows of an input file, in chunks of at least `chunk_rows` (the last may be smaller):
+    few, large writes to the buckets even when there are thousands of them."""
+    chunk: list[np.ndarray] = []
+    for first, batch in read_unpacked(path, shapes):
+        chunk.append(packer.rows_from_unpacked(batch, shapes, index, first, max_token_id))
+        if sum(len(rows) for rows in chunk) >= chunk_rows:
+            yield np.concatenate(chunk)
+            chunk = []
+    if chunk:
+        yield np.concatenate(chunk)
 
 
 def shard_file(index: int, count: int) -> str:
