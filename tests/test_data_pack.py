@@ -287,3 +287,17 @@ def test_an_input_changed_between_readings_stops_the_run(unpacked_dir, tmp_path,
     with pytest.raises(PackingError, match=rf"{source}: changed while being packed"):
         pack_pretraining_dataset([str(source)], str(tmp_path / "out"), PackSettings(PACKED), num_workers=1)
     assert not os.path.exists(tmp_path / "out" / "metadata.json")
+
+
+def test_an_unfinished_run_of_an_older_packer_starts_over(unpacked_dir, packed_dir, tmp_path, monkeypatch):
+    settings = PackSettings(PACKED, "lp", num_shards=2)
+    monkeypatch.setattr(pack_module, "_write_bucket", lambda *args: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        pack_pretraining_dataset(tfrecords(unpacked_dir), str(tmp_path), settings, num_workers=1)
+    monkeypatch.undo()
+    marker = tmp_path / ".work" / "run.json"
+    marker.write_text(json.dumps({**json.loads(marker.read_text()), "work_format": 1}))
+    (tmp_path / ".work" / "bucket-00000.bin").write_bytes(b"rows of another format")
+    pack_pretraining_dataset(tfrecords(unpacked_dir), str(tmp_path), settings, num_workers=1)
+    for a, b in zip(tfrecords(str(tmp_path)), tfrecords(packed_dir), strict=True):
+        assert open(a, "rb").read() == open(b, "rb").read()

@@ -162,17 +162,29 @@ def _finished_run(output_dir: str, digest: str) -> dict | None:
     return metadata
 
 
+# The layout of .work (its files and row format); an unfinished run of another layout starts over.
+WORK_FORMAT = 2
+
+
 def _claim(output_dir: str, work: str, identity: dict, digest: str) -> None:
     """Refuses a directory that holds another run; records this run's identity for resuming."""
     marker = os.path.join(work, "run.json")
     if os.path.exists(marker):
         with open(marker, encoding="utf-8") as f:
-            if json.load(f).get("digest") != digest:
-                raise OutputDirectoryError(f"{output_dir}: holds an unfinished packing run with other settings "
-                                           f"or inputs; use a new --output_dir or remove it")
+            previous = json.load(f)
+        if previous.get("digest") != digest:
+            raise OutputDirectoryError(f"{output_dir}: holds an unfinished packing run with other settings "
+                                       f"or inputs; use a new --output_dir or remove it")
+        if previous.get("work_format") != WORK_FORMAT:
+            logging.info("%s: the unfinished run was left by another version of the packer; starting over", work)
+            for name in os.listdir(output_dir):
+                if name.startswith("packed-"):
+                    os.remove(os.path.join(output_dir, name))
+            shutil.rmtree(work)
+            os.makedirs(work)
     elif any(name.startswith("packed-") for name in os.listdir(output_dir)):
         raise OutputDirectoryError(f"{output_dir}: already holds packed data; use a new --output_dir or remove it")
-    write_text_atomically(marker, json.dumps({"digest": digest, **identity}) + "\n")
+    write_text_atomically(marker, json.dumps({"digest": digest, "work_format": WORK_FORMAT, **identity}) + "\n")
 
 
 def _read_inputs(sources: list[str], work: str, shapes: Shapes, num_workers: int) -> list[dict]:
