@@ -1,3 +1,4 @@
+import json
 import os
 import re
 
@@ -13,6 +14,10 @@ SAMPLE = os.path.join(REPO, "data", "wikipedia_sample", "wiki_00")
 
 # Tiny shapes for the data tests: L, P, S.
 MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK = 128, 20, 3
+
+# A tiny BERT for the training tests (BertConfig arguments).
+TINY = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+            max_position_embeddings=MAX_SEQ_LENGTH)
 
 
 def write_corpus(directory, num_files=2, docs_per_file=8, paragraphs_per_doc=2):
@@ -69,3 +74,13 @@ def packed_dir(unpacked_dir, tmp_path_factory):
 
 def tfrecords(directory):
     return sorted(os.path.join(directory, n) for n in os.listdir(directory) if n.endswith(".tfrecord"))
+
+
+@pytest.fixture
+def bert_config_file(tmp_path):
+    """TINY as a google-research bert_config.json."""
+    path = tmp_path / "bert_config.json"
+    path.write_text(json.dumps({**TINY, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
+                                "attention_probs_dropout_prob": 0.1, "type_vocab_size": 2,
+                                "initializer_range": 0.02}))
+    return str(path)

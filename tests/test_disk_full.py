@@ -11,8 +11,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, VOCAB, tfrecords, write_corpus
 
 
@@ -88,17 +86,6 @@ def test_pack_pretraining_data_keeps_its_first_pass_and_completes_later(unpacked
         open(os.path.join(packed_dir, "metadata.json")))["checksum"]
     for a, b in zip(tfrecords(str(tmp_path)), tfrecords(packed_dir), strict=True):
         assert open(a, "rb").read() == open(b, "rb").read()  # as if the disk had never filled
-
-
-@pytest.fixture
-def bert_config_file(tmp_path):
-    path = tmp_path / "bert_config.json"
-    path.write_text(json.dumps({"vocab_size": 30522, "hidden_size": 32, "num_hidden_layers": 2,
-                                "num_attention_heads": 2, "intermediate_size": 64,
-                                "max_position_embeddings": MAX_SEQ_LENGTH, "hidden_act": "gelu",
-                                "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
-                                "type_vocab_size": 2, "initializer_range": 0.02}))
-    return str(path)
 
 
 def test_run_pretraining_keeps_its_last_checkpoint_and_resumes_from_it(packed_dir, bert_config_file, tmp_path):

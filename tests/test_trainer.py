@@ -11,10 +11,8 @@ import pytest
 
 from bert_packed.model import BertConfig
 from bert_packed.training.trainer import TrainConfig, Trainer, TrainingError
-from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, REPO, tfrecords
+from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, REPO, TINY, tfrecords
 
-TINY = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-            max_position_embeddings=MAX_SEQ_LENGTH)
 
 
 def config(output_dir, files, dropout=0.1, **overrides):
@@ -183,15 +181,6 @@ def test_reaching_the_target_stops_the_run_and_logs_it(packed_dir, unpacked_dir,
 def run_cli(*args):
     return subprocess.run([sys.executable, os.path.join(REPO, "run_pretraining.py"), *args],
                           capture_output=True, text=True, timeout=600, cwd=REPO)
-
-
-@pytest.fixture
-def bert_config_file(tmp_path):
-    path = tmp_path / "bert_config.json"
-    path.write_text(json.dumps({**TINY, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
-                                "attention_probs_dropout_prob": 0.1, "type_vocab_size": 2,
-                                "initializer_range": 0.02}))
-    return str(path)
 
 
 def test_cli_trains_logs_and_records_its_flags(packed_dir, unpacked_dir, bert_config_file, tmp_path):

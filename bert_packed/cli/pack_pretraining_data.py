@@ -38,7 +38,7 @@ flags.DEFINE_enum("algorithm", "lp", list(ALGORITHMS), "Packing algorithm (see p
 flags.DEFINE_integer("seed", 12345, "Decides which sequences share a pack and the order of the packs.")
 flags.DEFINE_integer("num_shards", 1, "Output files at least (more when the data is large).")
 flags.DEFINE_integer("bucket_mb", 256, "Memory for one bucket of sequences in the writing pass.")
-flags.DEFINE_integer("num_workers", 0, "Processes for the reading and writing passes (0: one per core).")
+flags.DEFINE_integer("num_workers", 0, "Threads for every pass and for --verify (0: one per core).")
 flags.DEFINE_bool("verify", False, "Re-read the output and decode every pack back into its sequences.")
 flags.mark_flags_as_required(["input_files", "output_dir"])
 
@@ -60,7 +60,7 @@ def main(argv):
         files = expand_globs(FLAGS.input_files, "--input_files")
         metadata = pack_pretraining_dataset(files, FLAGS.output_dir, settings, FLAGS.num_workers)
         if FLAGS.verify:
-            found = verify_packed_dataset(FLAGS.output_dir)
+            found = verify_packed_dataset(FLAGS.output_dir, FLAGS.num_workers)
             logging.info("verified: %d packs decode to the %d input sequences (checksum %s)",
                          found["num_packs"], found["num_sequences"], found["checksum"])
     except (FileNotFoundError, CorruptRecordError, RecordError, OutputDirectoryError, PackingError, ValueError) as e:

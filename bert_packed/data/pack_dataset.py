@@ -189,16 +189,22 @@ def _claim(output_dir: str, work: str, identity: dict, digest: str) -> None:
 
 def _read_inputs(sources: list[str], work: str, shapes: Shapes, num_workers: int) -> list[dict]:
     """Pass 1: every input file's histogram and checksum (files in parallel)."""
-    todo = [(index, path, work, shapes) for index, path in enumerate(sources)
-            if not os.path.exists(os.path.join(work, f"input-{index:05d}.json"))]
-    progress = Progress("pack: reading", total=len(sources), unit="files")
-    progress.done = len(sources) - len(todo)
-    _in_parallel(_read_input, todo, num_workers, progress)
-    summaries = []
-    for index in range(len(sources)):
-        with open(os.path.join(work, f"input-{index:05d}.json"), encoding="utf-8") as f:
-            summaries.append(json.load(f))
-    return summaries
+    return _each_once(_read_input, [(index, path, work, shapes) for index, path in enumerate(sources)],
+                      [os.path.join(work, f"input-{index:05d}.json") for index in range(len(sources))],
+                      num_workers, Progress("pack: reading", total=len(sources), unit="files"))
+
+
+def _each_once(function, jobs: list[tuple], summaries: list[str], num_workers: int, progress: Progress) -> list[dict]:
+    """Runs function(*job) for every job whose summary file (which it writes last) is missing, on
+    threads; returns every job's summary. A resumed pass so redoes only unfinished jobs."""
+    todo = [job for job, path in zip(jobs, summaries) if not os.path.exists(path)]
+    progress.done = len(jobs) - len(todo)
+    _in_parallel(function, todo, num_workers, progress)
+    loaded = []
+    for path in summaries:
+        with open(path, encoding="utf-8") as f:
+            loaded.append(json.load(f))
+    return loaded
 
 
 def _read_input(index: int, path: str, work: str, shapes: Shapes) -> None:
@@ -302,16 +308,10 @@ def shard_file(index: int, count: int) -> str:
 def _write_packs(output_dir: str, work: str, settings: PackSettings, num_packs: int, num_buckets: int,
                  max_token_id: int, num_workers: int) -> list[dict]:
     """Pass 3: one output shard per bucket, in parallel; returns the shards' summaries."""
-    todo = [(output_dir, work, settings, num_packs, num_buckets, max_token_id, b) for b in range(num_buckets)
-            if not os.path.exists(os.path.join(work, f"shard-{b:05d}.json"))]
-    progress = Progress("pack: writing", total=num_buckets, unit="shards")
-    progress.done = num_buckets - len(todo)
-    _in_parallel(_write_bucket, todo, num_workers, progress)
-    shards = []
-    for b in range(num_buckets):
-        with open(os.path.join(work, f"shard-{b:05d}.json"), encoding="utf-8") as f:
-            shards.append(json.load(f))
-    return shards
+    return _each_once(_write_bucket,
+                      [(output_dir, work, settings, num_packs, num_buckets, max_token_id, b) for b in range(num_buckets)],
+                      [os.path.join(work, f"shard-{b:05d}.json") for b in range(num_buckets)],
+                      num_workers, Progress("pack: writing", total=num_buckets, unit="shards"))
 
 
 def _write_bucket(output_dir: str, work: str, settings: PackSettings, num_packs: int, num_buckets: int,

@@ -129,7 +129,8 @@ def _keyed_permutation(indices, sizes, keys, out):
             bits += one
         half = (bits + one) // np.uint64(2)
         mask = (one << half) - one
-        round_keys = [_mix(keys[i] * np.uint64(4) + np.uint64(r)) for r in range(4)]
+        key = keys[i] * np.uint64(4)
+        round_keys = (_mix(key), _mix(key + one), _mix(key + np.uint64(2)), _mix(key + np.uint64(3)))
         value = indices[i]
         while True:  # cycle-walk until the value lands inside [0, size)
             left, right = value >> half, value & mask
@@ -316,19 +317,12 @@ def unpack(packs: dict[str, np.ndarray], shapes: Shapes) -> np.ndarray:
     rows = np.zeros(len(pack_index), dtype=row_dtype(shapes))
     row_of_cell = np.full(weights.shape, -1, dtype=np.int64)
     row_of_cell[pack_index, index_in_pack] = np.arange(len(rows))
-    seq, width = shapes.max_seq_length, shapes.max_predictions_per_seq
-    lengths, predictions = np.zeros(len(rows), np.int32), np.zeros(len(rows), np.int32)
-    input_ids, segment_ids = np.zeros((len(rows), seq), np.int32), np.zeros((len(rows), seq), np.int8)
-    masked_positions, masked_ids = np.zeros((len(rows), width), np.int32), np.zeros((len(rows), width), np.int32)
     bad = _unpack(row_of_cell, packs["input_ids"], packs["input_mask"], packs["segment_ids"],
                   packs["masked_lm_positions"], packs["masked_lm_ids"], packs["masked_lm_weights"],
-                  packs["next_sentence_positions"], lengths, predictions, input_ids, segment_ids,
-                  masked_positions, masked_ids)
+                  packs["next_sentence_positions"], rows["length"], rows["num_predictions"], rows["input_ids"],
+                  rows["segment_ids"], rows["masked_lm_positions"], rows["masked_lm_ids"])
     if bad >= 0:
         raise ValueError(f"pack {bad} does not decode: a token or prediction belongs to no sequence of the pack, "
-                         f"or a sequence has more than {width} predictions")
-    rows["length"], rows["num_predictions"] = lengths, predictions
+                         f"or a sequence has more than {shapes.max_predictions_per_seq} predictions")
     rows["next_sentence_label"] = packs["next_sentence_labels"][pack_index, index_in_pack]
-    rows["input_ids"], rows["segment_ids"] = input_ids, segment_ids
-    rows["masked_lm_positions"], rows["masked_lm_ids"] = masked_positions, masked_ids
     return rows

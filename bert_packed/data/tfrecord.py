@@ -1,8 +1,9 @@
 """TFRecord files of tf.train.Example records, written, framed and read without TensorFlow.
 
 Building a tf.train.Example through the protobuf API costs ~180 us for one BERT record at
-L=512. Here small compiled loops (numba) serialize and frame a packed record in ~20 us, and keep
-data preparation free of a 7 s TensorFlow import. reader.py parses the records read here.
+L=512. Here small compiled loops (numba) serialize and frame a packed record in ~30 us
+(scripts/benchmark_pack_pretraining_data.py), and keep data preparation free of a 7 s TensorFlow
+import. reader.py parses the records read here.
 
 TFRecord framing: uint64 length, masked crc32c of the length, data, masked crc32c of the data.
 Example layout, as written here: Example{features=1: Features{feature=1 (one map entry per

@@ -254,8 +254,9 @@ class Trainer:
         # Steps logged after the checkpoint resumed from are redone: their lines go, and the clocks
         # continue from the checkpoint's.
         last = _keep_logged_steps(self.work_dir, int(self.step.numpy()))
+        seconds_before, train_seconds_before = last.get("seconds", 0.0), last.get("train_seconds", 0.0)
         logs = _Logs(self.work_dir)
-        logs.last_seconds = last.get("seconds", 0.0)
+        logs.last_seconds = seconds_before
         betas = self._base_optimizer
         logs.mllog("run_start" if not resumed else "run_resume", None)
         logs.mllog("opt_lamb_beta_1", betas.beta_1)
@@ -280,10 +281,10 @@ class Trainer:
                 self.step.assign(step)
                 self.sequences.assign(sequences)
                 elapsed = time.perf_counter() - start
-                seconds = last.get("seconds", 0.0) + elapsed
+                seconds = seconds_before + elapsed
                 record = {"step": step, "sequences": sequences, "learning_rate": learning_rate,
                           "seconds": seconds,
-                          "train_seconds": last.get("train_seconds", 0.0) + elapsed - logs.eval_seconds,
+                          "train_seconds": train_seconds_before + elapsed - logs.eval_seconds,
                           "real_tokens": float(sums["tokens"]),
                           "padding_efficiency": float(sums["tokens"] / sums["slots"]), **metrics}
                 logs.train(record)
@@ -306,7 +307,7 @@ class Trainer:
                     return metrics
             self._save()
             if c.eval_files and not c.eval_every_samples:
-                self._evaluate_and_log(logs, step, last.get("seconds", 0.0) + time.perf_counter() - start)
+                self._evaluate_and_log(logs, step, seconds_before + time.perf_counter() - start)
             logs.mllog("run_stop", None, {"status": "success" if logs.reached else "aborted"})
         finally:
             signal.signal(signal.SIGTERM, previous)
