@@ -12,7 +12,7 @@ STAMP := $(ENV_DIR)/.bert-packed-installed
 
 setup: $(STAMP)
 
-$(STAMP): setup.py
+$(STAMP): pyproject.toml
 	test -x $(PYTHON) || python3 -m venv $(ENV_DIR)
 	$(PYTHON) -m pip install --quiet --upgrade pip
 	$(PYTHON) -m pip install --quiet -e '.[cpu,test]'
@@ -45,6 +45,7 @@ run: $(STAMP)
 	@echo "results: $(RUN_DIR)/ (curves.png, train_*/train_log.jsonl, eval_log.jsonl, packed/metadata.json)"
 
 test: $(STAMP)
+	$(PYTHON) -m ruff check .
 	$(PYTHON) -m pytest -q tests
 
 # Every figure in the README.

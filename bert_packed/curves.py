@@ -9,8 +9,11 @@ import dataclasses
 import json
 import os
 
+from bert_packed.errors import UserError
+from bert_packed.files import atomic_path
 
-class RunError(ValueError):
+
+class RunError(UserError, ValueError):
     """A run directory lacks the logs a comparison needs."""
 
 
@@ -154,7 +157,6 @@ def plot(runs: list[Run], path: str) -> None:
         axis.legend(fontsize=8)
     figure.suptitle("packed vs unpacked: accuracy and loss against sequences and time")
     figure.tight_layout()
-    tmp = f"{path}.tmp-{os.getpid()}.png"
-    figure.savefig(tmp, dpi=100)
+    with atomic_path(path) as tmp:
+        figure.savefig(tmp, dpi=100, format=os.path.splitext(path)[1][1:] or "png")
     plt.close(figure)
-    os.replace(tmp, path)

@@ -18,9 +18,11 @@ import shutil
 import tempfile
 import time
 
-from bert_packed.data.create_dataset import DatasetSettings, create_pretraining_dataset
-from bert_packed.data.pretraining import MaskingConfig
 from sample_corpus import SAMPLE, VOCAB, copy_sample
+
+from bert_packed.pretraining_data.create_dataset import DatasetSettings, create_pretraining_dataset
+from bert_packed.pretraining_data.instances import MaskingConfig
+
 REFERENCE = {"num_instances": 2397, "padding_fraction": 0.30, "full_length_fraction": 0.57,
              "predictions_per_instance": 53.0, "random_next_fraction": 0.50}
 REFERENCE_RATE = 480.0

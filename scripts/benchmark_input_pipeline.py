@@ -17,12 +17,13 @@ import shutil
 import tempfile
 import time
 
-from bert_packed.data.create_dataset import DatasetSettings, create_pretraining_dataset
-from bert_packed.data.pack_dataset import PackSettings, pack_pretraining_dataset
-from bert_packed.data.pipeline import PipelineConfig, make_dataset
-from bert_packed.data.pretraining import MaskingConfig
-from bert_packed.data.schema import Shapes
 from sample_corpus import SAMPLE, VOCAB
+
+from bert_packed.features import Shapes
+from bert_packed.input_pipeline import PipelineConfig, make_dataset
+from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset
+from bert_packed.pretraining_data.create_dataset import DatasetSettings, create_pretraining_dataset
+from bert_packed.pretraining_data.instances import MaskingConfig
 
 
 def rate(config: PipelineConfig, batches: int) -> tuple[float, float]:

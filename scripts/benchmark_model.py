@@ -24,10 +24,10 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from bert_packed.data import packer
-from bert_packed.data.schema import Shapes
+from bert_packed.features import Shapes
 from bert_packed.model import BertConfig, BertPretrainingModel
 from bert_packed.model.modeling import attention_bias_from_mask
+from bert_packed.packing import packer
 from bert_packed.training import loss_from_sums, pretraining_sums
 
 

@@ -25,11 +25,11 @@ import sys
 import tempfile
 import time
 
-from bert_packed.data.pack_dataset import PackSettings, pack_pretraining_dataset, verify_packed_dataset
-from bert_packed.data.reader import read_batches, read_packed
-from bert_packed.data.schema import UNPACKED_FLOAT_FEATURES, Shapes
-from bert_packed.data.tfrecord import TFRecordWriter, read_records
 from sample_corpus import copy_sample
+
+from bert_packed.features import UNPACKED_FLOAT_FEATURES, Shapes
+from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset, verify_packed_dataset
+from bert_packed.records import TFRecordWriter, read_batches, read_packed, read_records
 
 SCRIPTS = os.path.dirname(os.path.abspath(__file__))
 

@@ -18,8 +18,11 @@ import json
 import os
 import tempfile
 
+from bert_packed.dataset_info import read_dataset_info
+from bert_packed.features import Shapes
 from bert_packed.model import BertConfig
-from bert_packed.training.trainer import TrainConfig, Trainer
+from bert_packed.training.config import ModelConfig, OptimizerConfig, RunConfig, TrainConfig, TrainData
+from bert_packed.training.trainer import Trainer
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
@@ -30,17 +33,16 @@ def sample_data() -> tuple[list[str], list[str], float]:
     unpacked = sorted(glob.glob(os.path.join(ROOT, "runs", "sample", "unpacked", "part-*.tfrecord")))
     if not packed or not unpacked:
         raise SystemExit("no sample data: run `make run` first (it builds runs/sample/)")
-    with open(os.path.join(ROOT, "runs", "sample", "packed", "metadata.json"), encoding="utf-8") as f:
-        return packed, unpacked, json.load(f)["packing_factor"]
+    return packed, unpacked, read_dataset_info(os.path.join(ROOT, "runs", "sample", "packed")).packing_factor
 
 
 def tokens_per_second(name, files, mode, depth, batch_size, steps, warmup, output_dir, boundaries=()):
-    config = TrainConfig(bert_config=BertConfig.from_json_file(os.path.join(ROOT, "configs", f"bert_config_{name}.json")),
-                         input_files=tuple(files), output_dir=output_dir, max_seq_length=512,
-                         max_predictions_per_seq=76, max_sequences_per_pack=depth, input_mode=mode,
-                         train_batch_size=batch_size, num_train_steps=steps, learning_rate=1e-3,
-                         bucket_boundaries=boundaries,
-                         save_checkpoints_steps=10 ** 9, log_every_steps=10 ** 9)
+    bert = BertConfig.from_json_file(os.path.join(ROOT, "configs", f"bert_config_{name}.json"))
+    config = TrainConfig(model=ModelConfig(bert),
+                         train_data=TrainData(tuple(files), Shapes(512, 76, depth), mode, batch_size=batch_size,
+                                              bucket_boundaries=boundaries),
+                         optimizer=OptimizerConfig(learning_rate=1e-3, num_train_steps=steps),
+                         run=RunConfig(output_dir, save_checkpoints_steps=10**9, log_every_steps=10**9))
     Trainer(config).train()
     with open(os.path.join(output_dir, "train_log.jsonl"), encoding="utf-8") as f:
         log = [json.loads(line) for line in f]

@@ -19,11 +19,11 @@ import tempfile
 
 import numpy as np
 
-from bert_packed.data.pack_dataset import PackSettings, pack_pretraining_dataset
-from bert_packed.data.pretraining import Instance, instance_features
-from bert_packed.data.schema import Shapes
-from bert_packed.data.tfrecord import TFRecordWriter
+from bert_packed.features import Shapes
 from bert_packed.packing import wikipedia_like_histogram
+from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset
+from bert_packed.pretraining_data.instances import Instance, instance_features
+from bert_packed.records import TFRecordWriter
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchmark_training import tokens_per_second  # noqa: E402  (the same measurement)

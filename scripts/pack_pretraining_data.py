@@ -1,6 +1,6 @@
 """Unpacked -> packed pre-training TFRecords; see bert_packed/cli/pack_pretraining_data.py."""
 
-from bert_packed.cli.pack_pretraining_data import run
+from bert_packed.cli.pack_pretraining_data import entry_point
 
 if __name__ == "__main__":
-    run()
+    entry_point()

@@ -39,8 +39,8 @@ def write_corpus(directory, num_files=2, docs_per_file=8, paragraphs_per_doc=2):
 
 
 def dataset_settings(dupe_factor=2, seed=12345, short_seq_prob=0.5, **masking):
-    from bert_packed.data.create_dataset import DatasetSettings
-    from bert_packed.data.pretraining import MaskingConfig
+    from bert_packed.pretraining_data.create_dataset import DatasetSettings
+    from bert_packed.pretraining_data.instances import MaskingConfig
 
     config = MaskingConfig(MAX_SEQ_LENGTH, MAX_PREDICTIONS, short_seq_prob=short_seq_prob, **masking)
     return DatasetSettings(VOCAB, True, config, dupe_factor, seed)
@@ -53,7 +53,7 @@ def corpus(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def unpacked_dir(corpus, tmp_path_factory):
-    from bert_packed.data.create_dataset import create_pretraining_dataset
+    from bert_packed.pretraining_data.create_dataset import create_pretraining_dataset
 
     directory = str(tmp_path_factory.mktemp("unpacked"))
     create_pretraining_dataset(corpus, directory, dataset_settings(), num_workers=1)
@@ -62,8 +62,8 @@ def unpacked_dir(corpus, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def packed_dir(unpacked_dir, tmp_path_factory):
-    from bert_packed.data.pack_dataset import PackSettings, pack_pretraining_dataset
-    from bert_packed.data.schema import Shapes
+    from bert_packed.features import Shapes
+    from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset
 
     directory = str(tmp_path_factory.mktemp("packed"))
     files = sorted(os.path.join(unpacked_dir, n) for n in os.listdir(unpacked_dir) if n.endswith(".tfrecord"))

@@ -4,9 +4,9 @@ import subprocess
 import sys
 
 import pytest
+from conftest import REPO
 
 from bert_packed.curves import RunError, load_run, summary_table
-from conftest import REPO
 
 
 def write_run(directory, mode, packing_factor, seconds_per_step, sequences_per_step, accuracies):

@@ -1,6 +1,6 @@
 import pytest
 
-from bert_packed.data.corpus import CorpusError, read_documents, split_sentences
+from bert_packed.pretraining_data.corpus import CorpusError, read_documents, split_sentences
 
 
 @pytest.mark.parametrize("text, sentences", [

@@ -5,19 +5,22 @@ import sys
 
 import numpy as np
 import pytest
-
-from bert_packed.data.corpus import CorpusError
-from bert_packed.data.create_dataset import OutputDirectoryError, create_pretraining_dataset
-from bert_packed.data.reader import read_unpacked
-from bert_packed.data.schema import Shapes
-from bert_packed.data.tokenization import VocabularyError
-from bert_packed.packing import load_histogram
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, SAMPLE, dataset_settings, tfrecords, write_corpus
+
+from bert_packed.features import Shapes
+from bert_packed.packing import load_histogram
+from bert_packed.pretraining_data.corpus import CorpusError
+from bert_packed.pretraining_data.create_dataset import OutputDirectoryError, create_pretraining_dataset
+from bert_packed.pretraining_data.tokenization import VocabularyError
+from bert_packed.records import read_unpacked
 
 CLS, SEP, MASK = 101, 102, 103
 
 
-def read_all(directory, shapes=Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS)):
+UNPACKED = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS)
+
+
+def read_all(directory, shapes=UNPACKED):
     batches = [batch for path in tfrecords(directory) for _, batch in read_unpacked(path, shapes)]
     return {name: np.concatenate([b[name] for b in batches]) for name in batches[0]}
 
@@ -111,8 +114,8 @@ def test_missing_vocabulary_is_named(corpus, tmp_path):
 
 def test_masking_statistics_match_mlperf_on_the_sample(tmp_path):
     """The whole shipped sample at the MLPerf shapes (L=512, P=76), dupe_factor 1."""
-    from bert_packed.data.create_dataset import DatasetSettings
-    from bert_packed.data.pretraining import MaskingConfig
+    from bert_packed.pretraining_data.create_dataset import DatasetSettings
+    from bert_packed.pretraining_data.instances import MaskingConfig
 
     samples = sorted(os.path.join(os.path.dirname(SAMPLE), n) for n in os.listdir(os.path.dirname(SAMPLE)))
     settings = DatasetSettings(os.path.join(REPO, "data", "bert_uncased_vocab.txt"), True, MaskingConfig(), 1, 12345)

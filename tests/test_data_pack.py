@@ -4,20 +4,19 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, tfrecords
 
-from bert_packed.data import packer
-from bert_packed.data import pack_dataset as pack_module
-from bert_packed.data.pack_dataset import (
+from bert_packed.features import Shapes
+from bert_packed.packing import pack_dataset as pack_module
+from bert_packed.packing import packer
+from bert_packed.packing.pack_dataset import (
     OutputDirectoryError,
     PackingError,
     PackSettings,
     pack_pretraining_dataset,
     verify_packed_dataset,
 )
-from bert_packed.data.reader import RecordError, read_packed, read_unpacked
-from bert_packed.data.schema import Shapes
-from bert_packed.data.tfrecord import CorruptRecordError, TFRecordWriter
-from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, tfrecords
+from bert_packed.records import CorruptRecordError, RecordError, TFRecordWriter, read_packed, read_unpacked
 
 PACKED = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK)
 UNPACKED = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS)

@@ -1,12 +1,12 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-
-from bert_packed.data import packer
-from bert_packed.data.pipeline import PipelineConfig, diagnose_input_error, make_dataset
-from bert_packed.data.schema import Shapes
-from bert_packed.data.tfrecord import CorruptRecordError
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, tfrecords
+
+from bert_packed.features import Shapes
+from bert_packed.input_pipeline import PipelineConfig, diagnose_input_error, make_dataset
+from bert_packed.packing import packer
+from bert_packed.records import CorruptRecordError
 
 PACKED = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK)
 UNPACKED = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS)
@@ -46,7 +46,7 @@ def test_every_mode_yields_the_same_sequences_in_the_same_layout(configs):
     epochs = {mode: one_epoch(config) for mode, config in configs.items()}
     assert sequences(epochs["packed"]) == sequences(epochs["padded"]) == sequences(epochs["bucketed"])
     assert len(sequences(epochs["padded"])) == 122
-    for mode, batches in epochs.items():
+    for _mode, batches in epochs.items():
         assert set(batches[0]) == {"input_ids", "input_mask", "segment_ids", "positions", "masked_lm_positions",
                                    "masked_lm_ids", "masked_lm_weights", "next_sentence_positions",
                                    "next_sentence_labels", "next_sentence_weights"}

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_packed.data import packer
-from bert_packed.data.schema import Shapes
+from bert_packed.features import Shapes
 from bert_packed.model import (
     BertConfig,
     BertPretrainingModel,
@@ -17,6 +16,7 @@ from bert_packed.model import (
     google_variable_names,
     load_google_checkpoint,
 )
+from bert_packed.packing import packer
 from bert_packed.training import loss_from_sums, metrics_from_sums, pretraining_sums
 
 CONFIG = BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -149,7 +149,7 @@ def test_losses_match_an_independent_numpy_computation(model, data):
         return np.log(np.exp(logits).sum()) - logits[label]
 
     token_nll, sequence_means, correct = [], [], []
-    for (mlm, nsp), row in zip(per_sequence, rows):
+    for (mlm, _nsp), row in zip(per_sequence, rows):
         labels = row["masked_lm_ids"][:row["num_predictions"]]
         values = [nll(logit, label) for logit, label in zip(mlm, labels)]
         token_nll += values

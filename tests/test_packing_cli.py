@@ -52,9 +52,9 @@ def test_all_algorithms_json_at_unlimited_depth_keeps_the_greedy_ones(histogram_
     ("[0, 0]", [], "empty"),
     ("{not json", [], "not valid JSON"),
     ('{"max_sequence_length": 1, "histogram": [1, 1]}', [], "longer than the maximum sequence length 1"),
-    ("[1, 1]", ["--max-sequences-per-pack", "0"], "--max-sequences-per-pack: must be >= 1"),
-    ("[1, 1]", ["--max-sequences-per-pack", "two"], "--max-sequences-per-pack: expected an integer"),
-    ("[1, 1]", ["--algorithm", "magic"], "invalid choice: 'magic'"),
+    ("[1, 1]", ["--max-sequences-per-pack", "0"], "--max_sequences_per_pack=0: must be >= 1"),
+    ("[1, 1]", ["--max-sequences-per-pack", "two"], "--max_sequences_per_pack=two: expected an integer"),
+    ("[1, 1]", ["--algorithm", "magic"], "--algorithm=magic: value should be one of"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, content, args, message):
     path = tmp_path / "h.json"

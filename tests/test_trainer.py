@@ -1,5 +1,6 @@
 """The training loop: accumulation, distribution, resume, NaN, evaluation and logs."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -8,21 +9,38 @@ import sys
 
 import numpy as np
 import pytest
-
-from bert_packed.model import BertConfig
-from bert_packed.training.trainer import TrainConfig, Trainer, TrainingError
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, REPO, TINY, tfrecords
 
+from bert_packed.features import Shapes
+from bert_packed.model import BertConfig
+from bert_packed.training.config import EvalData, ModelConfig, OptimizerConfig, RunConfig, TrainConfig, TrainData
+from bert_packed.training.trainer import Trainer, TrainingError
 
 
-def config(output_dir, files, dropout=0.1, **overrides):
+def config(output_dir, files, dropout=0.1, eval_files=(), eval_packed=False, **overrides):
+    """A TrainConfig for the tiny model on the test data; overrides name fields of any part."""
     bert = BertConfig(**TINY, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
-    values = dict(bert_config=bert, input_files=tuple(files), output_dir=str(output_dir),
-                  max_seq_length=MAX_SEQ_LENGTH, max_predictions_per_seq=MAX_PREDICTIONS,
-                  max_sequences_per_pack=MAX_SEQUENCES_PER_PACK, train_batch_size=4, num_train_steps=2,
-                  learning_rate=1e-3, deterministic=True, log_every_steps=1, save_checkpoints_steps=1000)
+    values = dict(train_batch_size=4, num_train_steps=2, learning_rate=1e-3, deterministic=True, log_every_steps=1,
+                  save_checkpoints_steps=1000)
     values.update(overrides)
-    return TrainConfig(**values)
+    parts = {"model": ModelConfig, "train_data": TrainData, "optimizer": OptimizerConfig, "run": RunConfig,
+             "eval_data": EvalData}
+    # Flag names that differ from the field they set.
+    renamed = {"train_batch_size": ("train_data", "batch_size"), "eval_every_samples": ("eval_data", "every_samples"),
+               "target_mlm_accuracy": ("eval_data", "target_mlm_accuracy"), "optimizer": ("optimizer", "name")}
+    fields = {name: {} for name in parts}
+    for key, value in values.items():
+        part, field = renamed.get(key) or next((part, key) for part, kind in parts.items()
+                                                if key in {f.name for f in dataclasses.fields(kind)})
+        fields[part][field] = value
+    shapes = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK)
+    eval_shapes = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK if eval_packed else 1)
+    return TrainConfig(model=ModelConfig(bert, **fields["model"]),
+                       train_data=TrainData(tuple(files), shapes, **fields["train_data"]),
+                       optimizer=OptimizerConfig(**fields["optimizer"]),
+                       run=RunConfig(str(output_dir), **fields["run"]),
+                       eval_data=EvalData(tuple(eval_files), eval_shapes, eval_packed,
+                                          **fields["eval_data"]))
 
 
 def weights(trainer):
@@ -46,7 +64,7 @@ def test_accumulated_micro_batches_equal_one_big_batch(packed_dir, tmp_path):
         for w, value in zip(big.model.weights, start):
             w.assign(value)
         big.train()
-        for a, b, before in zip(weights(accumulated), weights(big), start):
+        for a, b, _before in zip(weights(accumulated), weights(big), start):
             np.testing.assert_allclose(a, b, atol=2e-6)
         assert any(not np.allclose(a, s) for a, s in zip(weights(big), start))
         first = read_log(os.path.join(tmp_path, f"a-{averaging}", "train_log.jsonl"))[0]
@@ -150,7 +168,7 @@ def test_a_nan_loss_stops_and_keeps_the_last_good_checkpoint(packed_dir, tmp_pat
 
 def test_packed_and_unpacked_eval_files_give_the_same_metrics(packed_dir, unpacked_dir, tmp_path):
     packed = Trainer(config(tmp_path / "p", tfrecords(packed_dir), eval_files=tuple(tfrecords(packed_dir)),
-                            eval_sequences_per_pack=MAX_SEQUENCES_PER_PACK))
+                            eval_packed=True))
     unpacked = Trainer(config(tmp_path / "u", tfrecords(packed_dir), eval_files=tuple(tfrecords(unpacked_dir))))
     for w, value in zip(unpacked.model.weights, weights(packed)):
         w.assign(value)

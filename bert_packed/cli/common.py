@@ -1,37 +1,63 @@
-"""Helpers shared by the command-line edges."""
+"""What every command shares: how it starts, how it fails, how it finds its input files.
+
+`run` is the one way a command runs: absl parses the flags (flagfiles included), and then
+- a bad flag, or a UserError raised anywhere below (bert_packed.errors), prints one line,
+  `<program>: error: <message>`, and exits with status 2;
+- a full disk (or quota, or file-size limit) prints one line saying what is kept, status 2;
+- any other exception is a bug and raises with its traceback.
+"""
 
 from __future__ import annotations
 
 import errno
 import glob
 import sys
+from collections.abc import Callable
+from typing import NoReturn
+
+from absl import app, flags
+
+from bert_packed.errors import InputFilesError, UserError
 
 # A full disk, a full quota and a file-size limit all stop a write the same way.
 _DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _DISK_FULL_TEXTS = ("No space left on device", "Disk quota exceeded", "File too large")
 
 
-def expand_globs(patterns: str | list[str], what: str) -> list[str]:
-    """Comma-separated globs (or a list of them) -> sorted files; every pattern must match.
+def run(main: Callable[[list[str]], None], program: str, output_flag: str, kept: str) -> None:
+    """Parses the flags and runs main(argv) (argv: the program and its positional arguments).
 
-    Raises:
-      FileNotFoundError: naming the pattern that matches nothing.
+    Args:
+      main: the command's body.
+      program: the command's name, for messages.
+      output_flag: the flag naming where the command writes (for the full-disk message).
+      kept: what survives a full disk, for the message ("Finished shards are kept", say).
     """
-    if isinstance(patterns, str):
-        patterns = [p for p in patterns.split(",") if p.strip()]
-    if not patterns:
-        raise FileNotFoundError(f"{what}: no files given")
-    files = []
-    for pattern in patterns:
-        matches = sorted(glob.glob(pattern.strip()))
-        if not matches:
-            raise FileNotFoundError(f"{what}: {pattern!r} matches no file")
-        files.extend(matches)
-    return files
+
+    def parse(argv: list[str]) -> list[str]:
+        try:
+            return flags.FLAGS(argv)
+        except flags.Error as e:
+            fail(program, e)
+
+    def guarded(argv: list[str]) -> None:
+        try:
+            main(argv)
+        except UserError as e:
+            fail(program, e)
+        except Exception as e:  # noqa: BLE001 - TensorFlow reports a full disk as its own error types
+            if not is_disk_full(e):
+                raise
+            where = getattr(e, "filename", None) or getattr(flags.FLAGS, output_flag)
+            reason = getattr(e, "strerror", None) or next(text for text in _DISK_FULL_TEXTS if text in str(e))
+            fail(program, f"{where}: the disk is full ({reason}). {kept}; partial files were removed. Free some "
+                          f"space and run the same command again to continue")
+
+    app.run(guarded, flags_parser=parse)
 
 
-def fail(program: str, error: Exception | str) -> None:
-    """Exits with status 2 and one line naming the problem (no traceback for bad input)."""
+def fail(program: str, error: Exception | str) -> NoReturn:
+    """Exits with status 2 and one line naming the problem."""
     sys.stderr.write(f"{program}: error: {error}\n")
     sys.exit(2)
 
@@ -43,18 +69,20 @@ def is_disk_full(error: BaseException) -> bool:
     return any(text in str(error) for text in _DISK_FULL_TEXTS)
 
 
-def fail_if_disk_full(program: str, error: BaseException, output: str, kept: str) -> None:
-    """Exits with one line when `error` is a full disk; returns otherwise (the caller re-raises).
+def expand_globs(patterns: str | list[str], what: str) -> list[str]:
+    """Comma-separated globs (or a list of them) -> sorted files; every pattern must match.
 
-    Args:
-      program: the command's name.
-      error: what was raised.
-      output: where the command writes.
-      kept: what survives, for the message (finished shards, the last checkpoint...).
+    Raises:
+      InputFilesError: naming the pattern that matches nothing.
     """
-    if not is_disk_full(error):
-        return
-    where = getattr(error, "filename", None) or output
-    reason = getattr(error, "strerror", None) or next(text for text in _DISK_FULL_TEXTS if text in str(error))
-    fail(program, f"{where}: the disk is full ({reason}). {kept}; partial files were removed. Free some space "
-                  f"and run the same command again to continue")
+    if isinstance(patterns, str):
+        patterns = [p for p in patterns.split(",") if p.strip()]
+    if not patterns:
+        raise InputFilesError(f"{what}: no files given")
+    files = []
+    for pattern in patterns:
+        matches = sorted(glob.glob(pattern.strip()))
+        if not matches:
+            raise InputFilesError(f"{what}: {pattern!r} matches no file")
+        files.extend(matches)
+    return files

@@ -3,51 +3,53 @@
     python scripts/compare_curves.py runs/sample/train_padded runs/sample/train_packed \
         --output runs/sample/curves.png --accuracy 0.05
 
-The first run is the baseline for the speed-ups. Exit status 2 with one line on bad input.
+The positional arguments are run_pretraining.py output directories; the first is the baseline
+for the speed-ups. Exit status 2 with one line on bad input.
 """
 
 from __future__ import annotations
 
-import argparse
+from absl import flags
 
-from bert_packed.cli.common import fail_if_disk_full
-from bert_packed.curves import RunError, format_table, load_run, plot, summary_table
+from bert_packed.cli.common import run
+from bert_packed.curves import format_table, load_run, plot, summary_table
+from bert_packed.errors import SettingsError
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("labels", None, "Comma-separated names for the runs (default: their directory names).")
+flags.DEFINE_string("output", "compare_curves.png", "Where the PNG goes.")
+flags.DEFINE_string("accuracy", "0.720", "MLM accuracy for the sequences-and-time-to-accuracy columns; 'auto': 90% "
+                                         "of the lowest final eval accuracy among the runs.")
+
+PROGRAM = "compare_curves"
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="compare_curves", description=__doc__.split("\n")[0])
-    parser.add_argument("runs", nargs="+", help="run_pretraining.py output directories; the first is the baseline")
-    parser.add_argument("--labels", default=None, help="comma-separated names for the runs")
-    parser.add_argument("--output", default="compare_curves.png", help="where the PNG goes")
-    parser.add_argument("--accuracy", default="0.720",
-                        help="MLM accuracy for the sequences-and-time-to-accuracy columns (default 0.720); "
-                             "'auto': 90%% of the lowest final eval accuracy among the runs")
-    args = parser.parse_args(argv)
-    labels = args.labels.split(",") if args.labels else [None] * len(args.runs)
-    if len(labels) != len(args.runs):
-        parser.exit(2, f"compare_curves: error: --labels has {len(labels)} names for {len(args.runs)} runs\n")
-    try:
-        runs = [load_run(directory, label) for directory, label in zip(args.runs, labels)]
-    except RunError as e:
-        parser.exit(2, f"compare_curves: error: {e}\n")
-    if args.accuracy == "auto":
+def main(argv) -> None:
+    directories = argv[1:]
+    if not directories:
+        raise SettingsError("expected one or more run directories (run_pretraining.py --output_dir)")
+    labels = FLAGS.labels or [None] * len(directories)
+    if len(labels) != len(directories):
+        raise SettingsError(f"--labels has {len(labels)} names for {len(directories)} runs")
+    runs = [load_run(directory, label) for directory, label in zip(directories, labels)]
+    if FLAGS.accuracy == "auto":
         finals = [run.evals[-1]["mlm_accuracy"] for run in runs if run.evals]
         if len(finals) < len(runs):
-            parser.exit(2, "compare_curves: error: --accuracy auto needs an eval_log.jsonl in every run\n")
+            raise SettingsError("--accuracy auto needs an eval_log.jsonl in every run")
         accuracy = 0.9 * min(finals)
     else:
         try:
-            accuracy = float(args.accuracy)
+            accuracy = float(FLAGS.accuracy)
         except ValueError:
-            parser.exit(2, f"compare_curves: error: --accuracy {args.accuracy!r}: expected a number or 'auto'\n")
-    try:
-        plot(runs, args.output)
-    except OSError as e:
-        fail_if_disk_full("compare_curves", e, args.output, "The runs are untouched")
-        raise
+            raise SettingsError(f"--accuracy {FLAGS.accuracy!r}: expected a number or 'auto'") from None
+    plot(runs, FLAGS.output)
     print(format_table(summary_table(runs, accuracy), accuracy))
-    print(f"\ncurves: {args.output}")
+    print(f"\ncurves: {FLAGS.output}")
+
+
+def entry_point():
+    run(main, PROGRAM, "output", "The runs are untouched")
 
 
 if __name__ == "__main__":
-    main()
+    entry_point()

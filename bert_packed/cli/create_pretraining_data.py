@@ -13,13 +13,12 @@ from __future__ import annotations
 import json
 import logging
 
-from absl import app, flags
+from absl import flags
 
-from bert_packed.cli.common import expand_globs, fail, fail_if_disk_full
-from bert_packed.data.corpus import CorpusError
-from bert_packed.data.create_dataset import DatasetSettings, OutputDirectoryError, create_pretraining_dataset
-from bert_packed.data.pretraining import MaskingConfig
-from bert_packed.data.tokenization import VocabularyError
+from bert_packed.cli.common import expand_globs, run
+from bert_packed.errors import SettingsError
+from bert_packed.pretraining_data.create_dataset import DatasetSettings, create_pretraining_dataset
+from bert_packed.pretraining_data.instances import MaskingConfig
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("input_file", None, "Comma-separated input files or globs (WikiExtractor or one sentence a line).")
@@ -45,13 +44,13 @@ def main(argv):
     del argv
     logging.getLogger().setLevel(logging.INFO)
     if FLAGS.max_seq_length < 8:
-        fail(PROGRAM, f"--max_seq_length={FLAGS.max_seq_length}: must be at least 8")
+        raise SettingsError(f"--max_seq_length={FLAGS.max_seq_length}: must be at least 8")
     if FLAGS.max_predictions_per_seq < 1 or FLAGS.dupe_factor < 1:
-        fail(PROGRAM, "--max_predictions_per_seq and --dupe_factor must be at least 1")
+        raise SettingsError("--max_predictions_per_seq and --dupe_factor must be at least 1")
     if not 0.0 < FLAGS.masked_lm_prob < 1.0 or not 0.0 <= FLAGS.short_seq_prob <= 1.0:
-        fail(PROGRAM, "--masked_lm_prob must be in (0, 1) and --short_seq_prob in [0, 1]")
+        raise SettingsError("--masked_lm_prob must be in (0, 1) and --short_seq_prob in [0, 1]")
     if not 0.0 <= FLAGS.eval_fraction < 1.0:
-        fail(PROGRAM, f"--eval_fraction={FLAGS.eval_fraction}: must be in [0, 1)")
+        raise SettingsError(f"--eval_fraction={FLAGS.eval_fraction}: must be in [0, 1)")
     settings = DatasetSettings(
         vocab_file=FLAGS.vocab_file,
         do_lower_case=FLAGS.do_lower_case,
@@ -62,21 +61,15 @@ def main(argv):
         empty_documents=FLAGS.empty_documents,
         eval_fraction=FLAGS.eval_fraction,
     )
-    try:
-        files = expand_globs(FLAGS.input_file, "--input_file")
-        metadata = create_pretraining_dataset(files, FLAGS.output_dir, settings, FLAGS.num_workers)
-    except (FileNotFoundError, CorpusError, VocabularyError, OutputDirectoryError) as e:
-        fail(PROGRAM, e)
-    except OSError as e:
-        fail_if_disk_full(PROGRAM, e, FLAGS.output_dir, "Finished shards are kept")
-        raise
+    files = expand_globs(FLAGS.input_file, "--input_file")
+    metadata = create_pretraining_dataset(files, FLAGS.output_dir, settings, FLAGS.num_workers)
     summary = {k: v for k, v in metadata.items() if k not in ("sources", "files", "eval_files", "settings")}
     print(json.dumps(summary, indent=1))
 
 
-def run():
-    app.run(main)
+def entry_point():
+    run(main, PROGRAM, "output_dir", "Finished shards are kept")
 
 
 if __name__ == "__main__":
-    run()
+    entry_point()

@@ -13,20 +13,13 @@ from __future__ import annotations
 import json
 import logging
 
-from absl import app, flags
+from absl import flags
 
-from bert_packed.cli.common import expand_globs, fail, fail_if_disk_full
-from bert_packed.data.pack_dataset import (
-    OutputDirectoryError,
-    PackingError,
-    PackSettings,
-    pack_pretraining_dataset,
-    verify_packed_dataset,
-)
-from bert_packed.data.reader import RecordError
-from bert_packed.data.schema import Shapes
-from bert_packed.data.tfrecord import CorruptRecordError
+from bert_packed.cli.common import expand_globs, run
+from bert_packed.errors import SettingsError
+from bert_packed.features import Shapes
 from bert_packed.packing import ALGORITHMS
+from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset, verify_packed_dataset
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("input_files", None, "Comma-separated globs of unpacked TFRecord files.")
@@ -49,31 +42,25 @@ def main(argv):
     del argv
     logging.getLogger().setLevel(logging.INFO)
     if FLAGS.max_sequences_per_pack < 1 or FLAGS.max_seq_length < 8 or FLAGS.max_predictions_per_seq < 1:
-        fail(PROGRAM, "--max_sequences_per_pack and --max_predictions_per_seq must be >= 1, --max_seq_length >= 8")
+        raise SettingsError("--max_sequences_per_pack and --max_predictions_per_seq must be >= 1, --max_seq_length >= 8")
     if FLAGS.num_shards < 1 or FLAGS.bucket_mb < 1:
-        fail(PROGRAM, "--num_shards and --bucket_mb must be >= 1")
+        raise SettingsError("--num_shards and --bucket_mb must be >= 1")
     settings = PackSettings(
         shapes=Shapes(FLAGS.max_seq_length, FLAGS.max_predictions_per_seq, FLAGS.max_sequences_per_pack),
         algorithm=FLAGS.algorithm, seed=FLAGS.seed, num_shards=FLAGS.num_shards,
         bucket_bytes=FLAGS.bucket_mb << 20)
-    try:
-        files = expand_globs(FLAGS.input_files, "--input_files")
-        metadata = pack_pretraining_dataset(files, FLAGS.output_dir, settings, FLAGS.num_workers)
-        if FLAGS.verify:
-            found = verify_packed_dataset(FLAGS.output_dir, FLAGS.num_workers)
-            logging.info("verified: %d packs decode to the %d input sequences (checksum %s)",
-                         found["num_packs"], found["num_sequences"], found["checksum"])
-    except (FileNotFoundError, CorruptRecordError, RecordError, OutputDirectoryError, PackingError, ValueError) as e:
-        fail(PROGRAM, e)
-    except OSError as e:
-        fail_if_disk_full(PROGRAM, e, FLAGS.output_dir, "Finished passes and shards are kept")
-        raise
+    files = expand_globs(FLAGS.input_files, "--input_files")
+    metadata = pack_pretraining_dataset(files, FLAGS.output_dir, settings, FLAGS.num_workers)
+    if FLAGS.verify:
+        found = verify_packed_dataset(FLAGS.output_dir, FLAGS.num_workers)
+        logging.info("verified: %d packs decode to the %d input sequences (checksum %s)",
+                     found["num_packs"], found["num_sequences"], found["checksum"])
     print(json.dumps({k: v for k, v in metadata.items() if k not in ("sources", "files")}, indent=1))
 
 
-def run():
-    app.run(main)
+def entry_point():
+    run(main, PROGRAM, "output_dir", "Finished passes and shards are kept")
 
 
 if __name__ == "__main__":
-    run()
+    entry_point()

@@ -1,50 +1,55 @@
 """Plan a packing from a length histogram and report it.
 
-    python -m bert_packed.packing --histogram H.json --algorithm lp --max-sequences-per-pack 3
-    python -m bert_packed.packing --histogram H.json --algorithm all --json
+    python -m bert_packed.packing --histogram H.json --algorithm lp --max_sequences_per_pack 3
+    bert-packed-plan --histogram H.json --algorithm all --json
 
-Exit status 2 with a one-line message on bad input.
+The hyphenated spellings of earlier releases (--max-sequences-per-pack, --max-sequence-length)
+still work. Exit status 2 with a one-line message on bad input.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
-from bert_packed.packing import ALGORITHMS, HistogramError, histogram_stats, load_histogram, plan
+from absl import flags
+
+from bert_packed.cli.common import run
+from bert_packed.packing import ALGORITHMS, histogram_stats, load_histogram, plan
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, no usage block: the message says what is wrong
-        self.exit(2, f"{self.prog}: error: {message}\n")
+class _DepthParser(flags.ArgumentParser):
+    """An integer >= 1, or 'unlimited' (None)."""
+
+    def parse(self, argument):
+        text = str(argument)
+        if text.lower() in ("none", "unlimited"):
+            return None
+        try:
+            depth = int(text)
+        except ValueError:
+            raise ValueError(f"expected an integer >= 1 or 'unlimited', got {text!r}") from None
+        if depth < 1:
+            raise ValueError(f"must be >= 1 (or 'unlimited'), got {depth}")
+        return depth
+
+    def flag_type(self):
+        return "depth"
 
 
-def _depth(text: str) -> int | None:
-    if text.lower() in ("none", "unlimited"):
-        return None
-    try:
-        depth = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'unlimited', got {text!r}") from None
-    if depth < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1 (or 'unlimited'), got {depth}")
-    return depth
+FLAGS = flags.FLAGS
+flags.DEFINE_string("histogram", None, "Histogram JSON: {'max_sequence_length': L, 'histogram': [c_1..c_L]} or a list.")
+flags.DEFINE_enum("algorithm", "lpfhp", [*ALGORITHMS, "all"],
+                  "Packing algorithm, or 'all' to compare them side by side.")
+flags.DEFINE(_DepthParser(), "max_sequences_per_pack", "3",
+             "Depth: at most this many sequences per pack, or 'unlimited'.")
+flags.DEFINE_integer("max_sequence_length", None, "L; default: the histogram file's max_sequence_length (or its length).")
+flags.DEFINE_bool("json", False, "Print one JSON object (with the strategies) instead of a table.")
+flags.DEFINE_alias("max-sequences-per-pack", "max_sequences_per_pack")
+flags.DEFINE_alias("max-sequence-length", "max_sequence_length")
+flags.mark_flag_as_required("histogram")
 
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m bert_packed.packing", description=__doc__.split("\n")[0])
-    parser.add_argument("--histogram", required=True,
-                        help="histogram JSON: {'max_sequence_length': L, 'histogram': [c_1..c_L]} or a list")
-    parser.add_argument("--algorithm", default="lpfhp", choices=[*ALGORITHMS, "all"],
-                        help="packing algorithm, or 'all' to compare them side by side (default lpfhp)")
-    parser.add_argument("--max-sequences-per-pack", type=_depth, default=3,
-                        help="depth: at most this many sequences per pack, or 'unlimited' (default 3)")
-    parser.add_argument("--max-sequence-length", type=int, default=None,
-                        help="L; default: the histogram file's max_sequence_length (or its length)")
-    parser.add_argument("--json", action="store_true",
-                        help="print one JSON object (with the strategies) instead of a table")
-    return parser
+PROGRAM = "plan_packing"
 
 
 def format_table(stats, plans) -> str:
@@ -66,26 +71,26 @@ def format_table(stats, plans) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> None:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    algorithms = list(ALGORITHMS) if args.algorithm == "all" else [args.algorithm]
-    if args.algorithm == "all" and args.max_sequences_per_pack is None:
+def main(argv) -> None:
+    del argv
+    algorithms = list(ALGORITHMS) if FLAGS.algorithm == "all" else [FLAGS.algorithm]
+    depth = FLAGS.max_sequences_per_pack
+    if FLAGS.algorithm == "all" and depth is None:
         # The strategy-enumerating solvers need a finite depth.
         algorithms = ["spfhp", "lpfhp"]
-    try:
-        histogram = load_histogram(args.histogram, args.max_sequence_length)
-        plans = [plan(histogram, len(histogram), algorithm, args.max_sequences_per_pack)
-                 for algorithm in algorithms]
-    except (HistogramError, ValueError) as e:
-        parser.error(str(e))
-    if args.json:
+    histogram = load_histogram(FLAGS.histogram, FLAGS.max_sequence_length)
+    plans = [plan(histogram, len(histogram), algorithm, depth) for algorithm in algorithms]
+    if FLAGS.json:
         payload = plans[0].to_dict() if len(plans) == 1 else {p.algorithm: p.to_dict() for p in plans}
         json.dump(payload, sys.stdout)
         sys.stdout.write("\n")
     else:
-        print(format_table(histogram_stats(histogram, args.max_sequences_per_pack), plans))
+        print(format_table(histogram_stats(histogram, depth), plans))
+
+
+def entry_point():
+    run(main, PROGRAM, "histogram", "Nothing was written")
 
 
 if __name__ == "__main__":
-    main()
+    entry_point()

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 
-from absl import app, flags
+from absl import flags
 
-from bert_packed.cli.common import expand_globs, fail, fail_if_disk_full
+from bert_packed.cli.common import expand_globs, run
+from bert_packed.dataset_info import DatasetInfo, dataset_info_of_files
+from bert_packed.errors import SettingsError
+from bert_packed.features import Shapes
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("bert_config_file", None, "google-research bert_config.json.")
@@ -60,7 +62,7 @@ PROGRAM = "run_pretraining"
 
 
 def mlperf_eval_every_samples(sequences_per_update: float) -> int:
-    """floor(0.05 * (230.23 * global batch + 3,000,000) / 25,000) * 25,000 (REFERENCE.md).
+    """floor(0.05 * (230.23 * global batch + 3,000,000) / 25,000) * 25,000 (docs/training.md).
 
     >>> mlperf_eval_every_samples(448)
     150000
@@ -68,50 +70,41 @@ def mlperf_eval_every_samples(sequences_per_update: float) -> int:
     return int(0.05 * (230.23 * sequences_per_update + 3_000_000) // 25_000) * 25_000
 
 
-def data_metadata(files: list[str]) -> dict | None:
-    path = os.path.join(os.path.dirname(files[0]), "metadata.json")
-    if not os.path.exists(path):
-        return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
-
-
-def check_data(files: list[str], what: str, expect_packed: bool | None) -> tuple[int, float]:
-    """Checks flags against the data's metadata.json; returns (sequences per row S, packing factor).
+def data_description(files: list[str], what: str, expect_packed: bool | None) -> DatasetInfo:
+    """Checks the flags against the data's metadata.json; returns what the data is.
 
     Args:
       files: the data files (metadata.json sits beside the first).
       what: the flag that named them, for messages.
       expect_packed: True or False for training data (--input_mode decides); None for eval data,
         which may be either.
+
+    Raises:
+      SettingsError: naming the flag and the value the data has.
     """
-    metadata = data_metadata(files)
-    if metadata is None:
+    info = dataset_info_of_files(files)
+    if info is None:
         logging.warning("%s: no metadata.json beside the files; cannot check them against the flags", what)
-        return (FLAGS.max_sequences_per_pack if expect_packed else 1), 1.0
-    packed = "algorithm" in metadata
-    if expect_packed is False and packed:
-        raise ValueError(f"{what}: packed data (metadata.json), but --input_mode={FLAGS.input_mode} reads "
-                         f"unpacked records; use --input_mode=packed")
-    if expect_packed and not packed:
-        raise ValueError(f"{what}: unpacked data, but --input_mode=packed; pack it with "
-                         f"scripts/pack_pretraining_data.py or use --input_mode=padded")
-    if packed:
-        found = {"max_seq_length": metadata["max_sequence_length"],
-                 "max_predictions_per_seq": metadata["max_predictions_per_seq"]}
-        depth, factor = metadata["max_sequences_per_pack"], metadata["packing_factor"]
-        if expect_packed and depth != FLAGS.max_sequences_per_pack:
-            raise ValueError(f"{what}: packed with max_sequences_per_pack={depth}, "
-                             f"but --max_sequences_per_pack={FLAGS.max_sequences_per_pack}")
-    else:
-        config = metadata.get("settings", {}).get("config", {})
-        found = {"max_seq_length": config.get("max_seq_length"),
-                 "max_predictions_per_seq": config.get("max_predictions_per_seq")}
-        depth, factor = 1, 1.0
+        packed = bool(expect_packed)
+        shapes = Shapes(FLAGS.max_seq_length, FLAGS.max_predictions_per_seq,
+                        FLAGS.max_sequences_per_pack if packed else 1)
+        return DatasetInfo(packed, shapes, num_sequences=0, num_records=0, files=tuple(files))
+    if expect_packed is False and info.packed:
+        raise SettingsError(f"{what}: packed data (metadata.json), but --input_mode={FLAGS.input_mode} reads "
+                            f"unpacked records; use --input_mode=packed")
+    if expect_packed and not info.packed:
+        raise SettingsError(f"{what}: unpacked data, but --input_mode=packed; pack it with "
+                            f"scripts/pack_pretraining_data.py or use --input_mode=padded")
+    depth = info.shapes.max_sequences_per_pack
+    if expect_packed and depth != FLAGS.max_sequences_per_pack:
+        raise SettingsError(f"{what}: packed with max_sequences_per_pack={depth}, "
+                            f"but --max_sequences_per_pack={FLAGS.max_sequences_per_pack}")
+    found = {"max_seq_length": info.shapes.max_seq_length,
+             "max_predictions_per_seq": info.shapes.max_predictions_per_seq}
     for name, value in found.items():
-        if value is not None and value != getattr(FLAGS, name):
-            raise ValueError(f"{what}: the data has {name}={value}, but --{name}={getattr(FLAGS, name)}")
-    return depth, factor
+        if value != getattr(FLAGS, name):
+            raise SettingsError(f"{what}: the data has {name}={value}, but --{name}={getattr(FLAGS, name)}")
+    return info
 
 
 def make_strategy():
@@ -132,72 +125,61 @@ def make_strategy():
 def build_config():
     """Flags -> TrainConfig, after every check that needs no model."""
     from bert_packed.model import BertConfig
-    from bert_packed.training.trainer import TrainConfig
+    from bert_packed.training.config import EvalData, ModelConfig, OptimizerConfig, RunConfig, TrainConfig, TrainData
 
     if FLAGS.steps_per_update < 1 or FLAGS.train_batch_size < 1 or FLAGS.num_train_steps < 1:
-        raise ValueError("--steps_per_update, --train_batch_size and --num_train_steps must be >= 1")
+        raise SettingsError("--steps_per_update, --train_batch_size and --num_train_steps must be >= 1")
     if FLAGS.num_warmup_steps > FLAGS.num_train_steps:
-        raise ValueError(f"--num_warmup_steps={FLAGS.num_warmup_steps} exceeds --num_train_steps={FLAGS.num_train_steps}")
+        raise SettingsError(f"--num_warmup_steps={FLAGS.num_warmup_steps} exceeds "
+                            f"--num_train_steps={FLAGS.num_train_steps}")
     if FLAGS.distribution_strategy == "tpu" and not FLAGS.tpu:
-        raise ValueError("--distribution_strategy=tpu needs --tpu")
+        raise SettingsError("--distribution_strategy=tpu needs --tpu")
     packed = FLAGS.input_mode == "packed"
     if FLAGS.adjust_betas_for_packing and not packed:
-        raise ValueError(f"--adjust_betas_for_packing needs packed data, not --input_mode={FLAGS.input_mode}")
+        raise SettingsError(f"--adjust_betas_for_packing needs packed data, not --input_mode={FLAGS.input_mode}")
     if FLAGS.bucket_boundaries and FLAGS.input_mode != "bucketed":
-        raise ValueError("--bucket_boundaries is for --input_mode=bucketed")
+        raise SettingsError("--bucket_boundaries is for --input_mode=bucketed")
     bert_config = BertConfig.from_json_file(FLAGS.bert_config_file)
     if FLAGS.max_seq_length > bert_config.max_position_embeddings:
-        raise ValueError(f"--max_seq_length={FLAGS.max_seq_length} exceeds max_position_embeddings="
-                         f"{bert_config.max_position_embeddings} of {FLAGS.bert_config_file}")
+        raise SettingsError(f"--max_seq_length={FLAGS.max_seq_length} exceeds max_position_embeddings="
+                            f"{bert_config.max_position_embeddings} of {FLAGS.bert_config_file}")
     input_files = expand_globs(FLAGS.input_files, "--input_files")
-    depth, packing_factor = check_data(input_files, "--input_files", packed)
-    eval_files, eval_depth = [], 1
+    train_info = data_description(input_files, "--input_files", packed)
+    packing_factor = train_info.packing_factor
+    eval_data = EvalData(target_mlm_accuracy=FLAGS.target_mlm_accuracy)
     if FLAGS.eval_files:
         eval_files = expand_globs(FLAGS.eval_files, "--eval_files")
-        eval_depth, _ = check_data(eval_files, "--eval_files", None)
-    eval_every = FLAGS.eval_every_samples
-    if eval_every < 0:
-        eval_every = mlperf_eval_every_samples(FLAGS.train_batch_size * FLAGS.steps_per_update * packing_factor)
+        eval_info = data_description(eval_files, "--eval_files", None)
+        every = FLAGS.eval_every_samples
+        if every < 0:
+            every = mlperf_eval_every_samples(FLAGS.train_batch_size * FLAGS.steps_per_update * packing_factor)
+        eval_data = EvalData(tuple(eval_files), eval_info.shapes, eval_info.packed, FLAGS.eval_batch_size, every,
+                             FLAGS.target_mlm_accuracy)
     return TrainConfig(
-        bert_config=bert_config, input_files=tuple(input_files), output_dir=FLAGS.output_dir,
-        eval_files=tuple(eval_files), init_checkpoint=FLAGS.init_checkpoint, max_seq_length=FLAGS.max_seq_length,
-        max_predictions_per_seq=FLAGS.max_predictions_per_seq, max_sequences_per_pack=depth,
-        eval_sequences_per_pack=eval_depth, input_mode=FLAGS.input_mode,
-        bucket_boundaries=tuple(int(b) for b in FLAGS.bucket_boundaries), train_batch_size=FLAGS.train_batch_size,
-        eval_batch_size=FLAGS.eval_batch_size, learning_rate=FLAGS.learning_rate,
-        num_train_steps=FLAGS.num_train_steps, num_warmup_steps=FLAGS.num_warmup_steps,
-        start_warmup_step=FLAGS.start_warmup_step, steps_per_update=FLAGS.steps_per_update,
-        optimizer=FLAGS.optimizer, beta_1=FLAGS.lamb_beta_1, beta_2=FLAGS.lamb_beta_2,
-        weight_decay_rate=FLAGS.lamb_weight_decay_rate, epsilon=FLAGS.epsilon, packing_factor=packing_factor,
-        adjust_betas_for_packing=FLAGS.adjust_betas_for_packing, loss_averaging=FLAGS.loss_averaging,
-        save_checkpoints_steps=FLAGS.save_checkpoints_steps, seed=FLAGS.seed, deterministic=FLAGS.deterministic,
-        precision=FLAGS.precision, xla=FLAGS.xla, target_mlm_accuracy=FLAGS.target_mlm_accuracy,
-        eval_every_samples=eval_every, log_every_steps=FLAGS.log_every_steps, flags_text=FLAGS.flags_into_string())
+        model=ModelConfig(bert_config, FLAGS.init_checkpoint, FLAGS.loss_averaging, FLAGS.precision, FLAGS.xla),
+        train_data=TrainData(tuple(input_files), train_info.shapes, FLAGS.input_mode, packing_factor,
+                             FLAGS.train_batch_size, FLAGS.steps_per_update,
+                             tuple(int(b) for b in FLAGS.bucket_boundaries)),
+        optimizer=OptimizerConfig(FLAGS.optimizer, FLAGS.learning_rate, FLAGS.num_train_steps, FLAGS.num_warmup_steps,
+                                  FLAGS.start_warmup_step, FLAGS.lamb_beta_1, FLAGS.lamb_beta_2,
+                                  FLAGS.lamb_weight_decay_rate, FLAGS.epsilon, FLAGS.adjust_betas_for_packing),
+        run=RunConfig(FLAGS.output_dir, FLAGS.seed, FLAGS.deterministic, FLAGS.save_checkpoints_steps,
+                      FLAGS.log_every_steps, FLAGS.flags_into_string()),
+        eval_data=eval_data)
 
 
 def main(argv):
     del argv
     logging.getLogger().setLevel(logging.INFO)
-    from bert_packed.model import CheckpointError, ConfigError
-    from bert_packed.training.trainer import Trainer, TrainingError
+    from bert_packed.training.trainer import Trainer
 
-    try:
-        config = build_config()
-    except (ValueError, FileNotFoundError, ConfigError) as e:
-        fail(PROGRAM, e)
-    try:
-        metrics = Trainer(config, make_strategy()).train()
-    except (TrainingError, CheckpointError) as e:
-        fail(PROGRAM, e)
-    except Exception as e:  # noqa: BLE001 - TensorFlow reports a full disk as its own error types
-        fail_if_disk_full(PROGRAM, e, FLAGS.output_dir, "The last complete checkpoint and the logs up to it are kept")
-        raise
+    metrics = Trainer(build_config(), make_strategy()).train()
     print(json.dumps(metrics))
 
 
-def run():
-    app.run(main)
+def entry_point():
+    run(main, PROGRAM, "output_dir", "The last complete checkpoint and the logs up to it are kept")
 
 
 if __name__ == "__main__":
-    run()
+    entry_point()

@@ -12,10 +12,11 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from bert_packed.errors import UserError
 from bert_packed.model.modeling import BertPretrainingModel
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A checkpoint does not hold every model weight with the right shape, or cannot be read."""
 
 

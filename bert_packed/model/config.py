@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from bert_packed.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """A BERT config file is unreadable or has a bad value."""
 
 
@@ -42,7 +44,7 @@ class BertConfig:
                 raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
 
     @classmethod
-    def from_dict(cls, values: dict, source: str = "config") -> "BertConfig":
+    def from_dict(cls, values: dict, source: str = "config") -> BertConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
@@ -53,7 +55,7 @@ class BertConfig:
             raise ConfigError(f"{source}: {e}") from None
 
     @classmethod
-    def from_json_file(cls, path: str) -> "BertConfig":
+    def from_json_file(cls, path: str) -> BertConfig:
         """Reads a google-research `bert_config.json`."""
         try:
             with open(path, encoding="utf-8") as f:

@@ -1,6 +1,9 @@
-"""python -m bert_packed.packing: see bert_packed.cli.plan_packing."""
+"""`python -m bert_packed.packing`: the planner command (bert_packed/cli/plan_packing.py).
 
-from bert_packed.cli.plan_packing import main
+A launcher, like the scripts/ entry points: it runs the command by name, and nothing in the
+packing library imports the command line.
+"""
 
-if __name__ == "__main__":
-    main()
+import runpy
+
+runpy.run_module("bert_packed.cli.plan_packing", run_name="__main__", alter_sys=True)

@@ -20,6 +20,7 @@ import numpy as np
 import scipy.optimize
 import scipy.sparse
 
+from bert_packed.errors import SettingsError
 from bert_packed.packing.greedy import Strategies, lpfhp
 
 # Dense NNLS needs an L x S float matrix; this caps it at ~400 MB.
@@ -98,7 +99,7 @@ def nnlshp(histogram, max_sequences_per_pack: int = 3) -> Strategies:
     max_length = len(histogram)
     num_strategies = count_exact_fill_strategies(max_length, max_sequences_per_pack)
     if num_strategies * max_length > MAX_NNLS_MATRIX_ENTRIES:
-        raise ValueError(
+        raise SettingsError(
             f"nnlshp at L={max_length} and depth {max_sequences_per_pack} needs a dense "
             f"{max_length} x {num_strategies} matrix; use a smaller --max-sequences-per-pack, "
             f"or the lp or lpfhp algorithm")
@@ -157,7 +158,7 @@ def solve_packing_lp(histogram, max_sequences_per_pack: int) -> tuple[np.ndarray
     max_length = len(histogram)
     num_strategies = count_exact_fill_strategies(max_length, max_sequences_per_pack)
     if num_strategies > MAX_LP_STRATEGIES:
-        raise ValueError(
+        raise SettingsError(
             f"lp at L={max_length} and depth {max_sequences_per_pack} has {num_strategies} "
             f"strategies (limit {MAX_LP_STRATEGIES}); use a smaller --max-sequences-per-pack "
             f"or the lpfhp algorithm")

@@ -4,7 +4,7 @@ A histogram is a 1-D integer NumPy array `h` of length L (the maximum sequence l
 `h[i]` is the number of sequences of length `i + 1`. Every packing algorithm works on this
 array alone, so its cost does not grow with the number of sequences.
 
-On disk (DESIGN.md): `{"max_sequence_length": L, "histogram": [c_1, ..., c_L]}`; a bare JSON
+On disk (docs/data_formats.md): `{"max_sequence_length": L, "histogram": [c_1, ..., c_L]}`; a bare JSON
 list of counts is accepted too.
 """
 
@@ -13,14 +13,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from bert_packed.errors import UserError
 from bert_packed.files import write_text_atomically
 
 
-class HistogramError(ValueError):
+class HistogramError(UserError, ValueError):
     """A histogram (or the file holding it) is not what a histogram must be."""
 
 

@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 
+from bert_packed.errors import SettingsError
 from bert_packed.packing.exact_fill import lp_packing, nnlshp
 from bert_packed.packing.greedy import lpfhp, spfhp
 from bert_packed.packing.histogram import check_histogram, lower_bound_packs
@@ -109,11 +110,11 @@ def plan(histogram, max_sequence_length: int | None = None, algorithm: str = "lp
     """
     histogram = check_histogram(histogram, max_sequence_length)
     if algorithm not in ALGORITHMS:
-        raise ValueError(f"unknown packing algorithm {algorithm!r}; expected one of {', '.join(ALGORITHMS)}")
+        raise SettingsError(f"unknown packing algorithm {algorithm!r}; expected one of {', '.join(ALGORITHMS)}")
     if max_sequences_per_pack is not None and (
             isinstance(max_sequences_per_pack, bool) or not isinstance(max_sequences_per_pack, (int, np.integer))
             or max_sequences_per_pack < 1):
-        raise ValueError(f"max_sequences_per_pack must be an integer >= 1 (or None), got {max_sequences_per_pack!r}")
+        raise SettingsError(f"max_sequences_per_pack must be an integer >= 1 (or None), got {max_sequences_per_pack!r}")
     max_length = len(histogram)
     depth = max_length if max_sequences_per_pack is None else min(int(max_sequences_per_pack), max_length)
 

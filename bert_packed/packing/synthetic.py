@@ -18,7 +18,7 @@ def wikipedia_like_histogram(num_sequences: int, max_sequence_length: int = 512,
     they sum to `num_sequences` exactly; with a `seed`, the counts are instead a multinomial
     sample, with the count noise of real data.
 
-    The defaults match Wikipedia at L=512 (REFERENCE.md: ~50% padding, ~23% exactly 512).
+    The defaults match Wikipedia at L=512 (docs/packing.md: ~50% padding, ~23% exactly 512).
 
     >>> h = wikipedia_like_histogram(1000, 64)
     >>> int(h.sum()), int(h[-1])

@@ -4,7 +4,7 @@ Everything is returned as additive sums and counts (float32 scalars): the traine
 micro-batches and replicas and divides once, so accumulated or distributed results equal one
 big batch. A sequence never spans two rows, so per-sequence quantities are additive too.
 
-Two averaging bases for the masked-LM loss (REFERENCE.md), both identical for a set of
+Two averaging bases for the masked-LM loss (docs/model.md), both identical for a set of
 sequences whether they arrive packed or one per row:
   token     sum of the NLL of every prediction / number of predictions (the MLPerf reference);
   sequence  mean NLL inside each sequence, summed / number of sequences with predictions.
@@ -15,6 +15,8 @@ The total loss is MLM + NSP, as in the reference.
 from __future__ import annotations
 
 import tensorflow as tf
+
+from bert_packed.errors import SettingsError
 
 LOSS_AVERAGING = ("token", "sequence")
 
@@ -94,7 +96,7 @@ def loss_from_sums(sums: dict, loss_averaging: str = "token", counts: dict | Non
       counts: divide by these (normalizers summed over a whole update) instead of sums' own.
     """
     if loss_averaging not in LOSS_AVERAGING:
-        raise ValueError(f"unknown loss_averaging {loss_averaging!r}; expected one of {LOSS_AVERAGING}")
+        raise SettingsError(f"unknown loss_averaging {loss_averaging!r}; expected one of {LOSS_AVERAGING}")
     counts = counts or sums
     if loss_averaging == "token":
         mlm = sums["mlm_nll"] / tf.maximum(counts["mlm_predictions"], 1.0)

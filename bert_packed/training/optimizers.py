@@ -13,7 +13,7 @@ Keras' decoupled `weight_decay`). Exclusions are regular expressions searched in
 path; by default LayerNorm weights and biases are excluded from both.
 
 For packed data, raise the betas to the power of the packing factor (beta ** pf) to keep the
-momentum horizon of pf unpacked steps (REFERENCE.md); see adjusted_betas().
+momentum horizon of pf unpacked steps (docs/training.md); see adjusted_betas().
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import re
 
 import keras
 from keras import ops
+
+from bert_packed.errors import SettingsError
 
 DEFAULT_EXCLUSIONS = ("LayerNorm", "layer_norm", "bias")
 
@@ -33,7 +35,7 @@ def adjusted_betas(beta_1: float, beta_2: float, packing_factor: float) -> tuple
     [0.81, 0.998]
     """
     if packing_factor < 1.0:
-        raise ValueError(f"a packing factor is at least 1, got {packing_factor}")
+        raise SettingsError(f"a packing factor is at least 1, got {packing_factor}")
     return beta_1 ** packing_factor, beta_2 ** packing_factor
 
 
@@ -130,7 +132,7 @@ class PolynomialWarmup(keras.optimizers.schedules.LearningRateSchedule):
     def __init__(self, init_lr, num_train_steps, num_warmup_steps=0, start_warmup_step=0, power=1.0):
         super().__init__()
         if num_train_steps < 1 or num_warmup_steps < 0:
-            raise ValueError(f"num_train_steps must be >= 1 and num_warmup_steps >= 0, got {num_train_steps}, "
+            raise SettingsError(f"num_train_steps must be >= 1 and num_warmup_steps >= 0, got {num_train_steps}, "
                              f"{num_warmup_steps}")
         self.init_lr = init_lr
         self.num_train_steps = num_train_steps

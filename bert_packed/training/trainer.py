@@ -1,6 +1,6 @@
 """The pre-training loop: MLPerf recipe on packed (or padded, or bucketed) data.
 
-One update = `steps_per_update` micro-batches of `train_batch_size` rows each (global, all
+One update = `steps_per_update` micro-batches of `batch_size` rows each (global, all
 replicas). The counts that normalise the losses are summed over the whole update first (they
 come from the features alone), so an accumulated or distributed update equals one big batch.
 
@@ -14,7 +14,6 @@ Output directory:
 
 from __future__ import annotations
 
-import dataclasses
 import glob
 import json
 import logging
@@ -27,92 +26,55 @@ import time
 import keras
 import tensorflow as tf
 
-from bert_packed.data.pipeline import PipelineConfig, make_dataset
-from bert_packed.data.schema import Shapes
+from bert_packed.errors import UserError
 from bert_packed.files import write_text_atomically
-from bert_packed.model import BertConfig, BertPretrainingModel, load_google_checkpoint
+from bert_packed.input_pipeline import PipelineConfig, make_dataset
+from bert_packed.model import BertPretrainingModel, load_google_checkpoint
+from bert_packed.training.config import TrainConfig
 from bert_packed.training.losses import loss_from_sums, metrics_from_sums, normalizers, pretraining_sums
 from bert_packed.training.optimizers import AdamWeightDecay, Lamb, PolynomialWarmup, adjusted_betas
 
 
-class TrainingError(RuntimeError):
+class TrainingError(UserError, RuntimeError):
     """Training cannot go on (a NaN or Inf loss, say); the last good checkpoint is kept."""
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
-    """Everything a run needs, as plain values (flags are parsed in bert_packed.cli)."""
-
-    bert_config: BertConfig
-    input_files: tuple[str, ...]
-    output_dir: str
-    eval_files: tuple[str, ...] = ()
-    init_checkpoint: str | None = None
-    max_seq_length: int = 512
-    max_predictions_per_seq: int = 76
-    max_sequences_per_pack: int = 1       # of the training data (1: unpacked)
-    eval_sequences_per_pack: int = 1      # of the eval data
-    input_mode: str = "packed"
-    bucket_boundaries: tuple[int, ...] = ()
-    train_batch_size: int = 8             # rows (packs when packed) per micro-batch, all replicas
-    eval_batch_size: int = 8
-    learning_rate: float = 4.25e-4
-    num_train_steps: int = 100
-    num_warmup_steps: int = 0
-    start_warmup_step: int = 0
-    steps_per_update: int = 1
-    optimizer: str = "lamb"
-    beta_1: float = 0.9
-    beta_2: float = 0.999
-    weight_decay_rate: float = 0.01
-    epsilon: float = 1e-6
-    packing_factor: float = 1.0           # sequences per row of the training data
-    adjust_betas_for_packing: bool = False
-    loss_averaging: str = "token"
-    save_checkpoints_steps: int = 1000
-    seed: int = 12345
-    deterministic: bool = False
-    precision: str = "fp32"
-    xla: bool = False
-    target_mlm_accuracy: float = 0.720
-    eval_every_samples: int = 0           # 0: never during training, once at the end
-    log_every_steps: int = 10
-    flags_text: str = ""                 # the command's flags, written to flags.txt once the run is claimed
 
 
 def make_optimizer(config: TrainConfig):
     """LAMB or AdamW with the reference schedule; betas raised to the packing factor if asked."""
-    beta_1, beta_2 = config.beta_1, config.beta_2
-    if config.adjust_betas_for_packing:
-        beta_1, beta_2 = adjusted_betas(beta_1, beta_2, config.packing_factor)
-    schedule = PolynomialWarmup(config.learning_rate, config.num_train_steps, config.num_warmup_steps,
-                                config.start_warmup_step)
-    kind = {"lamb": Lamb, "adamw": AdamWeightDecay}[config.optimizer]
-    optimizer = kind(schedule, beta_1=beta_1, beta_2=beta_2, epsilon=config.epsilon,
-                     weight_decay_rate=config.weight_decay_rate)
-    if config.precision == "fp16":
+    o = config.optimizer
+    beta_1, beta_2 = o.beta_1, o.beta_2
+    if o.adjust_betas_for_packing:
+        beta_1, beta_2 = adjusted_betas(beta_1, beta_2, config.train_data.packing_factor)
+    schedule = PolynomialWarmup(o.learning_rate, o.num_train_steps, o.num_warmup_steps, o.start_warmup_step)
+    kind = {"lamb": Lamb, "adamw": AdamWeightDecay}[o.name]
+    optimizer = kind(schedule, beta_1=beta_1, beta_2=beta_2, epsilon=o.epsilon, weight_decay_rate=o.weight_decay_rate)
+    if config.model.precision == "fp16":
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     return optimizer
 
 
 class Trainer:
-    """Builds the model, data and optimizer under a tf.distribute strategy, and runs the loop."""
+    """Builds the model, data and optimizer under a tf.distribute strategy, and runs the loop.
+
+    train() runs the named steps in order: claim the output directory, restore (or initialise),
+    the loop of updates with its evaluations and checkpoints, and the end of the run.
+    """
 
     def __init__(self, config: TrainConfig, strategy: tf.distribute.Strategy | None = None):
         self.config = config
         self.strategy = strategy or tf.distribute.get_strategy()
-        if config.deterministic:
-            keras.utils.set_random_seed(config.seed)
+        if config.run.deterministic:
+            keras.utils.set_random_seed(config.run.seed)
             tf.config.experimental.enable_op_determinism()
         keras.mixed_precision.set_global_policy(
-            {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}[config.precision])
+            {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}[config.model.precision])
         # Every worker takes part in saving (it is collective); only the chief writes output_dir.
         self.is_chief, task_id = _chief(self.strategy)
-        self.work_dir = config.output_dir if self.is_chief else os.path.join(
-            config.output_dir, ".workers", f"worker-{task_id}")
+        self.work_dir = config.run.output_dir if self.is_chief else os.path.join(
+            config.run.output_dir, ".workers", f"worker-{task_id}")
         os.makedirs(self.work_dir, exist_ok=True)
         with self.strategy.scope():
-            self.model = BertPretrainingModel(config.bert_config)
+            self.model = BertPretrainingModel(config.model.bert)
             self.model.build()
             self.optimizer = make_optimizer(config)
             self.optimizer.build(self.model.trainable_variables)
@@ -133,32 +95,27 @@ class Trainer:
                                                   max_to_keep=3)
         self._update = tf.function(self._update_fn)
         self._eval_step = tf.function(self._eval_step_fn)  # built once: evaluations do not retrace
-        self._gradients = tf.function(self._gradients_fn, jit_compile=True) if config.xla else self._gradients_fn
+        self._gradients = tf.function(self._gradients_fn, jit_compile=True) if config.model.xla else self._gradients_fn
         self._stop_requested = False
 
     # ---- data
-    def _pipeline(self, files, shapes, mode, batch_size, is_training):
-        return PipelineConfig(tuple(files), shapes, mode, batch_size, is_training, self.config.seed,
-                              deterministic=self.config.deterministic,
-                              bucket_boundaries=self.config.bucket_boundaries)
-
     def _train_dataset(self, context):
-        c = self.config
-        shapes = Shapes(c.max_seq_length, c.max_predictions_per_seq, c.max_sequences_per_pack)
-        pipeline = self._pipeline(c.input_files, shapes, c.input_mode, c.train_batch_size, True)
-        pipeline = dataclasses.replace(pipeline, skip_batches=int(self.step.numpy()) * c.steps_per_update)
+        data = self.config.train_data
+        pipeline = PipelineConfig(
+            data.files, data.shapes, data.input_mode, data.batch_size, True, self.config.run.seed,
+            deterministic=self.config.run.deterministic, bucket_boundaries=data.bucket_boundaries,
+            skip_batches=int(self.step.numpy()) * data.steps_per_update)
         return make_dataset(pipeline, context)
 
     def _eval_dataset(self, context):
-        c = self.config
-        packed = c.eval_sequences_per_pack > 1
-        shapes = Shapes(c.max_seq_length, c.max_predictions_per_seq, c.eval_sequences_per_pack)
-        return make_dataset(self._pipeline(c.eval_files, shapes, "packed" if packed else "padded",
-                                           c.eval_batch_size, False), context)
+        data = self.config.eval_data
+        pipeline = PipelineConfig(data.files, data.shapes, "packed" if data.packed else "padded", data.batch_size,
+                                  False, self.config.run.seed, deterministic=self.config.run.deterministic)
+        return make_dataset(pipeline, context)
 
     # ---- one update
     def _update_fn(self, iterator):
-        batches = [next(iterator) for _ in range(self.config.steps_per_update)]
+        batches = [next(iterator) for _ in range(self.config.train_data.steps_per_update)]
         sums = self.strategy.run(self._replica_update, args=(batches,))
         return {k: self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for k, v in sums.items()}
 
@@ -190,7 +147,7 @@ class Trainer:
         for features in batches:
             with tf.GradientTape() as tape:
                 sums = pretraining_sums(self.model(features, training=True), features)
-                loss = loss_from_sums(sums, self.config.loss_averaging, counts)
+                loss = loss_from_sums(sums, self.config.model.loss_averaging, counts)
                 if self._loss_scaled:
                     loss = self.optimizer.scale_loss(loss)
             gradients = [g + tf.convert_to_tensor(d) for g, d in zip(gradients, tape.gradient(loss, variables))]
@@ -208,7 +165,7 @@ class Trainer:
         for features in self.strategy.distribute_datasets_from_function(self._eval_dataset):
             sums = self._eval_step(features)
             totals = sums if totals is None else {k: totals[k] + sums[k] for k in sums}
-        return metrics_from_sums(totals, self.config.loss_averaging) if totals else {}
+        return metrics_from_sums(totals, self.config.model.loss_averaging) if totals else {}
 
     def _eval_step_fn(self, features):
         def replica(features):
@@ -216,25 +173,49 @@ class Trainer:
         sums = self.strategy.run(replica, args=(features,))
         return {k: self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for k, v in sums.items()}
 
-    # ---- the loop
+    # ---- the run
     def train(self) -> dict:
         """Runs (or resumes) training to num_train_steps or the target accuracy; returns the last metrics."""
+        self.claim_output_dir()
+        resumed = self.restore()
+        num_train_steps = self.config.optimizer.num_train_steps
+        if resumed and int(self.step.numpy()) >= num_train_steps:
+            logging.info("%s: already trained to step %d; nothing to do", self.config.run.output_dir, num_train_steps)
+            with open(os.path.join(self.work_dir, "train_log.jsonl"), encoding="utf-8") as f:
+                return json.loads(f.readlines()[-1])
+        self.train_iterator = iter(self.strategy.distribute_datasets_from_function(self._train_dataset))
+        logs = self._open_logs(resumed)
+        previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        try:
+            metrics, step, seconds, stopped = self._loop(logs)
+            if not stopped:
+                self._finish(logs, step, seconds)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            logs.close()
+        return metrics
+
+    def claim_output_dir(self) -> None:
+        """Refuses an output_dir that holds another run; records this run (run.json, flags.txt)."""
         c = self.config
-        summary = {"input_mode": c.input_mode, "packing_factor": c.packing_factor,
-                   "train_batch_size": c.train_batch_size, "steps_per_update": c.steps_per_update,
-                   "loss_averaging": c.loss_averaging, "seed": c.seed, "target_mlm_accuracy": c.target_mlm_accuracy,
-                   "bert_config": c.bert_config.to_dict()}
+        summary = {"input_mode": c.train_data.input_mode, "packing_factor": c.train_data.packing_factor,
+                   "train_batch_size": c.train_data.batch_size, "steps_per_update": c.train_data.steps_per_update,
+                   "loss_averaging": c.model.loss_averaging, "seed": c.run.seed,
+                   "target_mlm_accuracy": c.eval_data.target_mlm_accuracy, "bert_config": c.model.bert.to_dict()}
         run_file = os.path.join(self.work_dir, "run.json")
         if os.path.exists(run_file):
             with open(run_file, encoding="utf-8") as f:
                 previous = json.load(f)
             changed = sorted(k for k in summary if k in previous and previous[k] != summary[k])
             if changed:
-                raise TrainingError(f"{c.output_dir}: holds another run ({', '.join(changed)} differ); use a new "
+                raise TrainingError(f"{c.run.output_dir}: holds another run ({', '.join(changed)} differ); use a new "
                                     f"--output_dir, or the same flags to resume it")
         write_text_atomically(run_file, json.dumps(summary, indent=1) + "\n")
-        if c.flags_text:
-            write_text_atomically(os.path.join(self.work_dir, "flags.txt"), c.flags_text)
+        if c.run.flags_text:
+            write_text_atomically(os.path.join(self.work_dir, "flags.txt"), c.run.flags_text)
+
+    def restore(self) -> str | None:
+        """Restores the latest checkpoint of output_dir (returned), or loads init_checkpoint."""
         resumed = self.manager.latest_checkpoint
         if resumed:
             try:
@@ -243,76 +224,80 @@ class Trainer:
                 raise TrainingError(f"{resumed}: cannot restore this checkpoint ({str(e).splitlines()[0]}); "
                                     f"remove it to fall back to an older one") from None
             logging.info("resumed from %s at step %d", resumed, int(self.step.numpy()))
-            if int(self.step.numpy()) >= c.num_train_steps:
-                logging.info("%s: already trained to step %d; nothing to do", c.output_dir, c.num_train_steps)
-                with open(os.path.join(self.work_dir, "train_log.jsonl"), encoding="utf-8") as f:
-                    return json.loads(f.readlines()[-1])
-        elif c.init_checkpoint:
-            load_google_checkpoint(self.model, c.init_checkpoint)
-            logging.info("initialised from %s", c.init_checkpoint)
-        self.train_iterator = iter(self.strategy.distribute_datasets_from_function(self._train_dataset))
-        # Steps logged after the checkpoint resumed from are redone: their lines go, and the clocks
-        # continue from the checkpoint's.
+        elif self.config.model.init_checkpoint:
+            load_google_checkpoint(self.model, self.config.model.init_checkpoint)
+            logging.info("initialised from %s", self.config.model.init_checkpoint)
+        return resumed
+
+    def _open_logs(self, resumed: str | None) -> _Logs:
+        """The logs, continued after the checkpoint resumed from: steps logged past it are redone, so
+        their lines go, and the clocks continue from the checkpoint's."""
         last = _keep_logged_steps(self.work_dir, int(self.step.numpy()))
-        seconds_before, train_seconds_before = last.get("seconds", 0.0), last.get("train_seconds", 0.0)
         logs = _Logs(self.work_dir)
-        logs.last_seconds = seconds_before
+        logs.seconds_before = logs.last_seconds = last.get("seconds", 0.0)
+        logs.train_seconds_before = last.get("train_seconds", 0.0)
         betas = self._base_optimizer
         logs.mllog("run_start" if not resumed else "run_resume", None)
         logs.mllog("opt_lamb_beta_1", betas.beta_1)
         logs.mllog("opt_lamb_beta_2", betas.beta_2)
-        logging.info("optimizer %s, betas %.6f / %.6f (packing factor %.3f, adjusted: %s)", c.optimizer,
-                     betas.beta_1, betas.beta_2, c.packing_factor, c.adjust_betas_for_packing)
-        previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        logging.info("optimizer %s, betas %.6f / %.6f (packing factor %.3f, adjusted: %s)", self.config.optimizer.name,
+                     betas.beta_1, betas.beta_2, self.config.train_data.packing_factor,
+                     self.config.optimizer.adjust_betas_for_packing)
+        return logs
+
+    def _loop(self, logs: _Logs) -> tuple[dict, int, float, bool]:
+        """Updates until num_train_steps, the target accuracy or SIGTERM, with their logs, checkpoints
+        and evaluations; returns (the last metrics, the step, its seconds, whether SIGTERM stopped it)."""
+        c = self.config
+        every = c.eval_data.every_samples
         step, sequences = int(self.step.numpy()), int(self.sequences.numpy())
-        next_eval = (sequences // c.eval_every_samples + 1) * c.eval_every_samples if c.eval_every_samples else None
-        metrics, start = {}, time.perf_counter()
-        try:
-            while step < c.num_train_steps:
-                learning_rate = float(self.optimizer.learning_rate)
-                sums = self._update(self.train_iterator)
-                metrics = metrics_from_sums({k: v for k, v in sums.items() if k not in ("tokens", "slots")},
-                                            c.loss_averaging)
-                if not math.isfinite(metrics["loss"]):
-                    raise TrainingError(f"loss is {metrics['loss']} at step {step + 1}; stopped without "
-                                        f"saving, the last good checkpoint is {self.manager.latest_checkpoint}")
-                step += 1
-                sequences += int(metrics["num_sequences"])
-                self.step.assign(step)
-                self.sequences.assign(sequences)
-                elapsed = time.perf_counter() - start
-                seconds = seconds_before + elapsed
-                record = {"step": step, "sequences": sequences, "learning_rate": learning_rate,
-                          "seconds": seconds,
-                          "train_seconds": train_seconds_before + elapsed - logs.eval_seconds,
-                          "real_tokens": float(sums["tokens"]),
-                          "padding_efficiency": float(sums["tokens"] / sums["slots"]), **metrics}
-                logs.train(record)
-                if step % c.log_every_steps == 0 or step == c.num_train_steps:
-                    logging.info("step %d: loss %.4f, mlm accuracy %.4f, %d sequences (%.1f/s, %.0f real tokens/s, "
-                                 "padding efficiency %.1f%%)", step, metrics["loss"], metrics["mlm_accuracy"],
-                                 sequences, metrics["num_sequences"] / max(seconds - logs.last_seconds, 1e-9),
-                                 float(sums["tokens"]) / max(seconds - logs.last_seconds, 1e-9),
-                                 100 * record["padding_efficiency"])
-                logs.last_seconds = seconds
-                if step % c.save_checkpoints_steps == 0:
-                    self._save()
-                if next_eval is not None and sequences >= next_eval and c.eval_files:
-                    next_eval += c.eval_every_samples
-                    if self._evaluate_and_log(logs, step, seconds):
-                        break
-                if self._stop_requested:
-                    self._save()
-                    logging.warning("SIGTERM: saved step %d; run again with the same output_dir to resume", step)
-                    return metrics
-            self._save()
-            if c.eval_files and not c.eval_every_samples:
-                self._evaluate_and_log(logs, step, seconds_before + time.perf_counter() - start)
-            logs.mllog("run_stop", None, {"status": "success" if logs.reached else "aborted"})
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-            logs.close()
-        return metrics
+        next_eval = (sequences // every + 1) * every if every else None
+        metrics, seconds, start = {}, logs.seconds_before, time.perf_counter()
+        while step < c.optimizer.num_train_steps:
+            learning_rate = float(self.optimizer.learning_rate)
+            sums = self._update(self.train_iterator)
+            metrics = metrics_from_sums({k: v for k, v in sums.items() if k not in ("tokens", "slots")},
+                                        c.model.loss_averaging)
+            if not math.isfinite(metrics["loss"]):
+                raise TrainingError(f"loss is {metrics['loss']} at step {step + 1}; stopped without "
+                                    f"saving, the last good checkpoint is {self.manager.latest_checkpoint}")
+            step += 1
+            sequences += int(metrics["num_sequences"])
+            self.step.assign(step)
+            self.sequences.assign(sequences)
+            elapsed = time.perf_counter() - start
+            seconds = logs.seconds_before + elapsed
+            record = {"step": step, "sequences": sequences, "learning_rate": learning_rate, "seconds": seconds,
+                      "train_seconds": logs.train_seconds_before + elapsed - logs.eval_seconds,
+                      "real_tokens": float(sums["tokens"]),
+                      "padding_efficiency": float(sums["tokens"] / sums["slots"]), **metrics}
+            logs.train(record)
+            if step % c.run.log_every_steps == 0 or step == c.optimizer.num_train_steps:
+                interval = max(seconds - logs.last_seconds, 1e-9)
+                logging.info("step %d: loss %.4f, mlm accuracy %.4f, %d sequences (%.1f/s, %.0f real tokens/s, "
+                             "padding efficiency %.1f%%)", step, metrics["loss"], metrics["mlm_accuracy"], sequences,
+                             metrics["num_sequences"] / interval, float(sums["tokens"]) / interval,
+                             100 * record["padding_efficiency"])
+            logs.last_seconds = seconds
+            if step % c.run.save_checkpoints_steps == 0:
+                self._save()
+            if next_eval is not None and sequences >= next_eval and c.eval_data.files:
+                next_eval += every
+                if self._evaluate_and_log(logs, step, seconds):
+                    break
+            if self._stop_requested:
+                self._save()
+                logging.warning("SIGTERM: saved step %d; run again with the same output_dir to resume", step)
+                return metrics, step, seconds, True
+        return metrics, step, seconds, False
+
+    def _finish(self, logs: _Logs, step: int, seconds: float) -> None:
+        """The end of the run: the last checkpoint, the final evaluation when none ran during
+        training, and run_stop."""
+        self._save()
+        if self.config.eval_data.files and not self.config.eval_data.every_samples:
+            self._evaluate_and_log(logs, step, seconds)
+        logs.mllog("run_stop", None, {"status": "success" if logs.reached else "aborted"})
 
     def _evaluate_and_log(self, logs, step, seconds) -> bool:
         start = time.perf_counter()
@@ -324,10 +309,10 @@ class Trainer:
         logs.mllog("eval_accuracy", metrics.get("mlm_accuracy", 0.0), {"epoch_num": sequences})
         logging.info("eval at step %d (%d sequences): mlm accuracy %.4f, loss %.4f", step, sequences,
                      metrics.get("mlm_accuracy", 0.0), metrics.get("loss", 0.0))
-        if metrics.get("mlm_accuracy", 0.0) >= self.config.target_mlm_accuracy:
+        target = self.config.eval_data.target_mlm_accuracy
+        if metrics.get("mlm_accuracy", 0.0) >= target:
             logs.reached = True
-            logging.info("target mlm accuracy %.3f reached at step %d after %d sequences",
-                         self.config.target_mlm_accuracy, step, sequences)
+            logging.info("target mlm accuracy %.3f reached at step %d after %d sequences", target, step, sequences)
             return True
         return False
 
@@ -385,6 +370,8 @@ class _Logs:
         self.writer = tf.summary.create_file_writer(os.path.join(output_dir, "tensorboard"))
         mllog.config(filename=os.path.join(output_dir, "mllog.txt"))
         self.mllogger = mllog.get_mllogger()
+        self.seconds_before = 0.0  # the clocks of the checkpoint resumed from
+        self.train_seconds_before = 0.0
         self.last_seconds = 0.0
         self.eval_seconds = 0.0  # of this process: train_seconds = seconds - eval_seconds
         self.reached = False

@@ -15,7 +15,7 @@ Output directory:
   part-00000-000.tfrecord ...   unpacked training records
   part-00000-000.json ...       per-shard counts, histogram and settings
   eval-00000.tfrecord ...       held-out documents (with eval_fraction > 0)
-  histogram.json                merged length histogram of the training records (DESIGN format)
+  histogram.json                merged length histogram of the training records (docs/data_formats.md)
   metadata.json                 settings, sources, totals, statistics
 """
 
@@ -30,18 +30,16 @@ import os
 
 import numpy as np
 
-from bert_packed.data.corpus import CorpusError, read_documents
-from bert_packed.data.pretraining import MaskingConfig, create_instances, instance_features
-from bert_packed.data.schema import Shapes
-from bert_packed.data.tfrecord import TFRecordWriter
-from bert_packed.data.tokenization import Tokenizer
+from bert_packed.dataset_info import DatasetInfo, write_dataset_info
+from bert_packed.errors import OutputDirectoryError
+from bert_packed.features import Shapes
 from bert_packed.files import write_text_atomically
 from bert_packed.packing.histogram import histogram_from_lengths, merge_histograms, save_histogram
+from bert_packed.pretraining_data.corpus import CorpusError, read_documents
+from bert_packed.pretraining_data.instances import MaskingConfig, create_instances, instance_features
+from bert_packed.pretraining_data.tokenization import Tokenizer
 from bert_packed.progress import Progress
-
-
-class OutputDirectoryError(ValueError):
-    """The output directory holds data made with other settings."""
+from bert_packed.records import TFRecordWriter
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,21 +245,23 @@ def _write_summary(sources: list[str], output_dir: str, settings: DatasetSetting
     lengths = np.arange(1, len(histogram) + 1)
     num_instances = int(histogram.sum())
     first_pass = [s for s in shards if s["dupe_pass"] == 0]
-    metadata = {
-        "settings": settings.to_dict(),
-        "sources": sources,
-        "files": [shard_name(s["file_index"], s["dupe_pass"]) + ".tfrecord" for s in shards],
-        "num_documents": sum(s["num_documents"] for s in first_pass),
-        "num_empty_documents": sum(len(s["empty_documents"]) for s in first_pass),
-        "num_instances": num_instances,
-        "num_tokens": int(histogram @ lengths),
-        "padding_fraction": 1.0 - float(histogram @ lengths) / (num_instances * len(histogram)),
-        "full_length_fraction": float(histogram[-1]) / num_instances,
-        "predictions_per_instance": sum(s["num_predictions"] for s in shards) / num_instances,
-        "random_next_fraction": sum(s["num_random_next"] for s in shards) / num_instances,
-        "eval_files": [shard_name(s["file_index"], EVAL_PASS) + ".tfrecord" for s in evals],
-        "num_eval_documents": sum(s["num_documents"] for s in evals),
-        "num_eval_instances": sum(s["num_instances"] for s in evals),
-    }
-    write_text_atomically(os.path.join(output_dir, "metadata.json"), json.dumps(metadata, indent=1) + "\n")
-    return metadata
+    config = settings.config
+    info = DatasetInfo(
+        packed=False, shapes=Shapes(config.max_seq_length, config.max_predictions_per_seq),
+        num_sequences=num_instances, num_records=num_instances,
+        files=tuple(shard_name(s["file_index"], s["dupe_pass"]) + ".tfrecord" for s in shards),
+        sources=tuple(sources),
+        details={
+            "settings": settings.to_dict(),
+            "num_documents": sum(s["num_documents"] for s in first_pass),
+            "num_empty_documents": sum(len(s["empty_documents"]) for s in first_pass),
+            "num_tokens": int(histogram @ lengths),
+            "padding_fraction": 1.0 - float(histogram @ lengths) / (num_instances * len(histogram)),
+            "full_length_fraction": float(histogram[-1]) / num_instances,
+            "predictions_per_instance": sum(s["num_predictions"] for s in shards) / num_instances,
+            "random_next_fraction": sum(s["num_random_next"] for s in shards) / num_instances,
+            "eval_files": [shard_name(s["file_index"], EVAL_PASS) + ".tfrecord" for s in evals],
+            "num_eval_documents": sum(s["num_documents"] for s in evals),
+            "num_eval_instances": sum(s["num_instances"] for s in evals),
+        })
+    return write_dataset_info(output_dir, info)

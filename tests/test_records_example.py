@@ -4,9 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_packed.data import reader
-from bert_packed.data.reader import RecordError, read_batches
-from bert_packed.data.tfrecord import read_record_batches
+from bert_packed.records import RecordError, read_batches, read_record_batches
+from bert_packed.records import example as reader
 
 
 def write_with_tensorflow(path, examples):
@@ -64,7 +63,7 @@ def test_a_missing_feature_or_wrong_length_is_named_through_tensorflow(tmp_path)
 
 def test_unpacked_repeated_values_parse(tmp_path):
     """Int64List/FloatList values one field each (legal protobuf, though writers pack them)."""
-    from bert_packed.data.tfrecord import TFRecordWriter
+    from bert_packed.records import TFRecordWriter
 
     ints = bytes.fromhex("1a04" "0805" "0806")  # int64_list {value: 5, value: 6}
     floats = bytes.fromhex("120a" "0d0000c03f" "0d000020c0")  # float_list {value: 1.5, value: -2.5}

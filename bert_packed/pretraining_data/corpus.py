@@ -15,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from bert_packed.errors import UserError
+
 _ABBREVIATIONS = frozenset("""
     mr mrs ms dr prof sr jr st mt ft vs etc al e.g i.e cf approx ca no nos vol vols fig figs
     jan feb mar apr jun jul aug sep sept oct nov dec gen col lt sgt capt cmdr adm gov sen rep
@@ -27,7 +29,7 @@ _BOUNDARY = re.compile(r"""([.!?]+)(["'\u201d\u2019)\]]*)\s+(?=["'\u201c\u2018(\
 _LAST_WORD = re.compile(r"(\S+)$")
 
 
-class CorpusError(ValueError):
+class CorpusError(UserError, ValueError):
     """An input file cannot be read as a corpus."""
 
 

@@ -1,8 +1,8 @@
 """The tf.data input pipeline: TFRecord files -> batches of packed feature dicts.
 
-Every mode yields the packed layout of DESIGN.md, so the model has one code path: an unpacked
-record becomes a pack holding one sequence (sequence index 1 where input_mask is 1, positions
-0..n-1, its [CLS] at offset 0).
+Every mode yields the packed layout (bert_packed.features, docs/data_formats.md), so the model
+has one code path: an unpacked record becomes a pack holding one sequence (sequence index 1
+where input_mask is 1, positions 0..n-1, its [CLS] at offset 0).
 
 Modes:
   packed    packed records (pack_pretraining_data output), [B, L] rows of several sequences.
@@ -22,8 +22,9 @@ import dataclasses
 
 import tensorflow as tf
 
-from bert_packed.data.reader import read_packed, read_unpacked
-from bert_packed.data.schema import UNPACKED_FLOAT_FEATURES, Shapes
+from bert_packed.errors import SettingsError
+from bert_packed.features import Shapes, float_features, tf_feature_spec
+from bert_packed.records import read_packed, read_unpacked
 
 MODES = ("packed", "padded", "bucketed")
 
@@ -33,7 +34,7 @@ class PipelineConfig:
     """How to read a dataset.
 
     Attributes:
-      files: the TFRecord files (sorted; see expand_globs in bert_packed.cli.common).
+      files: the TFRecord files (sorted).
       shapes: L, P and S of the records (S = 1 for unpacked files).
       mode: one of MODES; "packed" needs packed files, the others unpacked files.
       batch_size: rows per batch (packs when packed).
@@ -71,9 +72,9 @@ def make_dataset(config: PipelineConfig, input_context: tf.distribute.InputConte
       A tf.data.Dataset of {feature: int32 tensor}; see the module docstring for shapes.
     """
     if config.mode not in MODES:
-        raise ValueError(f"unknown input mode {config.mode!r}; expected one of {', '.join(MODES)}")
+        raise SettingsError(f"unknown input mode {config.mode!r}; expected one of {', '.join(MODES)}")
     if not config.files:
-        raise ValueError("no input files")
+        raise SettingsError("no input files")
     packed = config.mode == "packed"
     shapes = config.shapes
     batch_size = config.batch_size
@@ -83,7 +84,7 @@ def make_dataset(config: PipelineConfig, input_context: tf.distribute.InputConte
         batch_size = input_context.get_per_replica_batch_size(config.batch_size)
         if input_context.num_input_pipelines > 1:
             if len(config.files) < input_context.num_input_pipelines:
-                raise ValueError(f"{len(config.files)} input files cannot be shared among "
+                raise SettingsError(f"{len(config.files)} input files cannot be shared among "
                                  f"{input_context.num_input_pipelines} input pipelines; write more shards")
             files = files.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
     if config.is_training:
@@ -96,8 +97,7 @@ def make_dataset(config: PipelineConfig, input_context: tf.distribute.InputConte
     if config.mode == "bucketed":
         dataset = _bucketed(records, shapes, batch_size, config)
     else:
-        lengths = shapes.packed_lengths() if packed else shapes.unpacked_lengths()
-        spec = _spec(lengths, () if packed else UNPACKED_FLOAT_FEATURES)
+        spec = tf_feature_spec(shapes.record_lengths(packed), float_features(packed))
         dataset = records.batch(batch_size, drop_remainder=config.is_training).skip(config.skip_batches)
         parse = (lambda serialized: _cast(tf.io.parse_example(serialized, spec))) if packed else \
             (lambda serialized: _as_single_packs(tf.io.parse_example(serialized, spec)))
@@ -105,11 +105,6 @@ def make_dataset(config: PipelineConfig, input_context: tf.distribute.InputConte
     options = tf.data.Options()
     options.deterministic = config.deterministic
     return dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
-
-
-def _spec(lengths: dict[str, int], float_features=()) -> dict:
-    return {name: tf.io.FixedLenFeature([length], tf.float32 if name in float_features else tf.int64)
-            for name, length in lengths.items()}
 
 
 def _cast(features: dict) -> dict:
@@ -139,8 +134,8 @@ def _bucketed(records, shapes: Shapes, batch_size: int, config: PipelineConfig):
     """Unpacked records in batches of similar length, trimmed to their bucket's boundary."""
     boundaries = sorted(set(config.bucket_boundaries) | {shapes.max_seq_length})
     if boundaries[0] < 1 or boundaries[-1] > shapes.max_seq_length:
-        raise ValueError(f"bucket boundaries {config.bucket_boundaries} must lie in [1, {shapes.max_seq_length}]")
-    spec = _spec(shapes.unpacked_lengths(), UNPACKED_FLOAT_FEATURES)
+        raise SettingsError(f"bucket boundaries {config.bucket_boundaries} must lie in [1, {shapes.max_seq_length}]")
+    spec = tf_feature_spec(shapes.record_lengths(False), float_features(False))
     examples = records.map(lambda serialized: tf.io.parse_single_example(serialized, spec),
                            num_parallel_calls=tf.data.AUTOTUNE, deterministic=config.deterministic or None)
     # bucket_by_sequence_length puts length n in the first bucket whose upper bound exceeds it.

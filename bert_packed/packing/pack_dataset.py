@@ -36,21 +36,19 @@ import time
 
 import numpy as np
 
-from bert_packed.data import packer
-from bert_packed.data.reader import read_packed, read_unpacked
-from bert_packed.data.schema import Shapes
-from bert_packed.data.tfrecord import TFRecordWriter
+from bert_packed.dataset_info import DatasetInfo, read_dataset_info, write_dataset_info
+from bert_packed.errors import OutputDirectoryError
+from bert_packed.features import Shapes
 from bert_packed.files import write_text_atomically
-from bert_packed.packing import histogram_from_lengths, merge_histograms, plan, save_histogram
+from bert_packed.packing import packer
+from bert_packed.packing.histogram import histogram_from_lengths, merge_histograms, save_histogram
+from bert_packed.packing.plan import plan
 from bert_packed.progress import Progress
+from bert_packed.records import TFRecordWriter, read_packed, read_unpacked
 
 
 class PackingError(RuntimeError):
     """The packed output does not hold exactly the input sequences (a bug; nothing is published)."""
-
-
-class OutputDirectoryError(ValueError):
-    """The output directory holds another run."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,43 +121,35 @@ def pack_pretraining_dataset(input_files: list[str], output_dir: str, settings: 
     if num_out != int(histogram.sum()) or checksum_out != checksum_in:
         raise PackingError(f"packed output holds {num_out} sequences (checksum {checksum_out:016x}), the input "
                            f"{int(histogram.sum())} (checksum {checksum_in:016x}); nothing published")
-    metadata = {
-        "algorithm": settings.algorithm,
-        "max_sequence_length": shapes.max_seq_length,
-        "max_sequences_per_pack": shapes.max_sequences_per_pack,
-        "max_predictions_per_seq": shapes.max_predictions_per_seq,
-        "max_predictions": shapes.max_predictions_per_pack,
-        "num_sequences": packing_plan.num_sequences,
-        "num_packs": packing_plan.num_packs,
-        "num_tokens": packing_plan.num_tokens,
-        "packing_factor": packing_plan.packing_factor,
-        "efficiency": packing_plan.efficiency,
-        "lower_bound_packs": packing_plan.lower_bound_packs,
-        "padding_fraction_unpacked": 1.0 - packing_plan.num_tokens / (packing_plan.num_sequences * shapes.max_seq_length),
-        "seed": settings.seed,
-        "sources": sources,
-        "files": [s["file"] for s in shards],
-        "checksum": f"{checksum_in:016x}",
-        "seconds": seconds,  # of this run (a resumed run times only what it redid)
-        "run_digest": digest,  # settings and sources: a finished run is not redone
-    }
-    write_text_atomically(os.path.join(output_dir, "metadata.json"), json.dumps(metadata, indent=1) + "\n")
+    info = DatasetInfo(
+        packed=True, shapes=shapes, num_sequences=packing_plan.num_sequences, num_records=packing_plan.num_packs,
+        files=tuple(s["file"] for s in shards), sources=tuple(sources), checksum=f"{checksum_in:016x}",
+        details={
+            "algorithm": settings.algorithm,
+            "num_tokens": packing_plan.num_tokens,
+            "efficiency": packing_plan.efficiency,
+            "lower_bound_packs": packing_plan.lower_bound_packs,
+            "padding_fraction_unpacked": 1.0 - packing_plan.num_tokens / (packing_plan.num_sequences
+                                                                          * shapes.max_seq_length),
+            "seed": settings.seed,
+            "seconds": seconds,  # of this run (a resumed run times only what it redid)
+            "run_digest": digest,  # settings and sources: a finished run is not redone
+        })
+    metadata = write_dataset_info(output_dir, info)
     shutil.rmtree(work, ignore_errors=True)
     return metadata
 
 
 def _finished_run(output_dir: str, digest: str) -> dict | None:
     """The metadata of a finished run with the same settings and sources in `output_dir`."""
-    path = os.path.join(output_dir, "metadata.json")
-    if not os.path.exists(path):
+    info = read_dataset_info(output_dir)
+    if info is None:
         return None
-    with open(path, encoding="utf-8") as f:
-        metadata = json.load(f)
-    if metadata.get("run_digest") != digest:
+    if info.details.get("run_digest") != digest:
         raise OutputDirectoryError(f"{output_dir}: already holds packed data made with other settings or "
                                    f"inputs; use a new --output_dir or remove it")
     logging.info("%s: already packed with these settings; nothing to do", output_dir)
-    return metadata
+    return info.to_dict()
 
 
 # The layout of .work (its files and row format); an unfinished run of another layout starts over.
@@ -359,10 +349,10 @@ def verify_packed_dataset(output_dir: str, num_workers: int = 0) -> dict:
     Raises:
       PackingError: naming what differs.
     """
-    with open(os.path.join(output_dir, "metadata.json"), encoding="utf-8") as f:
-        metadata = json.load(f)
-    shapes = Shapes(metadata["max_sequence_length"], metadata["max_predictions_per_seq"],
-                    metadata["max_sequences_per_pack"])
+    info = read_dataset_info(output_dir)
+    if info is None or not info.packed:
+        raise OutputDirectoryError(f"{output_dir}: holds no packed dataset (no metadata.json of packed data)")
+    shapes = info.shapes
     found_in_file = {}
 
     def read_back(name):
@@ -374,12 +364,12 @@ def verify_packed_dataset(output_dir: str, num_workers: int = 0) -> dict:
             total = packer.combine_checksums(total, packer.checksum(rows))
         found_in_file[name] = num_packs, num_sequences, total
 
-    _in_parallel(read_back, [(name,) for name in metadata["files"]], num_workers,
-                 Progress("verify", total=len(metadata["files"]), unit="files"))
+    _in_parallel(read_back, [(name,) for name in info.files], num_workers,
+                 Progress("verify", total=len(info.files), unit="files"))
     found = {"num_packs": sum(f[0] for f in found_in_file.values()),
              "num_sequences": sum(f[1] for f in found_in_file.values()),
              "checksum": f"{packer.combine_checksums(*[f[2] for f in found_in_file.values()]):016x}"}
-    expected = {key: metadata[key] for key in found}
+    expected = {"num_packs": info.num_records, "num_sequences": info.num_sequences, "checksum": info.checksum}
     if found != expected:
         raise PackingError(f"{output_dir}: read back {found}, metadata.json says {expected}")
     return found

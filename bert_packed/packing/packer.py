@@ -17,7 +17,9 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from bert_packed.data.schema import Shapes
+from bert_packed.features import Shapes
+from bert_packed.records import RecordError
+
 
 def row_dtype(shapes: Shapes, max_token_id: int = 2**31 - 1) -> np.dtype:
     """One unpacked sequence, compact: predictions relative to the sequence, token ids as uint16
@@ -56,7 +58,7 @@ def _fill_rows(input_ids, input_mask, segment_ids, masked_positions, masked_ids,
 def rows_from_unpacked(batch: dict[str, np.ndarray], shapes: Shapes, file_index: int, first_record: int,
                        max_token_id: int = 2**31 - 1) -> np.ndarray:
     """Rows (row_dtype(shapes, max_token_id)) of a batch of parsed unpacked records
-    (reader.read_unpacked, which checks that masks and weights are ones then zeros, and ids in
+    (records.read_unpacked, which checks that masks and weights are ones then zeros, and ids in
     [0, 2**31))."""
     rows = np.zeros(len(batch["input_ids"]), dtype=row_dtype(shapes, max_token_id))
     _fill_rows(batch["input_ids"], batch["input_mask"], batch["segment_ids"], batch["masked_lm_positions"],
@@ -230,7 +232,7 @@ def _assemble(order, packs, lengths, predictions, labels, input_ids, segment_ids
 
 def assemble_packs(rows: np.ndarray, pack_of_row: np.ndarray, position_of_row: np.ndarray, num_packs: int,
                    shapes: Shapes) -> dict[str, np.ndarray]:
-    """Packed features (DESIGN layout) for `num_packs` packs from their member rows.
+    """Packed features (bert_packed.features) for `num_packs` packs from their member rows.
 
     Worked example (L = 8, S = 2): a 5-token and a 3-token sequence share pack 0.
 
@@ -258,7 +260,7 @@ def assemble_packs(rows: np.ndarray, pack_of_row: np.ndarray, position_of_row: n
       {feature: int32 array [num_packs, length]}.
 
     Raises:
-      ValueError: a pack would exceed L tokens, P' predictions or S sequences.
+      RecordError: a pack would exceed L tokens, P' predictions or S sequences.
     """
     seq, pred, depth = shapes.max_seq_length, shapes.max_predictions_per_pack, shapes.max_sequences_per_pack
     packs = np.asarray(pack_of_row, dtype=np.int64)
@@ -268,7 +270,7 @@ def assemble_packs(rows: np.ndarray, pack_of_row: np.ndarray, position_of_row: n
                     rows["input_ids"], rows["segment_ids"], rows["masked_lm_positions"], rows["masked_lm_ids"],
                     *out.values())
     if bad >= 0:
-        raise ValueError(f"pack {packs[bad]} overflows: more than {seq} tokens, {pred} predictions or {depth} "
+        raise RecordError(f"pack {packs[bad]} overflows: more than {seq} tokens, {pred} predictions or {depth} "
                          f"sequences (its sequence from input file {rows['file'][bad]}, record {rows['record'][bad]})")
     return out
 
@@ -309,7 +311,7 @@ def unpack(packs: dict[str, np.ndarray], shapes: Shapes) -> np.ndarray:
     sequence k (1-based) is where input_mask == k, its predictions where masked_lm_weights == k.
 
     Raises:
-      ValueError: a pack refers to a sequence it does not have, or one sequence has more than P
+      RecordError: a pack refers to a sequence it does not have, or one sequence has more than P
         predictions.
     """
     weights = packs["next_sentence_weights"]
@@ -322,7 +324,7 @@ def unpack(packs: dict[str, np.ndarray], shapes: Shapes) -> np.ndarray:
                   packs["next_sentence_positions"], rows["length"], rows["num_predictions"], rows["input_ids"],
                   rows["segment_ids"], rows["masked_lm_positions"], rows["masked_lm_ids"])
     if bad >= 0:
-        raise ValueError(f"pack {bad} does not decode: a token or prediction belongs to no sequence of the pack, "
+        raise RecordError(f"pack {bad} does not decode: a token or prediction belongs to no sequence of the pack, "
                          f"or a sequence has more than {shapes.max_predictions_per_seq} predictions")
     rows["next_sentence_label"] = packs["next_sentence_labels"][pack_index, index_in_pack]
     return rows

@@ -19,7 +19,7 @@ import dataclasses
 
 import numpy as np
 
-from bert_packed.data.schema import Shapes
+from bert_packed.features import Shapes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,7 +174,7 @@ def _mask(input_ids, segment_ids, is_random_next, config, vocab_size, special_id
 
 
 def instance_features(instances: list[Instance], shapes: Shapes) -> dict[str, np.ndarray]:
-    """The unpacked features (DESIGN schema) of instances, padded to L and P: {name: [N, length]}."""
+    """The unpacked features (bert_packed.features) of instances, padded to L and P: {name: [N, length]}."""
     seq, pred = shapes.max_seq_length, shapes.max_predictions_per_seq
     features = {name: np.zeros((len(instances), length), dtype=np.int64)
                 for name, length in shapes.unpacked_lengths().items()}

@@ -6,10 +6,12 @@ import os
 
 import numpy as np
 
+from bert_packed.errors import UserError
+
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
-class VocabularyError(ValueError):
+class VocabularyError(UserError, ValueError):
     """The vocabulary file is missing or is not a BERT WordPiece vocabulary."""
 
 

@@ -1,34 +1,185 @@
-"""Reading unpacked or packed TFRecords into NumPy batches, with errors that name the record.
+"""The tf.train.Example codec for the features of bert_packed.features, without TensorFlow.
 
-Raw records come from tfrecord.read_record_batches (both checksums checked, so a corrupt or
-truncated file is reported by file and record index). A batch is parsed by a compiled
-tf.train.Example parser that only knows the expected features (_parse_examples: with framing
-and checksums as fast as TensorFlow's parser alone, and no TensorFlow import; see
-scripts/benchmark_pack_pretraining_data.py); a batch it does not take (a missing feature, a
-wrong length, a bytes list, an unusual encoding) goes to TensorFlow's parser, which either parses
-it or leads to an error naming the record.
+Encoding: building a tf.train.Example through the protobuf API costs ~180 us for one BERT record
+at L=512; the compiled encoder here serializes and frames a packed record in ~30 us
+(scripts/benchmark_pack_pretraining_data.py). Layout, as written here: Example{features=1:
+Features{feature=1 (one map entry per feature){key=1: name, value=2: Feature{float_list=2 |
+int64_list=3: {value=1, packed}}}}}.
+
+Parsing: raw records come from tfrecord.read_record_batches (both checksums checked, so a
+corrupt or truncated file is reported by file and record index). A batch is parsed by a
+compiled parser that only knows the expected features (_parse_examples: with framing and
+checksums as fast as TensorFlow's parser alone, and no TensorFlow import); a batch it does not
+take (a missing feature, a wrong length, a bytes list, an unusual encoding) goes to TensorFlow's
+parser, which either parses it or leads to an error naming the record.
 """
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import numba
 import numpy as np
 
-from bert_packed.data.schema import UNPACKED_FLOAT_FEATURES, Shapes
-from bert_packed.data.tfrecord import read_record_batches
+from bert_packed.errors import UserError
+from bert_packed.features import tf_feature_spec
+from bert_packed.records.tfrecord import _put_frame, _put_uint, read_record_batches
 
 
-class RecordError(ValueError):
+class RecordError(UserError, ValueError):
     """A record does not have the features or lengths the flags expect."""
 
 
-def _feature_spec(lengths: dict[str, int], float_features=()):
-    import tensorflow as tf
+@numba.njit(cache=True, nogil=True)
+def _varint_size(value) -> int:
+    """Bytes of the protobuf varint of an int (negative ints take 10, as two's complement)."""
+    value = np.uint64(value)
+    size = 1
+    for k in range(1, 10):  # compares, no data-dependent branch
+        size += value >= np.uint64(1) << np.uint64(7 * k)
+    return size
 
-    return {name: tf.io.FixedLenFeature([length], tf.float32 if name in float_features else tf.int64)
-            for name, length in lengths.items()}
+
+@numba.njit(cache=True, nogil=True)
+def _put_varint(out, at, value) -> int:
+    """Writes the varint of `value` at out[at]; returns the index after it."""
+    value = np.uint64(value)
+    while value >= 0x80:
+        out[at] = (value & np.uint64(0x7F)) | np.uint64(0x80)
+        value >>= np.uint64(7)
+        at += 1
+    out[at] = value
+    return at + 1
+
+
+@numba.njit(cache=True, nogil=True)
+def _put_small_varint(out, at, value) -> int:
+    """_put_varint without unpredictable branches for values below 2**21 (three bytes are
+    written, as many as needed are kept): it may write two bytes past the value."""
+    value = np.uint64(value)
+    if value >= np.uint64(1 << 21):
+        return _put_varint(out, at, value)
+    two, three = value >= np.uint64(1 << 7), value >= np.uint64(1 << 14)
+    out[at] = (value & np.uint64(0x7F)) | (np.uint64(two) << np.uint64(7))
+    out[at + 1] = ((value >> np.uint64(7)) & np.uint64(0x7F)) | (np.uint64(three) << np.uint64(7))
+    out[at + 2] = value >> np.uint64(14)
+    return at + 1 + two + three
+
+
+@numba.njit(cache=True, nogil=True)
+def _entry_size(key_size, payload_size):
+    """Bytes inside one feature's map entry: its key and its Feature."""
+    list_size = 1 + _varint_size(payload_size) + payload_size
+    value_size = 1 + _varint_size(list_size) + list_size
+    return 1 + _varint_size(key_size) + key_size + 1 + _varint_size(value_size) + value_size
+
+
+@numba.njit(cache=True, nogil=True)
+def _encode(features, is_float, keys, key_starts, scratch, out, ends):
+    """Serializes and frames record i of `features` (a tuple of [N, n_f] arrays) for every i.
+
+    A length precedes what it measures, so a record's payloads are first written to `scratch`;
+    their sizes give every length, and the record is then written front to back. Returns the
+    bytes used; record i ends at ends[i].
+    """
+    num_features = len(features)
+    payload_ends = np.empty(num_features, np.int64)
+    at = 0
+    for i in range(features[0].shape[0]):
+        end = 0
+        for f in range(num_features):
+            if is_float[f]:
+                for value in features[f][i]:
+                    _put_uint(scratch, end, value, 4)
+                    end += 4
+            else:
+                for value in features[f][i]:
+                    end = _put_small_varint(scratch, end, value)
+            payload_ends[f] = end
+        body_size = 0
+        for f in range(num_features):
+            payload_size = payload_ends[f] - (payload_ends[f - 1] if f else 0)
+            entry_size = _entry_size(key_starts[f + 1] - key_starts[f], payload_size)
+            body_size += 1 + _varint_size(entry_size) + entry_size
+        record = at
+        out[at + 12] = 0x0A  # Example.features
+        at = _put_varint(out, at + 13, body_size)
+        for f in range(num_features):
+            key = keys[key_starts[f]:key_starts[f + 1]]
+            payload_start = payload_ends[f - 1] if f else 0
+            payload_size = payload_ends[f] - payload_start
+            list_size = 1 + _varint_size(payload_size) + payload_size
+            value_size = 1 + _varint_size(list_size) + list_size
+            out[at] = 0x0A  # Features.feature: a map entry {key=1, value=2: Feature}
+            at = _put_varint(out, at + 1, _entry_size(len(key), payload_size))
+            out[at] = 0x0A  # key
+            at = _put_varint(out, at + 1, len(key))
+            out[at:at + len(key)] = key
+            at += len(key)
+            out[at] = 0x12  # value
+            at = _put_varint(out, at + 1, value_size)
+            out[at] = 0x12 if is_float[f] else 0x1A  # float_list or int64_list
+            at = _put_varint(out, at + 1, list_size)
+            out[at] = 0x0A  # value (packed)
+            at = _put_varint(out, at + 1, payload_size)
+            out[at:at + payload_size] = scratch[payload_start:payload_ends[f]]
+            at += payload_size
+        _put_frame(out, record, at - record - 12)
+        at += 4
+        ends[i] = at
+    return at
+
+
+_HEADER_ROOM = 1 + 5  # a tag and a length of up to 2**35 bytes
+
+
+def encode_framed(features: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(framed TFRecords of N tf.train.Example records, ends [N] of each record in them)."""
+    num_records = len(next(iter(features.values())))
+    arrays, is_float, room = [], [], 0
+    for name, values in features.items():
+        values = np.asarray(values).reshape(num_records, -1)
+        is_float.append(values.dtype.kind == "f")
+        if is_float[-1]:
+            values = values.astype("<f4").view(np.int32)  # packed fixed32: the float's bits
+            room += 4 * values.shape[1]
+        else:
+            top = int(values.max(initial=0))
+            width = 10 if values.size and values.min() < 0 else max(1, (top.bit_length() + 6) // 7)
+            room += width * values.shape[1]
+        arrays.append(values)
+        room += 5 * _HEADER_ROOM + len(name.encode())  # its headers
+    dtype = np.result_type(*[a.dtype for a in arrays])  # one dtype: the features travel as one tuple
+    arrays = tuple(np.ascontiguousarray(a, dtype=dtype) for a in arrays)
+    keys = [name.encode() for name in features]
+    scratch = np.empty(room + 2, dtype=np.uint8)  # + 2: _put_small_varint writes past a value
+    out = np.empty(num_records * (room + 12 + _HEADER_ROOM + 4), dtype=np.uint8)
+    ends = np.empty(num_records, dtype=np.int64)
+    used = _encode(arrays, np.array(is_float), np.frombuffer(b"".join(keys), np.uint8),
+                   np.cumsum([0] + [len(key) for key in keys]), scratch, out, ends)
+    return out[:used], ends
+
+
+def encode_examples(features: dict[str, np.ndarray]) -> list[bytes]:
+    """Serializes N tf.train.Example records at once.
+
+    Float features become FloatList, integer ones Int64List (packed, in the order given).
+
+    >>> [r.hex() for r in encode_examples({"a": np.array([[1, 300], [2, 3]])})]
+    ['0a0e0a0c0a016112071a050a0301ac02', '0a0d0a0b0a016112061a040a020203']
+
+    Args:
+      features: name -> array [N, length] (the N records' values).
+
+    Returns:
+      N serialized Examples.
+    """
+    if len(next(iter(features.values()))) == 0:
+        return []
+    data, ends = encode_framed(features)
+    starts = np.r_[0, ends[:-1]]
+    return [data[start + 12:end - 4].tobytes() for start, end in zip(starts.tolist(), ends.tolist())]
+
 
 
 @numba.njit(cache=True, nogil=True)
@@ -204,7 +355,7 @@ def read_batches(path: str, lengths: dict[str, int], float_features=(), batch_si
         bad = _parse_examples(np.frombuffer(data, np.uint8), starts, sizes, names, name_starts, is_float, columns, out)
         if bad >= 0:
             records = [data[a:a + n] for a, n in zip(starts.tolist(), sizes.tolist())]
-            yield first, _parse(path, first, records, _feature_spec(lengths, float_features), lengths, flag_hint)
+            yield first, _parse(path, first, records, tf_feature_spec(lengths, float_features), lengths, flag_hint)
             continue
         batch = {}
         for f, name in enumerate(lengths):
@@ -242,56 +393,3 @@ def _raise_for_bad_record(path, first, batch, lengths, flag_hint):
                 raise RecordError(f"{where}: feature {name!r} has {found} values, expected {length}"
                                   f"{flag_hint}")
 
-
-def read_unpacked(path: str, shapes: Shapes, batch_size: int = 1024):
-    """Batches of unpacked records, checked for the MLPerf layout (see read_batches)."""
-    hint = (f" (--max_seq_length={shapes.max_seq_length}, "
-            f"--max_predictions_per_seq={shapes.max_predictions_per_seq})")
-    for first, batch in read_batches(path, shapes.unpacked_lengths(), UNPACKED_FLOAT_FEATURES, batch_size, hint):
-        _check_unpacked(path, first, batch, shapes)
-        yield first, batch
-
-
-@numba.njit(cache=True, nogil=True)
-def _first_bad_unpacked(input_mask, masked_weights, masked_positions, input_ids, masked_ids):
-    """The first record whose mask is not ones then zeros (at least 2 ones), whose weights are not
-    ones then zeros, whose predictions point outside the sequence or whose ids are outside
-    [0, 2**31); -1 when none."""
-    for i in range(input_mask.shape[0]):
-        length = 0
-        while length < input_mask.shape[1] and input_mask[i, length] == 1:
-            length += 1
-        count = 0
-        while count < masked_weights.shape[1] and masked_weights[i, count] == 1:
-            count += 1
-        bad = length < 2
-        for j in range(length, input_mask.shape[1]):
-            bad |= input_mask[i, j] != 0
-        for m in range(count, masked_weights.shape[1]):
-            bad |= masked_weights[i, m] != 0
-        for m in range(count):
-            bad |= masked_positions[i, m] < 0 or masked_positions[i, m] >= length
-        for j in range(input_ids.shape[1]):
-            bad |= input_ids[i, j] < 0 or input_ids[i, j] >= 2**31
-        for m in range(masked_ids.shape[1]):
-            bad |= masked_ids[i, m] < 0 or masked_ids[i, m] >= 2**31
-        if bad:
-            return i
-    return -1
-
-
-def _check_unpacked(path: str, first: int, batch: dict, shapes: Shapes) -> None:
-    row = _first_bad_unpacked(batch["input_mask"], batch["masked_lm_weights"], batch["masked_lm_positions"],
-                              batch["input_ids"], batch["masked_lm_ids"])
-    if row >= 0:
-        raise RecordError(
-            f"{path}: record {first + row}: expected input_mask to be at least 2 ones then zeros, "
-            f"masked_lm_weights ones then zeros, masked_lm_positions inside the sequence and token ids "
-            f"in [0, 2**31)")
-
-
-def read_packed(path: str, shapes: Shapes, batch_size: int = 1024):
-    """Batches of packed records (see read_batches)."""
-    hint = (f" (--max_seq_length={shapes.max_seq_length}, --max_sequences_per_pack="
-            f"{shapes.max_sequences_per_pack}, --max_predictions_per_seq={shapes.max_predictions_per_seq})")
-    yield from read_batches(path, shapes.packed_lengths(), (), batch_size, hint)

@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_packed.data.tfrecord import CorruptRecordError, TFRecordWriter, _masked_crc, encode_examples, read_records
+from bert_packed.records import CorruptRecordError, TFRecordWriter, encode_examples, read_records
+from bert_packed.records.tfrecord import _masked_crc
 
 
 def test_encoded_examples_parse_back_with_tensorflow():

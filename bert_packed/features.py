@@ -1,0 +1,109 @@
+"""The one place where record features are spelled: keys, dtypes and lengths, unpacked and packed.
+
+Shapes: L = max_seq_length, P = max_predictions_per_seq, S = max_sequences_per_pack,
+P' = P + S (a pack's prediction slots: each sequence rounds its share up by at most one).
+docs/data_formats.md describes both layouts in full.
+
+Unpacked records (the MLPerf reference schema; int64 on disk, masked_lm_weights float32):
+
+  key                    length  meaning
+  input_ids              L       token ids, [CLS] A [SEP] B [SEP], then 0
+  input_mask             L       1 for a real token, 0 for padding
+  segment_ids            L       0 for [CLS] A [SEP], 1 for B [SEP]
+  masked_lm_positions    P       offsets of the predicted tokens, then 0
+  masked_lm_ids          P       the original ids at those offsets, then 0
+  masked_lm_weights      P       1.0 for a real prediction, 0.0 for padding
+  next_sentence_labels   1       1 when B is a random segment
+
+Packed records keep Graphcore's public packed-TFRecord key names, which users' existing packed
+data uses. Keys shared with the unpacked layout change meaning where a pack needs it:
+
+  key                      length  meaning in a pack (and how it differs from unpacked)
+  input_ids                L       the sequences' tokens one after another, then 0
+  input_mask               L       the sequence index of each token, 1..S; 0 for padding
+                                   (unpacked: 1 for every real token)
+  segment_ids              L       each sequence's own segment ids
+  positions                L       position ids restarting at 0 for each sequence (packed only)
+  masked_lm_positions      P'      offsets into the pack (unpacked: into the sequence)
+  masked_lm_ids            P'      the original ids at those offsets
+  masked_lm_weights        P'      the sequence index of each prediction, 0 for none
+                                   (unpacked: a float 1.0/0.0)
+  next_sentence_positions  S       offset of each sequence's [CLS] (packed only)
+  next_sentence_labels     S       each sequence's NSP label (unpacked: one label)
+  next_sentence_weights    S       1 where a sequence exists (packed only)
+
+Every packed key is int64 on disk. The input pipeline parses both layouts into the packed one
+(int32), an unpacked record becoming a pack of one sequence.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+# Unpacked records hold this one feature as a FloatList; every other feature is an Int64List.
+UNPACKED_FLOAT_FEATURES = ("masked_lm_weights",)
+
+
+@dataclasses.dataclass(frozen=True)
+class Shapes:
+    """The fixed sizes of one dataset's records.
+
+    Attributes:
+      max_seq_length: L.
+      max_predictions_per_seq: P, predictions of one unpacked sequence.
+      max_sequences_per_pack: S (1 for unpacked data).
+    """
+
+    max_seq_length: int
+    max_predictions_per_seq: int
+    max_sequences_per_pack: int = 1
+
+    @property
+    def max_predictions_per_pack(self) -> int:
+        """P' = P + S for packs; P for unpacked records."""
+        if self.max_sequences_per_pack == 1:
+            return self.max_predictions_per_seq
+        return self.max_predictions_per_seq + self.max_sequences_per_pack
+
+    def unpacked(self) -> Shapes:
+        """The shapes of the unpacked records these packs are made of (S = 1)."""
+        return Shapes(self.max_seq_length, self.max_predictions_per_seq)
+
+    def unpacked_lengths(self) -> dict[str, int]:
+        """Feature name -> length in an unpacked record."""
+        seq, pred = self.max_seq_length, self.max_predictions_per_seq
+        return {"input_ids": seq, "input_mask": seq, "segment_ids": seq, "masked_lm_positions": pred,
+                "masked_lm_ids": pred, "masked_lm_weights": pred, "next_sentence_labels": 1}
+
+    def packed_lengths(self) -> dict[str, int]:
+        """Feature name -> length in a packed record (and in the model's feature dict)."""
+        seq, pred, packs = self.max_seq_length, self.max_predictions_per_pack, self.max_sequences_per_pack
+        return {"input_ids": seq, "input_mask": seq, "segment_ids": seq, "positions": seq,
+                "masked_lm_positions": pred, "masked_lm_ids": pred, "masked_lm_weights": pred,
+                "next_sentence_positions": packs, "next_sentence_labels": packs,
+                "next_sentence_weights": packs}
+
+    def record_lengths(self, packed: bool) -> dict[str, int]:
+        """Feature name -> length in a record of either layout."""
+        return self.packed_lengths() if packed else self.unpacked_lengths()
+
+
+def float_features(packed: bool) -> tuple[str, ...]:
+    """The features stored as FloatList in a record of either layout."""
+    return () if packed else UNPACKED_FLOAT_FEATURES
+
+
+def tf_feature_spec(lengths: dict[str, int], float_names: tuple[str, ...] = ()) -> dict:
+    """The tf.io.parse_example spec of records with these features.
+
+    Args:
+      lengths: feature name -> length (Shapes.record_lengths).
+      float_names: the features stored as FloatList (float_features).
+
+    Returns:
+      {name: tf.io.FixedLenFeature([length], tf.float32 or tf.int64)}.
+    """
+    import tensorflow as tf  # only the callers that parse with TensorFlow pay for its import
+
+    return {name: tf.io.FixedLenFeature([length], tf.float32 if name in float_names else tf.int64)
+            for name, length in lengths.items()}
