@@ -27,7 +27,7 @@ import time
 
 from sample_corpus import copy_sample
 
-from bert_packed.features import UNPACKED_FLOAT_FEATURES, Shapes
+from bert_packed.features import Shapes, float_features, tf_feature_spec
 from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset, verify_packed_dataset
 from bert_packed.records import TFRecordWriter, read_batches, read_packed, read_records
 
@@ -82,10 +82,9 @@ def codec_figures(unpacked_files: list[str], packed_dir: str, work: str) -> None
     lengths = Shapes(512, 76).unpacked_lengths()
     start = time.perf_counter()
     count = sum(len(batch["input_ids"]) for path in unpacked_files
-                for _, batch in read_batches(path, lengths, UNPACKED_FLOAT_FEATURES))
+                for _, batch in read_batches(path, lengths, float_features(False)))
     ours = (time.perf_counter() - start) / count * 1e6
-    spec = {name: tf.io.FixedLenFeature([length], tf.float32 if name in UNPACKED_FLOAT_FEATURES else tf.int64)
-            for name, length in lengths.items()}
+    spec = tf_feature_spec(lengths, float_features(False))
     records = [record for path in unpacked_files for record in read_records(path)]
     start = time.perf_counter()
     for first in range(0, len(records), 1024):

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, SAMPLE, dataset_settings, tfrecords, write_corpus
 
+from bert_packed.dataset_info import read_dataset_info
 from bert_packed.features import Shapes
 from bert_packed.packing import load_histogram
 from bert_packed.pretraining_data.corpus import CorpusError
@@ -38,7 +39,7 @@ def masking_statistics(records):
 def test_records_follow_the_mlperf_layout(unpacked_dir):
     records = read_all(unpacked_dir)
     lengths = records["input_mask"].sum(axis=1)
-    assert len(lengths) == json.load(open(os.path.join(unpacked_dir, "metadata.json")))["num_instances"] == 122
+    assert len(lengths) == read_dataset_info(unpacked_dir).num_sequences == 122
     for row, length in enumerate(lengths):
         ids, segments = records["input_ids"][row], records["segment_ids"][row]
         boundary = int(np.argmax(segments[:length])) if segments[:length].any() else -1

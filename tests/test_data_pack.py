@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, tfrecords
 
+from bert_packed.dataset_info import read_dataset_info
 from bert_packed.features import Shapes
 from bert_packed.packing import pack_dataset as pack_module
 from bert_packed.packing import packer
@@ -101,7 +102,7 @@ def test_keyed_permutation_is_a_bijection(size):
 
 def test_packed_output_holds_exactly_the_input_sequences(unpacked_dir, packed_dir):
     assert content(packer.unpack(packed_records(packed_dir), UNPACKED)) == content(input_rows(unpacked_dir))
-    metadata = json.load(open(os.path.join(packed_dir, "metadata.json")))
+    metadata = read_dataset_info(packed_dir).to_dict()
     assert metadata["num_sequences"] == len(input_rows(unpacked_dir)) == 122
     assert metadata["checksum"] == f"{packer.checksum(input_rows(unpacked_dir)):016x}"
     assert verify_packed_dataset(packed_dir)["num_sequences"] == 122
@@ -169,7 +170,7 @@ def test_a_directory_with_another_run_is_refused_and_a_finished_one_reused(unpac
     before = {name: os.path.getmtime(os.path.join(packed_dir, name)) for name in os.listdir(packed_dir)}
     same = PackSettings(PACKED, "lp", num_shards=2)
     metadata = pack_pretraining_dataset(tfrecords(unpacked_dir), packed_dir, same, num_workers=1)
-    assert metadata == json.load(open(os.path.join(packed_dir, "metadata.json")))
+    assert metadata == read_dataset_info(packed_dir).to_dict()
     assert before == {name: os.path.getmtime(os.path.join(packed_dir, name)) for name in os.listdir(packed_dir)}
 
 

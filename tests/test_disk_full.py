@@ -13,6 +13,8 @@ import sys
 
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, VOCAB, tfrecords, write_corpus
 
+from bert_packed.dataset_info import read_dataset_info
+
 
 def run(script, *args, file_size_limit=None):
     """Runs a script of the repository, under a file-size limit when given."""
@@ -82,8 +84,7 @@ def test_pack_pretraining_data_keeps_its_first_pass_and_completes_later(unpacked
 
     again = run("scripts/pack_pretraining_data.py", *flags, "--verify")
     assert again.returncode == 0, again.stderr[-3000:]
-    assert json.load(open(tmp_path / "metadata.json"))["checksum"] == json.load(
-        open(os.path.join(packed_dir, "metadata.json")))["checksum"]
+    assert read_dataset_info(str(tmp_path)).checksum == read_dataset_info(packed_dir).checksum
     for a, b in zip(tfrecords(str(tmp_path)), tfrecords(packed_dir), strict=True):
         assert open(a, "rb").read() == open(b, "rb").read()  # as if the disk had never filled
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, REPO, TINY, tfrecords
 
+from bert_packed.dataset_info import read_dataset_info
 from bert_packed.features import Shapes
 from bert_packed.model import BertConfig
 from bert_packed.training.config import EvalData, ModelConfig, OptimizerConfig, RunConfig, TrainConfig, TrainData
@@ -211,10 +212,10 @@ def test_cli_trains_logs_and_records_its_flags(packed_dir, unpacked_dir, bert_co
     assert {"flags.txt", "train_log.jsonl", "eval_log.jsonl", "mllog.txt", "checkpoints", "tensorboard"} <= set(
         os.listdir(out))
     assert "--adjust_betas_for_packing" in (out / "flags.txt").read_text()
-    metadata = json.load(open(os.path.join(packed_dir, "metadata.json")))
+    packing_factor = read_dataset_info(packed_dir).packing_factor
     betas = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in open(out / "mllog.txt") if "opt_lamb_beta" in line]
-    assert betas[0]["value"] == pytest.approx(0.9 ** metadata["packing_factor"])
-    assert betas[1]["value"] == pytest.approx(0.999 ** metadata["packing_factor"])
+    assert betas[0]["value"] == pytest.approx(0.9 ** packing_factor)
+    assert betas[1]["value"] == pytest.approx(0.999 ** packing_factor)
     assert len(read_log(out / "eval_log.jsonl")) == 1
 
 

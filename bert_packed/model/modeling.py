@@ -4,7 +4,8 @@ A row holds one or more sequences. Only four things differ from BERT on one sequ
 positions restart at 0 for each sequence (gathered from `positions`), attention stays inside a
 sequence (block-diagonal mask from the sequence indices), the masked-LM head is applied only at
 `masked_lm_positions`, and the NSP head reads each sequence's own [CLS] at
-`next_sentence_positions`. Everything else is token-wise and does not care who shares a row.
+`next_sentence_positions`. Everything else is token-wise and does not care who shares a row
+(docs/model.md).
 
 Shape legend: B batch, L max_seq_length, H hidden_size, N attention heads, D = H / N,
 I intermediate_size, V vocab_size, P' predictions per row, S sequences per row.

@@ -10,6 +10,8 @@ the real sequences and pack whatever is left over greedily.
   length l may hold any sequence no longer than l (the unused part is padding). It is solved with
   HiGHS on a sparse matrix, so it is both faster and tighter than NNLSHP at the same depth: its
   optimum is also a lower bound for any packing at that depth.
+
+See docs/packing.md.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ than packs remain. When no open pack fits, new packs take as many copies of the 
 `max_sequences_per_pack` sequences.
 
 A strategy list is a list of (lengths, count) pairs: `count` packs each holding sequences of the
-given lengths (longest first).
+given lengths (longest first). docs/packing.md compares them with the original algorithms.
 """
 
 from __future__ import annotations

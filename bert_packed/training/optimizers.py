@@ -10,7 +10,8 @@ norm `clip_norm`:
   w -= learning_rate * r * u
 Weight decay sits inside the update, before the trust ratio, as in the MLPerf reference (not
 Keras' decoupled `weight_decay`). Exclusions are regular expressions searched in the variable's
-path; by default LayerNorm weights and biases are excluded from both.
+path; by default LayerNorm weights and biases are excluded from both. docs/training.md has the
+schedule and the reference's semantics in full.
 
 For packed data, raise the betas to the power of the packing factor (beta ** pf) to keep the
 momentum horizon of pf unpacked steps (docs/training.md); see adjusted_betas().
