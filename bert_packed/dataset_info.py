@@ -85,12 +85,15 @@ class DatasetInfo:
             "max_sequences_per_pack": shapes.max_sequences_per_pack,
             "num_sequences": self.num_sequences,
             "num_records": self.num_records,
-            ("num_packs" if self.packed else "num_instances"): self.num_records if self.packed else self.num_sequences,
             "packing_factor": self.packing_factor,
             "checksum": self.checksum,
             "files": list(self.files),
             "sources": list(self.sources),
         }
+        if self.packed:
+            result["num_packs"] = self.num_records
+        else:
+            result["num_instances"] = self.num_sequences
         return {**result, **{k: v for k, v in self.details.items() if k not in _OWN_KEYS}}
 
     @classmethod

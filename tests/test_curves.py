@@ -37,6 +37,7 @@ def test_table_measures_time_to_accuracy_and_speedups(tmp_path):
     assert rows[1]["final_mlm_accuracy"] == 0.5
 
 
+@pytest.mark.slow
 def test_cli_writes_a_png_and_a_table(tmp_path):
     padded = write_run(tmp_path / "padded", "padded", 1.0, 2.0, 8, [0.2, 0.4])
     packed = write_run(tmp_path / "packed", "packed", 2.0, 2.0, 16, [0.4, 0.5])
@@ -53,6 +54,7 @@ def test_cli_writes_a_png_and_a_table(tmp_path):
     assert auto.returncode == 0 and "sequences to 0.360" in auto.stdout  # 0.9 x the lowest final 0.4
 
 
+@pytest.mark.slow
 def test_bad_run_directories_are_named(tmp_path):
     with pytest.raises(RunError, match="no such run directory"):
         load_run(str(tmp_path / "missing"))

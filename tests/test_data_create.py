@@ -143,6 +143,7 @@ def run_cli(*args):
                           capture_output=True, text=True, timeout=300, cwd=REPO)
 
 
+@pytest.mark.slow
 def test_cli_glob_matching_nothing_is_one_line_and_exit_2(tmp_path):
     result = run_cli(f"--input_file={tmp_path}/nothing*", f"--output_dir={tmp_path}/out")
     assert result.returncode == 2
@@ -151,6 +152,7 @@ def test_cli_glob_matching_nothing_is_one_line_and_exit_2(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_cli_writes_the_dataset(tmp_path):
     paths = write_corpus(str(tmp_path), num_files=1, docs_per_file=2)
     result = run_cli(f"--input_file={paths[0]}", f"--output_dir={tmp_path}/out", "--max_seq_length=64",

@@ -190,6 +190,7 @@ def test_flags_that_disagree_with_the_data_are_named(unpacked_dir, tmp_path):
         pack_pretraining_dataset(tfrecords(unpacked_dir)[:1], str(tmp_path), wrong, num_workers=1)
 
 
+@pytest.mark.slow
 def test_cli_error_is_one_line_naming_the_record(unpacked_dir, tmp_path):
     import subprocess
     import sys

@@ -4,6 +4,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # every test here runs a command in a subprocess
+
 
 def run_cli(*args):
     return subprocess.run([sys.executable, "-m", "bert_packed.packing", *args],

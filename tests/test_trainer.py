@@ -95,6 +95,7 @@ print(max(float(np.abs(a - b).max()) for a, b in zip(weights(single), weights(mi
 """
 
 
+@pytest.mark.slow
 def test_mirrored_over_two_devices_gives_the_same_update(packed_dir, tmp_path):
     result = subprocess.run([sys.executable, "-c", MIRRORED, str(tmp_path), ",".join(tfrecords(packed_dir)),
                              os.path.dirname(__file__)],
@@ -202,6 +203,7 @@ def run_cli(*args):
                           capture_output=True, text=True, timeout=600, cwd=REPO)
 
 
+@pytest.mark.slow
 def test_cli_trains_logs_and_records_its_flags(packed_dir, unpacked_dir, bert_config_file, tmp_path):
     out = tmp_path / "run"
     result = run_cli(f"--bert_config_file={bert_config_file}", f"--input_files={packed_dir}/packed-*.tfrecord",
@@ -227,6 +229,7 @@ def test_cli_trains_logs_and_records_its_flags(packed_dir, unpacked_dir, bert_co
     (["--adjust_betas_for_packing", "--input_mode=bucketed"], "--adjust_betas_for_packing needs packed data"),
     (["--num_warmup_steps=50"], "--num_warmup_steps=50 exceeds --num_train_steps=2"),
 ])
+@pytest.mark.slow
 def test_cli_flags_that_disagree_stop_before_any_work(packed_dir, bert_config_file, tmp_path, flags, message):
     out = tmp_path / "run"
     result = run_cli(f"--bert_config_file={bert_config_file}", f"--input_files={packed_dir}/packed-*.tfrecord",
@@ -249,6 +252,7 @@ def free_ports(count):
     return ports
 
 
+@pytest.mark.slow
 def test_two_local_workers_train_together_and_hold_the_same_weights(packed_dir, bert_config_file, tmp_path):
     import tensorflow as tf
 

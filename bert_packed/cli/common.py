@@ -1,16 +1,19 @@
 """What every command shares: how it starts, how it fails, how it finds its input files.
 
-`run` is the one way a command runs: absl parses the flags (flagfiles included), and then
+`run` is the one way a command runs: --help prints the command's own flags and exits 0; absl
+parses the flags (flagfiles included), and then
 - a bad flag, or a UserError raised anywhere below (bert_packed.errors), prints one line,
   `<program>: error: <message>`, and exits with status 2;
 - a full disk (or quota, or file-size limit) prints one line saying what is kept, status 2;
-- any other exception is a bug and raises with its traceback.
+- any other exception is a bug and raises with its traceback;
+- a closed pipe on stdout (`| head`) ends the command quietly.
 """
 
 from __future__ import annotations
 
 import errno
 import glob
+import os
 import sys
 from collections.abc import Callable
 from typing import NoReturn
@@ -35,6 +38,9 @@ def run(main: Callable[[list[str]], None], program: str, output_flag: str, kept:
     """
 
     def parse(argv: list[str]) -> list[str]:
+        if any(arg in ("-h", "--help", "--helpshort") for arg in argv[1:]):
+            print_help(main)
+            sys.exit(0)
         try:
             return flags.FLAGS(argv)
         except flags.Error as e:
@@ -53,7 +59,22 @@ def run(main: Callable[[list[str]], None], program: str, output_flag: str, kept:
             fail(program, f"{where}: the disk is full ({reason}). {kept}; partial files were removed. Free some "
                           f"space and run the same command again to continue")
 
-    app.run(guarded, flags_parser=parse)
+    try:
+        app.run(guarded, flags_parser=parse)
+    except BrokenPipeError:
+        # The reader went away (`| head`): nothing more to say. Python would report the pipe once
+        # more when it flushes stdout at exit, so stdout goes to /dev/null first.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
+
+
+def print_help(main: Callable) -> None:
+    """The command's docstring and its own flags with their defaults (absl's flags left out:
+    --helpfull lists those)."""
+    print(sys.modules[main.__module__].__doc__.strip())
+    for module in flags.FLAGS.flags_by_module_dict():
+        if not module.startswith("absl."):
+            print(flags.FLAGS.module_help(module).replace(f"\n{module}:\n", "\nflags:\n", 1))
 
 
 def fail(program: str, error: Exception | str) -> NoReturn:

@@ -1,4 +1,4 @@
-"""Compare training runs: accuracy and loss curves (PNG) and a summary table.
+r"""Compare training runs: accuracy and loss curves (PNG) and a summary table.
 
     python scripts/compare_curves.py runs/sample/train_padded runs/sample/train_packed \
         --output runs/sample/curves.png --accuracy 0.05

@@ -1,4 +1,4 @@
-"""Create unpacked BERT pre-training TFRecords from WikiExtractor or plain-text files.
+r"""Create unpacked BERT pre-training TFRecords from WikiExtractor or plain-text files.
 
     python scripts/create_pretraining_data.py --input_file='data/wikipedia_sample/*' \
         --output_dir=runs/data/unpacked --vocab_file=data/bert_uncased_vocab.txt \

@@ -1,4 +1,4 @@
-"""Pack unpacked BERT pre-training TFRecords into packed TFRecords, losslessly.
+r"""Pack unpacked BERT pre-training TFRecords into packed TFRecords, losslessly.
 
     python scripts/pack_pretraining_data.py --input_files='runs/data/unpacked/part-*.tfrecord' \
         --output_dir=runs/data/packed --max_seq_length=512 --max_predictions_per_seq=76 \

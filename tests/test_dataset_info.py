@@ -1,0 +1,130 @@
+"""metadata.json: one layout for unpacked and packed data, and the layouts of release 0.1 still read."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, REPO, tfrecords
+
+from bert_packed.dataset_info import (
+    DatasetInfo,
+    DatasetInfoError,
+    metadata_path,
+    read_dataset_info,
+    write_dataset_info,
+)
+from bert_packed.features import Shapes
+from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset, verify_packed_dataset
+
+PACKED = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK)
+
+
+def packed_v1(info):
+    """The packed metadata.json as release 0.1 wrote it."""
+    details = info.details
+    return {"algorithm": details["algorithm"], "max_sequence_length": info.shapes.max_seq_length,
+            "max_sequences_per_pack": info.shapes.max_sequences_per_pack,
+            "max_predictions_per_seq": info.shapes.max_predictions_per_seq,
+            "max_predictions": info.shapes.max_predictions_per_pack, "num_sequences": info.num_sequences,
+            "num_packs": info.num_records, "num_tokens": details["num_tokens"],
+            "packing_factor": info.packing_factor, "efficiency": details["efficiency"],
+            "lower_bound_packs": details["lower_bound_packs"],
+            "padding_fraction_unpacked": details["padding_fraction_unpacked"], "seed": details["seed"],
+            "sources": list(info.sources), "files": list(info.files), "checksum": info.checksum,
+            "seconds": details["seconds"], "run_digest": details["run_digest"]}
+
+
+def unpacked_v1(info):
+    """The unpacked metadata.json as release 0.1 wrote it: L and P only under settings.config."""
+    keep = ("settings", "num_documents", "num_empty_documents", "num_tokens", "padding_fraction",
+            "full_length_fraction", "predictions_per_instance", "random_next_fraction", "eval_files",
+            "num_eval_documents", "num_eval_instances")
+    return {"sources": list(info.sources), "files": list(info.files), "num_instances": info.num_sequences,
+            **{key: info.details[key] for key in keep}}
+
+
+def test_both_kinds_share_one_layout(unpacked_dir, packed_dir):
+    unpacked, packed = read_dataset_info(unpacked_dir), read_dataset_info(packed_dir)
+    common = ("format_version", "packed", "max_seq_length", "max_predictions_per_seq", "max_sequences_per_pack",
+              "num_sequences", "num_records", "packing_factor", "checksum", "files", "sources")
+    for directory, info in ((unpacked_dir, unpacked), (packed_dir, packed)):
+        metadata = json.load(open(metadata_path(directory)))
+        assert list(metadata)[:len(common)] == list(common), directory
+        assert DatasetInfo.from_dict(metadata) == info
+    assert (unpacked.packed, packed.packed) == (False, True)
+    assert unpacked.shapes == Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS) and packed.shapes == PACKED
+    assert unpacked.num_sequences == unpacked.num_records == packed.num_sequences == 122
+    assert packed.num_records < 122 and packed.packing_factor == pytest.approx(122 / packed.num_records)
+    assert unpacked.packing_factor == 1.0 and unpacked.checksum is None and len(packed.checksum) == 16
+
+
+def test_release_0_1_packed_data_still_loads_verifies_and_counts_as_done(unpacked_dir, packed_dir, tmp_path):
+    copy = tmp_path / "packed"
+    shutil.copytree(packed_dir, copy)
+    current = read_dataset_info(packed_dir)
+    with open(metadata_path(str(copy)), "w") as f:
+        json.dump(packed_v1(current), f)
+    old = read_dataset_info(str(copy))
+    assert (old.packed, old.shapes, old.num_sequences, old.num_records, old.files, old.checksum) == (
+        True, PACKED, current.num_sequences, current.num_records, current.files, current.checksum)
+    assert old.details["algorithm"] == "lp" and "max_predictions" not in old.details
+    assert verify_packed_dataset(str(copy))["num_sequences"] == 122
+    again = pack_pretraining_dataset(tfrecords(unpacked_dir), str(copy), PackSettings(PACKED, "lp", num_shards=2),
+                                     num_workers=1)
+    assert again["num_packs"] == current.num_records  # recognised as finished: nothing redone
+    assert json.load(open(metadata_path(str(copy)))) == packed_v1(current)  # and left as it was
+
+
+def test_release_0_1_unpacked_data_still_loads(unpacked_dir, tmp_path):
+    current = read_dataset_info(unpacked_dir)
+    (tmp_path / "metadata.json").write_text(json.dumps(unpacked_v1(current)))
+    old = read_dataset_info(str(tmp_path))
+    assert (old.packed, old.shapes, old.num_sequences, old.num_records, old.files) == (
+        False, current.shapes, 122, 122, current.files)
+    assert old.details["settings"] == current.details["settings"]
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{not json", "cannot read it as JSON"),
+    ("[1, 2]", "expected a JSON object"),
+    ('{"format_version": 99}', "format_version 99; expected 2"),
+    ('{"format_version": 2, "packed": true}', "missing or malformed entry 'max_seq_length'"),
+])
+def test_an_unreadable_description_is_named(tmp_path, content, message):
+    (tmp_path / "metadata.json").write_text(content)
+    with pytest.raises(DatasetInfoError, match=rf"{tmp_path}/metadata.json: .*{message}"):
+        read_dataset_info(str(tmp_path))
+
+
+def test_write_is_atomic_and_round_trips(tmp_path):
+    info = DatasetInfo(True, Shapes(16, 4, 2), num_sequences=10, num_records=6, files=("a.tfrecord",),
+                       checksum="00ff", details={"algorithm": "lpfhp", "num_packs": 999})
+    written = write_dataset_info(str(tmp_path), info)
+    assert os.listdir(tmp_path) == ["metadata.json"]
+    assert written["num_packs"] == 6  # the owner's value wins over a producer's key of the same name
+    assert read_dataset_info(str(tmp_path)) == DatasetInfo(True, Shapes(16, 4, 2), 10, 6, ("a.tfrecord",),
+                                                           checksum="00ff", details={"algorithm": "lpfhp"})
+    assert read_dataset_info(str(tmp_path / "missing")) is None
+
+
+@pytest.mark.slow
+def test_a_packed_eval_set_of_one_sequence_per_pack_is_read_as_packed(unpacked_dir, packed_dir, bert_config_file,
+                                                                       tmp_path):
+    """Depth 1 does not make packed data unpacked: the eval set is parsed with the packed keys."""
+    eval_dir = tmp_path / "eval_packed_1"
+    pack_pretraining_dataset(tfrecords(unpacked_dir)[:1], str(eval_dir),
+                             PackSettings(Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, 1), "lpfhp"), num_workers=1)
+    assert read_dataset_info(str(eval_dir)).packed and read_dataset_info(str(eval_dir)).packing_factor == 1.0
+    out = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, os.path.join(REPO, "run_pretraining.py"), f"--bert_config_file={bert_config_file}",
+         f"--input_files={packed_dir}/packed-*.tfrecord", f"--eval_files={eval_dir}/packed-*.tfrecord",
+         f"--output_dir={out}", "--max_seq_length=128", "--max_predictions_per_seq=20", "--train_batch_size=4",
+         "--num_train_steps=1", "--eval_every_samples=0"],
+        capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    [evaluation] = [json.loads(line) for line in open(out / "eval_log.jsonl")]
+    assert evaluation["num_sequences"] == read_dataset_info(str(eval_dir)).num_sequences

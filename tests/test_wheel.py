@@ -1,0 +1,85 @@
+"""The built wheel installs a working package: every console script runs from a fresh virtual
+environment that does not see the source tree, and a tiny create -> pack -> plan works there."""
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import venv
+
+import pytest
+from conftest import REPO, VOCAB, write_corpus
+
+pytestmark = pytest.mark.slow  # builds a wheel and a virtual environment
+
+SCRIPTS = {
+    "bert-packed-create": "Create unpacked BERT pre-training TFRecords",
+    "bert-packed-pack": "Pack unpacked BERT pre-training TFRecords",
+    "bert-packed-plan": "Plan a packing from a length histogram",
+    "bert-packed-train": "Pre-train BERT with the MLPerf recipe",
+    "bert-packed-compare": "Compare training runs",
+}
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """A fresh virtual environment with the wheel installed (its bin directory)."""
+    work = tmp_path_factory.mktemp("wheel")
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            "-w", str(work / "dist"), REPO], capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr[-3000:]
+    [wheel] = os.listdir(work / "dist")
+    environment = work / "venv"
+    venv.EnvBuilder(with_pip=False).create(environment)
+    python = environment / "bin" / "python"
+    install = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
+                              "--no-index", "-q", str(work / "dist" / wheel)], capture_output=True, text=True,
+                             timeout=300)
+    assert install.returncode == 0, install.stderr[-3000:]
+    # The dependencies (NumPy, TensorFlow...) come from this environment, as a plain path: its .pth
+    # files, among them the editable install's hook onto the source tree, are not processed.
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    with open(os.path.join(site, "dependencies.pth"), "w") as f:
+        f.write(sysconfig.get_paths()["purelib"] + "\n")
+    return environment / "bin"
+
+
+def run(bin_dir, cwd, *args):
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    return subprocess.run([str(bin_dir / args[0]), *args[1:]], capture_output=True, text=True, timeout=300,
+                          cwd=cwd, env=env)
+
+
+def test_the_package_comes_from_the_wheel_with_every_subpackage(installed, tmp_path):
+    result = run(installed, tmp_path, "python", "-c", "import bert_packed, bert_packed.records.reader, "
+                 "bert_packed.pretraining_data.create_dataset, bert_packed.packing.pack_dataset, "
+                 "bert_packed.input_pipeline, bert_packed.training.trainer; print(bert_packed.__file__)")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().startswith(str(installed.parent)) and "site-packages" in result.stdout
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_every_console_script_prints_its_help(installed, tmp_path, script):
+    result = run(installed, tmp_path, script, "--help")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith(SCRIPTS[script])
+    assert "\nflags:\n  --" in result.stdout
+
+
+def test_create_pack_plan_from_the_wheel(installed, tmp_path):
+    [corpus] = write_corpus(str(tmp_path), num_files=1)
+    created = run(installed, tmp_path, "bert-packed-create", f"--input_file={corpus}", "--output_dir=unpacked",
+                  f"--vocab_file={VOCAB}", "--max_seq_length=128", "--max_predictions_per_seq=20",
+                  "--dupe_factor=1", "--num_workers=1")
+    assert created.returncode == 0, created.stderr[-3000:]
+    packed = run(installed, tmp_path, "bert-packed-pack", "--input_files=unpacked/part-*.tfrecord",
+                 "--output_dir=packed", "--max_seq_length=128", "--max_predictions_per_seq=20", "--verify")
+    assert packed.returncode == 0, packed.stderr[-3000:]
+    metadata = json.loads(packed.stdout)
+    assert metadata["packed"] and metadata["num_sequences"] == json.loads(created.stdout)["num_sequences"] > 0
+    planned = run(installed, tmp_path, "bert-packed-plan", "--histogram=unpacked/histogram.json", "--algorithm=lp",
+                  "--json")
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    assert json.loads(planned.stdout)["num_packs"] == metadata["num_records"]
