@@ -45,6 +45,7 @@ class PipelineConfig:
       bucket_boundaries: with "bucketed", the lengths a batch is trimmed to (the last is L).
       cycle_length: files read in parallel.
       skip_batches: batches to pass over first (a resumed run's position; before parsing, cheap).
+      max_batches: with is_training False, stop after this many batches (None: all).
     """
 
     files: tuple[str, ...]
@@ -58,6 +59,7 @@ class PipelineConfig:
     bucket_boundaries: tuple[int, ...] = ()
     cycle_length: int = 4
     skip_batches: int = 0
+    max_batches: int | None = None
 
 
 def make_dataset(config: PipelineConfig, input_context: tf.distribute.InputContext | None = None) -> tf.data.Dataset:
@@ -65,8 +67,11 @@ def make_dataset(config: PipelineConfig, input_context: tf.distribute.InputConte
 
     Args:
       config: see PipelineConfig.
-      input_context: from tf.distribute (distribute_datasets_from_function); each input
-        pipeline reads its own share of the files, and batch_size is then the global batch.
+      input_context: from tf.distribute (distribute_datasets_from_function); batch_size is then
+        the global batch. For training each input pipeline reads its own share of the files; for
+        evaluation its share of the records, so that one eval file serves any number of workers,
+        and every pipeline yields the same number of batches (a padding batch that counts
+        nothing evens them out), so that together they evaluate every record exactly once.
 
     Returns:
       A tf.data.Dataset of {feature: int32 tensor}; see the module docstring for shapes.
@@ -75,13 +80,14 @@ def make_dataset(config: PipelineConfig, input_context: tf.distribute.InputConte
         raise SettingsError(f"unknown input mode {config.mode!r}; expected one of {', '.join(MODES)}")
     if not config.files:
         raise SettingsError("no input files")
-    packed = config.mode == "packed"
     shapes = config.shapes
     batch_size = config.batch_size
     files = tf.data.Dataset.from_tensor_slices(list(config.files))
     if input_context is not None:
         # batch_size is global: each replica gets its share (one host may feed several replicas).
         batch_size = input_context.get_per_replica_batch_size(config.batch_size)
+        if input_context.num_input_pipelines > 1 and not config.is_training:
+            return _evaluation_share(config, input_context, batch_size)
         if input_context.num_input_pipelines > 1:
             if len(config.files) < input_context.num_input_pipelines:
                 raise SettingsError(f"{len(config.files)} input files cannot be shared among "
@@ -97,14 +103,44 @@ def make_dataset(config: PipelineConfig, input_context: tf.distribute.InputConte
     if config.mode == "bucketed":
         dataset = _bucketed(records, shapes, batch_size, config)
     else:
-        spec = tf_feature_spec(shapes.record_lengths(packed), float_features(packed))
-        dataset = records.batch(batch_size, drop_remainder=config.is_training).skip(config.skip_batches)
-        parse = (lambda serialized: _cast(tf.io.parse_example(serialized, spec))) if packed else \
-            (lambda serialized: _as_single_packs(tf.io.parse_example(serialized, spec)))
-        dataset = dataset.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=config.deterministic or None)
+        batches = records.batch(batch_size, drop_remainder=config.is_training).skip(config.skip_batches)
+        dataset = _parsed(batches, config)
+    return _finished(dataset, config)
+
+
+def _parsed(batches: tf.data.Dataset, config: PipelineConfig) -> tf.data.Dataset:
+    """Batches of serialized records -> batches of packed feature dicts."""
+    packed = config.mode == "packed"
+    spec = tf_feature_spec(config.shapes.record_lengths(packed), float_features(packed))
+    parse = (lambda serialized: _cast(tf.io.parse_example(serialized, spec))) if packed else \
+        (lambda serialized: _as_single_packs(tf.io.parse_example(serialized, spec)))
+    return batches.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=config.deterministic or None)
+
+
+def _finished(dataset: tf.data.Dataset, config: PipelineConfig) -> tf.data.Dataset:
+    if config.max_batches is not None and not config.is_training:
+        dataset = dataset.take(config.max_batches)
     options = tf.data.Options()
     options.deterministic = config.deterministic
     return dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
+
+
+def _evaluation_share(config: PipelineConfig, input_context: tf.distribute.InputContext,
+                      batch_size: int) -> tf.data.Dataset:
+    """This input pipeline's records of the eval set (every num-th from the id-th), in batches; as
+    many batches as every other pipeline's, the last one padded out with a batch that counts
+    nothing (no predictions, no sequences)."""
+    num, index = input_context.num_input_pipelines, input_context.input_pipeline_id
+    records = tf.data.TFRecordDataset(list(config.files))
+    total = int(records.reduce(tf.constant(0, tf.int64), lambda count, _: count + 1))
+    own, most = len(range(index, total, num)), -(-total // num)
+    dataset = _parsed(records.shard(num, index).batch(batch_size), config)
+    padding = -(-most // batch_size) - -(-own // batch_size)
+    if padding:
+        # The parsed layout of either mode (unpacked records: packs of one sequence, S = 1).
+        empty = {name: tf.zeros([1, length], tf.int32) for name, length in config.shapes.packed_lengths().items()}
+        dataset = dataset.concatenate(tf.data.Dataset.from_tensors(empty).repeat(padding))
+    return _finished(dataset, config)
 
 
 def _cast(features: dict) -> dict:

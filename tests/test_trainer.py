@@ -56,12 +56,13 @@ def read_log(path):
 def test_accumulated_micro_batches_equal_one_big_batch(packed_dir, tmp_path):
     files = tfrecords(packed_dir)
     for averaging in ("token", "sequence"):
+        # Two micro-steps make one update; the clip of the whole update keeps it one big batch.
         accumulated = Trainer(config(tmp_path / f"a-{averaging}", files, dropout=0.0, steps_per_update=2,
-                                     num_train_steps=1, loss_averaging=averaging))
+                                     num_train_steps=2, loss_averaging=averaging, clip_after_allreduce=True))
         start = weights(accumulated)
         accumulated.train()
         big = Trainer(config(tmp_path / f"b-{averaging}", files, dropout=0.0, train_batch_size=8, num_train_steps=1,
-                             loss_averaging=averaging))
+                             loss_averaging=averaging, clip_after_allreduce=True))
         for w, value in zip(big.model.weights, start):
             w.assign(value)
         big.train()
@@ -82,11 +83,13 @@ sys.path.insert(0, sys.argv[3])
 from test_trainer import config, weights
 from bert_packed.training.trainer import Trainer
 files = sys.argv[2].split(",")
-single = Trainer(config(sys.argv[1] + "/single", files, dropout=0.0, train_batch_size=8, num_train_steps=1))
+single = Trainer(config(sys.argv[1] + "/single", files, dropout=0.0, train_batch_size=8, num_train_steps=1,
+                        clip_after_allreduce=True))
 start = weights(single)
 single.train()
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-mirrored = Trainer(config(sys.argv[1] + "/mirrored", files, dropout=0.0, train_batch_size=8, num_train_steps=1), strategy)
+mirrored = Trainer(config(sys.argv[1] + "/mirrored", files, dropout=0.0, train_batch_size=8, num_train_steps=1,
+                          clip_after_allreduce=True), strategy)
 assert mirrored.strategy.num_replicas_in_sync == 2
 for w, value in zip(mirrored.model.weights, start):
     w.assign(value)
@@ -108,15 +111,15 @@ def test_an_interrupted_run_resumes_with_exactly_the_same_losses(packed_dir, tmp
     files = tfrecords(packed_dir)
     Trainer(config(tmp_path / "straight", files, num_train_steps=4)).train()
     interrupted = Trainer(config(tmp_path / "resumed", files, num_train_steps=4))
-    update = interrupted._update
+    update = interrupted._train_loop
 
-    def update_then_sigterm(iterator):
-        result = update(iterator)
+    def update_then_sigterm(iterator, num_updates):
+        result = update(iterator, num_updates)
         if int(interrupted.step) == 1:  # during step 2
             os.kill(os.getpid(), signal.SIGTERM)
         return result
 
-    interrupted._update = update_then_sigterm
+    interrupted._train_loop = update_then_sigterm
     interrupted.train()
     assert [r["step"] for r in read_log(tmp_path / "resumed" / "train_log.jsonl")] == [1, 2]
     Trainer(config(tmp_path / "resumed", files, num_train_steps=4)).train()
@@ -132,14 +135,14 @@ def test_a_crash_after_the_checkpoint_resumes_without_repeated_log_lines(packed_
     straight = Trainer(config(tmp_path / "straight", files, num_train_steps=4))
     straight.train()
     crashing = Trainer(config(tmp_path / "resumed", files, num_train_steps=4, save_checkpoints_steps=2))
-    update = crashing._update
+    update = crashing._train_loop
 
-    def update_then_crash(iterator):
+    def update_then_crash(iterator, num_updates):
         if int(crashing.step) == 3:  # step 3 is logged, the checkpoint is step 2
             raise RuntimeError("killed")
-        return update(iterator)
+        return update(iterator, num_updates)
 
-    crashing._update = update_then_crash
+    crashing._train_loop = update_then_crash
     with pytest.raises(RuntimeError, match="killed"):
         crashing.train()
     assert [r["step"] for r in read_log(tmp_path / "resumed" / "train_log.jsonl")] == [1, 2, 3]
@@ -153,15 +156,15 @@ def test_a_crash_after_the_checkpoint_resumes_without_repeated_log_lines(packed_
 
 def test_a_nan_loss_stops_and_keeps_the_last_good_checkpoint(packed_dir, tmp_path):
     trainer = Trainer(config(tmp_path, tfrecords(packed_dir), num_train_steps=4, save_checkpoints_steps=1))
-    update = trainer._update
+    update = trainer._train_loop
 
-    def poison_after_step_1(iterator):
+    def poison_after_step_1(iterator, num_updates):
         if int(trainer.step) == 1:
             trainer.model.embeddings.word_embeddings.assign(np.full(trainer.model.embeddings.word_embeddings.shape,
                                                                     np.nan, np.float32))
-        return update(iterator)
+        return update(iterator, num_updates)
 
-    trainer._update = poison_after_step_1
+    trainer._train_loop = poison_after_step_1
     with pytest.raises(TrainingError, match=r"loss is nan at step 2; stopped without saving, the last good "
                                             r"checkpoint is .*ckpt-1"):
         trainer.train()
@@ -193,7 +196,8 @@ def test_reaching_the_target_stops_the_run_and_logs_it(packed_dir, unpacked_dir,
     assert eval_log[0]["sequences"] == train_log[0]["sequences"] and eval_log[0]["num_sequences"] == 122
     mllog = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in open(tmp_path / "mllog.txt")]
     keys = [entry["key"] for entry in mllog]
-    assert keys[0] == "run_start" and "eval_accuracy" in keys and keys[-1] == "run_stop"
+    assert keys[:2] == ["cache_clear", "init_start"] and keys.index("init_stop") < keys.index("run_start")
+    assert "eval_accuracy" in keys and keys[-1] == "run_stop"
     assert mllog[-1]["metadata"]["status"] == "success"
     assert os.listdir(tmp_path / "tensorboard")
 

@@ -123,26 +123,29 @@ class PolynomialWarmup(keras.optimizers.schedules.LearningRateSchedule):
     lr(step) = init_lr * (1 - min(step, num_train_steps) / num_train_steps) ** power, except while
     step - start_warmup_step < num_warmup_steps, where it is
     init_lr * (step - start_warmup_step) / num_warmup_steps (never below 0). A negative
-    start_warmup_step starts partway through warmup.
+    start_warmup_step starts partway through warmup. Steps are the reference's micro-steps: called
+    with the optimizer's update count u, the schedule is evaluated at u * steps_per_update.
 
     >>> schedule = PolynomialWarmup(1e-3, num_train_steps=100, num_warmup_steps=10)
     >>> [round(float(schedule(s)), 6) for s in (0, 5, 10, 55, 100)]
     [0.0, 0.0005, 0.0009, 0.00045, 0.0]
     """
 
-    def __init__(self, init_lr, num_train_steps, num_warmup_steps=0, start_warmup_step=0, power=1.0):
+    def __init__(self, init_lr, num_train_steps, num_warmup_steps=0, start_warmup_step=0, power=1.0,
+                 steps_per_update=1):
         super().__init__()
-        if num_train_steps < 1 or num_warmup_steps < 0:
-            raise SettingsError(f"num_train_steps must be >= 1 and num_warmup_steps >= 0, got {num_train_steps}, "
-                             f"{num_warmup_steps}")
+        if num_train_steps < 1 or num_warmup_steps < 0 or steps_per_update < 1:
+            raise SettingsError(f"num_train_steps and steps_per_update must be >= 1 and num_warmup_steps >= 0, "
+                                f"got {num_train_steps}, {steps_per_update} and {num_warmup_steps}")
         self.init_lr = init_lr
         self.num_train_steps = num_train_steps
         self.num_warmup_steps = num_warmup_steps
         self.start_warmup_step = start_warmup_step
         self.power = power
+        self.steps_per_update = steps_per_update
 
     def __call__(self, step):
-        step = ops.cast(step, "float32")
+        step = ops.cast(step, "float32") * float(self.steps_per_update)
         done = ops.minimum(step, float(self.num_train_steps)) / float(self.num_train_steps)
         learning_rate = self.init_lr * ops.power(1.0 - done, self.power)
         if self.num_warmup_steps:
@@ -154,4 +157,4 @@ class PolynomialWarmup(keras.optimizers.schedules.LearningRateSchedule):
     def get_config(self):
         return {"init_lr": self.init_lr, "num_train_steps": self.num_train_steps,
                 "num_warmup_steps": self.num_warmup_steps, "start_warmup_step": self.start_warmup_step,
-                "power": self.power}
+                "power": self.power, "steps_per_update": self.steps_per_update}

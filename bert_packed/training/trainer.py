@@ -1,12 +1,21 @@
 """The pre-training loop: MLPerf recipe on packed (or padded, or bucketed) data.
 
-One update = `steps_per_update` micro-batches of `batch_size` rows each (global, all
-replicas). The counts that normalise the losses are summed over the whole update first (they
-come from the features alone), so an accumulated or distributed update equals one big batch.
+Steps are the reference's micro-steps: one update is `steps_per_update` micro-batches of
+`batch_size` rows each (global, all replicas), and `iterations_per_loop` micro-steps run in one
+compiled call with no host reads inside; logs, checks, checkpoints and evaluations happen between
+calls.
+
+Gradient clipping, two orders (both allowed by the MLPerf rules):
+  after the all-reduce  the counts that normalise the losses are summed over the whole update
+                        first (they come from the features alone), the gradients are summed over
+                        micro-batches and replicas, and that one gradient is clipped: the update
+                        of one big batch.
+  before (reference)    each replica clips the gradient of each of its micro-batches (its loss
+                        normalised by its own counts), and the update averages them.
 
 Output directory:
   train_log.jsonl, eval_log.jsonl   one JSON object a line: step, sequences, loss, mlm_accuracy, ...
-  mllog.txt                         :::MLLOG lines (mlperf-logging)
+  mllog.txt                         :::MLLOG lines (mlperf-logging), checked by its compliance checker
   run.json                          input mode, packing factor, batch, seed (for compare_curves)
   tensorboard/                      TensorBoard events
   checkpoints/                      model, optimizer, step and input position; the latest resumes
@@ -34,6 +43,10 @@ from bert_packed.training.config import TrainConfig
 from bert_packed.training.losses import loss_from_sums, metrics_from_sums, normalizers, pretraining_sums
 from bert_packed.training.optimizers import AdamWeightDecay, Lamb, PolynomialWarmup, adjusted_betas
 
+# What one update returns, in this order (pretraining_sums, then the token counts of the rows).
+SUM_KEYS = ("mlm_nll", "mlm_predictions", "mlm_correct", "mlm_sequence_nll", "mlm_sequence_correct",
+            "mlm_sequences", "nsp_nll", "nsp_correct", "nsp_sequences", "tokens", "slots")
+
 
 class TrainingError(UserError, RuntimeError):
     """Training cannot go on (a NaN or Inf loss, say); the last good checkpoint is kept."""
@@ -45,7 +58,8 @@ def make_optimizer(config: TrainConfig):
     beta_1, beta_2 = o.beta_1, o.beta_2
     if o.adjust_betas_for_packing:
         beta_1, beta_2 = adjusted_betas(beta_1, beta_2, config.train_data.packing_factor)
-    schedule = PolynomialWarmup(o.learning_rate, o.num_train_steps, o.num_warmup_steps, o.start_warmup_step)
+    schedule = PolynomialWarmup(o.learning_rate, o.num_train_steps, o.num_warmup_steps, o.start_warmup_step,
+                                o.poly_power, config.train_data.steps_per_update)
     kind = {"lamb": Lamb, "adamw": AdamWeightDecay}[o.name]
     optimizer = kind(schedule, beta_1=beta_1, beta_2=beta_2, epsilon=o.epsilon, weight_decay_rate=o.weight_decay_rate)
     if config.model.precision == "fp16":
@@ -53,11 +67,17 @@ def make_optimizer(config: TrainConfig):
     return optimizer
 
 
+def round_up(value: int, multiple: int) -> int:
+    """The smallest multiple of `multiple` that is >= value (and >= multiple)."""
+    return max(multiple, -(-value // multiple) * multiple)
+
+
 class Trainer:
     """Builds the model, data and optimizer under a tf.distribute strategy, and runs the loop.
 
     train() runs the named steps in order: claim the output directory, restore (or initialise),
     the loop of updates with its evaluations and checkpoints, and the end of the run.
+    evaluate_only() restores and evaluates once (the reference's do_eval without do_train).
     """
 
     def __init__(self, config: TrainConfig, strategy: tf.distribute.Strategy | None = None):
@@ -68,6 +88,13 @@ class Trainer:
             tf.config.experimental.enable_op_determinism()
         keras.mixed_precision.set_global_policy(
             {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}[config.model.precision])
+        # Every micro-step count of the reference becomes whole updates: the schedule is exact, the
+        # cadences round up (between updates, and between compiled loops, as on the reference's TPU).
+        n = config.train_data.steps_per_update
+        self.steps_per_update = n
+        self.last_step = config.optimizer.num_train_steps // n * n
+        self.loop_steps = round_up(config.run.iterations_per_loop, n)
+        self.save_steps = round_up(config.run.save_checkpoints_steps, self.loop_steps)
         # Every worker takes part in saving (it is collective); only the chief writes output_dir.
         self.is_chief, task_id = _chief(self.strategy)
         self.work_dir = config.run.output_dir if self.is_chief else os.path.join(
@@ -81,10 +108,9 @@ class Trainer:
             # LAMB or AdamW itself (inside a LossScaleOptimizer with fp16).
             self._loss_scaled = isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer)
             self._base_optimizer = self.optimizer.inner_optimizer if self._loss_scaled else self.optimizer
+            # Micro-steps done: also the micro-batches used, which a resumed run skips.
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
             self.sequences = tf.Variable(0, dtype=tf.int64, trainable=False, name="sequences")
-        # The input position is the step: a resumed run skips the batches already used (exact in
-        # deterministic mode, and independent of the distribution strategy).
         # Dropout's random state is not among the weights Keras checkpoints: add it, so that a
         # resumed deterministic run draws the same masks as an uninterrupted one.
         seeds = {f"seed_{i}": v.value for i, v in enumerate(
@@ -92,8 +118,8 @@ class Trainer:
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.step,
                                               sequences=self.sequences, dropout_seeds=seeds)
         self.manager = tf.train.CheckpointManager(self.checkpoint, os.path.join(self.work_dir, "checkpoints"),
-                                                  max_to_keep=3)
-        self._update = tf.function(self._update_fn)
+                                                  max_to_keep=config.run.keep_checkpoint_max)
+        self._train_loop = tf.function(self._train_loop_fn)
         self._eval_step = tf.function(self._eval_step_fn)  # built once: evaluations do not retrace
         self._gradients = tf.function(self._gradients_fn, jit_compile=True) if config.model.xla else self._gradients_fn
         self._stop_requested = False
@@ -104,43 +130,60 @@ class Trainer:
         pipeline = PipelineConfig(
             data.files, data.shapes, data.input_mode, data.batch_size, True, self.config.run.seed,
             deterministic=self.config.run.deterministic, bucket_boundaries=data.bucket_boundaries,
-            skip_batches=int(self.step.numpy()) * data.steps_per_update)
+            skip_batches=int(self.step.numpy()))
         return make_dataset(pipeline, context)
 
     def _eval_dataset(self, context):
         data = self.config.eval_data
         pipeline = PipelineConfig(data.files, data.shapes, "packed" if data.packed else "padded", data.batch_size,
-                                  False, self.config.run.seed, deterministic=self.config.run.deterministic)
+                                  False, self.config.run.seed, deterministic=self.config.run.deterministic,
+                                  max_batches=data.max_steps)
         return make_dataset(pipeline, context)
 
-    # ---- one update
-    def _update_fn(self, iterator):
-        batches = [next(iterator) for _ in range(self.config.train_data.steps_per_update)]
-        sums = self.strategy.run(self._replica_update, args=(batches,))
-        return {k: self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for k, v in sums.items()}
+    # ---- updates
+    def _train_loop_fn(self, iterator, num_updates):
+        """`num_updates` updates in one call; returns [num_updates, 1 + len(SUM_KEYS)]: each update's
+        learning rate and sums, read by the host only once the call is done."""
+        results = tf.TensorArray(tf.float32, size=num_updates)
+        for index in tf.range(num_updates):
+            learning_rate = tf.cast(self._base_optimizer.learning_rate, tf.float32)
+            batches = [next(iterator) for _ in range(self.steps_per_update)]
+            sums = self.strategy.run(self._replica_update, args=(batches,))
+            sums = {k: self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for k, v in sums.items()}
+            results = results.write(index, tf.stack([learning_rate] + [sums[k] for k in SUM_KEYS]))
+        return results.stack()
 
     def _replica_update(self, batches):
         context = tf.distribute.get_replica_context()
-        counts = {}
-        for features in batches:
-            for name, value in normalizers(features).items():
-                counts[name] = counts.get(name, 0.0) + value
-        counts = {k: context.all_reduce(tf.distribute.ReduceOp.SUM, v) for k, v in counts.items()}
         variables = self.model.trainable_variables
-        gradients, totals = self._gradients(batches, counts)
-        # Each replica's loss is divided by the global counts, so the replicas' gradients add up to
-        # the global gradient. Keras clips per replica before it all-reduces; MLPerf clips the
-        # global gradient. So: all-reduce and clip here, then hand Keras 1/n of the result a
-        # replica (its clip is then a no-op, its sum restores the clipped global gradient).
-        gradients = context.all_reduce(tf.distribute.ReduceOp.SUM, gradients)
         scale = tf.cast(self.optimizer.dynamic_scale, tf.float32) if self._loss_scaled else 1.0
-        gradients, _ = tf.clip_by_global_norm([g / scale for g in gradients], self._base_optimizer.clip_norm)
-        share = scale / context.num_replicas_in_sync
-        self.optimizer.apply_gradients(zip([g * share for g in gradients], variables))
+        clip_norm = self._base_optimizer.clip_norm
+        if self.config.optimizer.clip_after_allreduce:
+            counts = {}
+            for features in batches:
+                for name, value in normalizers(features).items():
+                    counts[name] = counts.get(name, 0.0) + value
+            counts = {k: context.all_reduce(tf.distribute.ReduceOp.SUM, v) for k, v in counts.items()}
+            gradients, totals = self._gradients(batches, counts)
+            # Each replica's loss is divided by the global counts, so the replicas' gradients add up
+            # to the global gradient: all-reduce and clip it here. Keras would clip per replica.
+            gradients = context.all_reduce(tf.distribute.ReduceOp.SUM, gradients)
+            gradients, _ = tf.clip_by_global_norm([g / scale for g in gradients], clip_norm)
+            gradients = [g / context.num_replicas_in_sync for g in gradients]
+        else:
+            gradients, totals = self._gradients(batches, None)
+            gradients = [g / (len(batches) * context.num_replicas_in_sync) for g in gradients]
+        # Keras sums what each replica hands it (a no-op clip: every norm is within clip_norm).
+        self.optimizer.apply_gradients(zip([g * scale for g in gradients], variables))
         return totals
 
     def _gradients_fn(self, batches, counts):
-        """Summed gradients and sums of the micro-batches (XLA-compiled with --xla)."""
+        """Summed gradients and sums of the micro-batches (XLA-compiled with --xla).
+
+        With `counts`, every loss is divided by those (an update's global counts) and the sum is
+        returned loss-scaled; without, each micro-batch's loss by its own counts, and each
+        gradient is unscaled and clipped before the sum.
+        """
         variables = self.model.trainable_variables
         gradients = [tf.zeros_like(v) for v in variables]
         totals = {}
@@ -150,7 +193,11 @@ class Trainer:
                 loss = loss_from_sums(sums, self.config.model.loss_averaging, counts)
                 if self._loss_scaled:
                     loss = self.optimizer.scale_loss(loss)
-            gradients = [g + tf.convert_to_tensor(d) for g, d in zip(gradients, tape.gradient(loss, variables))]
+            micro = [tf.convert_to_tensor(d) for d in tape.gradient(loss, variables)]
+            if counts is None:
+                scale = tf.cast(self.optimizer.dynamic_scale, tf.float32) if self._loss_scaled else 1.0
+                micro, _ = tf.clip_by_global_norm([d / scale for d in micro], self._base_optimizer.clip_norm)
+            gradients = [g + d for g, d in zip(gradients, micro)]
             for name, value in sums.items():
                 totals[name] = totals.get(name, 0.0) + value
             totals["tokens"] = totals.get("tokens", 0.0) + tf.reduce_sum(
@@ -173,23 +220,46 @@ class Trainer:
         sums = self.strategy.run(replica, args=(features,))
         return {k: self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for k, v in sums.items()}
 
+    def evaluate_only(self) -> dict:
+        """Evaluates the latest checkpoint of output_dir, or else init_checkpoint; logs the result
+        (eval_log.jsonl, eval_results.txt) and returns it. Training runs in output_dir are left alone."""
+        source = self.restore()
+        if source is None and not self.config.model.init_checkpoint:
+            raise TrainingError(f"nothing to evaluate: no checkpoint in {self.manager.directory} and no "
+                                f"--init_checkpoint")
+        metrics = self.evaluate()
+        record = {"step": int(self.step.numpy()), "sequences": int(self.sequences.numpy()),
+                  "checkpoint": source or self.config.model.init_checkpoint, **metrics}
+        if self.is_chief:
+            with open(os.path.join(self.work_dir, "eval_log.jsonl"), "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+            write_text_atomically(os.path.join(self.work_dir, "eval_results.txt"),
+                                  "".join(f"{key} = {value}\n" for key, value in sorted(record.items())))
+        logging.info("eval of %s: mlm accuracy %.4f, loss %.4f over %d sequences", record["checkpoint"],
+                     metrics.get("mlm_accuracy", 0.0), metrics.get("loss", 0.0), metrics.get("num_sequences", 0))
+        return record
+
     # ---- the run
     def train(self) -> dict:
         """Runs (or resumes) training to num_train_steps or the target accuracy; returns the last metrics."""
+        logs = None
         self.claim_output_dir()
         resumed = self.restore()
-        num_train_steps = self.config.optimizer.num_train_steps
-        if resumed and int(self.step.numpy()) >= num_train_steps:
-            logging.info("%s: already trained to step %d; nothing to do", self.config.run.output_dir, num_train_steps)
+        if resumed and int(self.step.numpy()) >= self.last_step:
+            logging.info("%s: already trained to step %d; nothing to do", self.config.run.output_dir, self.last_step)
             with open(os.path.join(self.work_dir, "train_log.jsonl"), encoding="utf-8") as f:
                 return json.loads(f.readlines()[-1])
-        self.train_iterator = iter(self.strategy.distribute_datasets_from_function(self._train_dataset))
         logs = self._open_logs(resumed)
+        self.train_iterator = iter(self.strategy.distribute_datasets_from_function(self._train_dataset))
         previous = signal.signal(signal.SIGTERM, self._on_sigterm)
         try:
-            metrics, step, seconds, stopped = self._loop(logs)
+            if not resumed:
+                logs.mllog("init_stop")
+                logs.mllog("run_start")
+            logs.block_start(int(self.sequences.numpy()))
+            metrics, stopped = self._loop(logs)
             if not stopped:
-                self._finish(logs, step, seconds)
+                self._finish(logs)
         finally:
             signal.signal(signal.SIGTERM, previous)
             logs.close()
@@ -231,82 +301,95 @@ class Trainer:
 
     def _open_logs(self, resumed: str | None) -> _Logs:
         """The logs, continued after the checkpoint resumed from: steps logged past it are redone, so
-        their lines go, and the clocks continue from the checkpoint's."""
+        their lines go, and the clocks continue from the checkpoint's. A fresh run logs the MLPerf
+        submission and hyper-parameters."""
         last = _keep_logged_steps(self.work_dir, int(self.step.numpy()))
         logs = _Logs(self.work_dir)
         logs.seconds_before = logs.last_seconds = last.get("seconds", 0.0)
         logs.train_seconds_before = last.get("train_seconds", 0.0)
-        betas = self._base_optimizer
-        logs.mllog("run_start" if not resumed else "run_resume", None)
-        logs.mllog("opt_lamb_beta_1", betas.beta_1)
-        logs.mllog("opt_lamb_beta_2", betas.beta_2)
-        logging.info("optimizer %s, betas %.6f / %.6f (packing factor %.3f, adjusted: %s)", self.config.optimizer.name,
-                     betas.beta_1, betas.beta_2, self.config.train_data.packing_factor,
-                     self.config.optimizer.adjust_betas_for_packing)
+        c, betas = self.config, self._base_optimizer
+        if not resumed:
+            _log_run_parameters(logs, c, betas)
+        logging.info("optimizer %s, betas %.6f / %.6f (packing factor %.3f, adjusted: %s); %d micro-steps of %d "
+                     "rows, %d a update, %d a compiled loop; checkpoints every %d", c.optimizer.name, betas.beta_1,
+                     betas.beta_2, c.train_data.packing_factor, c.optimizer.adjust_betas_for_packing, self.last_step,
+                     c.train_data.batch_size, self.steps_per_update, self.loop_steps, self.save_steps)
         return logs
 
-    def _loop(self, logs: _Logs) -> tuple[dict, int, float, bool]:
-        """Updates until num_train_steps, the target accuracy or SIGTERM, with their logs, checkpoints
-        and evaluations; returns (the last metrics, the step, its seconds, whether SIGTERM stopped it)."""
-        c = self.config
+    def _loop(self, logs: _Logs) -> tuple[dict, bool]:
+        """Compiled loops of updates until num_train_steps, the target accuracy or SIGTERM, with logs,
+        checkpoints and evaluations between them; returns (the last metrics, whether SIGTERM stopped it)."""
+        c, n = self.config, self.steps_per_update
         every = c.eval_data.every_samples
         step, sequences = int(self.step.numpy()), int(self.sequences.numpy())
         next_eval = (sequences // every + 1) * every if every else None
-        metrics, seconds, start = {}, logs.seconds_before, time.perf_counter()
-        while step < c.optimizer.num_train_steps:
-            learning_rate = float(self.optimizer.learning_rate)
-            sums = self._update(self.train_iterator)
-            metrics = metrics_from_sums({k: v for k, v in sums.items() if k not in ("tokens", "slots")},
-                                        c.model.loss_averaging)
-            if not math.isfinite(metrics["loss"]):
-                raise TrainingError(f"loss is {metrics['loss']} at step {step + 1}; stopped without "
-                                    f"saving, the last good checkpoint is {self.manager.latest_checkpoint}")
-            step += 1
-            sequences += int(metrics["num_sequences"])
+        metrics, start = {}, time.perf_counter()
+        while step < self.last_step:
+            num_updates = min(self.loop_steps, self.last_step - step) // n
+            results = self._train_loop(self.train_iterator, tf.constant(num_updates)).numpy()
+            seconds = logs.seconds_before + time.perf_counter() - start
+            for row in results:
+                learning_rate, sums = float(row[0]), dict(zip(SUM_KEYS, row[1:].tolist()))
+                metrics = metrics_from_sums({k: v for k, v in sums.items() if k not in ("tokens", "slots")},
+                                            c.model.loss_averaging)
+                if not math.isfinite(metrics["loss"]):
+                    raise TrainingError(f"loss is {metrics['loss']} at step {step + n}; stopped without "
+                                        f"saving, the last good checkpoint is {self.manager.latest_checkpoint}")
+                step += n
+                sequences += int(metrics["num_sequences"])
+                record = {"step": step, "sequences": sequences, "learning_rate": learning_rate, "seconds": seconds,
+                          "train_seconds": logs.train_seconds_before + seconds - logs.seconds_before
+                          - logs.eval_seconds,
+                          "real_tokens": sums["tokens"], "padding_efficiency": sums["tokens"] / sums["slots"],
+                          **metrics}
+                logs.train(record)
+                if step % c.run.log_every_steps < n or step == self.last_step:
+                    interval = max(seconds - logs.last_seconds, 1e-9)
+                    logging.info("step %d/%d: loss %.4f, mlm accuracy %.4f, %d sequences (%.1f/s, %.0f real "
+                                 "tokens/s, padding efficiency %.1f%%)", step, self.last_step, metrics["loss"],
+                                 metrics["mlm_accuracy"], sequences, metrics["num_sequences"] * len(results) / interval,
+                                 sums["tokens"] * len(results) / interval, 100 * record["padding_efficiency"])
+            logs.last_seconds = seconds
             self.step.assign(step)
             self.sequences.assign(sequences)
-            elapsed = time.perf_counter() - start
-            seconds = logs.seconds_before + elapsed
-            record = {"step": step, "sequences": sequences, "learning_rate": learning_rate, "seconds": seconds,
-                      "train_seconds": logs.train_seconds_before + elapsed - logs.eval_seconds,
-                      "real_tokens": float(sums["tokens"]),
-                      "padding_efficiency": float(sums["tokens"] / sums["slots"]), **metrics}
-            logs.train(record)
-            if step % c.run.log_every_steps == 0 or step == c.optimizer.num_train_steps:
-                interval = max(seconds - logs.last_seconds, 1e-9)
-                logging.info("step %d: loss %.4f, mlm accuracy %.4f, %d sequences (%.1f/s, %.0f real tokens/s, "
-                             "padding efficiency %.1f%%)", step, metrics["loss"], metrics["mlm_accuracy"], sequences,
-                             metrics["num_sequences"] / interval, float(sums["tokens"]) / interval,
-                             100 * record["padding_efficiency"])
-            logs.last_seconds = seconds
-            if step % c.run.save_checkpoints_steps == 0:
+            if step % self.save_steps == 0:
                 self._save()
             if next_eval is not None and sequences >= next_eval and c.eval_data.files:
-                next_eval += every
+                next_eval = (sequences // every + 1) * every
                 if self._evaluate_and_log(logs, step, seconds):
                     break
+                if step < self.last_step:
+                    logs.block_start(sequences)
             if self._stop_requested:
                 self._save()
                 logging.warning("SIGTERM: saved step %d; run again with the same output_dir to resume", step)
-                return metrics, step, seconds, True
-        return metrics, step, seconds, False
+                return metrics, True
+        return metrics, False
 
-    def _finish(self, logs: _Logs, step: int, seconds: float) -> None:
+    def _finish(self, logs: _Logs) -> None:
         """The end of the run: the last checkpoint, the final evaluation when none ran during
         training, and run_stop."""
         self._save()
+        step, sequences = int(self.step.numpy()), int(self.sequences.numpy())
         if self.config.eval_data.files and not self.config.eval_data.every_samples:
-            self._evaluate_and_log(logs, step, seconds)
-        logs.mllog("run_stop", None, {"status": "success" if logs.reached else "aborted"})
+            self._evaluate_and_log(logs, step, logs.last_seconds)
+        logs.block_stop(sequences)
+        logs.mllog("run_stop", metadata={"status": "success" if logs.reached else "aborted", "epoch_num": sequences})
 
     def _evaluate_and_log(self, logs, step, seconds) -> bool:
+        sequences = int(self.sequences.numpy())
+        logs.block_stop(sequences)
+        logs.mllog("eval_start", metadata={"epoch_num": sequences})
         start = time.perf_counter()
         metrics = self.evaluate()
         logs.eval_seconds += time.perf_counter() - start
-        sequences = int(self.sequences.numpy())
         record = {"step": step, "sequences": sequences, "seconds": seconds, **metrics}
         logs.eval(record)
+        if not logs.eval_samples_logged:
+            logs.mllog("eval_samples", int(metrics.get("num_sequences", 0)))
+            logs.eval_samples_logged = True
         logs.mllog("eval_accuracy", metrics.get("mlm_accuracy", 0.0), {"epoch_num": sequences})
+        logs.mllog("eval_stop", metadata={"epoch_num": sequences})
         logging.info("eval at step %d (%d sequences): mlm accuracy %.4f, loss %.4f", step, sequences,
                      metrics.get("mlm_accuracy", 0.0), metrics.get("loss", 0.0))
         target = self.config.eval_data.target_mlm_accuracy
@@ -331,6 +414,35 @@ class Trainer:
 
     def _on_sigterm(self, signum, frame):
         self._stop_requested = True
+
+
+def _log_run_parameters(logs: _Logs, config: TrainConfig, betas) -> None:
+    """The MLPerf submission fields and hyper-parameters (closed BERT rules), once per run."""
+    c, submission = config, config.run.submission
+    logs.mllog("cache_clear", True)
+    logs.mllog("init_start")
+    logs.mllog("submission_benchmark", "bert")
+    logs.mllog("submission_division", submission.division)
+    logs.mllog("submission_org", submission.org)
+    logs.mllog("submission_platform", submission.platform)
+    logs.mllog("submission_status", submission.status)
+    rows = c.train_data.batch_size * c.train_data.steps_per_update
+    # MLPerf counts samples: sequences, not packs.
+    logs.mllog("global_batch_size", round(rows * c.train_data.packing_factor))
+    logs.mllog("packing_factor", c.train_data.packing_factor)
+    logs.mllog("gradient_accumulation_steps", c.train_data.steps_per_update)
+    logs.mllog("train_samples", c.train_data.num_sequences)
+    o = c.optimizer
+    logs.mllog("opt_base_learning_rate", o.learning_rate)
+    logs.mllog("opt_lamb_epsilon", o.epsilon)
+    logs.mllog("opt_learning_rate_training_steps", o.num_train_steps)
+    logs.mllog("opt_learning_rate_warmup_steps", o.num_warmup_steps)
+    logs.mllog("num_warmup_steps", o.num_warmup_steps)
+    logs.mllog("start_warmup_step", o.start_warmup_step)
+    logs.mllog("opt_lamb_beta_1", betas.beta_1)
+    logs.mllog("opt_lamb_beta_2", betas.beta_2)
+    logs.mllog("opt_lamb_weight_decay_rate", o.weight_decay_rate)
+    logs.mllog("seed", c.run.seed)
 
 
 def _keep_logged_steps(directory: str, step: int) -> dict:
@@ -368,8 +480,10 @@ class _Logs:
         self.train_file = open(os.path.join(output_dir, "train_log.jsonl"), "a", encoding="utf-8")
         self.eval_file = open(os.path.join(output_dir, "eval_log.jsonl"), "a", encoding="utf-8")
         self.writer = tf.summary.create_file_writer(os.path.join(output_dir, "tensorboard"))
-        mllog.config(filename=os.path.join(output_dir, "mllog.txt"))
+        mllog.config(filename=os.path.join(output_dir, "mllog.txt"), root_dir=os.getcwd())
         self.mllogger = mllog.get_mllogger()
+        self.block_open = False  # between block_start and block_stop
+        self.eval_samples_logged = False
         self.seconds_before = 0.0  # the clocks of the checkpoint resumed from
         self.train_seconds_before = 0.0
         self.last_seconds = 0.0
@@ -390,8 +504,22 @@ class _Logs:
             for name in ("loss", "mlm_accuracy", "nsp_accuracy"):
                 tf.summary.scalar(f"eval/{name}", record.get(name, 0.0))
 
-    def mllog(self, key, value, metadata=None) -> None:
-        self.mllogger.event(key=key, value=value, metadata=metadata)
+    def mllog(self, key, value=None, metadata=None, stack_offset=2) -> None:
+        """One :::MLLOG line; its file and line are the caller's."""
+        self.mllogger.event(key=key, value=value, metadata=metadata, stack_offset=stack_offset)
+
+    def block_start(self, sequences: int) -> None:
+        """Opens a block of training between evaluations (MLPerf counts samples: sequences)."""
+        if not self.block_open:
+            self.mllog("block_start", metadata={"samples_count": sequences, "first_epoch_num": sequences},
+                       stack_offset=3)
+            self.block_open = True
+
+    def block_stop(self, sequences: int) -> None:
+        if self.block_open:
+            self.mllog("block_stop", metadata={"samples_count": sequences, "first_epoch_num": sequences},
+                       stack_offset=3)
+            self.block_open = False
 
     def close(self) -> None:
         self.train_file.close()
