@@ -28,9 +28,9 @@ import dataclasses
 import json
 import os
 
+from bert_packed import files
 from bert_packed.errors import UserError
 from bert_packed.features import Shapes
-from bert_packed.files import write_text_atomically
 
 METADATA_FILE = "metadata.json"
 FORMAT_VERSION = 2
@@ -151,7 +151,7 @@ def metadata_path(directory: str) -> str:
 def write_dataset_info(directory: str, info: DatasetInfo) -> dict:
     """Writes `directory`/metadata.json atomically; returns what was written."""
     metadata = info.to_dict()
-    write_text_atomically(metadata_path(directory), json.dumps(metadata, indent=1) + "\n")
+    files.write_text_atomically(metadata_path(directory), json.dumps(metadata, indent=1) + "\n")
     return metadata
 
 
@@ -162,10 +162,10 @@ def read_dataset_info(directory: str) -> DatasetInfo | None:
       DatasetInfoError: the file is not JSON or not a dataset description.
     """
     path = metadata_path(directory)
-    if not os.path.exists(path):
+    if not files.exists(path):
         return None
     try:
-        with open(path, encoding="utf-8") as f:
+        with files.open_file(path) as f:
             metadata = json.load(f)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise DatasetInfoError(f"{path}: cannot read it as JSON ({e})") from None
@@ -174,6 +174,6 @@ def read_dataset_info(directory: str) -> DatasetInfo | None:
     return DatasetInfo.from_dict(metadata, path)
 
 
-def dataset_info_of_files(files: list[str]) -> DatasetInfo | None:
+def dataset_info_of_files(paths: list[str]) -> DatasetInfo | None:
     """The description beside data files (in the directory of the first); None when there is none."""
-    return read_dataset_info(os.path.dirname(files[0]))
+    return read_dataset_info(os.path.dirname(paths[0]))

@@ -12,7 +12,6 @@ parses the flags (flagfiles included), and then
 from __future__ import annotations
 
 import errno
-import glob
 import os
 import sys
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from typing import NoReturn
 
 from absl import app, flags
 
+from bert_packed import files
 from bert_packed.errors import InputFilesError, UserError
 
 # A full disk, a full quota and a file-size limit all stop a write the same way.
@@ -72,9 +72,20 @@ def print_help(main: Callable) -> None:
     """The command's docstring and its own flags with their defaults (absl's flags left out:
     --helpfull lists those)."""
     print(sys.modules[main.__module__].__doc__.strip())
-    for module in flags.FLAGS.flags_by_module_dict():
-        if not module.startswith("absl."):
-            print(flags.FLAGS.module_help(module).replace(f"\n{module}:\n", "\nflags:\n", 1))
+    for module in _command_modules():
+        print(flags.FLAGS.module_help(module).replace(f"\n{module}:\n", "\nflags:\n", 1))
+
+
+def _command_modules() -> list[str]:
+    """The modules that define the running command's flags (absl and TensorFlow define others)."""
+    return [module for module in flags.FLAGS.flags_by_module_dict()
+            if module.startswith("bert_packed.") or module == sys.argv[0]]
+
+
+def command_flags_text() -> str:
+    """The command's own flags as a flagfile (flags.txt), one a line, sorted."""
+    own = [flag for module in _command_modules() for flag in flags.FLAGS.get_flags_for_module(module)]
+    return "".join(f"{text}\n" for text in sorted(flag.serialize() for flag in own) if text)
 
 
 def fail(program: str, error: Exception | str) -> NoReturn:
@@ -100,10 +111,13 @@ def expand_globs(patterns: str | list[str], what: str) -> list[str]:
         patterns = [p for p in patterns.split(",") if p.strip()]
     if not patterns:
         raise InputFilesError(f"{what}: no files given")
-    files = []
+    found = []
     for pattern in patterns:
-        matches = sorted(glob.glob(pattern.strip()))
+        try:
+            matches = files.glob(pattern.strip())
+        except Exception as e:  # noqa: BLE001 - a filesystem's own errors: no credentials, unknown scheme
+            raise InputFilesError(f"{what}: {pattern!r}: {str(e).splitlines()[0]}") from None
         if not matches:
             raise InputFilesError(f"{what}: {pattern!r} matches no file")
-        files.extend(matches)
-    return files
+        found.extend(matches)
+    return found

@@ -18,7 +18,7 @@ import math
 
 from absl import flags
 
-from bert_packed.cli.common import expand_globs, run
+from bert_packed.cli.common import command_flags_text, expand_globs, run
 from bert_packed.dataset_info import DatasetInfo, dataset_info_of_files
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
@@ -76,8 +76,11 @@ flags.DEFINE_string("input_files", None, "Comma-separated globs of training TFRe
 flags.DEFINE_string("eval_files", None, "Comma-separated globs of evaluation TFRecords (packed or unpacked).")
 flags.DEFINE_float("epsilon", 1e-6, "Optimizer epsilon (= 10**--log_epsilon).")
 flags.DEFINE_string("tpu", None, "TPU name or address (= --tpu_name).")
-flags.DEFINE_integer("max_sequences_per_pack", 3, "S of packed training data (ignored for padded/bucketed).")
-flags.DEFINE_enum("input_mode", "packed", ["packed", "padded", "bucketed"], "How the training data is read.")
+flags.DEFINE_integer("max_sequences_per_pack", 3, "S of packed training data, checked against its metadata.json "
+                                                 "when given (ignored for padded/bucketed).")
+flags.DEFINE_enum("input_mode", None, ["packed", "padded", "bucketed"], "How the training data is read (default: "
+                                                                        "packed when its metadata.json says packed, "
+                                                                        "else padded, as the reference reads it).")
 flags.DEFINE_list("bucket_boundaries", [], "Lengths batches are trimmed to in bucketed mode.")
 flags.DEFINE_bool("adjust_betas_for_packing", False, "Raise the betas to the power of the packing factor.")
 flags.DEFINE_enum("loss_averaging", "token", ["token", "sequence"], "MLM loss basis.")
@@ -110,7 +113,7 @@ def mlperf_eval_every_samples(sequences_per_update: float) -> int:
     return int(0.05 * (230.23 * sequences_per_update + 3_000_000) // 25_000) * 25_000
 
 
-def data_description(files: list[str], what: str, expect_packed: bool | None) -> DatasetInfo:
+def data_description(files: list[str], what: str, expect_packed: bool | None, input_mode: str) -> DatasetInfo:
     """Checks the flags against the data's metadata.json; returns what the data is.
 
     Args:
@@ -118,6 +121,7 @@ def data_description(files: list[str], what: str, expect_packed: bool | None) ->
       what: the flag that named them, for messages.
       expect_packed: True or False for training data (--input_mode decides); None for eval data,
         which may be either.
+      input_mode: how the training data is read, for messages.
 
     Raises:
       SettingsError: naming the flag and the value the data has.
@@ -130,13 +134,13 @@ def data_description(files: list[str], what: str, expect_packed: bool | None) ->
                         FLAGS.max_sequences_per_pack if packed else 1)
         return DatasetInfo(packed, shapes, num_sequences=0, num_records=0, files=tuple(files))
     if expect_packed is False and info.packed:
-        raise SettingsError(f"{what}: packed data (metadata.json), but --input_mode={FLAGS.input_mode} reads "
+        raise SettingsError(f"{what}: packed data (metadata.json), but --input_mode={input_mode} reads "
                             f"unpacked records; use --input_mode=packed")
     if expect_packed and not info.packed:
         raise SettingsError(f"{what}: unpacked data, but --input_mode=packed; pack it with "
                             f"scripts/pack_pretraining_data.py or use --input_mode=padded")
     depth = info.shapes.max_sequences_per_pack
-    if expect_packed and depth != FLAGS.max_sequences_per_pack:
+    if expect_packed and FLAGS["max_sequences_per_pack"].present and depth != FLAGS.max_sequences_per_pack:
         raise SettingsError(f"{what}: packed with max_sequences_per_pack={depth}, "
                             f"but --max_sequences_per_pack={FLAGS.max_sequences_per_pack}")
     found = {"max_seq_length": info.shapes.max_seq_length,
@@ -246,26 +250,29 @@ def build_config():
         raise SettingsError(f"--max_eval_steps={FLAGS.max_eval_steps}: must be >= 1")
     if strategy_name() == "tpu" and not (one_of_two_spellings("tpu", "tpu_name") or FLAGS.master):
         raise SettingsError("--use_tpu (--distribution_strategy=tpu) needs --tpu_name (or --tpu, or --master)")
-    packed = FLAGS.input_mode == "packed"
+    input_files = expand_globs(input_pattern, "--input_file")
+    input_mode = FLAGS.input_mode or ("packed" if getattr(dataset_info_of_files(input_files), "packed", False)
+                                      else "padded")
+    packed = input_mode == "packed"
     if FLAGS.adjust_betas_for_packing and not packed:
-        raise SettingsError(f"--adjust_betas_for_packing needs packed data, not --input_mode={FLAGS.input_mode}")
-    if FLAGS.bucket_boundaries and FLAGS.input_mode != "bucketed":
+        raise SettingsError(f"--adjust_betas_for_packing needs packed data, not --input_mode={input_mode}")
+    if FLAGS.bucket_boundaries and input_mode != "bucketed":
         raise SettingsError("--bucket_boundaries is for --input_mode=bucketed")
     bert_config = BertConfig.from_json_file(FLAGS.bert_config_file)
     if FLAGS.max_seq_length > bert_config.max_position_embeddings:
         raise SettingsError(f"--max_seq_length={FLAGS.max_seq_length} exceeds max_position_embeddings="
                             f"{bert_config.max_position_embeddings} of {FLAGS.bert_config_file}")
-    input_files = expand_globs(input_pattern, "--input_file")
     eval_pattern = FLAGS.eval_files or (input_pattern if FLAGS.do_eval else None)
     eval_data = EvalData(target_mlm_accuracy=FLAGS.target_mlm_accuracy, max_steps=FLAGS.max_eval_steps)
     if FLAGS.do_train:
-        train_info = data_description(input_files, "--input_file", packed)
+        train_info = data_description(input_files, "--input_file", packed, input_mode)
     else:  # evaluation alone: --input_file is the eval set, as in the reference
         train_info = DatasetInfo(False, Shapes(FLAGS.max_seq_length, FLAGS.max_predictions_per_seq), 0, 0,
                                  tuple(input_files))
     if eval_pattern:
         eval_files = expand_globs(eval_pattern, "--eval_files" if FLAGS.eval_files else "--input_file")
-        eval_info = data_description(eval_files, "--eval_files" if FLAGS.eval_files else "--input_file", None)
+        eval_info = data_description(eval_files, "--eval_files" if FLAGS.eval_files else "--input_file", None,
+                                     input_mode)
         every = FLAGS.eval_every_samples
         if every < 0:
             every = mlperf_eval_every_samples(FLAGS.train_batch_size * FLAGS.steps_per_update
@@ -275,7 +282,7 @@ def build_config():
     _say_how_cadences_round()
     return TrainConfig(
         model=ModelConfig(bert_config, FLAGS.init_checkpoint, FLAGS.loss_averaging, FLAGS.precision, FLAGS.xla),
-        train_data=TrainData(tuple(input_files), train_info.shapes, FLAGS.input_mode, train_info.packing_factor,
+        train_data=TrainData(tuple(input_files), train_info.shapes, input_mode, train_info.packing_factor,
                              train_info.num_sequences, FLAGS.train_batch_size, FLAGS.steps_per_update,
                              tuple(int(b) for b in FLAGS.bucket_boundaries)),
         optimizer=OptimizerConfig(FLAGS.optimizer, FLAGS.learning_rate, FLAGS.num_train_steps, FLAGS.num_warmup_steps,
@@ -284,7 +291,7 @@ def build_config():
                                   FLAGS.poly_power, FLAGS.clip_by_global_norm_after_gradient_allreduce),
         run=RunConfig(FLAGS.output_dir, FLAGS.seed, FLAGS.deterministic, FLAGS.save_checkpoints_steps,
                       FLAGS.keep_checkpoint_max, FLAGS.iterations_per_loop, FLAGS.log_every_steps,
-                      project_flags_text(),
+                      command_flags_text(),
                       Submission(FLAGS.submission_org, FLAGS.submission_platform, FLAGS.submission_division,
                                  FLAGS.submission_status)),
         eval_data=eval_data)
@@ -308,13 +315,6 @@ def _say_how_cadences_round() -> None:
     if loop_steps > 1 and (FLAGS.eval_files or FLAGS.do_eval):
         logging.warning("evaluations happen between compiled loops of %d micro-steps: each at the first loop end "
                         "after its cadence", loop_steps)
-
-
-def project_flags_text() -> str:
-    """This command's flags as a flagfile, absl's own left out (flags.txt)."""
-    own = [flag for module, module_flags in FLAGS.flags_by_module_dict().items() if not module.startswith("absl.")
-           for flag in module_flags]
-    return "".join(f"{text}\n" for text in sorted(flag.serialize() for flag in own) if text)
 
 
 def main(argv):

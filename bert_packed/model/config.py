@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from bert_packed import files
 from bert_packed.errors import UserError
 
 
@@ -58,7 +59,7 @@ class BertConfig:
     def from_json_file(cls, path: str) -> BertConfig:
         """Reads a google-research `bert_config.json`."""
         try:
-            with open(path, encoding="utf-8") as f:
+            with files.open_file(path) as f:
                 values = json.load(f)
         except OSError as e:
             raise ConfigError(f"{path}: cannot read the BERT config: {e.strerror or e}") from None

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import numba
 import numpy as np
 
+from bert_packed import files
 from bert_packed.errors import UserError
 
 
@@ -123,7 +124,7 @@ def read_record_batches(path: str, batch_size: int = 1024, block_bytes: int = 16
     """
     index = 0
     pending = b""
-    with open(path, "rb") as f:
+    with files.open_file(path, "rb") as f:
         while True:
             block = f.read(block_bytes)
             data = pending + block if pending else block

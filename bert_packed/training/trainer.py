@@ -35,6 +35,7 @@ import time
 import keras
 import tensorflow as tf
 
+from bert_packed import files
 from bert_packed.errors import UserError
 from bert_packed.files import write_text_atomically
 from bert_packed.input_pipeline import PipelineConfig, make_dataset
@@ -99,7 +100,7 @@ class Trainer:
         self.is_chief, task_id = _chief(self.strategy)
         self.work_dir = config.run.output_dir if self.is_chief else os.path.join(
             config.run.output_dir, ".workers", f"worker-{task_id}")
-        os.makedirs(self.work_dir, exist_ok=True)
+        files.makedirs(self.work_dir)
         with self.strategy.scope():
             self.model = BertPretrainingModel(config.model.bert)
             self.model.build()
@@ -231,7 +232,7 @@ class Trainer:
         record = {"step": int(self.step.numpy()), "sequences": int(self.sequences.numpy()),
                   "checkpoint": source or self.config.model.init_checkpoint, **metrics}
         if self.is_chief:
-            with open(os.path.join(self.work_dir, "eval_log.jsonl"), "a", encoding="utf-8") as f:
+            with files.open_file(os.path.join(self.work_dir, "eval_log.jsonl"), "a") as f:
                 f.write(json.dumps(record) + "\n")
             write_text_atomically(os.path.join(self.work_dir, "eval_results.txt"),
                                   "".join(f"{key} = {value}\n" for key, value in sorted(record.items())))
@@ -247,7 +248,7 @@ class Trainer:
         resumed = self.restore()
         if resumed and int(self.step.numpy()) >= self.last_step:
             logging.info("%s: already trained to step %d; nothing to do", self.config.run.output_dir, self.last_step)
-            with open(os.path.join(self.work_dir, "train_log.jsonl"), encoding="utf-8") as f:
+            with files.open_file(os.path.join(self.work_dir, "train_log.jsonl")) as f:
                 return json.loads(f.readlines()[-1])
         logs = self._open_logs(resumed)
         self.train_iterator = iter(self.strategy.distribute_datasets_from_function(self._train_dataset))
@@ -273,8 +274,8 @@ class Trainer:
                    "loss_averaging": c.model.loss_averaging, "seed": c.run.seed,
                    "target_mlm_accuracy": c.eval_data.target_mlm_accuracy, "bert_config": c.model.bert.to_dict()}
         run_file = os.path.join(self.work_dir, "run.json")
-        if os.path.exists(run_file):
-            with open(run_file, encoding="utf-8") as f:
+        if files.exists(run_file):
+            with files.open_file(run_file) as f:
                 previous = json.load(f)
             changed = sorted(k for k in summary if k in previous and previous[k] != summary[k])
             if changed:
@@ -450,9 +451,9 @@ def _keep_logged_steps(directory: str, step: int) -> dict:
     last = {}
     for name in ("train_log.jsonl", "eval_log.jsonl"):
         path = os.path.join(directory, name)
-        if not os.path.exists(path):
+        if not files.exists(path):
             continue
-        with open(path, encoding="utf-8") as f:
+        with files.open_file(path) as f:
             lines = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
         write_text_atomically(path, "".join(lines))
         if name == "train_log.jsonl" and lines:
@@ -477,10 +478,16 @@ class _Logs:
     def __init__(self, output_dir: str):
         from mlperf_logging import mllog
 
-        self.train_file = open(os.path.join(output_dir, "train_log.jsonl"), "a", encoding="utf-8")
-        self.eval_file = open(os.path.join(output_dir, "eval_log.jsonl"), "a", encoding="utf-8")
+        self.train_file = files.open_file(os.path.join(output_dir, "train_log.jsonl"), "a")
+        self.eval_file = files.open_file(os.path.join(output_dir, "eval_log.jsonl"), "a")
         self.writer = tf.summary.create_file_writer(os.path.join(output_dir, "tensorboard"))
-        mllog.config(filename=os.path.join(output_dir, "mllog.txt"), root_dir=os.getcwd())
+        # :::MLLOG lines go to mllog.txt only (any filesystem), never to the console.
+        self.mllog_file = files.open_file(os.path.join(output_dir, "mllog.txt"), "a")
+        logger = logging.getLogger("bert_packed.mllog")
+        logger.handlers = [_FileHandler(self.mllog_file)]
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+        mllog.config(logger=logger, root_dir=os.getcwd())
         self.mllogger = mllog.get_mllogger()
         self.block_open = False  # between block_start and block_stop
         self.eval_samples_logged = False
@@ -524,4 +531,17 @@ class _Logs:
     def close(self) -> None:
         self.train_file.close()
         self.eval_file.close()
+        self.mllog_file.close()
         self.writer.close()
+
+
+class _FileHandler(logging.Handler):
+    """A logging handler that appends each message as a line to an open file (a gfile too)."""
+
+    def __init__(self, file):
+        super().__init__()
+        self.file = file
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.file.write(record.getMessage() + "\n")
+        self.file.flush()
