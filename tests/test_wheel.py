@@ -19,6 +19,7 @@ SCRIPTS = {
     "bert-packed-plan": "Plan a packing from a length histogram",
     "bert-packed-train": "Pre-train BERT with the MLPerf recipe",
     "bert-packed-compare": "Compare training runs",
+    "bert-packed-pick-eval": "Pick the MLPerf eval set",
 }
 
 

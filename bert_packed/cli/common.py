@@ -27,13 +27,14 @@ _DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _DISK_FULL_TEXTS = ("No space left on device", "Disk quota exceeded", "File too large")
 
 
-def run(main: Callable[[list[str]], None], program: str, output_flag: str, kept: str) -> None:
+def run(main: Callable[[list[str]], None], program: str, output_flag: str | tuple[str, ...], kept: str) -> None:
     """Parses the flags and runs main(argv) (argv: the program and its positional arguments).
 
     Args:
       main: the command's body.
       program: the command's name, for messages.
-      output_flag: the flag naming where the command writes (for the full-disk message).
+      output_flag: the flag naming where the command writes (the first given, of several), for the
+        full-disk message.
       kept: what survives a full disk, for the message ("Finished shards are kept", say).
     """
 
@@ -54,7 +55,9 @@ def run(main: Callable[[list[str]], None], program: str, output_flag: str, kept:
         except Exception as e:  # noqa: BLE001 - TensorFlow reports a full disk as its own error types
             if not is_disk_full(e):
                 raise
-            where = getattr(e, "filename", None) or getattr(flags.FLAGS, output_flag)
+            names = (output_flag,) if isinstance(output_flag, str) else output_flag
+            where = getattr(e, "filename", None) or next(
+                (getattr(flags.FLAGS, name) for name in names if getattr(flags.FLAGS, name)), names[0])
             reason = getattr(e, "strerror", None) or next(text for text in _DISK_FULL_TEXTS if text in str(e))
             fail(program, f"{where}: the disk is full ({reason}). {kept}; partial files were removed. Free some "
                           f"space and run the same command again to continue")

@@ -17,17 +17,26 @@ from absl import flags
 
 from bert_packed.cli.common import expand_globs, run
 from bert_packed.errors import SettingsError
-from bert_packed.pretraining_data.create_dataset import DatasetSettings, create_pretraining_dataset
+from bert_packed.pretraining_data.create_dataset import (
+    DatasetSettings,
+    create_pretraining_dataset,
+    create_pretraining_files,
+)
 from bert_packed.pretraining_data.instances import MaskingConfig
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("input_file", None, "Comma-separated input files or globs (WikiExtractor or one sentence a line).")
 flags.DEFINE_string("output_dir", None, "Where the TFRecord shards, histogram.json and metadata.json go.")
-flags.DEFINE_string("vocab_file", "data/bert_uncased_vocab.txt", "BERT WordPiece vocabulary.")
+flags.DEFINE_string("output_file", None, "Instead of --output_dir, as the reference: one TFRecord file (or a "
+                                         "comma-separated list, instances dealt round-robin), no metadata.json.")
+flags.DEFINE_string("vocab_file", "data/bert_uncased_vocab.txt", "BERT WordPiece vocabulary (the reference has no "
+                                                                 "default).")
 flags.DEFINE_bool("do_lower_case", True, "Lower-case and strip accents (uncased models).")
 flags.DEFINE_bool("do_whole_word_mask", False, "Mask whole words instead of WordPieces.")
-flags.DEFINE_integer("max_seq_length", 512, "L: tokens per instance, [CLS] and [SEP]s included.")
-flags.DEFINE_integer("max_predictions_per_seq", 76, "P: masked-LM predictions per instance at most.")
+flags.DEFINE_integer("max_seq_length", 512, "L: tokens per instance, [CLS] and [SEP]s included (reference "
+                                            "default 128).")
+flags.DEFINE_integer("max_predictions_per_seq", 76, "P: masked-LM predictions per instance at most (reference "
+                                                    "default 20).")
 flags.DEFINE_integer("random_seed", 12345, "Seed; with the same inputs the output is identical.")
 flags.DEFINE_integer("dupe_factor", 10, "Passes over the data, each with different masks.")
 flags.DEFINE_float("masked_lm_prob", 0.15, "Share of tokens to predict.")
@@ -35,7 +44,7 @@ flags.DEFINE_float("short_seq_prob", 0.1, "Probability of a shorter random targe
 flags.DEFINE_enum("empty_documents", "warn", ["warn", "error"], "What an empty document in the input does.")
 flags.DEFINE_float("eval_fraction", 0.0, "Share of each file's documents held out as eval-*.tfrecord.")
 flags.DEFINE_integer("num_workers", 0, "Worker processes (0: one per core).")
-flags.mark_flags_as_required(["input_file", "output_dir"])
+flags.mark_flags_as_required(["input_file"])
 
 PROGRAM = "create_pretraining_data"
 
@@ -51,6 +60,10 @@ def main(argv):
         raise SettingsError("--masked_lm_prob must be in (0, 1) and --short_seq_prob in [0, 1]")
     if not 0.0 <= FLAGS.eval_fraction < 1.0:
         raise SettingsError(f"--eval_fraction={FLAGS.eval_fraction}: must be in [0, 1)")
+    if bool(FLAGS.output_dir) == bool(FLAGS.output_file):
+        raise SettingsError("give one of --output_dir (a dataset directory) and --output_file (TFRecord files)")
+    if FLAGS.output_file and FLAGS.eval_fraction:
+        raise SettingsError("--eval_fraction needs --output_dir: --output_file holds training instances only")
     settings = DatasetSettings(
         vocab_file=FLAGS.vocab_file,
         do_lower_case=FLAGS.do_lower_case,
@@ -62,13 +75,17 @@ def main(argv):
         eval_fraction=FLAGS.eval_fraction,
     )
     files = expand_globs(FLAGS.input_file, "--input_file")
-    metadata = create_pretraining_dataset(files, FLAGS.output_dir, settings, FLAGS.num_workers)
+    if FLAGS.output_file:
+        outputs = [path.strip() for path in FLAGS.output_file.split(",") if path.strip()]
+        metadata = create_pretraining_files(files, outputs, settings, FLAGS.num_workers)
+    else:
+        metadata = create_pretraining_dataset(files, FLAGS.output_dir, settings, FLAGS.num_workers)
     summary = {k: v for k, v in metadata.items() if k not in ("sources", "files", "eval_files", "settings")}
     print(json.dumps(summary, indent=1))
 
 
 def entry_point():
-    run(main, PROGRAM, "output_dir", "Finished shards are kept")
+    run(main, PROGRAM, ("output_dir", "output_file"), "Finished shards are kept")
 
 
 if __name__ == "__main__":

@@ -22,11 +22,13 @@ Output directory:
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import logging
 import multiprocessing
 import os
+import shutil
 
 import numpy as np
 
@@ -39,7 +41,7 @@ from bert_packed.pretraining_data.corpus import CorpusError, read_documents
 from bert_packed.pretraining_data.instances import MaskingConfig, create_instances, instance_features
 from bert_packed.pretraining_data.tokenization import Tokenizer
 from bert_packed.progress import Progress
-from bert_packed.records import TFRecordWriter
+from bert_packed.records import TFRecordWriter, read_record_batches
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,3 +267,29 @@ def _write_summary(sources: list[str], output_dir: str, settings: DatasetSetting
             "num_eval_instances": sum(s["num_instances"] for s in evals),
         })
     return write_dataset_info(output_dir, info)
+
+
+def create_pretraining_files(input_files: list[str], output_files: list[str], settings: DatasetSettings,
+                             num_workers: int = 0) -> dict:
+    """The reference's output: the training instances in plain TFRecord files, no dataset directory.
+
+    The job runs as create_pretraining_dataset in `<first output>.parts/` (so it resumes the same
+    way), then its records are dealt round-robin into `output_files`, each written atomically, and
+    the parts are removed.
+
+    Returns:
+      The metadata of the instances (not written anywhere: many such commands may share a folder).
+    """
+    work = output_files[0] + ".parts"
+    metadata = create_pretraining_dataset(input_files, work, settings, num_workers)
+    with contextlib.ExitStack() as stack:
+        writers = [stack.enter_context(TFRecordWriter(path)) for path in output_files]
+        dealt = 0
+        for name in metadata["files"]:
+            for _, data, starts, lengths in read_record_batches(os.path.join(work, name)):
+                records = [data[start:start + length] for start, length in zip(starts.tolist(), lengths.tolist())]
+                for index, writer in enumerate(writers):
+                    writer.write_all(records[(index - dealt) % len(writers)::len(writers)])
+                dealt += len(records)
+    shutil.rmtree(work)
+    return {**metadata, "files": list(output_files)}

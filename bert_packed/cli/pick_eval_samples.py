@@ -1,0 +1,47 @@
+r"""Pick the MLPerf eval set: a fixed number of samples, evenly spread, from a file of eval instances.
+
+    python scripts/pick_eval_samples.py --input_tfrecord=runs/eval_intermediate \
+        --output_tfrecord=runs/eval_10k --num_examples_to_pick=10000
+
+The reference's pick_eval_samples.py with the same flags and the same choice of records.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from absl import flags
+
+from bert_packed.cli.common import run
+from bert_packed.errors import SettingsError
+from bert_packed.features import Shapes
+from bert_packed.pretraining_data.eval_samples import pick_eval_samples
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("input_tfrecord", None, "The eval instances (create_pretraining_data --output_file).")
+flags.DEFINE_string("output_tfrecord", None, "Where the picked records go (one TFRecord file).")
+flags.DEFINE_integer("num_examples_to_pick", 10000, "Records to pick (MLPerf evaluates on 10,000).")
+flags.DEFINE_integer("max_seq_length", 512, "L of the records.")
+flags.DEFINE_integer("max_predictions_per_seq", 76, "P of the records.")
+flags.mark_flags_as_required(["input_tfrecord", "output_tfrecord"])
+
+PROGRAM = "pick_eval_samples"
+
+
+def main(argv):
+    del argv
+    logging.getLogger().setLevel(logging.INFO)
+    if FLAGS.num_examples_to_pick < 1:
+        raise SettingsError(f"--num_examples_to_pick={FLAGS.num_examples_to_pick}: must be >= 1")
+    total = pick_eval_samples(FLAGS.input_tfrecord, FLAGS.output_tfrecord, FLAGS.num_examples_to_pick,
+                              Shapes(FLAGS.max_seq_length, FLAGS.max_predictions_per_seq))
+    print(json.dumps({"picked": FLAGS.num_examples_to_pick, "out_of": total, "output": FLAGS.output_tfrecord}))
+
+
+def entry_point():
+    run(main, PROGRAM, "output_tfrecord", "Nothing was written")
+
+
+if __name__ == "__main__":
+    entry_point()

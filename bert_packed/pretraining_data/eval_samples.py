@@ -1,0 +1,40 @@
+"""The MLPerf eval set: a fixed number of samples picked from a larger file of eval instances.
+
+MLPerf evaluates on 10,000 samples. They are made by create_pretraining_data from the held-out
+text with seed 12345 (eval_intermediate), then picked as the reference's pick_eval_samples.py
+picks them: of N records, record int(i * (N / n)) for i = 0..n-1, evenly spread and in order. The
+same input gives the same n records, byte for byte.
+"""
+
+from __future__ import annotations
+
+from bert_packed.errors import SettingsError
+from bert_packed.features import Shapes
+from bert_packed.records import TFRecordWriter, read_record_batches, read_unpacked
+
+
+def pick_eval_samples(input_path: str, output_path: str, count: int, shapes: Shapes) -> int:
+    """Writes `count` records of `input_path` to `output_path` (atomically); returns the records read.
+
+    Every input record is checked for the MLPerf layout first (read_unpacked), so a bad one is
+    named by file and record before anything is written.
+
+    Raises:
+      SettingsError: the input holds fewer than `count` records.
+      RecordError / CorruptRecordError: a bad or truncated input record.
+    """
+    total = sum(len(batch["input_ids"]) for _, batch in read_unpacked(input_path, shapes))
+    if total < count:
+        raise SettingsError(f"{input_path}: holds {total} records, fewer than the {count} to pick "
+                            f"(--num_examples_to_pick)")
+    ratio = total / count  # the reference's arithmetic, so the same records are picked
+    wanted = [int(i * ratio) for i in range(count)]
+    picked, next_wanted = [], 0
+    for first, data, starts, lengths in read_record_batches(input_path):
+        while next_wanted < count and wanted[next_wanted] < first + len(starts):
+            k = wanted[next_wanted] - first
+            picked.append(data[starts[k]:starts[k] + lengths[k]])
+            next_wanted += 1
+    with TFRecordWriter(output_path) as writer:
+        writer.write_all(picked)
+    return total
