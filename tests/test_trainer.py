@@ -28,6 +28,7 @@ def config(output_dir, files, dropout=0.1, eval_files=(), eval_packed=False, **o
              "eval_data": EvalData}
     # Flag names that differ from the field they set.
     renamed = {"train_batch_size": ("train_data", "batch_size"), "eval_every_samples": ("eval_data", "every_samples"),
+               "eval_batch_size": ("eval_data", "batch_size"),
                "target_mlm_accuracy": ("eval_data", "target_mlm_accuracy"), "optimizer": ("optimizer", "name")}
     fields = {name: {} for name in parts}
     for key, value in values.items():
@@ -257,8 +258,12 @@ def free_ports(count):
 
 
 @pytest.mark.slow
-def test_two_local_workers_train_together_and_hold_the_same_weights(packed_dir, bert_config_file, tmp_path):
+def test_two_local_workers_train_together_and_hold_the_same_weights(packed_dir, unpacked_dir, bert_config_file,
+                                                                    tmp_path):
+    """...and evaluate one eval file together, each a share of its records, to the single-process figure."""
     import tensorflow as tf
+
+    eval_file = tfrecords(unpacked_dir)[0]
 
     cluster = {"worker": [f"127.0.0.1:{port}" for port in free_ports(2)]}
     out = tmp_path / "run"
@@ -269,7 +274,8 @@ def test_two_local_workers_train_together_and_hold_the_same_weights(packed_dir, 
             [sys.executable, os.path.join(REPO, "run_pretraining.py"), f"--bert_config_file={bert_config_file}",
              f"--input_files={packed_dir}/packed-*.tfrecord", f"--output_dir={out}", "--max_seq_length=128",
              "--max_predictions_per_seq=20", "--train_batch_size=4", "--num_train_steps=3",
-             "--distribution_strategy=multi_worker_mirrored", "--eval_every_samples=0"],
+             "--distribution_strategy=multi_worker_mirrored", "--eval_every_samples=0", f"--eval_files={eval_file}",
+             "--eval_batch_size=6"],
             env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     results = [worker.communicate(timeout=600) for worker in workers]
     for worker, (_, stderr) in zip(workers, results):
@@ -282,6 +288,13 @@ def test_two_local_workers_train_together_and_hold_the_same_weights(packed_dir, 
     for name in names:
         np.testing.assert_array_equal(chief.get_tensor(name), other.get_tensor(name))
     assert chief.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == 3
+    [together] = read_log(out / "eval_log.jsonl")
+    single = Trainer(config(tmp_path / "single", tfrecords(packed_dir), eval_files=(eval_file,), eval_batch_size=6))
+    single.checkpoint.restore(tf.train.latest_checkpoint(str(out / "checkpoints"))).expect_partial()
+    alone = single.evaluate()
+    assert together["num_sequences"] == alone["num_sequences"] == sum(1 for _ in tf.data.TFRecordDataset(eval_file))
+    for key in ("loss", "mlm_accuracy", "nsp_accuracy"):
+        assert together[key] == pytest.approx(alone[key], rel=1e-5), key
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
@@ -336,3 +349,97 @@ def test_an_output_dir_holding_another_run_is_refused_and_left_intact(packed_dir
                        flags_text="--seed=7\n")).train()
     assert (tmp_path / "train_log.jsonl").read_text() == before
     assert (tmp_path / "flags.txt").read_text() == "--seed=12345\n"
+
+
+def test_a_compiled_loop_of_updates_equals_one_update_a_call(packed_dir, tmp_path):
+    files = tfrecords(packed_dir)
+    one = Trainer(config(tmp_path / "one", files, num_train_steps=6))
+    start = weights(one)
+    one.train()
+    looped = Trainer(config(tmp_path / "looped", files, num_train_steps=6, iterations_per_loop=4))
+    for w, value in zip(looped.model.weights, start):
+        w.assign(value)
+    calls = []
+    loop = looped._train_loop
+    looped._train_loop = lambda iterator, num_updates: calls.append(int(num_updates)) or loop(iterator, num_updates)
+    looped.train()
+    assert calls == [4, 2]  # one dispatch for 4 updates, then the 2 left
+    for a, b in zip(weights(one), weights(looped)):
+        np.testing.assert_array_equal(a, b)
+    keys = ("step", "sequences", "loss", "mlm_accuracy", "learning_rate", "real_tokens")
+    assert [[r[k] for k in keys] for r in read_log(tmp_path / "one" / "train_log.jsonl")] == [
+        [r[k] for k in keys] for r in read_log(tmp_path / "looped" / "train_log.jsonl")]
+
+
+def test_clipping_before_the_allreduce_averages_each_micro_batch_s_clipped_gradient(packed_dir, tmp_path):
+    """The reference's default order, against the same update computed here by hand."""
+    import tensorflow as tf
+
+    from bert_packed.training.losses import loss_from_sums, pretraining_sums
+
+    files = tfrecords(packed_dir)
+    before = Trainer(config(tmp_path / "before", files, dropout=0.0, steps_per_update=2, num_train_steps=2,
+                            learning_rate=1e-2))
+    start = weights(before)
+    batches = list(before._train_dataset(None).take(2))
+    clipped, norms = [], []
+    for features in batches:
+        with tf.GradientTape() as tape:
+            loss = loss_from_sums(pretraining_sums(before.model(features, training=True), features))
+        gradient = [tf.convert_to_tensor(g) for g in tape.gradient(loss, before.model.trainable_variables)]
+        norms.append(float(tf.linalg.global_norm(gradient)))
+        clipped.append(tf.clip_by_global_norm(gradient, 1.0)[0])
+    assert max(norms) > 1.0  # the clip does something
+    by_hand = Trainer(config(tmp_path / "by_hand", files, dropout=0.0, steps_per_update=2, num_train_steps=2,
+                             learning_rate=1e-2))
+    for w, value in zip(by_hand.model.weights, start):
+        w.assign(value)
+    by_hand.optimizer.apply_gradients(zip([(a + b) / 2 for a, b in zip(*clipped)], by_hand.model.trainable_variables))
+    before.train()
+    for a, b in zip(weights(before), weights(by_hand)):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    after = Trainer(config(tmp_path / "after", files, dropout=0.0, steps_per_update=2, num_train_steps=2,
+                           learning_rate=1e-2, clip_after_allreduce=True))
+    for w, value in zip(after.model.weights, start):
+        w.assign(value)
+    after.train()
+    assert any(not np.allclose(a, b, atol=1e-6) for a, b in zip(weights(before), weights(after)))
+
+
+RAM = r"""
+import glob, json, os, sys
+import tensorflow as tf
+data, bert = sys.argv[1], sys.argv[2]
+for path in glob.glob(data + "/*"):
+    tf.io.gfile.copy(path, "ram://data/" + os.path.basename(path))
+tf.io.gfile.copy(bert, "ram://config/bert_config.json")
+from bert_packed.cli import run_pretraining
+sys.argv = ["run_pretraining", "--bert_config_file=ram://config/bert_config.json", "--output_dir=ram://run",
+            "--input_file=ram://data/packed-*.tfrecord", "--eval_files=ram://data/packed-*.tfrecord",
+            "--max_seq_length=128", "--max_predictions_per_seq=20", "--max_sequences_per_pack=3",
+            "--train_batch_size=4", "--num_train_steps=4", "--save_checkpoints_steps=2", "--eval_every_samples=0"]
+try:
+    run_pretraining.entry_point()
+except SystemExit as e:
+    assert not e.code, e.code
+read = lambda name: tf.io.gfile.GFile("ram://run/" + name).read()
+print(json.dumps({"files": sorted(tf.io.gfile.listdir("ram://run")), "train": len(read("train_log.jsonl").splitlines()),
+                  "eval": json.loads(read("eval_log.jsonl").splitlines()[-1]), "run": json.loads(read("run.json")),
+                  "checkpoint": tf.train.latest_checkpoint("ram://run/checkpoints"),
+                  "mllog": read("mllog.txt").count(":::MLLOG"), "flags": read("flags.txt")}))
+"""
+
+
+@pytest.mark.slow
+def test_any_tensorflow_filesystem_holds_inputs_metadata_logs_and_checkpoints(packed_dir, bert_config_file):
+    """TensorFlow's in-memory ram:// filesystem: globbing, metadata.json, logs and checkpoints."""
+    result = subprocess.run([sys.executable, "-c", RAM, packed_dir, bert_config_file], capture_output=True, text=True,
+                            timeout=600, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert {"checkpoints", "eval_log.jsonl", "flags.txt", "mllog.txt", "run.json", "tensorboard",
+            "train_log.jsonl"} <= set(found["files"])
+    assert found["train"] == 4 and found["checkpoint"] == "ram://run/checkpoints/ckpt-4"
+    assert found["eval"]["num_sequences"] == read_dataset_info(packed_dir).num_sequences
+    assert found["run"]["packing_factor"] == pytest.approx(read_dataset_info(packed_dir).packing_factor)
+    assert found["mllog"] > 20 and "--output_dir=ram://run" in found["flags"]

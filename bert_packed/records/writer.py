@@ -42,7 +42,7 @@ class TFRecordWriter:
         """Writes N tf.train.Example records (see example.encode_examples) with one system call."""
         num_records = len(next(iter(features.values())))
         if num_records:
-            self._file.write(encode_framed(features)[0])
+            self._write(encode_framed(features)[0])
         self.num_records += num_records
 
     def write_all(self, records: list[bytes]) -> None:
@@ -51,5 +51,9 @@ class TFRecordWriter:
         ends = np.cumsum(sizes)
         out = np.empty(int(ends[-1] if len(ends) else 0) + 16 * len(records), dtype=np.uint8)
         _frame(np.frombuffer(b"".join(records), np.uint8), ends - sizes, ends, out)
-        self._file.write(out)
+        self._write(out)
         self.num_records += len(records)
+
+    def _write(self, data: np.ndarray) -> None:
+        # A local file takes the array's buffer as it is; a tf.io.gfile file wants bytes.
+        self._file.write(data if hasattr(self._file, "fileno") else data.tobytes())

@@ -487,8 +487,9 @@ class _Logs:
         logger.handlers = [_FileHandler(self.mllog_file)]
         logger.setLevel(logging.INFO)
         logger.propagate = False
-        mllog.config(logger=logger, root_dir=os.getcwd())
         self.mllogger = mllog.get_mllogger()
+        if self.mllogger.logger is not logger:  # mllog refuses the logger it already has
+            mllog.config(logger=logger, root_dir=os.getcwd())
         self.block_open = False  # between block_start and block_stop
         self.eval_samples_logged = False
         self.seconds_before = 0.0  # the clocks of the checkpoint resumed from

@@ -1,0 +1,91 @@
+"""What --iterations_per_loop saves: host dispatches of the training step, on CPU, tiny config.
+
+    python scripts/benchmark_iterations_per_loop.py
+
+Writes 2,000 synthetic unpacked records at L=32 (bert_packed.features layout, random tokens),
+then trains the tiny config with the same data and seed for --updates updates at each
+--iterations_per_loop, in alternating rounds so that the shared machine's noise hits every
+setting alike. Reports updates per second after the first (compiling) loop, per round and as the
+median, and the ratio to one update per call. A compiled loop runs the same updates (exactly:
+tests/test_trainer.py), so only the dispatch and host reads between updates differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+
+import numpy as np
+
+from bert_packed.features import Shapes
+from bert_packed.model import BertConfig
+from bert_packed.records import TFRecordWriter
+from bert_packed.training.config import ModelConfig, OptimizerConfig, RunConfig, TrainConfig, TrainData
+from bert_packed.training.trainer import Trainer
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+SHAPES = Shapes(32, 5)  # small steps: what a call costs besides its compute shows
+
+
+def write_records(path: str, count: int, seed: int = 0) -> None:
+    """Unpacked records of random lengths 20..128 with MLPerf-shaped predictions."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(8, SHAPES.max_seq_length + 1, count)
+    features = {name: np.zeros((count, length), np.int64) for name, length in SHAPES.unpacked_lengths().items()}
+    features["masked_lm_weights"] = np.zeros((count, SHAPES.max_predictions_per_seq), np.float32)
+    for row, length in enumerate(lengths):
+        features["input_ids"][row, :length] = rng.integers(1000, 30000, length)
+        features["input_mask"][row, :length] = 1
+        features["segment_ids"][row, length // 2:length] = 1
+        predictions = min(SHAPES.max_predictions_per_seq, round(0.15 * length))
+        positions = np.sort(rng.choice(np.arange(1, length - 1), predictions, replace=False))
+        features["masked_lm_positions"][row, :predictions] = positions
+        features["masked_lm_ids"][row, :predictions] = rng.integers(1000, 30000, predictions)
+        features["masked_lm_weights"][row, :predictions] = 1.0
+    features["next_sentence_labels"][:, 0] = rng.integers(0, 2, count)
+    with TFRecordWriter(path) as writer:
+        writer.write_examples(features)
+
+
+def updates_per_second(files: list[str], loop: int, updates: int, output_dir: str) -> float:
+    bert = BertConfig.from_json_file(os.path.join(ROOT, "configs", "bert_config_tiny.json"))
+    config = TrainConfig(model=ModelConfig(bert), train_data=TrainData(tuple(files), SHAPES, "padded", batch_size=4),
+                         optimizer=OptimizerConfig(learning_rate=1e-3, num_train_steps=updates + loop),
+                         run=RunConfig(output_dir, save_checkpoints_steps=10**9, iterations_per_loop=loop,
+                                       log_every_steps=10**9))
+    Trainer(config).train()
+    with open(os.path.join(output_dir, "train_log.jsonl"), encoding="utf-8") as f:
+        log = [json.loads(line) for line in f]
+    # The first loop compiles; time the `updates` after it.
+    return updates / (log[-1]["seconds"] - log[loop - 1]["seconds"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--loops", default="1,10,50", help="comma-separated --iterations_per_loop values to compare")
+    parser.add_argument("--updates", type=int, default=150, help="timed updates per run (after the first loop)")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of every setting")
+    args = parser.parse_args()
+    loops = [int(value) for value in args.loops.split(",")]
+    rates = {loop: [] for loop in loops}
+    with tempfile.TemporaryDirectory() as work:
+        files = [os.path.join(work, "records.tfrecord")]
+        write_records(files[0], 2000)
+        for round_index in range(args.rounds):
+            for loop in loops:
+                rates[loop].append(updates_per_second(files, loop, args.updates,
+                                                      os.path.join(work, f"run-{round_index}-{loop}")))
+    base = statistics.median(rates[loops[0]])
+    print(f"\ntiny config, L=32, batch 4, {args.updates} timed updates, {args.rounds} alternating rounds\n")
+    print("| iterations_per_loop | updates/s per round | median | vs one update a call |")
+    print("|---|---|---|---|")
+    for loop in loops:
+        median = statistics.median(rates[loop])
+        print(f"| {loop} | {', '.join(f'{rate:.1f}' for rate in rates[loop])} | {median:.1f} | {median / base:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
