@@ -41,6 +41,12 @@ def exists(path: str) -> bool:
     return gfile.exists(path) if gfile is not None else os.path.exists(path)
 
 
+def size(path: str) -> int:
+    """Bytes in the file at `path`."""
+    gfile = _gfile(path)
+    return gfile.stat(path).length if gfile is not None else os.path.getsize(path)
+
+
 def makedirs(path: str) -> None:
     gfile = _gfile(path)
     if gfile is not None:

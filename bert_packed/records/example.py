@@ -350,7 +350,10 @@ def read_batches(path: str, lengths: dict[str, int], float_features=(), batch_si
     name_starts = np.cumsum([0] + [len(name) for name in encoded])
     is_float = np.array([name in float_features for name in lengths])
     columns = np.cumsum([0] + list(lengths.values()))
-    for first, data, starts, sizes in read_record_batches(path, batch_size):
+    # The largest legal record: every value a 10-byte varint (4 bytes a float), and its headers.
+    largest = 16 + sum(len(name) + 24 + (4 if name in float_features else 10) * length
+                       for name, length in lengths.items())
+    for first, data, starts, sizes in read_record_batches(path, batch_size, max_record_bytes=largest):
         out = np.empty((len(starts), columns[-1]), np.int64)
         bad = _parse_examples(np.frombuffer(data, np.uint8), starts, sizes, names, name_starts, is_float, columns, out)
         if bad >= 0:

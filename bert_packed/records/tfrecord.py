@@ -99,11 +99,13 @@ def _unframe(data, starts, lengths):
     """
     at, count = 0, 0
     while at + 12 <= len(data) and count < len(starts):
-        length = np.int64(_get_uint(data, at, 8))
+        declared = _get_uint(data, at, 8)  # unsigned: no length reads backwards
         if _get_uint(data, at + 8, 4) != _masked_crc(data, at, at + 8):
             return count, at, 1
-        if length > len(data) - at - 16:
+        room = len(data) - at - 16
+        if room < 0 or declared > np.uint64(room):
             break
+        length = np.int64(declared)
         if _get_uint(data, at + 12 + length, 4) != _masked_crc(data, at + 12, at + 12 + length):
             return count, at, 2
         starts[count], lengths[count] = at + 12, length
@@ -112,26 +114,35 @@ def _unframe(data, starts, lengths):
     return count, at, 0
 
 
-def read_record_batches(path: str, batch_size: int = 1024, block_bytes: int = 16 << 20
-                        ) -> Iterator[tuple[int, bytes, np.ndarray, np.ndarray]]:
+def read_record_batches(path: str, batch_size: int = 1024, block_bytes: int = 16 << 20,
+                        max_record_bytes: int | None = None) -> Iterator[tuple[int, bytes, np.ndarray, np.ndarray]]:
     """Yields batches of the records of a TFRecord file, checking both checksums of each.
 
     The file is read in blocks; a batch is (index of its first record, a buffer, starts [n],
-    lengths [n]): record k of the batch is buffer[starts[k]:starts[k] + lengths[k]].
+    lengths [n]): record k of the batch is buffer[starts[k]:starts[k] + lengths[k]]. A record's
+    declared length is checked against what is left of the file (and `max_record_bytes`) before
+    anything more is read, so no header can make the reader hold more than one block and one
+    legal record.
 
     Raises:
       CorruptRecordError: naming the file and the record index where it broke.
     """
-    index = 0
+    index, consumed = 0, 0
     pending = b""
+    size = files.size(path)
     with files.open_file(path, "rb") as f:
         while True:
             block = f.read(block_bytes)
+            consumed += len(block)
             data = pending + block if pending else block
             buffer = np.frombuffer(data, np.uint8)
             starts = np.empty(len(data) // 16 + 1, np.int64)
             lengths = np.empty_like(starts)
             count, used, error = _unframe(buffer, starts, lengths)
+            if max_record_bytes is not None and count and lengths[:count].max() > max_record_bytes:
+                # Stop before the first record too long to be legal: the header check below names it.
+                count = int(np.argmax(lengths[:count] > max_record_bytes))
+                used, error = int(starts[count]) - 12, 0
             for k in range(0, count, batch_size):
                 yield index + k, data, starts[k:min(count, k + batch_size)], lengths[k:min(count, k + batch_size)]
             index += count
@@ -139,10 +150,18 @@ def read_record_batches(path: str, batch_size: int = 1024, block_bytes: int = 16
                 what = "length" if error == 1 else "data"
                 raise CorruptRecordError(f"{path}: record {index}: {what} checksum mismatch (corrupt file?)")
             pending = data[used:]
+            if len(pending) >= 12:  # a checked header whose record is not yet read, or too long
+                declared = int.from_bytes(pending[:8], "little")
+                left = len(pending) + size - consumed
+                if max_record_bytes is not None and declared > max_record_bytes:
+                    raise CorruptRecordError(f"{path}: record {index}: declares {declared:,} bytes, more than a "
+                                             f"record of these features can hold ({max_record_bytes:,})")
+                if declared + 16 > left:
+                    raise CorruptRecordError(f"{path}: record {index}: truncated data (it declares {declared:,} "
+                                             f"bytes, the file ends {max(left - 16, 0):,} bytes after its header)")
             if not block:
                 if pending:
-                    what = "header" if len(pending) < 12 else "data"
-                    raise CorruptRecordError(f"{path}: record {index}: truncated {what} (file ends mid-record)")
+                    raise CorruptRecordError(f"{path}: record {index}: truncated header (file ends mid-record)")
                 return
 
 
