@@ -443,3 +443,42 @@ def test_any_tensorflow_filesystem_holds_inputs_metadata_logs_and_checkpoints(pa
     assert found["eval"]["num_sequences"] == read_dataset_info(packed_dir).num_sequences
     assert found["run"]["packing_factor"] == pytest.approx(read_dataset_info(packed_dir).packing_factor)
     assert found["mllog"] > 20 and "--output_dir=ram://run" in found["flags"]
+
+
+def test_a_torn_last_log_line_is_dropped_and_a_damaged_one_named(packed_dir, tmp_path, caplog):
+    files = tfrecords(packed_dir)
+    Trainer(config(tmp_path, files, num_train_steps=2, save_checkpoints_steps=2)).train()
+    first = read_log(tmp_path / "train_log.jsonl")
+    with open(tmp_path / "train_log.jsonl", "a") as f:
+        f.write('{"step": 3, "sequences": 4')  # the power went out mid-write
+    Trainer(config(tmp_path, files, num_train_steps=4, save_checkpoints_steps=2)).train()
+    assert "dropped its torn last line 3" in caplog.text
+    resumed = read_log(tmp_path / "train_log.jsonl")
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4] and resumed[:2] == first
+    lines = (tmp_path / "train_log.jsonl").read_text().splitlines()
+    (tmp_path / "train_log.jsonl").write_text("\n".join([lines[0], "{garbage", *lines[1:]]) + "\n")
+    with pytest.raises(TrainingError, match=r"train_log.jsonl: line 2 is not JSON"):
+        Trainer(config(tmp_path, files, num_train_steps=6, save_checkpoints_steps=2)).train()
+
+
+@pytest.mark.slow
+def test_sigterm_saves_and_exits_with_its_own_status(packed_dir, bert_config_file, tmp_path):
+    import time
+
+    out = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, os.path.join(REPO, "run_pretraining.py"), f"--bert_config_file={bert_config_file}",
+         f"--input_file={packed_dir}/packed-*.tfrecord", f"--output_dir={out}", "--max_seq_length=128",
+         "--max_predictions_per_seq=20", "--train_batch_size=4", "--num_train_steps=100000",
+         "--save_checkpoints_steps=100000"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not (out / "train_log.jsonl").exists() or not (out / "train_log.jsonl").read_text():
+        assert time.time() < deadline and process.poll() is None
+        time.sleep(0.5)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 75, stderr[-3000:]
+    step = read_log(out / "train_log.jsonl")[-1]["step"]
+    assert stderr.strip().splitlines()[-1] == (f"run_pretraining: stopped by SIGTERM after saving step {step}; the "
+                                               f"same command resumes (exit status 75)")
+    assert (out / "checkpoints" / f"ckpt-{step}.index").exists()

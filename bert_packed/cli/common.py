@@ -93,8 +93,13 @@ def command_flags_text() -> str:
 
 def fail(program: str, error: Exception | str) -> NoReturn:
     """Exits with status 2 and one line naming the problem."""
-    sys.stderr.write(f"{program}: error: {error}\n")
-    sys.exit(2)
+    exit_with(2, f"{program}: error: {error}")
+
+
+def exit_with(status: int, line: str) -> NoReturn:
+    """Exits with `status` after one line on stderr."""
+    sys.stderr.write(line + "\n")
+    sys.exit(status)
 
 
 def is_disk_full(error: BaseException) -> bool:

@@ -18,7 +18,7 @@ import math
 
 from absl import flags
 
-from bert_packed.cli.common import command_flags_text, expand_globs, run
+from bert_packed.cli.common import command_flags_text, exit_with, expand_globs, run
 from bert_packed.dataset_info import DatasetInfo, dataset_info_of_files
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
@@ -102,6 +102,8 @@ flags.DEFINE_enum("submission_status", "onprem", ["onprem", "cloud", "preview", 
 flags.mark_flags_as_required(["bert_config_file", "output_dir"])
 
 PROGRAM = "run_pretraining"
+# A run stopped by SIGTERM after saving (preempted): BSD EX_TEMPFAIL, "try again".
+EXIT_STOPPED = 75
 
 
 def mlperf_eval_every_samples(sequences_per_update: float) -> int:
@@ -325,6 +327,10 @@ def main(argv):
     trainer = Trainer(build_config(), make_strategy())
     result = trainer.train() if FLAGS.do_train else trainer.evaluate_only()
     print(json.dumps(result))
+    if trainer.stopped_by_signal:
+        step = int(trainer.step.numpy())
+        exit_with(EXIT_STOPPED, f"{PROGRAM}: stopped by SIGTERM after saving step {step}; the same command "
+                                f"resumes (exit status {EXIT_STOPPED})")
 
 
 def entry_point():

@@ -124,6 +124,7 @@ class Trainer:
         self._eval_step = tf.function(self._eval_step_fn)  # built once: evaluations do not retrace
         self._gradients = tf.function(self._gradients_fn, jit_compile=True) if config.model.xla else self._gradients_fn
         self._stop_requested = False
+        self.stopped_by_signal = False  # train() saved and stopped early on SIGTERM
 
     # ---- data
     def _train_dataset(self, context):
@@ -363,6 +364,7 @@ class Trainer:
                     logs.block_start(sequences)
             if self._stop_requested:
                 self._save()
+                self.stopped_by_signal = True
                 logging.warning("SIGTERM: saved step %d; run again with the same output_dir to resume", step)
                 return metrics, True
         return metrics, False
@@ -447,17 +449,31 @@ def _log_run_parameters(logs: _Logs, config: TrainConfig, betas) -> None:
 
 
 def _keep_logged_steps(directory: str, step: int) -> dict:
-    """Drops the train and eval log lines after `step`; returns the last train record kept."""
+    """Drops the train and eval log lines after `step`; returns the last train record kept.
+
+    A torn last line (a write cut short by a crash or a power loss) is dropped with a warning; a
+    damaged line anywhere else stops the run, named.
+    """
     last = {}
     for name in ("train_log.jsonl", "eval_log.jsonl"):
         path = os.path.join(directory, name)
         if not files.exists(path):
             continue
         with files.open_file(path) as f:
-            lines = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
-        write_text_atomically(path, "".join(lines))
-        if name == "train_log.jsonl" and lines:
-            last = json.loads(lines[-1])
+            lines = [line for line in f.read().split("\n") if line.strip()]
+        records = []
+        for number, line in enumerate(lines, 1):
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                if number < len(lines):
+                    raise TrainingError(f"{path}: line {number} is not JSON; the log is damaged, not just torn "
+                                        f"at its end") from None
+                logging.warning("%s: dropped its torn last line %d (%d characters)", path, number, len(line))
+        kept = [record for record in records if record["step"] <= step]
+        write_text_atomically(path, "".join(json.dumps(record) + "\n" for record in kept))
+        if name == "train_log.jsonl" and kept:
+            last = kept[-1]
     return last
 
 
