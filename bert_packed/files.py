@@ -13,8 +13,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import glob as local_glob
+import json
 import os
+import socket
 import sys
+import time
+
+from bert_packed.errors import UserError
 
 
 def _gfile(path: str):
@@ -104,3 +109,86 @@ def write_text_atomically(path: str, text: str) -> None:
     """Writes `text` to `path` through a temporary file and a rename."""
     with atomic_open(path) as f:
         f.write(text)
+
+
+class DirectoryLockedError(UserError):
+    """Another live process holds the output directory."""
+
+
+@contextlib.contextmanager
+def exclusive(lock_path: str, what: str):
+    """Holds an exclusive lock, the file `lock_path`, for the block; refuses a live holder.
+
+    The lock file is written whole under a temporary name and hard-linked into place, which
+    fails when it exists: two processes can never both hold it, and a holder is always named.
+    A lock left by a process that no longer runs (same host, pid gone) is taken over, through a
+    rename only one taker can win. Only local paths are locked (a bucket has no exclusive create).
+
+    Args:
+      lock_path: the lock file (a directory's `.lock`, say).
+      what: the command, recorded for whoever finds the lock held.
+
+    Raises:
+      DirectoryLockedError: naming the holder (command, host, pid, start time).
+    """
+    if "://" in lock_path:
+        yield
+        return
+    holder = {"command": what, "host": socket.gethostname(), "pid": os.getpid(),
+              "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    tmp = f"{lock_path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(holder, f)
+    try:
+        while True:
+            try:
+                os.link(tmp, lock_path)
+                break
+            except FileExistsError:
+                current = _lock_holder(lock_path)
+                if current is None or _alive(current):
+                    raise DirectoryLockedError(_held_message(lock_path, current)) from None
+                try:  # stale: whoever renames it away takes over; the others find the new holder
+                    os.rename(lock_path, f"{lock_path}.stale-{os.getpid()}")
+                    os.remove(f"{lock_path}.stale-{os.getpid()}")
+                except FileNotFoundError:
+                    pass
+    finally:
+        os.remove(tmp)
+    try:
+        yield
+    finally:
+        if _lock_holder(lock_path) == holder:
+            os.remove(lock_path)
+
+
+def _lock_holder(lock_path: str) -> dict | None:
+    try:
+        with open(lock_path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return {}  # released meanwhile: try again
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(holder: dict) -> bool:
+    if not holder:
+        return False
+    if holder.get("host") != socket.gethostname():
+        return True  # another machine's process: cannot tell, so it holds
+    try:
+        os.kill(int(holder["pid"]), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, KeyError, TypeError, ValueError):
+        return True
+    return True
+
+
+def _held_message(lock_path: str, holder: dict | None) -> str:
+    where = os.path.dirname(lock_path) or "."
+    if holder is None:
+        return f"{where}: locked by {lock_path}, which cannot be read; remove it if no process uses {where}"
+    return (f"{where}: in use by {holder.get('command')} (pid {holder.get('pid')} on {holder.get('host')}, since "
+            f"{holder.get('started')}); wait for it to finish, or use another directory")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from absl import flags
 
+from bert_packed import files
 from bert_packed.cli.common import run
 from bert_packed.curves import format_table, load_run, plot, summary_table
 from bert_packed.errors import SettingsError
@@ -42,7 +43,8 @@ def main(argv) -> None:
             accuracy = float(FLAGS.accuracy)
         except ValueError:
             raise SettingsError(f"--accuracy {FLAGS.accuracy!r}: expected a number or 'auto'") from None
-    plot(runs, FLAGS.output)
+    with files.exclusive(f"{FLAGS.output}.lock", "compare_curves"):
+        plot(runs, FLAGS.output)
     print(format_table(summary_table(runs, accuracy), accuracy))
     print(f"\ncurves: {FLAGS.output}")
 

@@ -36,6 +36,7 @@ import time
 
 import numpy as np
 
+from bert_packed import files
 from bert_packed.dataset_info import DatasetInfo, read_dataset_info, write_dataset_info
 from bert_packed.errors import OutputDirectoryError
 from bert_packed.features import Shapes
@@ -80,8 +81,15 @@ def pack_pretraining_dataset(input_files: list[str], output_dir: str, settings: 
     Raises:
       CorruptRecordError / RecordError: bad input, naming file and record.
       OutputDirectoryError: `output_dir` holds another run.
+      DirectoryLockedError: another packer is writing `output_dir` now.
       PackingError: the output would not hold exactly the input sequences.
     """
+    os.makedirs(output_dir, exist_ok=True)
+    with files.exclusive(os.path.join(output_dir, ".lock"), "pack_pretraining_data"):
+        return _pack(input_files, output_dir, settings, num_workers)
+
+
+def _pack(input_files: list[str], output_dir: str, settings: PackSettings, num_workers: int) -> dict:
     sources = [os.path.abspath(path) for path in input_files]
     identity = {"settings": settings.to_dict(), "sources": sources}
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()

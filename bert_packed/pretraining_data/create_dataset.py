@@ -32,6 +32,7 @@ import shutil
 
 import numpy as np
 
+from bert_packed import files
 from bert_packed.dataset_info import DatasetInfo, write_dataset_info
 from bert_packed.errors import OutputDirectoryError
 from bert_packed.features import Shapes
@@ -88,11 +89,18 @@ def create_pretraining_dataset(input_files: list[str], output_dir: str, settings
     Raises:
       CorpusError / VocabularyError: bad input, naming the file.
       OutputDirectoryError: the directory holds data made with other settings or inputs.
+      DirectoryLockedError: another process is writing `output_dir` now.
     """
     if not input_files:
         raise CorpusError("no input files")
     tokenizer = Tokenizer(settings.vocab_file, settings.do_lower_case)  # fails early on a bad vocabulary
     os.makedirs(output_dir, exist_ok=True)
+    with files.exclusive(os.path.join(output_dir, ".lock"), "create_pretraining_data"):
+        return _create(input_files, output_dir, settings, num_workers, tokenizer)
+
+
+def _create(input_files: list[str], output_dir: str, settings: DatasetSettings, num_workers: int,
+            tokenizer: Tokenizer) -> dict:
     sources = [os.path.abspath(path) for path in input_files]
     _check_previous_run(output_dir, settings, sources)
 

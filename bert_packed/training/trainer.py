@@ -223,8 +223,9 @@ class Trainer:
         return {k: self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for k, v in sums.items()}
 
     def evaluate_only(self) -> dict:
-        """Evaluates the latest checkpoint of output_dir, or else init_checkpoint; logs the result
-        (eval_log.jsonl, eval_results.txt) and returns it. Training runs in output_dir are left alone."""
+        """Evaluates the latest checkpoint of output_dir, or else init_checkpoint; writes the result to
+        eval_results.txt and returns it. A training run in output_dir is left alone (the reference
+        evaluates beside a running training job)."""
         source = self.restore()
         if source is None and not self.config.model.init_checkpoint:
             raise TrainingError(f"nothing to evaluate: no checkpoint in {self.manager.directory} and no "
@@ -232,9 +233,7 @@ class Trainer:
         metrics = self.evaluate()
         record = {"step": int(self.step.numpy()), "sequences": int(self.sequences.numpy()),
                   "checkpoint": source or self.config.model.init_checkpoint, **metrics}
-        if self.is_chief:
-            with files.open_file(os.path.join(self.work_dir, "eval_log.jsonl"), "a") as f:
-                f.write(json.dumps(record) + "\n")
+        if self.is_chief:  # eval_results.txt only: a training run may be writing its logs here meanwhile
             write_text_atomically(os.path.join(self.work_dir, "eval_results.txt"),
                                   "".join(f"{key} = {value}\n" for key, value in sorted(record.items())))
         logging.info("eval of %s: mlm accuracy %.4f, loss %.4f over %d sequences", record["checkpoint"],
@@ -244,7 +243,10 @@ class Trainer:
     # ---- the run
     def train(self) -> dict:
         """Runs (or resumes) training to num_train_steps or the target accuracy; returns the last metrics."""
-        logs = None
+        with files.exclusive(os.path.join(self.work_dir, ".lock"), "run_pretraining"):
+            return self._train()
+
+    def _train(self) -> dict:
         self.claim_output_dir()
         resumed = self.restore()
         if resumed and int(self.step.numpy()) >= self.last_step:
