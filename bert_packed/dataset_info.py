@@ -29,7 +29,7 @@ import json
 import os
 
 from bert_packed import files
-from bert_packed.errors import UserError
+from bert_packed.errors import OutputDirectoryError, UserError
 from bert_packed.features import Shapes
 
 METADATA_FILE = "metadata.json"
@@ -177,3 +177,22 @@ def read_dataset_info(directory: str) -> DatasetInfo | None:
 def dataset_info_of_files(paths: list[str]) -> DatasetInfo | None:
     """The description beside data files (in the directory of the first); None when there is none."""
     return read_dataset_info(os.path.dirname(paths[0]))
+
+
+def refuse_other_output(directory: str, kind: str) -> None:
+    """Refuses `directory` when it holds output of another kind than `kind`.
+
+    Args:
+      directory: an output directory about to be written.
+      kind: what the command writes: "unpacked data", "packed data" or "a training run".
+
+    Raises:
+      OutputDirectoryError: naming what the directory holds.
+    """
+    info = read_dataset_info(directory)
+    found = None if info is None else "packed data" if info.packed else "unpacked data"
+    if found is None and files.exists(os.path.join(directory, "train_log.jsonl")):
+        found = "a training run"
+    if found is not None and found != kind:
+        raise OutputDirectoryError(f"{directory}: holds {found}; {kind} would be mixed into it. Use another "
+                                   f"directory")

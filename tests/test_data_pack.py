@@ -302,3 +302,25 @@ def test_an_unfinished_run_of_an_older_packer_starts_over(unpacked_dir, packed_d
     pack_pretraining_dataset(tfrecords(unpacked_dir), str(tmp_path), settings, num_workers=1)
     for a, b in zip(tfrecords(str(tmp_path)), tfrecords(packed_dir), strict=True):
         assert open(a, "rb").read() == open(b, "rb").read()
+
+
+@pytest.mark.parametrize("feature, value, problem", [
+    ("segment_ids", 2, "segment_ids is not 0 or 1"),
+    ("segment_ids", 300, "segment_ids is not 0 or 1"),  # was stored as 44 by the int8 row
+    ("next_sentence_labels", 2, "next_sentence_labels is not 0 or 1"),
+    ("input_ids", 2**31, r"input_ids is outside \[0, 2\*\*31\)"),
+    ("masked_lm_ids", 2**31, r"masked_lm_ids is outside \[0, 2\*\*31\)"),
+    ("masked_lm_positions", "length", "masked_lm_positions points outside the sequence"),
+])
+def test_a_value_one_past_what_its_row_holds_is_refused_naming_it(tmp_path, feature, value, problem):
+    """Nothing is narrowed silently: every value is checked against the compact row before it is stored."""
+    rows = random_rows(np.random.default_rng(9), 5)
+    features = unpacked_features(rows)
+    features = {name: np.array(values, dtype=np.float32 if name == "masked_lm_weights" else np.int64)
+                for name, values in features.items()}
+    features[feature][2, 0 if feature != "segment_ids" else 1] = rows["length"][2] if value == "length" else value
+    with TFRecordWriter(str(tmp_path / "in.tfrecord")) as writer:
+        writer.write_examples(features)
+    with pytest.raises(RecordError, match=rf"in.tfrecord: record 2: expected .*\(here {problem}\)"):
+        pack_pretraining_dataset([str(tmp_path / "in.tfrecord")], str(tmp_path / "out"), PackSettings(PACKED))
+    assert not os.path.exists(tmp_path / "out" / "metadata.json")

@@ -37,7 +37,7 @@ import time
 import numpy as np
 
 from bert_packed import files
-from bert_packed.dataset_info import DatasetInfo, read_dataset_info, write_dataset_info
+from bert_packed.dataset_info import DatasetInfo, read_dataset_info, refuse_other_output, write_dataset_info
 from bert_packed.errors import OutputDirectoryError
 from bert_packed.features import Shapes
 from bert_packed.files import write_text_atomically
@@ -86,6 +86,7 @@ def pack_pretraining_dataset(input_files: list[str], output_dir: str, settings: 
     """
     os.makedirs(output_dir, exist_ok=True)
     with files.exclusive(os.path.join(output_dir, ".lock"), "pack_pretraining_data"):
+        refuse_other_output(output_dir, "packed data")
         return _pack(input_files, output_dir, settings, num_workers)
 
 

@@ -33,7 +33,7 @@ import shutil
 import numpy as np
 
 from bert_packed import files
-from bert_packed.dataset_info import DatasetInfo, write_dataset_info
+from bert_packed.dataset_info import DatasetInfo, refuse_other_output, write_dataset_info
 from bert_packed.errors import OutputDirectoryError
 from bert_packed.features import Shapes
 from bert_packed.files import write_text_atomically
@@ -96,6 +96,7 @@ def create_pretraining_dataset(input_files: list[str], output_dir: str, settings
     tokenizer = Tokenizer(settings.vocab_file, settings.do_lower_case)  # fails early on a bad vocabulary
     os.makedirs(output_dir, exist_ok=True)
     with files.exclusive(os.path.join(output_dir, ".lock"), "create_pretraining_data"):
+        refuse_other_output(output_dir, "unpacked data")
         return _create(input_files, output_dir, settings, num_workers, tokenizer)
 
 

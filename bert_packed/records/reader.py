@@ -22,11 +22,16 @@ def read_unpacked(path: str, shapes: Shapes, batch_size: int = 1024):
         yield first, batch
 
 
+# What _first_bad_unpacked finds wrong, by the code it returns.
+_PROBLEMS = ("input_mask is not at least 2 ones then zeros", "masked_lm_weights is not ones then zeros",
+             "masked_lm_positions points outside the sequence", "input_ids is outside [0, 2**31)",
+             "masked_lm_ids is outside [0, 2**31)", "segment_ids is not 0 or 1", "next_sentence_labels is not 0 or 1")
+
+
 @numba.njit(cache=True, nogil=True)
-def _first_bad_unpacked(input_mask, masked_weights, masked_positions, input_ids, masked_ids):
-    """The first record whose mask is not ones then zeros (at least 2 ones), whose weights are not
-    ones then zeros, whose predictions point outside the sequence or whose ids are outside
-    [0, 2**31); -1 when none."""
+def _first_bad_unpacked(input_mask, masked_weights, masked_positions, input_ids, masked_ids, segment_ids, labels):
+    """(the first record that breaks the MLPerf layout, the code of its problem in _PROBLEMS);
+    (-1, -1) when none. Every value is checked against the range the packer's compact rows hold."""
     for i in range(input_mask.shape[0]):
         length = 0
         while length < input_mask.shape[1] and input_mask[i, length] == 1:
@@ -34,30 +39,40 @@ def _first_bad_unpacked(input_mask, masked_weights, masked_positions, input_ids,
         count = 0
         while count < masked_weights.shape[1] and masked_weights[i, count] == 1:
             count += 1
-        bad = length < 2
+        if length < 2:
+            return i, 0
         for j in range(length, input_mask.shape[1]):
-            bad |= input_mask[i, j] != 0
+            if input_mask[i, j] != 0:
+                return i, 0
         for m in range(count, masked_weights.shape[1]):
-            bad |= masked_weights[i, m] != 0
+            if masked_weights[i, m] != 0:
+                return i, 1
         for m in range(count):
-            bad |= masked_positions[i, m] < 0 or masked_positions[i, m] >= length
+            if masked_positions[i, m] < 0 or masked_positions[i, m] >= length:
+                return i, 2
         for j in range(input_ids.shape[1]):
-            bad |= input_ids[i, j] < 0 or input_ids[i, j] >= 2**31
+            if input_ids[i, j] < 0 or input_ids[i, j] >= 2**31:
+                return i, 3
         for m in range(masked_ids.shape[1]):
-            bad |= masked_ids[i, m] < 0 or masked_ids[i, m] >= 2**31
-        if bad:
-            return i
-    return -1
+            if masked_ids[i, m] < 0 or masked_ids[i, m] >= 2**31:
+                return i, 4
+        for j in range(segment_ids.shape[1]):
+            if segment_ids[i, j] != 0 and segment_ids[i, j] != 1:
+                return i, 5
+        if labels[i, 0] != 0 and labels[i, 0] != 1:
+            return i, 6
+    return -1, -1
 
 
 def _check_unpacked(path: str, first: int, batch: dict, shapes: Shapes) -> None:
-    row = _first_bad_unpacked(batch["input_mask"], batch["masked_lm_weights"], batch["masked_lm_positions"],
-                              batch["input_ids"], batch["masked_lm_ids"])
+    row, problem = _first_bad_unpacked(batch["input_mask"], batch["masked_lm_weights"], batch["masked_lm_positions"],
+                                       batch["input_ids"], batch["masked_lm_ids"], batch["segment_ids"],
+                                       batch["next_sentence_labels"])
     if row >= 0:
         raise RecordError(
             f"{path}: record {first + row}: expected input_mask to be at least 2 ones then zeros, "
-            f"masked_lm_weights ones then zeros, masked_lm_positions inside the sequence and token ids "
-            f"in [0, 2**31)")
+            f"masked_lm_weights ones then zeros, masked_lm_positions inside the sequence, token ids "
+            f"in [0, 2**31), segment_ids and next_sentence_labels 0 or 1 (here {_PROBLEMS[problem]})")
 
 
 def read_packed(path: str, shapes: Shapes, batch_size: int = 1024):

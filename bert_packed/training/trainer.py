@@ -36,6 +36,7 @@ import keras
 import tensorflow as tf
 
 from bert_packed import files
+from bert_packed.dataset_info import refuse_other_output
 from bert_packed.errors import UserError
 from bert_packed.files import write_text_atomically
 from bert_packed.input_pipeline import PipelineConfig, make_dataset
@@ -247,6 +248,7 @@ class Trainer:
             return self._train()
 
     def _train(self) -> dict:
+        refuse_other_output(self.work_dir, "a training run")
         self.claim_output_dir()
         resumed = self.restore()
         if resumed and int(self.step.numpy()) >= self.last_step:
