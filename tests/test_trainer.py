@@ -482,3 +482,45 @@ def test_sigterm_saves_and_exits_with_its_own_status(packed_dir, bert_config_fil
     assert stderr.strip().splitlines()[-1] == (f"run_pretraining: stopped by SIGTERM after saving step {step}; the "
                                                f"same command resumes (exit status 75)")
     assert (out / "checkpoints" / f"ckpt-{step}.index").exists()
+
+
+def finite(checkpoint_path):
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(checkpoint_path)
+    return all(np.isfinite(reader.get_tensor(name)).all()
+               for name, dtype in reader.get_variable_to_dtype_map().items() if dtype.is_floating)
+
+
+@pytest.mark.parametrize("save_every", [1, 3, 100])
+def test_a_diverging_run_never_saves_non_finite_weights_and_names_a_finite_checkpoint(packed_dir, tmp_path,
+                                                                                      save_every):
+    trainer = Trainer(config(tmp_path, tfrecords(packed_dir), num_train_steps=12, learning_rate=1e30,
+                             save_checkpoints_steps=save_every))
+    with pytest.raises(TrainingError, match=r"(loss is|gradient norm is|weights at step \d+ are not finite).*the "
+                                            r"last good checkpoint is") as info:
+        trainer.train()
+    saved = sorted(p.name[:-len(".index")] for p in (tmp_path / "checkpoints").glob("*.index")) if (
+        tmp_path / "checkpoints").exists() else []
+    assert all(finite(str(tmp_path / "checkpoints" / name)) for name in saved)
+    named = str(info.value).rsplit("the last good checkpoint is ", 1)[1]
+    assert named == "none: no checkpoint was saved yet" if not saved else finite(named)
+
+
+def test_a_damaged_checkpoint_state_falls_back_to_the_newest_checkpoint_that_restores(packed_dir, tmp_path, caplog):
+    files = tfrecords(packed_dir)
+    Trainer(config(tmp_path / "straight", files, num_train_steps=6)).train()
+    run = tmp_path / "run"
+    Trainer(config(run, files, num_train_steps=4, save_checkpoints_steps=2)).train()  # ckpt-2, ckpt-4
+    state = run / "checkpoints" / "checkpoint"
+    for damage in (b"text garbage\n", bytes(range(256)), b'model_checkpoint_path: "ckpt-99"\n'):
+        state.write_bytes(damage)
+        trainer = Trainer(config(run, files, num_train_steps=4, save_checkpoints_steps=2))
+        assert trainer.restore().endswith("ckpt-4") and int(trainer.step.numpy()) == 4
+        assert "set aside as" in caplog.text
+    data = next(p for p in (run / "checkpoints").iterdir() if p.name.startswith("ckpt-4.data"))
+    data.write_bytes(data.read_bytes()[:100])  # the newest checkpoint is corrupt
+    Trainer(config(run, files, num_train_steps=6, save_checkpoints_steps=2)).train()
+    assert "ckpt-4: cannot restore this checkpoint" in caplog.text
+    assert "resumed from" in caplog.text and (run / "checkpoints" / "ckpt-2.index").exists()
+    assert [r["step"] for r in read_log(run / "train_log.jsonl")] == [1, 2, 3, 4, 5, 6]

@@ -33,6 +33,7 @@ import signal
 import time
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from bert_packed import files
@@ -47,7 +48,7 @@ from bert_packed.training.optimizers import AdamWeightDecay, Lamb, PolynomialWar
 
 # What one update returns, in this order (pretraining_sums, then the token counts of the rows).
 SUM_KEYS = ("mlm_nll", "mlm_predictions", "mlm_correct", "mlm_sequence_nll", "mlm_sequence_correct",
-            "mlm_sequences", "nsp_nll", "nsp_correct", "nsp_sequences", "tokens", "slots")
+            "mlm_sequences", "nsp_nll", "nsp_correct", "nsp_sequences", "tokens", "slots", "gradient_norm")
 
 
 class TrainingError(UserError, RuntimeError):
@@ -119,7 +120,9 @@ class Trainer:
             v for v in self.model.variables if v.path.endswith("seed_generator_state"))}
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.step,
                                               sequences=self.sequences, dropout_seeds=seeds)
-        self.manager = tf.train.CheckpointManager(self.checkpoint, os.path.join(self.work_dir, "checkpoints"),
+        checkpoint_dir = os.path.join(self.work_dir, "checkpoints")
+        _set_aside_a_damaged_state_file(checkpoint_dir)
+        self.manager = tf.train.CheckpointManager(self.checkpoint, checkpoint_dir,
                                                   max_to_keep=config.run.keep_checkpoint_max)
         self._train_loop = tf.function(self._train_loop_fn)
         self._eval_step = tf.function(self._eval_step_fn)  # built once: evaluations do not retrace
@@ -178,6 +181,7 @@ class Trainer:
             gradients = [g / (len(batches) * context.num_replicas_in_sync) for g in gradients]
         # Keras sums what each replica hands it (a no-op clip: every norm is within clip_norm).
         self.optimizer.apply_gradients(zip([g * scale for g in gradients], variables))
+        totals["gradient_norm"] = tf.linalg.global_norm(gradients)  # checked (finite) by the host
         return totals
 
     def _gradients_fn(self, batches, counts):
@@ -291,19 +295,31 @@ class Trainer:
             write_text_atomically(os.path.join(self.work_dir, "flags.txt"), c.run.flags_text)
 
     def restore(self) -> str | None:
-        """Restores the latest checkpoint of output_dir (returned), or loads init_checkpoint."""
-        resumed = self.manager.latest_checkpoint
-        if resumed:
+        """Restores the newest checkpoint of output_dir that restores (returned), or loads init_checkpoint.
+
+        The state file's checkpoint comes first, then the others, newest first; one that does not
+        restore is skipped with one line, and no checkpoint is ever deleted here.
+        """
+        candidates = _checkpoints_newest_first(self.manager.directory, self.manager.latest_checkpoint)
+        problems = []
+        for path in candidates:
             try:
-                self.checkpoint.restore(resumed).assert_existing_objects_matched()
+                self.checkpoint.restore(path).assert_existing_objects_matched()
             except Exception as e:  # noqa: BLE001 - whatever broke, the checkpoint is what to name
-                raise TrainingError(f"{resumed}: cannot restore this checkpoint ({str(e).splitlines()[0]}); "
-                                    f"remove it to fall back to an older one") from None
-            logging.info("resumed from %s at step %d", resumed, int(self.step.numpy()))
-        elif self.config.model.init_checkpoint:
+                problems.append(f"{path}: cannot restore this checkpoint ({str(e).splitlines()[0]})")
+                logging.warning("%s; trying an older one", problems[-1])
+                continue
+            if problems:
+                logging.warning("resumed from %s, the newest checkpoint that restores", path)
+            logging.info("resumed from %s at step %d", path, int(self.step.numpy()))
+            return path
+        if problems:
+            raise TrainingError(f"{'; '.join(problems)}; no checkpoint of {self.manager.directory} restores: "
+                                f"remove them to start over") from None
+        if self.config.model.init_checkpoint:
             load_google_checkpoint(self.model, self.config.model.init_checkpoint)
             logging.info("initialised from %s", self.config.model.init_checkpoint)
-        return resumed
+        return None
 
     def _open_logs(self, resumed: str | None) -> _Logs:
         """The logs, continued after the checkpoint resumed from: steps logged past it are redone, so
@@ -338,9 +354,11 @@ class Trainer:
                 learning_rate, sums = float(row[0]), dict(zip(SUM_KEYS, row[1:].tolist()))
                 metrics = metrics_from_sums({k: v for k, v in sums.items() if k not in ("tokens", "slots")},
                                             c.model.loss_averaging)
-                if not math.isfinite(metrics["loss"]):
-                    raise TrainingError(f"loss is {metrics['loss']} at step {step + n}; stopped without "
-                                        f"saving, the last good checkpoint is {self.manager.latest_checkpoint}")
+                if not math.isfinite(metrics["loss"]) or not math.isfinite(sums["gradient_norm"]):
+                    what = (f"loss is {metrics['loss']}" if not math.isfinite(metrics["loss"])
+                            else f"the gradient norm is {sums['gradient_norm']}")
+                    raise TrainingError(f"{what} at step {step + n}; stopped without saving, the last good "
+                                        f"checkpoint is {self._last_finite_checkpoint()}")
                 step += n
                 sequences += int(metrics["num_sequences"])
                 record = {"step": step, "sequences": sequences, "learning_rate": learning_rate, "seconds": seconds,
@@ -407,8 +425,11 @@ class Trainer:
         return False
 
     def _save(self) -> None:
-        """Saves the current step unless it is the latest checkpoint already."""
+        """Saves the current step unless it is the latest checkpoint already; never non-finite weights."""
         step = int(self.step.numpy())
+        if not all(bool(tf.reduce_all(tf.math.is_finite(v))) for v in self.model.trainable_variables):
+            raise TrainingError(f"the weights at step {step} are not finite; not saved, the last good checkpoint "
+                                f"is {self._last_finite_checkpoint()}")
         latest = self.manager.latest_checkpoint
         if latest is None or not latest.endswith(f"-{step}"):
             try:
@@ -418,6 +439,18 @@ class Trainer:
                 for path in glob.glob(os.path.join(self.manager.directory, f"ckpt-{step}_temp*")):
                     shutil.rmtree(path, ignore_errors=True)
                 raise
+
+    def _last_finite_checkpoint(self) -> str:
+        """The newest checkpoint whose every float tensor is finite (read back to check), named."""
+        for path in _checkpoints_newest_first(self.manager.directory, self.manager.latest_checkpoint):
+            try:
+                reader = tf.train.load_checkpoint(path)
+                if all(np.isfinite(reader.get_tensor(name)).all() for name, dtype in
+                       reader.get_variable_to_dtype_map().items() if dtype.is_floating):
+                    return path
+            except Exception:  # noqa: BLE001 - unreadable: not a good checkpoint either
+                continue
+        return "none: no checkpoint was saved yet"
 
     def _on_sigterm(self, signum, frame):
         self._stop_requested = True
@@ -450,6 +483,34 @@ def _log_run_parameters(logs: _Logs, config: TrainConfig, betas) -> None:
     logs.mllog("opt_lamb_beta_2", betas.beta_2)
     logs.mllog("opt_lamb_weight_decay_rate", o.weight_decay_rate)
     logs.mllog("seed", c.run.seed)
+
+
+def _checkpoints_newest_first(directory: str, latest: str | None) -> list[str]:
+    """The checkpoints of `directory`: the state file's latest first, then the others, newest first."""
+    found = [path[:-len(".index")] for path in files.glob(os.path.join(directory, "ckpt-*.index"))]
+    numbered = sorted((int(path.rsplit("-", 1)[1]), path) for path in found if path.rsplit("-", 1)[1].isdigit())
+    others = [path for _, path in reversed(numbered) if path != latest]
+    return ([latest] if latest else []) + others
+
+
+def _set_aside_a_damaged_state_file(directory: str) -> None:
+    """Renames a `checkpoint` state file that cannot be read or names no checkpoint of the
+    directory, so that restore() falls back to the checkpoints themselves; said in one line."""
+    path = os.path.join(directory, "checkpoint")
+    if not files.exists(path):
+        return
+    try:
+        state = tf.train.get_checkpoint_state(directory)
+        named = state.model_checkpoint_path if state else ""
+        usable = bool(named) and files.exists((named if os.path.isabs(named) or "://" in named
+                                               else os.path.join(directory, named)) + ".index")
+    except Exception:  # noqa: BLE001 - any parse failure of the state file means the same
+        usable = False
+    if not usable:
+        aside = f"{path}.damaged-{int(time.time())}"
+        tf.io.gfile.rename(path, aside, overwrite=True)
+        logging.warning("%s: unreadable or names a missing checkpoint; set aside as %s, resuming from the newest "
+                        "checkpoint that restores", path, aside)
 
 
 def _keep_logged_steps(directory: str, step: int) -> dict:
