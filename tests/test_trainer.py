@@ -524,3 +524,18 @@ def test_a_damaged_checkpoint_state_falls_back_to_the_newest_checkpoint_that_res
     assert "ckpt-4: cannot restore this checkpoint" in caplog.text
     assert "resumed from" in caplog.text and (run / "checkpoints" / "ckpt-2.index").exists()
     assert [r["step"] for r in read_log(run / "train_log.jsonl")] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_corrupt_training_shard_is_named_with_its_record(packed_dir, tmp_path):
+    from bert_packed.records import CorruptRecordError
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for path in tfrecords(packed_dir):
+        (data / os.path.basename(path)).write_bytes(open(path, "rb").read())
+    shard = tfrecords(str(data))[1]
+    content = bytearray(open(shard, "rb").read())
+    content[len(content) // 2] ^= 0x40
+    open(shard, "wb").write(bytes(content))
+    with pytest.raises(CorruptRecordError, match=rf"{shard}: record \d+: data checksum mismatch"):
+        Trainer(config(tmp_path / "run", tfrecords(str(data)), num_train_steps=40)).train()

@@ -23,6 +23,7 @@ Output directory:
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import logging
@@ -40,7 +41,7 @@ from bert_packed import files
 from bert_packed.dataset_info import refuse_other_output
 from bert_packed.errors import UserError
 from bert_packed.files import write_text_atomically
-from bert_packed.input_pipeline import PipelineConfig, make_dataset
+from bert_packed.input_pipeline import PipelineConfig, diagnose_input_error, make_dataset
 from bert_packed.model import BertPretrainingModel, load_google_checkpoint
 from bert_packed.training.config import TrainConfig
 from bert_packed.training.losses import loss_from_sums, metrics_from_sums, normalizers, pretraining_sums
@@ -131,20 +132,33 @@ class Trainer:
         self.stopped_by_signal = False  # train() saved and stopped early on SIGTERM
 
     # ---- data
-    def _train_dataset(self, context):
+    def _train_pipeline(self) -> PipelineConfig:
         data = self.config.train_data
-        pipeline = PipelineConfig(
+        return PipelineConfig(
             data.files, data.shapes, data.input_mode, data.batch_size, True, self.config.run.seed,
             deterministic=self.config.run.deterministic, bucket_boundaries=data.bucket_boundaries,
             skip_batches=int(self.step.numpy()))
-        return make_dataset(pipeline, context)
+
+    def _eval_pipeline(self) -> PipelineConfig:
+        data = self.config.eval_data
+        return PipelineConfig(data.files, data.shapes, "packed" if data.packed else "padded", data.batch_size,
+                              False, self.config.run.seed, deterministic=self.config.run.deterministic,
+                              max_batches=data.max_steps)
+
+    def _train_dataset(self, context):
+        return make_dataset(self._train_pipeline(), context)
 
     def _eval_dataset(self, context):
-        data = self.config.eval_data
-        pipeline = PipelineConfig(data.files, data.shapes, "packed" if data.packed else "padded", data.batch_size,
-                                  False, self.config.run.seed, deterministic=self.config.run.deterministic,
-                                  max_batches=data.max_steps)
-        return make_dataset(pipeline, context)
+        return make_dataset(self._eval_pipeline(), context)
+
+    @contextlib.contextmanager
+    def _naming_bad_records(self, pipeline: PipelineConfig):
+        """TensorFlow's reading errors name no file: find the bad record and raise an error naming it."""
+        try:
+            yield
+        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
+            diagnose_input_error(pipeline)  # raises CorruptRecordError / RecordError when it finds it
+            raise TrainingError(f"reading {', '.join(pipeline.files[:3])}...: {str(e).splitlines()[0]}") from None
 
     # ---- updates
     def _train_loop_fn(self, iterator, num_updates):
@@ -216,9 +230,10 @@ class Trainer:
     def evaluate(self) -> dict:
         """Metrics over the whole eval set (packed or unpacked files give the same numbers)."""
         totals = None
-        for features in self.strategy.distribute_datasets_from_function(self._eval_dataset):
-            sums = self._eval_step(features)
-            totals = sums if totals is None else {k: totals[k] + sums[k] for k in sums}
+        with self._naming_bad_records(self._eval_pipeline()):
+            for features in self.strategy.distribute_datasets_from_function(self._eval_dataset):
+                sums = self._eval_step(features)
+                totals = sums if totals is None else {k: totals[k] + sums[k] for k in sums}
         return metrics_from_sums(totals, self.config.model.loss_averaging) if totals else {}
 
     def _eval_step_fn(self, features):
@@ -348,7 +363,8 @@ class Trainer:
         metrics, start = {}, time.perf_counter()
         while step < self.last_step:
             num_updates = min(self.loop_steps, self.last_step - step) // n
-            results = self._train_loop(self.train_iterator, tf.constant(num_updates)).numpy()
+            with self._naming_bad_records(self._train_pipeline()):
+                results = self._train_loop(self.train_iterator, tf.constant(num_updates)).numpy()
             seconds = logs.seconds_before + time.perf_counter() - start
             for row in results:
                 learning_rate, sums = float(row[0]), dict(zip(SUM_KEYS, row[1:].tolist()))
