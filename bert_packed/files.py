@@ -19,7 +19,7 @@ import socket
 import sys
 import time
 
-from bert_packed.errors import UserError
+from bert_packed.errors import OutputDirectoryError, UserError
 
 
 def _gfile(path: str):
@@ -53,7 +53,15 @@ def size(path: str) -> int:
 
 
 def makedirs(path: str) -> None:
+    """Creates the directory `path` (and its parents) if missing.
+
+    Raises:
+      OutputDirectoryError: `path` exists and is not a directory.
+    """
     gfile = _gfile(path)
+    if (gfile.exists(path) and not gfile.isdir(path)) if gfile is not None else (
+            os.path.exists(path) and not os.path.isdir(path)):
+        raise OutputDirectoryError(f"{path}: exists and is not a directory; expected an output directory")
     if gfile is not None:
         gfile.makedirs(path)
     else:

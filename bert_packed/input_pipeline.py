@@ -46,6 +46,8 @@ class PipelineConfig:
       cycle_length: files read in parallel.
       skip_batches: batches to pass over first (a resumed run's position; before parsing, cheap).
       max_batches: with is_training False, stop after this many batches (None: all).
+      vocab_size: when given, a token id at or above it stops the pipeline with an error (on a GPU
+        the embedding lookup would silently read zeros).
     """
 
     files: tuple[str, ...]
@@ -60,6 +62,7 @@ class PipelineConfig:
     cycle_length: int = 4
     skip_batches: int = 0
     max_batches: int | None = None
+    vocab_size: int | None = None
 
 
 def make_dataset(config: PipelineConfig, input_context: tf.distribute.InputContext | None = None) -> tf.data.Dataset:
@@ -112,9 +115,24 @@ def _parsed(batches: tf.data.Dataset, config: PipelineConfig) -> tf.data.Dataset
     """Batches of serialized records -> batches of packed feature dicts."""
     packed = config.mode == "packed"
     spec = tf_feature_spec(config.shapes.record_lengths(packed), float_features(packed))
-    parse = (lambda serialized: _cast(tf.io.parse_example(serialized, spec))) if packed else \
-        (lambda serialized: _as_single_packs(tf.io.parse_example(serialized, spec)))
+    convert = _cast if packed else _as_single_packs
+
+    def parse(serialized):
+        return _checked_ids(convert(tf.io.parse_example(serialized, spec)), config.vocab_size)
+
     return batches.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=config.deterministic or None)
+
+
+def _checked_ids(features: dict, vocab_size: int | None) -> dict:
+    """The features, after checking every token id is inside the model's vocabulary."""
+    if vocab_size is None:
+        return features
+    checks = [tf.debugging.assert_less(features[name], vocab_size,
+                                       message=f"{name} holds a token id at or above vocab_size={vocab_size} of "
+                                               f"the BERT config")
+              for name in ("input_ids", "masked_lm_ids")]
+    with tf.control_dependencies(checks):
+        return {name: tf.identity(value) for name, value in features.items()}
 
 
 def _finished(dataset: tf.data.Dataset, config: PipelineConfig) -> tf.data.Dataset:
@@ -182,7 +200,7 @@ def _bucketed(records, shapes: Shapes, batch_size: int, config: PipelineConfig):
         drop_remainder=config.is_training).skip(config.skip_batches)
 
     def trim(features):
-        batch = _as_single_packs(features)
+        batch = _checked_ids(_as_single_packs(features), config.vocab_size)
         longest = tf.reduce_max(tf.reduce_sum(batch["input_mask"], axis=1))
         width = tf.gather(tf.constant(boundaries), tf.searchsorted(tf.constant(boundaries), [longest])[0])
         for name in ("input_ids", "input_mask", "segment_ids", "positions"):

@@ -64,6 +64,8 @@ def main(argv):
         raise SettingsError("give one of --output_dir (a dataset directory) and --output_file (TFRecord files)")
     if FLAGS.output_file and FLAGS.eval_fraction:
         raise SettingsError("--eval_fraction needs --output_dir: --output_file holds training instances only")
+    if FLAGS.random_seed < 0 or FLAGS.num_workers < 0:
+        raise SettingsError(f"--random_seed={FLAGS.random_seed} and --num_workers={FLAGS.num_workers} must be >= 0")
     settings = DatasetSettings(
         vocab_file=FLAGS.vocab_file,
         do_lower_case=FLAGS.do_lower_case,

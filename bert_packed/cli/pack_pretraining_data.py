@@ -45,6 +45,8 @@ def main(argv):
         raise SettingsError("--max_sequences_per_pack and --max_predictions_per_seq must be >= 1, --max_seq_length >= 8")
     if FLAGS.num_shards < 1 or FLAGS.bucket_mb < 1:
         raise SettingsError("--num_shards and --bucket_mb must be >= 1")
+    if FLAGS.seed < 0 or FLAGS.num_workers < 0:
+        raise SettingsError(f"--seed={FLAGS.seed} and --num_workers={FLAGS.num_workers} must be >= 0")
     settings = PackSettings(
         shapes=Shapes(FLAGS.max_seq_length, FLAGS.max_predictions_per_seq, FLAGS.max_sequences_per_pack),
         algorithm=FLAGS.algorithm, seed=FLAGS.seed, num_shards=FLAGS.num_shards,

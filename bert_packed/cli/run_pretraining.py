@@ -248,6 +248,8 @@ def build_config():
                             f"--num_train_steps={FLAGS.num_train_steps}")
     if FLAGS.iterations_per_loop < 1 or FLAGS.save_checkpoints_steps < 1 or FLAGS.keep_checkpoint_max < 1:
         raise SettingsError("--iterations_per_loop, --save_checkpoints_steps and --keep_checkpoint_max must be >= 1")
+    if FLAGS.seed < 0:
+        raise SettingsError(f"--seed={FLAGS.seed}: must be >= 0")
     if FLAGS.max_eval_steps is not None and FLAGS.max_eval_steps < 1:
         raise SettingsError(f"--max_eval_steps={FLAGS.max_eval_steps}: must be >= 1")
     if strategy_name() == "tpu" and not (one_of_two_spellings("tpu", "tpu_name") or FLAGS.master):

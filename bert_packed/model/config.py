@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 from bert_packed import files
 from bert_packed.errors import UserError
@@ -33,8 +34,19 @@ class BertConfig:
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                      "max_position_embeddings", "type_vocab_size"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < 2**31:
+                raise ConfigError(f"{name} must be a positive integer below 2**31, got {value!r}")
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "initializer_range"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ConfigError(f"{name} must be a number, got {value!r}")
+        if self.initializer_range <= 0:
+            raise ConfigError(f"initializer_range must be positive, got {self.initializer_range!r}")
+        weights = (self.vocab_size + self.max_position_embeddings + self.type_vocab_size) * self.hidden_size + \
+            self.num_hidden_layers * (4 * self.hidden_size + 2 * self.intermediate_size) * self.hidden_size
+        if weights > 2**36:
+            raise ConfigError(f"{weights:,} weights: far beyond any BERT (BERT-Large has about 335 million); check "
+                              f"vocab_size, hidden_size, intermediate_size and num_hidden_layers")
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
                               f"{self.num_attention_heads}")

@@ -20,6 +20,9 @@ import numpy as np
 from bert_packed.errors import UserError
 from bert_packed.files import write_text_atomically
 
+# The longest sequence the planner and the packer take: a compact row keeps positions as uint16.
+MAX_SEQUENCE_LENGTH = 1 << 16
+
 
 class HistogramError(UserError, ValueError):
     """A histogram (or the file holding it) is not what a histogram must be."""
@@ -48,6 +51,9 @@ def check_histogram(counts, max_sequence_length: int | None = None, source: str 
         if max_sequence_length < 1:
             raise HistogramError(f"{source}: max_sequence_length must be >= 1, got {max_sequence_length}")
     length = len(counts) if max_sequence_length is None else int(max_sequence_length)
+    if length > MAX_SEQUENCE_LENGTH:
+        raise HistogramError(f"{source}: max_sequence_length {length:,} is beyond any BERT; this planner takes up to "
+                             f"{MAX_SEQUENCE_LENGTH:,} (BERT uses 512; the longest variants 4,096 to 8,192)")
     if len(counts) > length:
         raise HistogramError(
             f"{source}: has counts for lengths up to {len(counts)}, longer than the maximum "
@@ -60,9 +66,14 @@ def check_histogram(counts, max_sequence_length: int | None = None, source: str 
             raise HistogramError(f"{source}: count for length {i + 1} is {count!r}; expected a whole number")
         if count < 0:
             raise HistogramError(f"{source}: count for length {i + 1} is {count!r}; counts must be non-negative")
+        if count >= 2**62:
+            raise HistogramError(f"{source}: count for length {i + 1} is {count!r}; counts must be below 2**62")
         result[i] = int(count)
     if length == 0 or not result.any():
         raise HistogramError(f"{source}: the histogram is empty (no sequences)")
+    tokens = sum(int(count) * (i + 1) for i, count in enumerate(result.tolist()) if count)
+    if tokens >= 2**62:
+        raise HistogramError(f"{source}: {tokens:,} tokens in all; the counts must add up to below 2**62 tokens")
     return result
 
 

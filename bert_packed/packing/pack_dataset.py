@@ -84,7 +84,7 @@ def pack_pretraining_dataset(input_files: list[str], output_dir: str, settings: 
       DirectoryLockedError: another packer is writing `output_dir` now.
       PackingError: the output would not hold exactly the input sequences.
     """
-    os.makedirs(output_dir, exist_ok=True)
+    files.makedirs(output_dir)
     with files.exclusive(os.path.join(output_dir, ".lock"), "pack_pretraining_data"):
         refuse_other_output(output_dir, "packed data")
         return _pack(input_files, output_dir, settings, num_workers)

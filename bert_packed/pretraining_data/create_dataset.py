@@ -94,7 +94,7 @@ def create_pretraining_dataset(input_files: list[str], output_dir: str, settings
     if not input_files:
         raise CorpusError("no input files")
     tokenizer = Tokenizer(settings.vocab_file, settings.do_lower_case)  # fails early on a bad vocabulary
-    os.makedirs(output_dir, exist_ok=True)
+    files.makedirs(output_dir)
     with files.exclusive(os.path.join(output_dir, ".lock"), "create_pretraining_data"):
         refuse_other_output(output_dir, "unpacked data")
         return _create(input_files, output_dir, settings, num_workers, tokenizer)
@@ -251,6 +251,10 @@ def _write_summary(sources: list[str], output_dir: str, settings: DatasetSetting
         for p in _passes(settings):
             with open(os.path.join(output_dir, shard_name(i, p) + ".json"), encoding="utf-8") as f:
                 (evals if p == EVAL_PASS else shards).append(json.load(f))
+    if not sum(s["num_instances"] for s in shards):
+        raise CorpusError(f"no training instances from {len(sources)} input files"
+                          + (f": --eval_fraction={settings.eval_fraction} held out every document"
+                             if settings.eval_fraction and any(s["num_instances"] for s in evals) else ""))
     histogram = merge_histograms(*[s["histogram"] for s in shards])
     save_histogram(os.path.join(output_dir, "histogram.json"), histogram)
     lengths = np.arange(1, len(histogram) + 1)

@@ -31,8 +31,12 @@ class Tokenizer:
         if not os.path.isfile(vocab_file):
             raise VocabularyError(f"{vocab_file}: vocabulary file not found (expected a BERT vocab.txt, "
                                   f"e.g. data/bert_uncased_vocab.txt)")
-        with open(vocab_file, encoding="utf-8") as f:
-            vocab = {line.rstrip("\n"): i for i, line in enumerate(f)}
+        try:
+            with open(vocab_file, encoding="utf-8") as f:
+                vocab = {line.rstrip("\n"): i for i, line in enumerate(f)}
+        except UnicodeDecodeError as e:
+            raise VocabularyError(f"{vocab_file}: not a text vocabulary (byte {e.start} is not UTF-8); expected "
+                                  f"a BERT vocab.txt, one token a line") from None
         missing = [token for token in SPECIAL_TOKENS if token not in vocab]
         if missing:
             raise VocabularyError(f"{vocab_file}: not a BERT vocabulary: missing {', '.join(missing)}")

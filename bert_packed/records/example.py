@@ -358,7 +358,7 @@ def read_batches(path: str, lengths: dict[str, int], float_features=(), batch_si
         bad = _parse_examples(np.frombuffer(data, np.uint8), starts, sizes, names, name_starts, is_float, columns, out)
         if bad >= 0:
             records = [data[a:a + n] for a, n in zip(starts.tolist(), sizes.tolist())]
-            yield first, _parse(path, first, records, tf_feature_spec(lengths, float_features), lengths, flag_hint)
+            yield first, _parse(path, first, records, float_features, lengths, flag_hint)
             continue
         batch = {}
         for f, name in enumerate(lengths):
@@ -367,18 +367,19 @@ def read_batches(path: str, lengths: dict[str, int], float_features=(), batch_si
         yield first, batch
 
 
-def _parse(path, first, batch, spec, lengths, flag_hint):
+def _parse(path, first, batch, float_features, lengths, flag_hint):
     import tensorflow as tf
 
     try:
-        parsed = tf.io.parse_example(tf.constant(batch), spec)
-    except (tf.errors.InvalidArgumentError, tf.errors.DataLossError):
-        _raise_for_bad_record(path, first, batch, lengths, flag_hint)
-        raise
+        parsed = tf.io.parse_example(tf.constant(batch), tf_feature_spec(lengths, float_features))
+    except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
+        _raise_for_bad_record(path, first, batch, float_features, lengths, flag_hint)
+        raise RecordError(f"{path}: records {first}-{first + len(batch) - 1}: TensorFlow cannot parse them "
+                          f"({str(e).splitlines()[0]})") from None
     return {name: value.numpy() for name, value in parsed.items()}
 
 
-def _raise_for_bad_record(path, first, batch, lengths, flag_hint):
+def _raise_for_bad_record(path, first, batch, float_features, lengths, flag_hint):
     import tensorflow as tf
 
     for offset, record in enumerate(batch):
@@ -391,6 +392,10 @@ def _raise_for_bad_record(path, first, batch, lengths, flag_hint):
             if name not in example.features.feature:
                 raise RecordError(f"{where}: has no feature {name!r} (expected {sorted(lengths)})")
             feature = example.features.feature[name]
+            kind = feature.WhichOneof("kind")
+            wanted = "float_list" if name in float_features else "int64_list"
+            if kind != wanted:
+                raise RecordError(f"{where}: feature {name!r} is a {kind}, expected a {wanted}")
             found = len(feature.int64_list.value) or len(feature.float_list.value)
             if found != length:
                 raise RecordError(f"{where}: feature {name!r} has {found} values, expected {length}"

@@ -137,13 +137,13 @@ class Trainer:
         return PipelineConfig(
             data.files, data.shapes, data.input_mode, data.batch_size, True, self.config.run.seed,
             deterministic=self.config.run.deterministic, bucket_boundaries=data.bucket_boundaries,
-            skip_batches=int(self.step.numpy()))
+            skip_batches=int(self.step.numpy()), vocab_size=self.config.model.bert.vocab_size)
 
     def _eval_pipeline(self) -> PipelineConfig:
         data = self.config.eval_data
         return PipelineConfig(data.files, data.shapes, "packed" if data.packed else "padded", data.batch_size,
                               False, self.config.run.seed, deterministic=self.config.run.deterministic,
-                              max_batches=data.max_steps)
+                              max_batches=data.max_steps, vocab_size=self.config.model.bert.vocab_size)
 
     def _train_dataset(self, context):
         return make_dataset(self._train_pipeline(), context)
@@ -158,7 +158,7 @@ class Trainer:
             yield
         except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
             diagnose_input_error(pipeline)  # raises CorruptRecordError / RecordError when it finds it
-            raise TrainingError(f"reading {', '.join(pipeline.files[:3])}...: {str(e).splitlines()[0]}") from None
+            raise TrainingError(f"reading {', '.join(pipeline.files[:3])}...: {_tensorflow_reason(e)}") from None
 
     # ---- updates
     def _train_loop_fn(self, iterator, num_updates):
@@ -499,6 +499,16 @@ def _log_run_parameters(logs: _Logs, config: TrainConfig, betas) -> None:
     logs.mllog("opt_lamb_beta_2", betas.beta_2)
     logs.mllog("opt_lamb_weight_decay_rate", o.weight_decay_rate)
     logs.mllog("seed", c.run.seed)
+
+
+def _tensorflow_reason(error: Exception) -> str:
+    """The line of a TensorFlow error that says what went wrong (an assertion's own message first)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    for line in lines:
+        if "assertion failed: [" in line:
+            return line.split("assertion failed: [", 1)[1].split("]", 1)[0]
+    informative = [line for line in lines if not line.startswith(("Graph execution error", "Detected at node"))]
+    return (informative or lines or [type(error).__name__])[0]
 
 
 def _checkpoints_newest_first(directory: str, latest: str | None) -> list[str]:

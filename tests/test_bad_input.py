@@ -1,0 +1,132 @@
+"""Bad input of every kind: one line naming the file, flag or record, exit status 2, nothing written."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, VOCAB, tfrecords
+
+from bert_packed.records import TFRecordWriter
+
+pytestmark = pytest.mark.slow  # every case runs a command in a subprocess
+
+
+def command(script, *args):
+    return subprocess.run([sys.executable, os.path.join(REPO, script), *args], capture_output=True, text=True,
+                          timeout=600, cwd=REPO)
+
+
+def assert_one_line(result, message):
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert message in result.stderr.strip().splitlines()[-1], result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+
+
+@pytest.fixture
+def create_args(corpus, tmp_path):
+    return [f"--input_file={','.join(corpus)}", f"--vocab_file={VOCAB}", f"--max_seq_length={MAX_SEQ_LENGTH}",
+            f"--max_predictions_per_seq={MAX_PREDICTIONS}", "--dupe_factor=1", "--num_workers=1"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--random_seed=-1"], "--random_seed=-1 and --num_workers=1 must be >= 0"),
+    (["--num_workers=-2"], "--random_seed=12345 and --num_workers=-2 must be >= 0"),
+    (["--eval_fraction=0.999"], "no training instances from 2 input files: --eval_fraction=0.999 held out every"),
+])
+def test_create_refuses_bad_settings(create_args, tmp_path, extra, message):
+    out = tmp_path / "out"
+    result = command("scripts/create_pretraining_data.py", *create_args, f"--output_dir={out}", *extra)
+    assert_one_line(result, message)
+    assert not (out / "metadata.json").exists()
+
+
+def test_create_refuses_a_binary_vocabulary_and_an_output_dir_that_is_a_file(create_args, tmp_path):
+    binary = tmp_path / "vocab.bin"
+    binary.write_bytes(bytes(range(256)) * 4)
+    result = command("scripts/create_pretraining_data.py", *[a for a in create_args if "vocab" not in a],
+                     f"--vocab_file={binary}", f"--output_dir={tmp_path / 'out'}")
+    assert_one_line(result, f"{binary}: not a text vocabulary (byte 128 is not UTF-8)")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("keep me")
+    result = command("scripts/create_pretraining_data.py", *create_args, f"--output_dir={a_file}")
+    assert_one_line(result, f"{a_file}: exists and is not a directory")
+    assert a_file.read_text() == "keep me"
+
+
+def test_create_refuses_a_directory_of_packed_data(create_args, packed_dir, tmp_path):
+    import shutil
+
+    copy = tmp_path / "packed"
+    shutil.copytree(packed_dir, copy)
+    before = (copy / "metadata.json").read_text()
+    result = command("scripts/create_pretraining_data.py", *create_args, f"--output_dir={copy}")
+    assert_one_line(result, f"{copy}: holds packed data; unpacked data would be mixed into it")
+    assert (copy / "metadata.json").read_text() == before
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--seed=-1"], "--seed=-1 and --num_workers=0 must be >= 0"),
+    (["--num_workers=-2"], "--seed=12345 and --num_workers=-2 must be >= 0"),
+])
+def test_pack_refuses_bad_settings(unpacked_dir, tmp_path, extra, message):
+    result = command("scripts/pack_pretraining_data.py", f"--input_files={unpacked_dir}/part-*.tfrecord",
+                     f"--output_dir={tmp_path / 'out'}", f"--max_seq_length={MAX_SEQ_LENGTH}",
+                     f"--max_predictions_per_seq={MAX_PREDICTIONS}", *extra)
+    assert_one_line(result, message)
+    assert not (tmp_path / "out").exists()
+
+
+def test_pack_names_int64_masked_lm_weights(tmp_path):
+    length, predictions = MAX_SEQ_LENGTH, MAX_PREDICTIONS
+    features = {"input_ids": np.full((2, length), 5), "input_mask": np.ones((2, length), int),
+                "segment_ids": np.zeros((2, length), int), "masked_lm_positions": np.ones((2, predictions), int),
+                "masked_lm_ids": np.full((2, predictions), 7), "masked_lm_weights": np.ones((2, predictions), int),
+                "next_sentence_labels": np.zeros((2, 1), int)}
+    with TFRecordWriter(str(tmp_path / "in.tfrecord")) as writer:
+        writer.write_examples(features)
+    result = command("scripts/pack_pretraining_data.py", f"--input_files={tmp_path}/in.tfrecord",
+                     f"--output_dir={tmp_path / 'out'}", f"--max_seq_length={length}",
+                     f"--max_predictions_per_seq={predictions}")
+    assert_one_line(result, "in.tfrecord: record 0: feature 'masked_lm_weights' is a int64_list, expected a "
+                            "float_list")
+
+
+def test_plan_refuses_a_length_beyond_any_bert(tmp_path):
+    path = tmp_path / "h.json"
+    path.write_text('{"max_sequence_length": 100000000, "histogram": [1]}')  # 60 bytes asking for 800 MB
+    result = command("scripts/../bert_packed/cli/plan_packing.py", f"--histogram={path}")
+    assert_one_line(result, "max_sequence_length 100,000,000 is beyond any BERT; this planner takes up to 65,536")
+    path.write_text(json.dumps([2**63, 1]))
+    result = command("bert_packed/cli/plan_packing.py", f"--histogram={path}")
+    assert_one_line(result, "count for length 1 is 9223372036854775808; counts must be below 2**62")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"hidden_dropout_prob": "0.1"}, "hidden_dropout_prob must be a number, got '0.1'"),
+    ({"vocab_size": 2**40}, "vocab_size must be a positive integer below 2**31"),
+    ({"vocab_size": 1000}, "input_ids holds a token id at or above vocab_size=1000 of the BERT config"),
+])
+def test_train_refuses_a_bert_config_that_cannot_work(packed_dir, bert_config_file, tmp_path, change, message):
+    config = {**json.load(open(bert_config_file)), **change}
+    (tmp_path / "bert_config.json").write_text(json.dumps(config))
+    result = command("run_pretraining.py", f"--bert_config_file={tmp_path / 'bert_config.json'}",
+                     f"--input_file={packed_dir}/packed-*.tfrecord", f"--output_dir={tmp_path / 'run'}",
+                     f"--max_seq_length={MAX_SEQ_LENGTH}", f"--max_predictions_per_seq={MAX_PREDICTIONS}",
+                     "--train_batch_size=4", "--num_train_steps=2")
+    assert_one_line(result, message)
+    assert not list((tmp_path / "run").glob("checkpoints/*.index"))
+
+
+def test_train_refuses_a_negative_seed_and_an_output_dir_that_is_a_file(packed_dir, bert_config_file, tmp_path):
+    base = [f"--bert_config_file={bert_config_file}", f"--input_file={packed_dir}/packed-*.tfrecord",
+            f"--max_seq_length={MAX_SEQ_LENGTH}", f"--max_predictions_per_seq={MAX_PREDICTIONS}"]
+    assert_one_line(command("run_pretraining.py", *base, f"--output_dir={tmp_path / 'run'}", "--seed=-1"),
+                    "--seed=-1: must be >= 0")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("keep me")
+    assert_one_line(command("run_pretraining.py", *base, f"--output_dir={a_file}"),
+                    f"{a_file}: exists and is not a directory")
+    assert tfrecords(packed_dir)
