@@ -187,3 +187,16 @@ def test_eval_split_holds_out_whole_documents(corpus, unpacked_dir, tmp_path):
     assert held_out and len(train & held_out) < 0.01 * len(held_out)
     histogram = load_histogram(os.path.join(tmp_path, "histogram.json"))
     assert histogram.sum() == metadata["num_instances"]  # training records only
+
+
+def test_a_huge_line_without_a_boundary_is_cut_into_pieces_and_fills_instances(tmp_path, caplog):
+    words = [word for word in open(SAMPLE, encoding="utf-8").read().split() if word.isalpha()]
+    line = " ".join(words[i % len(words)] for i in range(200_000))  # ~1.3 MB, one "sentence"
+    (tmp_path / "huge.txt").write_text(line)  # no newline at all
+    metadata = create_pretraining_dataset([str(tmp_path / "huge.txt")], str(tmp_path / "out"),
+                                          dataset_settings(dupe_factor=1, short_seq_prob=0.0), num_workers=1)
+    assert "huge.txt:1: a sentence of" in caplog.text and "is cut into" in caplog.text
+    # Each piece is a sentence: hundreds of instances, not one; the tokens an instance cannot hold
+    # are truncated as the reference truncates, and said.
+    assert metadata["num_instances"] > 200
+    assert "tokens is longer than an instance (125): all but 125 of them go unused" in caplog.text

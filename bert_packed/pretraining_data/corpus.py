@@ -13,6 +13,7 @@ downloaded model, and handles abbreviations, initials and decimal numbers.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 
 from bert_packed.errors import UserError
@@ -27,6 +28,12 @@ _ABBREVIATIONS = frozenset("""
 # then something that can start a sentence.
 _BOUNDARY = re.compile(r"""([.!?]+)(["'\u201d\u2019)\]]*)\s+(?=["'\u201c\u2018(\[]?[A-Z0-9])""")
 _LAST_WORD = re.compile(r"(\S+)$")
+
+
+# A "sentence" longer than this (a line with no sentence boundary, a table dumped as text) is cut
+# at spaces into pieces of at most this many characters: the tokenizer then works on bounded
+# pieces, and each piece can fill an instance instead of being truncated into one.
+MAX_SENTENCE_CHARACTERS = 4_000
 
 
 class CorpusError(UserError, ValueError):
@@ -122,10 +129,36 @@ def _read_wikiextractor(path: str, lines: list[str]) -> list[Document]:
         elif stripped and current is not None:
             if title is not None and stripped == title and not current.sentences:
                 continue  # the title line WikiExtractor repeats at the top
-            current.sentences.extend(split_sentences(stripped))
+            current.sentences.extend(_bounded(split_sentences(stripped), f"{path}:{number}"))
     if current is not None:
         raise CorpusError(f"{path}: the <doc> opened at {current.source} is never closed (truncated file?)")
     return documents
+
+
+def _bounded(sentences: list[str], source: str) -> list[str]:
+    """The sentences, each longer than MAX_SENTENCE_CHARACTERS cut at spaces into pieces (warned).
+
+    >>> [len(piece) for piece in _bounded(["word " * 1000], "x:1")]
+    [3999, 999]
+    """
+    result = []
+    for sentence in sentences:
+        if len(sentence) <= MAX_SENTENCE_CHARACTERS:
+            result.append(sentence)
+            continue
+        pieces, start = [], 0
+        while start < len(sentence):
+            end = min(start + MAX_SENTENCE_CHARACTERS, len(sentence))
+            if end < len(sentence):
+                space = sentence.rfind(" ", start, end)
+                end = space if space > start else end
+            pieces.append(sentence[start:end].strip())
+            start = end
+        pieces = [piece for piece in pieces if piece]
+        logging.warning("%s: a sentence of %s characters without a sentence boundary is cut into %d pieces of "
+                        "at most %s", source, f"{len(sentence):,}", len(pieces), f"{MAX_SENTENCE_CHARACTERS:,}")
+        result.extend(pieces)
+    return result
 
 
 def _read_plain(path: str, lines: list[str]) -> list[Document]:
@@ -133,7 +166,7 @@ def _read_plain(path: str, lines: list[str]) -> list[Document]:
     for number, line in enumerate(lines, start=1):
         stripped = line.strip()
         if stripped:
-            documents[-1].sentences.append(stripped)
+            documents[-1].sentences.extend(_bounded([stripped], f"{path}:{number}"))
         elif documents[-1].sentences:
             documents.append(Document(f"{path}:{number + 1}", []))
     return documents

@@ -184,8 +184,16 @@ def _tokenize_file(path: str, file_index: int, tokenizer: Tokenizer, settings: D
     held_out = np.random.default_rng([settings.seed, file_index, 2**31 - 1]).random(len(documents)) < \
         settings.eval_fraction
 
+    limit = settings.config.max_seq_length - 3  # tokens of a pair: [CLS] A [SEP] B [SEP]
+
     def flatten(chosen):
         sentences = tokenizer.encode([s for doc in chosen for s in doc.sentences])
+        lengths = iter(len(ids) for ids in sentences)
+        for doc in chosen:
+            longest = max(next(lengths) for _ in doc.sentences)
+            if longest > limit:
+                logging.warning("%s: a sentence of %d tokens is longer than an instance (%d): all but %d of them go "
+                                "unused", doc.source, longest, limit, limit)
         return (np.concatenate(sentences or [np.zeros(0)]).astype(np.int32),
                 np.array([len(ids) for ids in sentences], dtype=np.int64),
                 np.array([len(doc.sentences) for doc in chosen], dtype=np.int64))
