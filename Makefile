@@ -57,6 +57,7 @@ benchmarks: $(STAMP)
 	$(PYTHON) scripts/benchmark_model.py
 	$(PYTHON) scripts/benchmark_training.py
 	$(PYTHON) scripts/benchmark_wikipedia_like_training.py
+	$(PYTHON) scripts/benchmark_iterations_per_loop.py
 
 clean:
 	rm -rf .venv build *.egg-info .pytest_cache .hypothesis

@@ -128,3 +128,33 @@ def test_a_packed_eval_set_of_one_sequence_per_pack_is_read_as_packed(unpacked_d
     assert result.returncode == 0, result.stderr[-3000:]
     [evaluation] = [json.loads(line) for line in open(out / "eval_log.jsonl")]
     assert evaluation["num_sequences"] == read_dataset_info(str(eval_dir)).num_sequences
+
+
+def test_every_command_refuses_a_directory_of_another_kind(unpacked_dir, packed_dir, tmp_path):
+    from bert_packed.errors import OutputDirectoryError
+    from bert_packed.pretraining_data.create_dataset import create_pretraining_dataset
+
+    unpacked, packed, run = tmp_path / "unpacked", tmp_path / "packed", tmp_path / "run"
+    shutil.copytree(unpacked_dir, unpacked)
+    shutil.copytree(packed_dir, packed)
+    run.mkdir()
+    (run / "train_log.jsonl").write_text('{"step": 1}\n')
+    settings = PackSettings(PACKED, "lp", num_shards=2)
+    with pytest.raises(OutputDirectoryError, match=rf"{unpacked}: holds unpacked data; packed data would be mixed"):
+        pack_pretraining_dataset(tfrecords(unpacked_dir), str(unpacked), settings, num_workers=1)
+    with pytest.raises(OutputDirectoryError, match=rf"{run}: holds a training run; packed data would be mixed"):
+        pack_pretraining_dataset(tfrecords(unpacked_dir), str(run), settings, num_workers=1)
+    from conftest import dataset_settings, write_corpus
+
+    corpus = write_corpus(str(tmp_path), num_files=1)
+    with pytest.raises(OutputDirectoryError, match=rf"{run}: holds a training run; unpacked data would be mixed"):
+        create_pretraining_dataset(corpus, str(run), dataset_settings(), num_workers=1)
+    assert sorted(os.listdir(unpacked)) == sorted(os.listdir(unpacked_dir))
+    assert sorted(os.listdir(packed)) == sorted(os.listdir(packed_dir))
+    from test_trainer import config
+
+    from bert_packed.training.trainer import Trainer
+
+    with pytest.raises(OutputDirectoryError, match=rf"{packed}: holds packed data; a training run would be mixed"):
+        Trainer(config(packed, tfrecords(packed_dir))).train()
+    assert not (packed / "train_log.jsonl").exists() and not (packed / "run.json").exists()
