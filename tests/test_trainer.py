@@ -200,7 +200,13 @@ def test_reaching_the_target_stops_the_run_and_logs_it(packed_dir, unpacked_dir,
     assert keys[:2] == ["cache_clear", "init_start"] and keys.index("init_stop") < keys.index("run_start")
     assert "eval_accuracy" in keys and keys[-1] == "run_stop"
     assert mllog[-1]["metadata"]["status"] == "success"
-    assert os.listdir(tmp_path / "tensorboard")
+    import tensorflow as tf
+
+    events = [event for path in (tmp_path / "tensorboard").iterdir()
+              for event in tf.compat.v1.train.summary_iterator(str(path))]
+    steps = {value.tag: event.step for event in events for value in event.summary.value}
+    assert steps["train/loss"] == train_log[0]["step"]
+    assert steps["train_by_sequences/loss"] == steps["eval_by_sequences/mlm_accuracy"] == train_log[0]["sequences"]
 
 
 def run_cli(*args):

@@ -10,6 +10,7 @@ still work. Exit status 2 with a one-line message on bad input.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 
 from absl import flags
@@ -56,19 +57,32 @@ def format_table(stats, plans) -> str:
     """The readable report: histogram figures, then one row per plan."""
     lines = [
         f"sequences {stats.num_sequences:,}   tokens {stats.num_tokens:,}   "
-        f"L {stats.max_sequence_length}   padding when unpadded {stats.padding_fraction:.2%}   "
+        f"L {stats.max_sequence_length}   padding unpacked {stats.padding_fraction:.2%}   "
         f"max speed-up {stats.max_speedup:.3f}x",
         "",
         f"{'algorithm':<10}{'depth':>7}{'packs':>14}{'lower bound':>14}{'gap':>9}"
-        f"{'efficiency':>12}{'packing factor':>16}{'strategies':>12}{'seconds':>10}",
+        f"{'efficiency':>13}{'packing factor':>16}{'strategies':>12}{'seconds':>10}",
     ]
     for p in plans:
         gap = p.num_packs / p.lower_bound_packs - 1.0
         depth = "inf" if p.max_sequences_per_pack is None else str(p.max_sequences_per_pack)
         lines.append(
             f"{p.algorithm:<10}{depth:>7}{p.num_packs:>14,}{p.lower_bound_packs:>14,}{gap:>9.3%}"
-            f"{p.efficiency:>12.3%}{p.packing_factor:>16.4f}{len(p.strategies):>12,}{p.seconds:>10.3f}")
+            f"{_percent(p.efficiency):>13}{p.packing_factor:>16.4f}{len(p.strategies):>12,}{p.seconds:>10.3f}")
     return "\n".join(lines)
+
+
+def _percent(fraction: float) -> str:
+    """A percentage with as many decimals as it takes not to round up to 100% (4 at most).
+
+    >>> _percent(0.999997), _percent(0.9)
+    ('99.9997%', '90.000%')
+    """
+    for decimals in (3, 4):
+        text = f"{fraction:.{decimals}%}"
+        if fraction >= 1.0 or not text.startswith("100"):
+            return text
+    return text
 
 
 def main(argv) -> None:
@@ -76,8 +90,8 @@ def main(argv) -> None:
     algorithms = list(ALGORITHMS) if FLAGS.algorithm == "all" else [FLAGS.algorithm]
     depth = FLAGS.max_sequences_per_pack
     if FLAGS.algorithm == "all" and depth is None:
-        # The strategy-enumerating solvers need a finite depth.
         algorithms = ["spfhp", "lpfhp"]
+        logging.warning("nnlshp and lp enumerate strategies and need a finite --max_sequences_per_pack: left out")
     histogram = load_histogram(FLAGS.histogram, FLAGS.max_sequence_length)
     plans = [plan(histogram, len(histogram), algorithm, depth) for algorithm in algorithms]
     if FLAGS.json:

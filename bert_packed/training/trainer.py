@@ -361,11 +361,17 @@ class Trainer:
         step, sequences = int(self.step.numpy()), int(self.sequences.numpy())
         next_eval = (sequences // every + 1) * every if every else None
         metrics, start = {}, time.perf_counter()
+        first_call, first_step = True, step
         while step < self.last_step:
             num_updates = min(self.loop_steps, self.last_step - step) // n
+            if first_call:
+                logging.info("compiling the training step and running the first %d micro-steps", num_updates * n)
             with self._naming_bad_records(self._train_pipeline()):
                 results = self._train_loop(self.train_iterator, tf.constant(num_updates)).numpy()
             seconds = logs.seconds_before + time.perf_counter() - start
+            if first_call:
+                logging.info("compiled and ran the first loop in %.1f s", seconds - logs.seconds_before)
+                first_call = False
             for row in results:
                 learning_rate, sums = float(row[0]), dict(zip(SUM_KEYS, row[1:].tolist()))
                 metrics = metrics_from_sums({k: v for k, v in sums.items() if k not in ("tokens", "slots")},
@@ -385,10 +391,13 @@ class Trainer:
                 logs.train(record)
                 if step % c.run.log_every_steps < n or step == self.last_step:
                     interval = max(seconds - logs.last_seconds, 1e-9)
+                    left = (self.last_step - step) * (seconds - logs.seconds_before - logs.eval_seconds) / max(
+                        step - first_step, 1)
                     logging.info("step %d/%d: loss %.4f, mlm accuracy %.4f, %d sequences (%.1f/s, %.0f real "
-                                 "tokens/s, padding efficiency %.1f%%)", step, self.last_step, metrics["loss"],
-                                 metrics["mlm_accuracy"], sequences, metrics["num_sequences"] * len(results) / interval,
-                                 sums["tokens"] * len(results) / interval, 100 * record["padding_efficiency"])
+                                 "tokens/s, padding efficiency %.1f%%), about %.0f s left", step, self.last_step,
+                                 metrics["loss"], metrics["mlm_accuracy"], sequences,
+                                 metrics["num_sequences"] * len(results) / interval,
+                                 sums["tokens"] * len(results) / interval, 100 * record["padding_efficiency"], left)
             logs.last_seconds = seconds
             self.step.assign(step)
             self.sequences.assign(sequences)
@@ -421,6 +430,7 @@ class Trainer:
         sequences = int(self.sequences.numpy())
         logs.block_stop(sequences)
         logs.mllog("eval_start", metadata={"epoch_num": sequences})
+        logging.info("evaluating at step %d (%d sequences trained)", step, sequences)
         start = time.perf_counter()
         metrics = self.evaluate()
         logs.eval_seconds += time.perf_counter() - start
@@ -431,8 +441,9 @@ class Trainer:
             logs.eval_samples_logged = True
         logs.mllog("eval_accuracy", metrics.get("mlm_accuracy", 0.0), {"epoch_num": sequences})
         logs.mllog("eval_stop", metadata={"epoch_num": sequences})
-        logging.info("eval at step %d (%d sequences): mlm accuracy %.4f, loss %.4f", step, sequences,
-                     metrics.get("mlm_accuracy", 0.0), metrics.get("loss", 0.0))
+        logging.info("eval at step %d (%d sequences): mlm accuracy %.4f, loss %.4f over %d eval sequences, in %.1f s",
+                     step, sequences, metrics.get("mlm_accuracy", 0.0), metrics.get("loss", 0.0),
+                     metrics.get("num_sequences", 0), time.perf_counter() - start)
         target = self.config.eval_data.target_mlm_accuracy
         if metrics.get("mlm_accuracy", 0.0) >= target:
             logs.reached = True
@@ -608,16 +619,19 @@ class _Logs:
     def train(self, record: dict) -> None:
         self.train_file.write(json.dumps(record) + "\n")
         self.train_file.flush()
-        with self.writer.as_default(step=record["step"]):
+        with self.writer.as_default():
             for name in ("loss", "mlm_accuracy", "nsp_accuracy", "learning_rate"):
-                tf.summary.scalar(f"train/{name}", record[name])
+                tf.summary.scalar(f"train/{name}", record[name], step=record["step"])
+                # Packed and padded runs line up against sequences seen, not steps.
+                tf.summary.scalar(f"train_by_sequences/{name}", record[name], step=record["sequences"])
 
     def eval(self, record: dict) -> None:
         self.eval_file.write(json.dumps(record) + "\n")
         self.eval_file.flush()
-        with self.writer.as_default(step=record["step"]):
+        with self.writer.as_default():
             for name in ("loss", "mlm_accuracy", "nsp_accuracy"):
-                tf.summary.scalar(f"eval/{name}", record.get(name, 0.0))
+                tf.summary.scalar(f"eval/{name}", record.get(name, 0.0), step=record["step"])
+                tf.summary.scalar(f"eval_by_sequences/{name}", record.get(name, 0.0), step=record["sequences"])
 
     def mllog(self, key, value=None, metadata=None, stack_offset=2) -> None:
         """One :::MLLOG line; its file and line are the caller's."""
