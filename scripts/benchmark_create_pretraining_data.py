@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import sys
 import tempfile
 import time
 
@@ -28,7 +29,8 @@ REFERENCE = {"num_instances": 2397, "padding_fraction": 0.30, "full_length_fract
 REFERENCE_RATE = 480.0
 
 
-def main() -> None:
+def main() -> int:
+    """Returns the exit status: 1 when a target is missed."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--copies", type=int, default=4, help="copies of the sample for the throughput run")
     parser.add_argument("--dupe_factor", type=int, default=10)
@@ -62,7 +64,8 @@ def main() -> None:
               f"(target >= 5,000/s: {'PASS' if rate >= 5000 else 'FAIL'})")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    return 0 if rate >= 5000 else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -14,6 +14,7 @@ import argparse
 import glob
 import os
 import shutil
+import sys
 import tempfile
 import time
 
@@ -40,7 +41,8 @@ def rate(config: PipelineConfig, batches: int) -> tuple[float, float]:
     return rows / seconds, tokens / seconds
 
 
-def main() -> None:
+def main() -> int:
+    """Returns the exit status: 1 when a target is missed."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--batches", type=int, default=200)
@@ -70,7 +72,8 @@ def main() -> None:
               f"{'PASS' if packs >= 5000 else 'FAIL'})")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    return 0 if packs >= 5000 else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -16,6 +16,7 @@ import argparse
 import glob
 import json
 import os
+import sys
 import tempfile
 
 from bert_packed.dataset_info import read_dataset_info
@@ -52,7 +53,8 @@ def tokens_per_second(name, files, mode, depth, batch_size, steps, warmup, outpu
             sum(r["padding_efficiency"] for r in timed) / len(timed))
 
 
-def main() -> None:
+def main() -> int:
+    """Returns the exit status: 1 when a target is missed."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=25)
     parser.add_argument("--warmup", type=int, default=5)
@@ -62,6 +64,7 @@ def main() -> None:
     print("| config | batch (rows) | input | real tokens/s | sequences/s | padding efficiency | speed-up | "
           "speed-up / packing factor |")
     print("|---|---|---|---|---|---|---|---|")
+    met = True
     with tempfile.TemporaryDirectory() as work:
         for name, batch_size in (("tiny", 8), ("mini", 4)):
             padded = tokens_per_second(name, unpacked, "padded", 1, batch_size, args.steps, args.warmup,
@@ -71,13 +74,15 @@ def main() -> None:
             pack = tokens_per_second(name, packed, "packed", 3, batch_size, args.steps, args.warmup,
                                      os.path.join(work, f"{name}-packed"))
             speedup = pack[0] / padded[0]
+            met &= speedup / packing_factor >= 0.9
             print(f"| {name} | {batch_size} | padded | {padded[0]:,.0f} | {padded[1]:.1f} | {padded[2]:.1%} | 1.00 | |")
             print(f"| {name} | {batch_size} | bucketed (128/256/384/512) | {bucketed[0]:,.0f} | {bucketed[1]:.1f} | "
                   f"{bucketed[2]:.1%} | {bucketed[0] / padded[0]:.2f} | |")
             print(f"| {name} | {batch_size} | packed | {pack[0]:,.0f} | {pack[1]:.1f} | {pack[2]:.1%} | "
                   f"{speedup:.2f} | {speedup / packing_factor:.2f} ({'PASS' if speedup / packing_factor >= 0.9 else 'FAIL'}) |",
                   flush=True)
+    return 0 if met else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
