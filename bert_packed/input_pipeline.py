@@ -19,6 +19,7 @@ Feature shapes (B = batch, L = max_seq_length, P' = predictions per row, S = seq
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import tensorflow as tf
 
@@ -143,6 +144,13 @@ def _finished(dataset: tf.data.Dataset, config: PipelineConfig) -> tf.data.Datas
     return dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
 
 
+@functools.lru_cache(maxsize=8)
+def _count_records(files: tuple[str, ...]) -> int:
+    """Records in the files; counted once per set of files (the eval set is shared at every evaluation)."""
+    records = tf.data.TFRecordDataset(list(files))
+    return int(records.reduce(tf.constant(0, tf.int64), lambda count, _: count + 1))
+
+
 def _evaluation_share(config: PipelineConfig, input_context: tf.distribute.InputContext,
                       batch_size: int) -> tf.data.Dataset:
     """This input pipeline's records of the eval set (every num-th from the id-th), in batches; as
@@ -150,7 +158,7 @@ def _evaluation_share(config: PipelineConfig, input_context: tf.distribute.Input
     nothing (no predictions, no sequences)."""
     num, index = input_context.num_input_pipelines, input_context.input_pipeline_id
     records = tf.data.TFRecordDataset(list(config.files))
-    total = int(records.reduce(tf.constant(0, tf.int64), lambda count, _: count + 1))
+    total = _count_records(config.files)
     own, most = len(range(index, total, num)), -(-total // num)
     dataset = _parsed(records.shard(num, index).batch(batch_size), config)
     padding = -(-most // batch_size) - -(-own // batch_size)

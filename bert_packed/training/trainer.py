@@ -454,7 +454,8 @@ class Trainer:
     def _save(self) -> None:
         """Saves the current step unless it is the latest checkpoint already; never non-finite weights."""
         step = int(self.step.numpy())
-        if not all(bool(tf.reduce_all(tf.math.is_finite(v))) for v in self.model.trainable_variables):
+        # One reduction and one read back, not one per variable.
+        if not bool(tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in self.model.trainable_variables])):
             raise TrainingError(f"the weights at step {step} are not finite; not saved, the last good checkpoint "
                                 f"is {self._last_finite_checkpoint()}")
         latest = self.manager.latest_checkpoint
