@@ -8,41 +8,66 @@ endif
 PYTHON := $(ENV_DIR)/bin/python
 STAMP := $(ENV_DIR)/.bert-packed-installed
 
-.PHONY: setup run test benchmarks clean
+.PHONY: setup run experiments test benchmarks clean
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
+	@echo "== installing bert-packed with tensorflow-cpu into $(ENV_DIR) (about 1-2 minutes, once)"
 	test -x $(PYTHON) || python3 -m venv $(ENV_DIR)
 	$(PYTHON) -m pip install --quiet --upgrade pip
-	$(PYTHON) -m pip install --quiet -e '.[cpu,test]'
+	$(PYTHON) -m pip install --quiet --progress-bar=off -e '.[cpu,test]'
+	@echo "== installed into $(ENV_DIR); `source $(ENV_DIR)/bin/activate` puts its python and commands on PATH"
 	touch $(STAMP)
 
-RUN_DIR ?= runs/sample
-# One seed each for the main job; `make run SEEDS="1 2"` adds a second pair (the README's seed noise).
+# The sample's stages live in runs/sample (the configs/tiny_sample_*.cfg flagfiles name these paths).
+SAMPLE := runs/sample
+# One seed each for the main job; `make experiments` runs three.
 SEEDS ?= 1
-# Flags after --flagfile override the file's.
-EVAL_FILES = --eval_files='$(RUN_DIR)/unpacked/eval-*.tfrecord'
+CURVES ?= $(SAMPLE)/curves.png
+# The four phase-2 configurations compared; the first is the baseline.
+PHASE2 := unpacked packed_batch_corrected packed_adjusted_betas packed_plain_betas
 
-# The main job, on the shipped Wikipedia sample at L=512: pre-training data with a held-out eval
-# split by document, packing (verified lossless), a tiny BERT trained padded and packed with the
-# same hyper-parameters for each seed, and the comparison (curves PNG and table, with the
-# realized speed-up). Re-running reuses every finished stage.
+# The main job, on the shipped Wikipedia sample, as MLPerf's recipe runs: pre-training records at
+# L=128 and L=512 with the same held-out documents; a short phase 1 at L=128 whose weights
+# start every phase-2 run; packing at L=512 (verified lossless); phase 2 at L=512 unpacked,
+# packed batch-corrected, packed with adjusted betas and packed with plain betas, for each seed;
+# the packed/unpacked throughput measured alternately in one process; and the comparison (curves
+# PNG and table). Re-running reuses every finished stage.
 run: $(STAMP)
+	@echo "== 1/8 pre-training records at L=512 ($(SAMPLE)/unpacked)"
 	$(PYTHON) scripts/create_pretraining_data.py --input_file='data/wikipedia_sample/wiki_*' \
-		--output_dir=$(RUN_DIR)/unpacked --max_seq_length=512 --max_predictions_per_seq=76 --dupe_factor=1 \
+		--output_dir=$(SAMPLE)/unpacked --max_seq_length=512 --max_predictions_per_seq=76 --dupe_factor=1 \
 		--eval_fraction=0.1
-	$(PYTHON) scripts/pack_pretraining_data.py --input_files='$(RUN_DIR)/unpacked/part-*.tfrecord' \
-		--output_dir=$(RUN_DIR)/packed --max_seq_length=512 --max_predictions_per_seq=76 \
+	@echo "== 2/8 packing at L=512 ($(SAMPLE)/packed)"
+	$(PYTHON) scripts/pack_pretraining_data.py --input_files='$(SAMPLE)/unpacked/part-*.tfrecord' \
+		--output_dir=$(SAMPLE)/packed --max_seq_length=512 --max_predictions_per_seq=76 \
 		--max_sequences_per_pack=3 --algorithm=lp --verify
-	$(foreach seed,$(SEEDS),\
-		$(PYTHON) run_pretraining.py --flagfile=configs/tiny_sample_padded.cfg --seed=$(seed) $(EVAL_FILES) \
-			--input_files='$(RUN_DIR)/unpacked/part-*.tfrecord' --output_dir=$(RUN_DIR)/train_padded_seed$(seed) && \
-		$(PYTHON) run_pretraining.py --flagfile=configs/tiny_sample_packed.cfg --seed=$(seed) $(EVAL_FILES) \
-			--input_files='$(RUN_DIR)/packed/packed-*.tfrecord' --output_dir=$(RUN_DIR)/train_packed_seed$(seed) && ) true
-	$(PYTHON) scripts/compare_curves.py $(foreach seed,$(SEEDS),$(RUN_DIR)/train_padded_seed$(seed)) \
-		$(foreach seed,$(SEEDS),$(RUN_DIR)/train_packed_seed$(seed)) --output $(RUN_DIR)/curves.png --accuracy auto
-	@echo "results: $(RUN_DIR)/ (curves.png, train_*/train_log.jsonl, eval_log.jsonl, packed/metadata.json)"
+	@echo "== 3/8 pre-training records at L=128 for phase 1 ($(SAMPLE)/phase1_data)"
+	$(PYTHON) scripts/create_pretraining_data.py --input_file='data/wikipedia_sample/wiki_*' \
+		--output_dir=$(SAMPLE)/phase1_data --max_seq_length=128 --max_predictions_per_seq=20 --dupe_factor=1 \
+		--eval_fraction=0.1
+	@echo "== 4/8 phase 1 at L=128 ($(SAMPLE)/phase1)"
+	$(PYTHON) run_pretraining.py --flagfile=configs/tiny_sample_phase1.cfg
+	@echo "== 5/8 the phase-1 weights evaluated at L=512 ($(SAMPLE)/phase1_eval/eval_results.txt)"
+	test -f $(SAMPLE)/phase1_eval/eval_results.txt || $(PYTHON) run_pretraining.py \
+		--flagfile=configs/tiny_sample_phase2.cfg --do_train=false --do_eval \
+		--input_file='$(SAMPLE)/unpacked/eval-*.tfrecord' --output_dir=$(SAMPLE)/phase1_eval
+	@echo "== 6/8 phase 2 at L=512: $(PHASE2), seeds $(SEEDS)"
+	$(foreach seed,$(SEEDS),$(foreach config,$(PHASE2),\
+		$(PYTHON) run_pretraining.py --flagfile=configs/tiny_sample_$(config).cfg --seed=$(seed) \
+			--output_dir=$(SAMPLE)/$(config)_seed$(seed) && )) true
+	@echo "== 7/8 throughput, packed and unpacked alternated ($(SAMPLE)/throughput.json)"
+	test -f $(SAMPLE)/throughput.json || $(PYTHON) scripts/benchmark_training.py --configs=tiny \
+		--modes=padded,packed --target=0 --output_json=$(SAMPLE)/throughput.json
+	@echo "== 8/8 comparison ($(CURVES))"
+	$(PYTHON) scripts/compare_curves.py --output=$(CURVES) --accuracy=auto --throughput=$(SAMPLE)/throughput.json \
+		$(foreach config,$(PHASE2),$(foreach seed,$(SEEDS),$(SAMPLE)/$(config)_seed$(seed)))
+	@echo "results: $(SAMPLE)/ (curves, */train_log.jsonl, */eval_log.jsonl, phase1/model.ckpt-250, throughput.json)"
+
+# The README's figure and table: the main job with three seeds of each phase-2 configuration.
+experiments:
+	$(MAKE) run SEEDS="1 2 3" CURVES=$(SAMPLE)/experiments.png
 
 test: $(STAMP)
 	$(PYTHON) -m ruff check .

@@ -1,6 +1,8 @@
 """Comparing training runs: accuracy and loss curves, time to accuracy, realized speed-up.
 
-A run is an output_dir of run_pretraining.py: train_log.jsonl, eval_log.jsonl and run.json.
+A run is an output_dir of run_pretraining.py: train_log.jsonl, eval_log.jsonl and run.json. Runs
+whose names differ only in a trailing seed ("packed_seed1", "packed_seed2") are one
+configuration: drawn as the seeds' mean with their range as a band, tabled as mean and range.
 """
 
 from __future__ import annotations
@@ -8,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
+import statistics
 
 from bert_packed.errors import UserError
 from bert_packed.files import atomic_path
@@ -79,84 +83,231 @@ def load_run(directory: str, name: str | None = None) -> Run:
     return Run(name or os.path.basename(os.path.normpath(directory)), train, evals, info)
 
 
-def summary_table(runs: list[Run], accuracy: float) -> list[dict]:
-    """One row a run; speed-ups are against the first run (the baseline).
+def configuration_name(name: str) -> str:
+    """A run's configuration: its name without a trailing seed ("packed_seed2" -> "packed")."""
+    return re.sub(r"[_-]seed\d+$", "", name)
 
-    Columns: run, input mode, packing factor, final eval accuracy and loss, sequences and seconds
-    (evaluations included, as MLPerf times) to reach `accuracy`, sequences/s and real tokens/s
-    (training time only), throughput speed-up, time-to-accuracy speed-up, and the throughput
-    speed-up divided by the ratio of packing factors.
-    """
-    baseline = runs[0]
-    base_reached = baseline.reach(accuracy)
-    rows = []
+
+@dataclasses.dataclass
+class Configuration:
+    """The runs of one configuration, one a seed."""
+
+    name: str
+    runs: list[Run]
+
+    def mean(self, value) -> float | None:
+        """The mean over the seeds of value(run); None when it is None for any seed."""
+        values = [value(run) for run in self.runs]
+        return None if any(v is None for v in values) else sum(values) / len(values)
+
+    def spread(self, value) -> tuple[float, float] | None:
+        values = [value(run) for run in self.runs]
+        return None if any(v is None for v in values) else (min(values), max(values))
+
+    def eval_points(self) -> list[tuple[float, float, list[float], list[float]]]:
+        """(mean sequences, mean seconds, accuracies, losses) at each evaluation all seeds made."""
+        count = min(len(run.evals) for run in self.runs)
+        return [(sum(run.evals[i]["sequences"] for run in self.runs) / len(self.runs),
+                 sum(run.evals[i]["seconds"] for run in self.runs) / len(self.runs),
+                 [run.evals[i]["mlm_accuracy"] for run in self.runs],
+                 [run.evals[i]["loss"] for run in self.runs]) for i in range(count)]
+
+
+def group_runs(runs: list[Run]) -> list[Configuration]:
+    """Runs grouped by configuration_name, in the order each configuration first appears."""
+    groups: dict[str, Configuration] = {}
     for run in runs:
-        reached = run.reach(accuracy)
-        final = run.evals[-1] if run.evals else {}
-        speedup = run.sequences_per_second / baseline.sequences_per_second
-        factor = run.info.get("packing_factor", 1.0) / baseline.info.get("packing_factor", 1.0)
+        groups.setdefault(configuration_name(run.name), Configuration(configuration_name(run.name), [])).runs.append(run)
+    return list(groups.values())
+
+
+def accuracy_at(run: Run, sequences: float) -> float | None:
+    """The run's eval accuracy at `sequences`, linear between its evaluations (None outside them)."""
+    points = [(r["sequences"], r["mlm_accuracy"]) for r in run.evals]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x0 <= sequences <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (sequences - x0) / (x1 - x0)
+    return points[0][1] if points and points[0][0] == sequences else None
+
+
+def inside_baseline_spread(baseline: Configuration, other: Configuration) -> tuple[int, int, float]:
+    """At each evaluation of the baseline, whether `other`'s mean accuracy (interpolated at the
+    baseline's sequences) lies inside the baseline seeds' range.
+
+    Returns:
+      (evaluations inside, evaluations compared, the largest distance outside the range).
+    """
+    inside = compared = 0
+    worst = 0.0
+    for sequences, _, accuracies, _ in baseline.eval_points():
+        values = [accuracy_at(run, sequences) for run in other.runs]
+        if any(v is None for v in values):
+            continue
+        mean = sum(values) / len(values)
+        compared += 1
+        distance = max(min(accuracies) - mean, mean - max(accuracies), 0.0)
+        inside += distance == 0.0
+        worst = max(worst, distance)
+    return inside, compared, worst
+
+
+def summary_table(runs: list[Run], accuracy: float) -> list[dict]:
+    """One row a configuration (its seeds' mean, and their range); speed-ups are of the means,
+    against the first configuration (the baseline).
+
+    Columns: configuration, seeds, input mode, packing factor, sequences an update, final eval
+    accuracy and loss (at each run's last step), sequences and seconds (evaluations included, as
+    MLPerf times) to reach `accuracy` (None unless every seed reaches it), sequences/s and real
+    tokens/s (training time only), throughput speed-up, time-to-accuracy speed-up, the throughput
+    speed-up divided by the ratio of packing factors, and with several baseline seeds how many of
+    the baseline's evaluations have this configuration inside their range.
+    """
+    groups = group_runs(runs)
+    baseline = groups[0]
+
+    def final(key):
+        return lambda run: run.evals[-1].get(key) if run.evals else (run.train[-1][key] if key == "loss" else None)
+
+    def reached(key):
+        return lambda run: (run.reach(accuracy) or {}).get(key)
+
+    base_speed = baseline.mean(lambda run: run.sequences_per_second)
+    base_seconds = baseline.mean(reached("seconds"))
+    base_factor = baseline.runs[0].info.get("packing_factor", 1.0)
+    rows = []
+    for group in groups:
+        info = group.runs[0].info
+        speedup = group.mean(lambda run: run.sequences_per_second) / base_speed
+        seconds = group.mean(reached("seconds"))
+        inside = (inside_baseline_spread(baseline, group) if len(baseline.runs) > 1 and group is not baseline
+                  else None)
         rows.append({
-            "run": run.name,
-            "input_mode": run.info.get("input_mode", "?"),
-            "packing_factor": run.info.get("packing_factor", 1.0),
-            "final_mlm_accuracy": final.get("mlm_accuracy"),
-            "final_loss": final.get("loss", run.train[-1]["loss"]),
-            "sequences_to_accuracy": reached["sequences"] if reached else None,
-            "seconds_to_accuracy": reached["seconds"] if reached else None,
-            "sequences_per_second": run.sequences_per_second,
-            "real_tokens_per_second": run.real_tokens_per_second,
+            "run": group.name,
+            "seeds": len(group.runs),
+            "input_mode": info.get("input_mode", "?"),
+            "packing_factor": info.get("packing_factor", 1.0),
+            "sequences_per_update": (info["train_batch_size"] * info.get("steps_per_update", 1)
+                                     * info.get("packing_factor", 1.0) if "train_batch_size" in info else None),
+            "final_mlm_accuracy": group.mean(final("mlm_accuracy")),
+            "final_mlm_accuracy_range": group.spread(final("mlm_accuracy")),
+            "final_loss": group.mean(final("loss")),
+            "sequences_to_accuracy": group.mean(reached("sequences")),
+            "sequences_to_accuracy_range": group.spread(reached("sequences")),
+            "seconds_to_accuracy": seconds,
+            "seconds_to_accuracy_range": group.spread(reached("seconds")),
+            "sequences_per_second": group.mean(lambda run: run.sequences_per_second),
+            "real_tokens_per_second": group.mean(lambda run: run.real_tokens_per_second),
             "throughput_speedup": speedup,
-            "time_to_accuracy_speedup": (base_reached["seconds"] / reached["seconds"]
-                                         if reached and base_reached else None),
-            "speedup_over_packing_factor": speedup / factor,
+            "time_to_accuracy_speedup": base_seconds / seconds if seconds and base_seconds else None,
+            "speedup_over_packing_factor": speedup / (info.get("packing_factor", 1.0) / base_factor),
+            "inside_baseline_spread": inside,
         })
     return rows
 
 
 def format_table(rows: list[dict], accuracy: float) -> str:
-    """Markdown table of summary_table rows."""
+    """Markdown table of summary_table rows: means, with the seeds' range where there are several."""
 
-    def number(value, spec):
-        return "-" if value is None else format(value, spec)
+    def number(value, spec, spread=None):
+        if value is None:
+            return "-"
+        if spread is None or spread[0] == spread[1]:
+            return format(value, spec)
+        return f"{format(value, spec)} ({format(spread[0], spec)}-{format(spread[1], spec)})"
 
-    lines = [f"| run | input | packing factor | final MLM accuracy | final loss | sequences to {accuracy:.3f} | "
-             f"seconds to {accuracy:.3f} | sequences/s | real tokens/s | throughput speed-up | "
-             f"time-to-accuracy speed-up | speed-up / packing factor |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    def inside(value):
+        return "-" if value is None else f"{value[0]}/{value[1]}" + (f" (by {value[2]:.4f})" if value[2] else "")
+
+    lines = [f"| configuration | seeds | input | packing factor | sequences an update | final MLM accuracy | "
+             f"final loss | sequences to {accuracy:.3f} | seconds to {accuracy:.3f} | sequences/s | real tokens/s | "
+             f"throughput speed-up | time-to-accuracy speed-up | speed-up / packing factor | "
+             f"inside the baseline's seed range |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
-            f"| {r['run']} | {r['input_mode']} | {r['packing_factor']:.3f} | {number(r['final_mlm_accuracy'], '.4f')} | "
-            f"{number(r['final_loss'], '.4f')} | {number(r['sequences_to_accuracy'], ',')} | "
-            f"{number(r['seconds_to_accuracy'], '.1f')} | {r['sequences_per_second']:.1f} | "
-            f"{r['real_tokens_per_second']:,.0f} | {r['throughput_speedup']:.2f} | "
-            f"{number(r['time_to_accuracy_speedup'], '.2f')} | {r['speedup_over_packing_factor']:.2f} |")
+            f"| {r['run']} | {r['seeds']} | {r['input_mode']} | {r['packing_factor']:.3f} | "
+            f"{number(r['sequences_per_update'], '.1f')} | "
+            f"{number(r['final_mlm_accuracy'], '.4f', r['final_mlm_accuracy_range'])} | "
+            f"{number(r['final_loss'], '.4f')} | "
+            f"{number(r['sequences_to_accuracy'], ',.0f', r['sequences_to_accuracy_range'])} | "
+            f"{number(r['seconds_to_accuracy'], '.1f', r['seconds_to_accuracy_range'])} | "
+            f"{r['sequences_per_second']:.1f} | {r['real_tokens_per_second']:,.0f} | {r['throughput_speedup']:.2f} | "
+            f"{number(r['time_to_accuracy_speedup'], '.2f')} | {r['speedup_over_packing_factor']:.2f} | "
+            f"{inside(r['inside_baseline_spread'])} |")
     return "\n".join(lines)
 
 
 def plot(runs: list[Run], path: str) -> None:
-    """MLM accuracy and loss against sequences seen and against wall time, one PNG."""
+    """Eval MLM accuracy and loss against sequences seen and against wall time, one PNG: one line
+    a configuration (the seeds' mean), with the seeds' min-max as a band when there are several.
+    Runs without evaluations are drawn from their training log."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(2, 2, figsize=(12, 8))
-    for run in runs:
-        curve = run.evals if run.evals else run.train
-        for column, x in enumerate(("sequences", "seconds")):
-            axes[0][column].plot([r[x] for r in curve], [r["mlm_accuracy"] for r in curve], marker="o",
-                                 markersize=3, label=run.name)
-            axes[1][column].plot([r[x] for r in run.train], [r["loss"] for r in run.train], label=run.name,
-                                 alpha=0.8)
+    for group in group_runs(runs):
+        label = group.name if len(group.runs) == 1 else f"{group.name} ({len(group.runs)} seeds)"
+        if all(run.evals for run in group.runs):
+            points = group.eval_points()
+        else:
+            count = min(len(run.train) for run in group.runs)
+            points = [(sum(run.train[i]["sequences"] for run in group.runs) / len(group.runs),
+                       sum(run.train[i]["seconds"] for run in group.runs) / len(group.runs),
+                       [run.train[i]["mlm_accuracy"] for run in group.runs],
+                       [run.train[i]["loss"] for run in group.runs]) for i in range(count)]
+        for column in (0, 1):
+            x = [point[column] for point in points]
+            for row, index in ((0, 2), (1, 3)):
+                values = [point[index] for point in points]
+                line, = axes[row][column].plot(x, [sum(v) / len(v) for v in values], marker="o", markersize=3,
+                                               label=label)
+                if len(group.runs) > 1:
+                    axes[row][column].fill_between(x, [min(v) for v in values], [max(v) for v in values],
+                                                   color=line.get_color(), alpha=0.2, linewidth=0)
     source = "eval" if all(run.evals for run in runs) else "train"
     for column, label in enumerate(("sequences seen", "wall time (s)")):
         axes[0][column].set(xlabel=label, ylabel=f"{source} MLM accuracy")
-        axes[1][column].set(xlabel=label, ylabel="train loss")
+        axes[1][column].set(xlabel=label, ylabel=f"{source} loss (MLM + NSP)")
     for axis in axes.ravel():
         axis.grid(alpha=0.3)
         axis.legend(fontsize=8)
-    figure.suptitle("packed vs unpacked: accuracy and loss against sequences and time")
+    figure.suptitle("packed vs unpacked: accuracy and loss against sequences and time (band: the seeds' range)")
     figure.tight_layout()
     with atomic_path(path) as tmp:
         figure.savefig(tmp, dpi=100, format=os.path.splitext(path)[1][1:] or "png")
     plt.close(figure)
+
+
+def summary(values: list[float]) -> dict:
+    """Median and range of per-round figures."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def describe_speedup(speedups: list[float], packing_factor: float) -> str:
+    """One line: the median speed-up, its range, its share of the packing factor, and a caveat
+    when the range is wider than the effect."""
+    s = summary(speedups)
+    line = (f"speed-up {s['median']:.2f}x (median of {len(speedups)} alternated rounds, range {s['min']:.2f}-"
+            f"{s['max']:.2f}) at packing factor {packing_factor:.3f}: {s['median'] / packing_factor:.2f} of it")
+    if s["min"] <= 1.0:
+        line += "; the range reaches 1.0: on this machine now the noise is as large as the effect"
+    return line
+
+
+def throughput_lines(path: str) -> list[str]:
+    """The packed speed-ups of a scripts/benchmark_training.py --output_json file, one line a model.
+
+    Raises:
+      RunError: the file is missing or not such a measurement.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            measured = json.load(f)
+        return [f"throughput, {name} config, measured alternately (scripts/benchmark_training.py): packed "
+                f"{describe_speedup(result['speedups']['packed'], result['packing_factor'])}"
+                for name, result in measured.items()]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise RunError(f"{path}: not a scripts/benchmark_training.py --output_json measurement "
+                       f"({type(e).__name__}: {e})") from None

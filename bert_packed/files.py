@@ -82,6 +82,15 @@ def remove(path: str) -> None:
         os.remove(path)
 
 
+def move(source: str, destination: str) -> None:
+    """Renames `source` to `destination`, replacing it: the last step of every write here."""
+    gfile = _gfile(source)
+    if gfile is not None:
+        gfile.rename(source, destination, overwrite=True)
+    else:
+        os.replace(source, destination)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str):
     """Yields a temporary path next to `path`; renames it to `path` only if the block succeeds.
@@ -89,13 +98,9 @@ def atomic_path(path: str):
     On any error (or an interrupt) the temporary file is removed and `path` is left as it was.
     """
     tmp = f"{path}.tmp-{os.getpid()}"
-    gfile = _gfile(path)
     try:
         yield tmp
-        if gfile is not None:
-            gfile.rename(tmp, path, overwrite=True)
-        else:
-            os.replace(tmp, path)
+        move(tmp, path)
     finally:
         if exists(tmp):
             remove(tmp)

@@ -1,32 +1,42 @@
-"""The ~2x case: training throughput, packed vs padded, on Wikipedia-like sequence lengths.
+"""The ~2x case and the GPU figure: packed against padded training on Wikipedia-like lengths at L=512.
 
-    python scripts/benchmark_wikipedia_like_training.py
+    python scripts/benchmark_wikipedia_like_training.py                  # CPU: the tiny config
+    python scripts/benchmark_wikipedia_like_training.py --bert_config=large --precision=bf16 --xla \
+        --batch_size=32 --sequences=20000                                # one GPU: BERT-Large
 
 The shipped sample's articles are long, so at L=512 it packs only 1.2x. Full Wikipedia at 512 is
 ~50% padding with ~23% of sequences exactly 512 long. This script writes --sequences unpacked
 records whose lengths follow that distribution (bert_packed.packing.wikipedia_like_histogram;
-random token ids, MLPerf-shaped predictions), packs them at depth 3 with `lp`, and trains the
-tiny config on padded and on packed rows (same rows per step), reporting real tokens/s, the
-realized speed-up and its ratio to the packing factor.
+random token ids, MLPerf-shaped predictions), packs them at depth 3 with `lp` (packing factor
+about 2), and times padded and packed training of the same model and rows per update, alternated
+in one process (bert_packed.training.throughput): sequences/s, real tokens/s, the realized
+speed-up and its ratio to the packing factor, and model FLOP utilisation against the card's bf16
+peak (--peak_tflops; known for H100, H200, A100 and L4, none on CPU). Exit status 1 when the
+speed-up is below 0.95 x the packing factor.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
 
 import numpy as np
 
+from bert_packed.curves import describe_speedup, summary
 from bert_packed.features import Shapes
+from bert_packed.files import write_text_atomically
+from bert_packed.model import BertConfig
 from bert_packed.packing import wikipedia_like_histogram
 from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset
 from bert_packed.pretraining_data.instances import Instance, instance_features
 from bert_packed.records import TFRecordWriter
+from bert_packed.training.throughput import BF16_PEAK_TFLOPS, benchmark_trainer, measure_alternately
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchmark_training import tokens_per_second  # noqa: E402  (the same measurement)
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+TARGET = 0.95
 
 
 def synthetic_instances(count: int, seed: int) -> list[Instance]:
@@ -50,37 +60,85 @@ def synthetic_instances(count: int, seed: int) -> list[Instance]:
     return instances
 
 
-def main() -> None:
+def device_and_peak() -> tuple[str, float | None]:
+    """The first GPU's name and its bf16 peak in TFLOP/s (None when unknown), or the CPU."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return "CPU", None
+    name = tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
+    return name, next((peak for card, peak in BF16_PEAK_TFLOPS.items() if card in name), None)
+
+
+def write_data(directory: str, sequences: int) -> tuple[list[str], list[str], float]:
+    """(unpacked files, packed files, packing factor) of `sequences` Wikipedia-like sequences."""
+    unpacked = os.path.join(directory, "unpacked")
+    os.makedirs(unpacked)
+    files = []
+    for shard, chunk in enumerate(np.array_split(np.arange(sequences), 4)):
+        files.append(os.path.join(unpacked, f"part-{shard:05d}.tfrecord"))
+        with TFRecordWriter(files[-1]) as writer:
+            writer.write_examples(instance_features(synthetic_instances(len(chunk), seed=shard), Shapes(512, 76)))
+    metadata = pack_pretraining_dataset(files, os.path.join(directory, "packed"),
+                                        PackSettings(Shapes(512, 76, 3), "lp", num_shards=4))
+    packed = sorted(os.path.join(directory, "packed", name) for name in os.listdir(os.path.join(directory, "packed"))
+                    if name.endswith(".tfrecord"))
+    print(f"\nWikipedia-like lengths at L=512: {metadata['num_sequences']:,} sequences, "
+          f"{metadata['padding_fraction_unpacked']:.1%} padding unpacked, packing factor "
+          f"{metadata['packing_factor']:.3f}")
+    return files, packed, metadata["packing_factor"]
+
+
+def main() -> int:
+    """Returns the exit status: 1 when the target is missed."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sequences", type=int, default=4000)
-    parser.add_argument("--steps", type=int, default=25)
-    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--bert_config", default="tiny",
+                        help="tiny, mini, base or large (configs/bert_config_*.json), or a bert_config.json path.")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
+    parser.add_argument("--xla", action="store_true", help="Compile the forward and backward pass with XLA.")
+    parser.add_argument("--batch_size", type=int, default=8, help="Rows per update, padded and packed alike.")
+    parser.add_argument("--sequences", type=int, default=4000, help="Synthetic unpacked sequences to write.")
+    parser.add_argument("--rounds", type=int, default=6, help="Measured rounds (after one warm-up round).")
+    parser.add_argument("--updates", type=int, default=8, help="Updates of each input mode in a round.")
+    parser.add_argument("--peak_tflops", type=float, help="The device's peak for MFU (default: known GPUs' bf16 "
+                                                          "dense peak; none on CPU).")
+    parser.add_argument("--output_json", help="Also write the measurements here.")
     args = parser.parse_args()
+    config_path = args.bert_config if args.bert_config.endswith(".json") else os.path.join(
+        ROOT, "configs", f"bert_config_{args.bert_config}.json")
+    bert = BertConfig.from_json_file(config_path)
+    device, peak = device_and_peak()
+    peak = args.peak_tflops or peak
     with tempfile.TemporaryDirectory() as work:
-        unpacked = os.path.join(work, "unpacked")
-        os.makedirs(unpacked)
-        files = []
-        for shard, chunk in enumerate(np.array_split(np.arange(args.sequences), 4)):
-            files.append(os.path.join(unpacked, f"part-{shard:05d}.tfrecord"))
-            with TFRecordWriter(files[-1]) as writer:
-                writer.write_examples(instance_features(synthetic_instances(len(chunk), seed=shard), Shapes(512, 76)))
-        metadata = pack_pretraining_dataset(files, os.path.join(work, "packed"),
-                                            PackSettings(Shapes(512, 76, 3), "lp", num_shards=4))
-        packed = sorted(os.path.join(work, "packed", n) for n in os.listdir(os.path.join(work, "packed"))
-                        if n.endswith(".tfrecord"))
-        factor = metadata["packing_factor"]
-        print(f"\nWikipedia-like lengths at L=512: {metadata['num_sequences']:,} sequences, padding when unpacked "
-              f"{metadata['padding_fraction_unpacked']:.1%}, packing factor {factor:.3f}\n")
-        print("| config | batch (rows) | input | real tokens/s | sequences/s | padding efficiency | speed-up | "
-              "speed-up / packing factor |")
-        print("|---|---|---|---|---|---|---|---|")
-        padded = tokens_per_second("tiny", files, "padded", 1, 8, args.steps, args.warmup, os.path.join(work, "p"))
-        pack = tokens_per_second("tiny", packed, "packed", 3, 8, args.steps, args.warmup, os.path.join(work, "k"))
-        speedup = pack[0] / padded[0]
-        print(f"| tiny | 8 | padded | {padded[0]:,.0f} | {padded[1]:.1f} | {padded[2]:.1%} | 1.00 | |")
-        print(f"| tiny | 8 | packed | {pack[0]:,.0f} | {pack[1]:.1f} | {pack[2]:.1%} | {speedup:.2f} | "
-              f"{speedup / factor:.2f} |")
+        unpacked, packed, factor = write_data(work, args.sequences)
+        trainers = {mode: benchmark_trainer(bert, packed if mode == "packed" else unpacked,
+                                            Shapes(512, 76, 3 if mode == "packed" else 1), mode, args.batch_size,
+                                            os.path.join(work, mode), args.precision, args.xla)
+                    for mode in ("padded", "packed")}
+        result = measure_alternately(trainers, args.rounds, args.updates)
+    print(f"{os.path.basename(config_path)}, {args.precision}{', XLA' if args.xla else ''}, {args.batch_size} rows "
+          f"an update, on {device}; {args.rounds} rounds of {args.updates} updates per mode, alternated\n")
+    print("| input | sequences/s | real tokens/s | model TFLOP/s | MFU | padding efficiency | speed-up (median, range) "
+          "| speed-up / packing factor |")
+    print("|---|---|---|---|---|---|---|---|")
+    for mode, figures in result["modes"].items():
+        flops = summary(figures["flops_per_second"])["median"]
+        speedup = summary(result["speedups"][mode])
+        print(f"| {mode} | {summary(figures['sequences_per_second'])['median']:,.1f} | "
+              f"{summary(figures['real_tokens_per_second'])['median']:,.0f} | {flops / 1e12:.3f} | "
+              f"{'-' if peak is None else format(flops / 1e12 / peak, '.1%')} | "
+              f"{summary(figures['padding_efficiency'])['median']:.1%} | {speedup['median']:.2f} "
+              f"({speedup['min']:.2f}-{speedup['max']:.2f}) | "
+              f"{speedup['median'] / factor if mode == 'packed' else 1.0:.2f} |")
+    ratio = summary(result["speedups"]["packed"])["median"] / factor
+    print(f"\npacked {describe_speedup(result['speedups']['packed'], factor)}")
+    if args.output_json:
+        write_text_atomically(args.output_json, json.dumps(
+            {**result, "packing_factor": factor, "device": device, "peak_tflops": peak, "bert_config": config_path,
+             "precision": args.precision, "xla": args.xla, "batch_size": args.batch_size}, indent=1) + "\n")
+    return 0 if ratio >= TARGET else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -6,7 +6,16 @@ import sys
 import pytest
 from conftest import REPO
 
-from bert_packed.curves import RunError, load_run, summary_table
+from bert_packed.curves import (
+    RunError,
+    configuration_name,
+    describe_speedup,
+    format_table,
+    load_run,
+    plot,
+    summary_table,
+    throughput_lines,
+)
 
 
 def write_run(directory, mode, packing_factor, seconds_per_step, sequences_per_step, accuracies):
@@ -35,6 +44,50 @@ def test_table_measures_time_to_accuracy_and_speedups(tmp_path):
     assert rows[1]["time_to_accuracy_speedup"] == pytest.approx(2.0)
     assert rows[1]["speedup_over_packing_factor"] == pytest.approx(1.0)
     assert rows[1]["final_mlm_accuracy"] == 0.5
+
+
+def test_seeds_of_a_configuration_are_one_row_with_their_mean_and_range(tmp_path):
+    assert configuration_name("packed_batch_corrected_seed12") == "packed_batch_corrected"
+    assert configuration_name("seedless") == "seedless"
+    runs = [load_run(write_run(tmp_path / f"unpacked_seed{i}", "padded", 1.0, 2.0, 8, accuracies))
+            for i, accuracies in enumerate([[0.20, 0.40], [0.30, 0.44], [0.25, 0.42]], 1)]
+    # Packed evaluates at other sequence counts (12 an update): its curve is read at the baseline's.
+    runs += [load_run(write_run(tmp_path / f"packed_seed{i}", "packed", 1.5, 2.0, 12, accuracies))
+             for i, accuracies in enumerate([[0.30, 0.46], [0.34, 0.50]], 1)]
+    rows = summary_table(runs, accuracy=0.4)
+    assert [(r["run"], r["seeds"]) for r in rows] == [("unpacked", 3), ("packed", 2)]
+    assert rows[0]["final_mlm_accuracy"] == pytest.approx((0.40 + 0.44 + 0.42) / 3)
+    assert rows[0]["final_mlm_accuracy_range"] == (0.40, 0.44)
+    assert rows[0]["sequences_to_accuracy"] == 80 and rows[0]["sequences_to_accuracy_range"] == (80, 80)
+    assert rows[1]["sequences_to_accuracy"] == 120  # 0.46 and 0.50 at their second evaluation
+    assert rows[1]["throughput_speedup"] == pytest.approx(1.5)
+    assert rows[1]["speedup_over_packing_factor"] == pytest.approx(1.0)
+    # The baseline evaluates at 40 and 80 sequences. Packed's mean curve (evaluations at 60 and 120)
+    # starts at 60, so only 80 is compared: 0.32 + (0.48 - 0.32) * 20 / 60 = 0.3733, below 0.40.
+    inside, compared, worst = rows[1]["inside_baseline_spread"]
+    assert (inside, compared) == (0, 1) and worst == pytest.approx(0.40 - (0.32 + 0.16 / 3))
+    assert rows[0]["inside_baseline_spread"] is None
+    table = format_table(rows, 0.4)
+    assert "| unpacked | 3 | padded | 1.000 | - | 0.4200 (0.4000-0.4400) |" in table
+    assert "| 0/1 (by 0.0267) |" in table
+    plot(runs, str(tmp_path / "curves.png"))
+    assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_alternated_throughput_is_quoted_with_its_range(tmp_path):
+    assert describe_speedup([1.1, 1.3, 1.2], 1.25) == (
+        "speed-up 1.20x (median of 3 alternated rounds, range 1.10-1.30) at packing factor 1.250: 0.96 of it")
+    noisy = describe_speedup([0.9, 1.3, 1.2], 1.25)
+    assert noisy.endswith("the range reaches 1.0: on this machine now the noise is as large as the effect")
+    path = tmp_path / "throughput.json"
+    path.write_text(json.dumps({"tiny": {"speedups": {"padded": [1.0, 1.0], "packed": [1.2, 1.3]},
+                                         "packing_factor": 1.25}}))
+    assert throughput_lines(str(path)) == [
+        "throughput, tiny config, measured alternately (scripts/benchmark_training.py): packed speed-up 1.25x "
+        "(median of 2 alternated rounds, range 1.20-1.30) at packing factor 1.250: 1.00 of it"]
+    path.write_text("[1, 2]")
+    with pytest.raises(RunError, match="throughput.json: not a scripts/benchmark_training.py --output_json"):
+        throughput_lines(str(path))
 
 
 @pytest.mark.slow

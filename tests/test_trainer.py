@@ -232,12 +232,33 @@ def test_cli_trains_logs_and_records_its_flags(packed_dir, unpacked_dir, bert_co
     assert len(read_log(out / "eval_log.jsonl")) == 1
 
 
+@pytest.mark.slow
+def test_cli_batch_correction_takes_packs_for_the_unpacked_rows(packed_dir, bert_config_file, tmp_path):
+    out = tmp_path / "run"
+    result = run_cli(f"--bert_config_file={bert_config_file}", f"--input_files={packed_dir}/packed-*.tfrecord",
+                     f"--output_dir={out}", "--max_seq_length=128", "--max_predictions_per_seq=20",
+                     "--train_batch_size=12", "--steps_per_update=2", "--num_train_steps=2",
+                     "--adjust_batch_for_packing")
+    assert result.returncode == 0, result.stderr[-3000:]
+    packing_factor = read_dataset_info(packed_dir).packing_factor
+    packs = round(12 / packing_factor)
+    assert 1 < packing_factor and packs < 12
+    assert json.loads((out / "run.json").read_text())["train_batch_size"] == packs
+    assert (f"--adjust_batch_for_packing: {packs} packs a micro-batch instead of 12 rows at packing factor "
+            f"{packing_factor:.3f}: {packs * 2 * packing_factor:.1f} sequences an update on average (unpacked: 24)"
+            in result.stderr)
+    global_batch = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in open(out / "mllog.txt")
+                    if "global_batch_size" in line]
+    assert global_batch[0]["value"] == round(packs * 2 * packing_factor)
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--max_seq_length=64"], "the data has max_seq_length=128, but --max_seq_length=64"),
     (["--max_seq_length=256"], "--max_seq_length=256 exceeds max_position_embeddings=128"),
     (["--max_sequences_per_pack=2"], "packed with max_sequences_per_pack=3, but --max_sequences_per_pack=2"),
     (["--input_mode=padded"], "packed data (metadata.json), but --input_mode=padded"),
     (["--adjust_betas_for_packing", "--input_mode=bucketed"], "--adjust_betas_for_packing needs packed data"),
+    (["--adjust_batch_for_packing", "--input_mode=bucketed"], "--adjust_batch_for_packing needs packed data"),
     (["--num_warmup_steps=50"], "--num_warmup_steps=50 exceeds --num_train_steps=2"),
 ])
 @pytest.mark.slow
@@ -345,6 +366,44 @@ def test_init_checkpoint_and_a_corrupt_checkpoint(packed_dir, tmp_path):
     data_file.write_bytes(data_file.read_bytes()[:100])
     with pytest.raises(TrainingError, match=r"checkpoints/ckpt-1: cannot restore this checkpoint"):
         Trainer(config(tmp_path / "run", tfrecords(packed_dir), num_train_steps=2)).train()
+
+
+def test_the_end_of_a_run_evaluates_at_the_last_step_and_exports_its_weights(packed_dir, unpacked_dir, tmp_path):
+    # Evaluations every 12 sequences fall between steps; the last step gets its own.
+    files, eval_files = tfrecords(packed_dir), tuple(tfrecords(unpacked_dir))
+    trainer = Trainer(config(tmp_path / "run", files, num_train_steps=3, eval_files=eval_files,
+                             eval_every_samples=12, target_mlm_accuracy=1.0))
+    trainer.train()
+    train_log, eval_log = read_log(tmp_path / "run" / "train_log.jsonl"), read_log(tmp_path / "run" / "eval_log.jsonl")
+    assert eval_log[-1]["step"] == train_log[-1]["step"] == 3
+    assert eval_log[-1]["sequences"] == train_log[-1]["sequences"]
+    assert len({r["step"] for r in eval_log}) == len(eval_log)  # no step evaluated twice
+    # The weights, with google-research names: the --init_checkpoint of a next phase.
+    from bert_packed.model import BertPretrainingModel, load_google_checkpoint
+
+    loaded = BertPretrainingModel(BertConfig(**TINY))
+    assert load_google_checkpoint(loaded, str(tmp_path / "run" / "model.ckpt-3")) == len(loaded.trainable_weights)
+    for mine, theirs in zip(loaded.trainable_weights, trainer.model.trainable_weights):
+        np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
+    assert sorted(p.name for p in (tmp_path / "run").iterdir() if p.name.startswith("model.ckpt")) == [
+        "model.ckpt-3.data-00000-of-00001", "model.ckpt-3.index"]  # no temporary left
+
+
+def test_a_kill_before_the_end_of_a_run_is_completed_by_the_next_start(packed_dir, unpacked_dir, tmp_path):
+    files, eval_files = tfrecords(packed_dir), tuple(tfrecords(unpacked_dir))
+    settings = dict(num_train_steps=2, eval_files=eval_files, eval_every_samples=0, target_mlm_accuracy=1.0)
+    trainer = Trainer(config(tmp_path, files, **settings))
+    trainer._finish = lambda logs: (trainer._save(), (_ for _ in ()).throw(RuntimeError("killed")))
+    with pytest.raises(RuntimeError, match="killed"):
+        trainer.train()  # saved step 2, then killed: no final evaluation, no export
+    evaluated = (tmp_path / "eval_log.jsonl").exists() and (tmp_path / "eval_log.jsonl").read_text()
+    assert not evaluated and not (tmp_path / "model.ckpt-2.index").exists()
+    Trainer(config(tmp_path, files, **settings)).train()
+    assert [r["step"] for r in read_log(tmp_path / "eval_log.jsonl")] == [2]
+    assert (tmp_path / "model.ckpt-2.index").exists()
+    Trainer(config(tmp_path, files, **settings)).train()  # finished: nothing more
+    assert [r["step"] for r in read_log(tmp_path / "eval_log.jsonl")] == [2]
+    assert [r["step"] for r in read_log(tmp_path / "train_log.jsonl")] == [1, 2]
 
 
 def test_an_output_dir_holding_another_run_is_refused_and_left_intact(packed_dir, tmp_path):

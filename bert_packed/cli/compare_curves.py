@@ -1,10 +1,13 @@
 r"""Compare training runs: accuracy and loss curves (PNG) and a summary table.
 
-    python scripts/compare_curves.py runs/sample/train_padded runs/sample/train_packed \
-        --output runs/sample/curves.png --accuracy 0.05
+    python scripts/compare_curves.py runs/sample/unpacked_seed1 runs/sample/packed_batch_corrected_seed1 \
+        --output runs/sample/two_runs.png --accuracy auto
 
-The positional arguments are run_pretraining.py output directories; the first is the baseline
-for the speed-ups. Exit status 2 with one line on bad input.
+The positional arguments are run_pretraining.py output directories; the first configuration is
+the baseline for the speed-ups. Directories named alike but for a trailing seed
+("packed_seed1", "packed_seed2") are one configuration: its seeds' mean and range. With
+--throughput, the speed-ups measured alternately by scripts/benchmark_training.py are quoted
+under the table. Exit status 2 with one line on bad input.
 """
 
 from __future__ import annotations
@@ -13,12 +16,14 @@ from absl import flags
 
 from bert_packed import files
 from bert_packed.cli.common import run
-from bert_packed.curves import format_table, load_run, plot, summary_table
+from bert_packed.curves import format_table, load_run, plot, summary_table, throughput_lines
 from bert_packed.errors import SettingsError
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("labels", None, "Comma-separated names for the runs (default: their directory names).")
 flags.DEFINE_string("output", "compare_curves.png", "Where the PNG goes.")
+flags.DEFINE_string("throughput", None, "JSON of scripts/benchmark_training.py --output_json: quote its alternated "
+                                        "speed-up measurement under the table.")
 flags.DEFINE_string("accuracy", "0.720", "MLM accuracy for the sequences-and-time-to-accuracy columns; 'auto': 90% "
                                          "of the lowest final eval accuracy among the runs.")
 
@@ -46,6 +51,10 @@ def main(argv) -> None:
     with files.exclusive(f"{FLAGS.output}.lock", "compare_curves"):
         plot(runs, FLAGS.output)
     print(format_table(summary_table(runs, accuracy), accuracy))
+    if FLAGS.throughput:
+        print()
+        for line in throughput_lines(FLAGS.throughput):
+            print(line)
     print(f"\ncurves: {FLAGS.output}")
 
 

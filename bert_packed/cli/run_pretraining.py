@@ -83,6 +83,10 @@ flags.DEFINE_enum("input_mode", None, ["packed", "padded", "bucketed"], "How the
                                                                         "else padded, as the reference reads it).")
 flags.DEFINE_list("bucket_boundaries", [], "Lengths batches are trimmed to in bucketed mode.")
 flags.DEFINE_bool("adjust_betas_for_packing", False, "Raise the betas to the power of the packing factor.")
+flags.DEFINE_bool("adjust_batch_for_packing", False, "Batch correction: --train_batch_size counts unpacked rows, and "
+                                                     "a micro-batch takes round(train_batch_size / packing factor) "
+                                                     "packs (the packing factor of the data's metadata.json), so "
+                                                     "that an update holds on average as many sequences as unpacked.")
 flags.DEFINE_enum("loss_averaging", "token", ["token", "sequence"], "MLM loss basis.")
 flags.DEFINE_integer("seed", 12345, "Seed for initialisation, data order and dropout.")
 flags.DEFINE_bool("deterministic", False, "Same flags, same results (op determinism, fixed data order).")
@@ -258,8 +262,9 @@ def build_config():
     input_mode = FLAGS.input_mode or ("packed" if getattr(dataset_info_of_files(input_files), "packed", False)
                                       else "padded")
     packed = input_mode == "packed"
-    if FLAGS.adjust_betas_for_packing and not packed:
-        raise SettingsError(f"--adjust_betas_for_packing needs packed data, not --input_mode={input_mode}")
+    for name in ("adjust_betas_for_packing", "adjust_batch_for_packing"):
+        if FLAGS[name].value and not packed:
+            raise SettingsError(f"--{name} needs packed data, not --input_mode={input_mode}")
     if FLAGS.bucket_boundaries and input_mode != "bucketed":
         raise SettingsError("--bucket_boundaries is for --input_mode=bucketed")
     bert_config = BertConfig.from_json_file(FLAGS.bert_config_file)
@@ -268,8 +273,12 @@ def build_config():
                             f"{bert_config.max_position_embeddings} of {FLAGS.bert_config_file}")
     eval_pattern = FLAGS.eval_files or (input_pattern if FLAGS.do_eval else None)
     eval_data = EvalData(target_mlm_accuracy=FLAGS.target_mlm_accuracy, max_steps=FLAGS.max_eval_steps)
+    batch_size = FLAGS.train_batch_size
     if FLAGS.do_train:
         train_info = data_description(input_files, "--input_file", packed, input_mode)
+        if FLAGS.adjust_batch_for_packing:
+            batch_size = corrected_batch_size(FLAGS.train_batch_size, FLAGS.steps_per_update,
+                                              train_info.packing_factor)
     else:  # evaluation alone: --input_file is the eval set, as in the reference
         train_info = DatasetInfo(False, Shapes(FLAGS.max_seq_length, FLAGS.max_predictions_per_seq), 0, 0,
                                  tuple(input_files))
@@ -279,15 +288,14 @@ def build_config():
                                      input_mode)
         every = FLAGS.eval_every_samples
         if every < 0:
-            every = mlperf_eval_every_samples(FLAGS.train_batch_size * FLAGS.steps_per_update
-                                              * train_info.packing_factor)
+            every = mlperf_eval_every_samples(batch_size * FLAGS.steps_per_update * train_info.packing_factor)
         eval_data = EvalData(tuple(eval_files), eval_info.shapes, eval_info.packed, FLAGS.eval_batch_size, every,
                              FLAGS.target_mlm_accuracy, FLAGS.max_eval_steps)
     _say_how_cadences_round()
     return TrainConfig(
         model=ModelConfig(bert_config, FLAGS.init_checkpoint, FLAGS.loss_averaging, FLAGS.precision, FLAGS.xla),
         train_data=TrainData(tuple(input_files), train_info.shapes, input_mode, train_info.packing_factor,
-                             train_info.num_sequences, FLAGS.train_batch_size, FLAGS.steps_per_update,
+                             train_info.num_sequences, batch_size, FLAGS.steps_per_update,
                              tuple(int(b) for b in FLAGS.bucket_boundaries)),
         optimizer=OptimizerConfig(FLAGS.optimizer, FLAGS.learning_rate, FLAGS.num_train_steps, FLAGS.num_warmup_steps,
                                   FLAGS.start_warmup_step, FLAGS.lamb_beta_1, FLAGS.lamb_beta_2,
@@ -299,6 +307,19 @@ def build_config():
                       Submission(FLAGS.submission_org, FLAGS.submission_platform, FLAGS.submission_division,
                                  FLAGS.submission_status)),
         eval_data=eval_data)
+
+
+def corrected_batch_size(unpacked_rows: int, steps_per_update: int, packing_factor: float) -> int:
+    """Packs per micro-batch that hold on average as many sequences as `unpacked_rows` rows, said once.
+
+    For example, 8 unpacked rows at packing factor 1.203 become 7 packs: 8.42 sequences a
+    micro-batch on average; 64 rows at packing factor 2.0 become 32 packs.
+    """
+    packs = max(1, round(unpacked_rows / packing_factor))
+    logging.info("--adjust_batch_for_packing: %d packs a micro-batch instead of %d rows at packing factor %.3f: "
+                 "%.1f sequences an update on average (unpacked: %d)", packs, unpacked_rows, packing_factor,
+                 packs * steps_per_update * packing_factor, unpacked_rows * steps_per_update)
+    return packs
 
 
 def _say_how_cadences_round() -> None:

@@ -9,9 +9,12 @@ a checkpoint are ignored.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import tensorflow as tf
 
+from bert_packed import files
 from bert_packed.errors import UserError
 from bert_packed.model.modeling import BertPretrainingModel
 
@@ -101,5 +104,14 @@ def export_google_checkpoint(model: BertPretrainingModel, path: str) -> str:
         value = np.asarray(weight.numpy(), dtype=np.float32)
         names.append(name)
         tensors.append(tf.constant(value.T if transposed else value))
-    tf.raw_ops.SaveV2(prefix=path, tensor_names=names, shape_and_slices=[""] * len(names), tensors=tensors)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        tf.raw_ops.SaveV2(prefix=tmp, tensor_names=names, shape_and_slices=[""] * len(names), tensors=tensors)
+        # The data before the index: a reader looks for the index, so it finds a whole checkpoint or none.
+        written = files.glob(f"{tmp}.*")
+        for source in sorted(written, key=lambda name: name.endswith(".index")):
+            files.move(source, path + source[len(tmp):])
+    finally:
+        for leftover in files.glob(f"{tmp}.*"):
+            files.remove(leftover)
     return path

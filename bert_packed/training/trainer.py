@@ -42,7 +42,7 @@ from bert_packed.dataset_info import refuse_other_output
 from bert_packed.errors import UserError
 from bert_packed.files import write_text_atomically
 from bert_packed.input_pipeline import PipelineConfig, diagnose_input_error, make_dataset
-from bert_packed.model import BertPretrainingModel, load_google_checkpoint
+from bert_packed.model import BertPretrainingModel, export_google_checkpoint, load_google_checkpoint
 from bert_packed.training.config import TrainConfig
 from bert_packed.training.losses import loss_from_sums, metrics_from_sums, normalizers, pretraining_sums
 from bert_packed.training.optimizers import AdamWeightDecay, Lamb, PolynomialWarmup, adjusted_betas
@@ -128,6 +128,7 @@ class Trainer:
         self._train_loop = tf.function(self._train_loop_fn)
         self._eval_step = tf.function(self._eval_step_fn)  # built once: evaluations do not retrace
         self._gradients = tf.function(self._gradients_fn, jit_compile=True) if config.model.xla else self._gradients_fn
+        self.train_iterator = None  # made at the first update: after restore(), which sets the step to skip to
         self._stop_requested = False
         self.stopped_by_signal = False  # train() saved and stopped early on SIGTERM
 
@@ -172,6 +173,18 @@ class Trainer:
             sums = {k: self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for k, v in sums.items()}
             results = results.write(index, tf.stack([learning_rate] + [sums[k] for k in SUM_KEYS]))
         return results.stack()
+
+    def run_updates(self, num_updates: int) -> np.ndarray:
+        """Runs `num_updates` updates in one compiled call (train() calls it between its logs,
+        checkpoints and evaluations; benchmarks call it alone).
+
+        Returns:
+          [num_updates, 1 + len(SUM_KEYS)]: each update's learning rate and sums.
+        """
+        if self.train_iterator is None:
+            self.train_iterator = iter(self.strategy.distribute_datasets_from_function(self._train_dataset))
+        with self._naming_bad_records(self._train_pipeline()):
+            return self._train_loop(self.train_iterator, tf.constant(num_updates)).numpy()
 
     def _replica_update(self, batches):
         context = tf.distribute.get_replica_context()
@@ -271,11 +284,16 @@ class Trainer:
         self.claim_output_dir()
         resumed = self.restore()
         if resumed and int(self.step.numpy()) >= self.last_step:
-            logging.info("%s: already trained to step %d; nothing to do", self.config.run.output_dir, self.last_step)
+            logs = self._open_logs(resumed)
+            try:
+                if not self._finished(logs):  # a kill came between the last save and run_stop
+                    self._finish(logs)
+            finally:
+                logs.close()
+            logging.info("%s: trained to step %d", self.config.run.output_dir, self.last_step)
             with files.open_file(os.path.join(self.work_dir, "train_log.jsonl")) as f:
                 return json.loads(f.readlines()[-1])
         logs = self._open_logs(resumed)
-        self.train_iterator = iter(self.strategy.distribute_datasets_from_function(self._train_dataset))
         previous = signal.signal(signal.SIGTERM, self._on_sigterm)
         try:
             if not resumed:
@@ -340,17 +358,20 @@ class Trainer:
         """The logs, continued after the checkpoint resumed from: steps logged past it are redone, so
         their lines go, and the clocks continue from the checkpoint's. A fresh run logs the MLPerf
         submission and hyper-parameters."""
-        last = _keep_logged_steps(self.work_dir, int(self.step.numpy()))
+        last, last_eval = _keep_logged_steps(self.work_dir, int(self.step.numpy()))
         logs = _Logs(self.work_dir)
+        logs.last_eval_step = last_eval.get("step")
         logs.seconds_before = logs.last_seconds = last.get("seconds", 0.0)
         logs.train_seconds_before = last.get("train_seconds", 0.0)
         c, betas = self.config, self._base_optimizer
         if not resumed:
             _log_run_parameters(logs, c, betas)
         logging.info("optimizer %s, betas %.6f / %.6f (packing factor %.3f, adjusted: %s); %d micro-steps of %d "
-                     "rows, %d a update, %d a compiled loop; checkpoints every %d", c.optimizer.name, betas.beta_1,
-                     betas.beta_2, c.train_data.packing_factor, c.optimizer.adjust_betas_for_packing, self.last_step,
-                     c.train_data.batch_size, self.steps_per_update, self.loop_steps, self.save_steps)
+                     "rows, %d an update (%.1f sequences on average), %d a compiled loop; checkpoints every %d",
+                     c.optimizer.name, betas.beta_1, betas.beta_2, c.train_data.packing_factor,
+                     c.optimizer.adjust_betas_for_packing, self.last_step, c.train_data.batch_size,
+                     self.steps_per_update, c.train_data.batch_size * self.steps_per_update
+                     * c.train_data.packing_factor, self.loop_steps, self.save_steps)
         return logs
 
     def _loop(self, logs: _Logs) -> tuple[dict, bool]:
@@ -366,8 +387,7 @@ class Trainer:
             num_updates = min(self.loop_steps, self.last_step - step) // n
             if first_call:
                 logging.info("compiling the training step and running the first %d micro-steps", num_updates * n)
-            with self._naming_bad_records(self._train_pipeline()):
-                results = self._train_loop(self.train_iterator, tf.constant(num_updates)).numpy()
+            results = self.run_updates(num_updates)
             seconds = logs.seconds_before + time.perf_counter() - start
             if first_call:
                 logging.info("compiled and ran the first loop in %.1f s", seconds - logs.seconds_before)
@@ -416,13 +436,24 @@ class Trainer:
                 return metrics, True
         return metrics, False
 
+    def _exported_path(self) -> str:
+        return os.path.join(self.work_dir, f"model.ckpt-{int(self.step.numpy())}")
+
+    def _finished(self, logs: _Logs) -> bool:
+        """Whether _finish ran to its end at the current step."""
+        evaluated = not self.config.eval_data.files or logs.last_eval_step == int(self.step.numpy())
+        return evaluated and (not self.is_chief or files.exists(self._exported_path() + ".index"))
+
     def _finish(self, logs: _Logs) -> None:
-        """The end of the run: the last checkpoint, the final evaluation when none ran during
-        training, and run_stop."""
+        """The end of the run: the last checkpoint, an evaluation at the last step (so that every
+        run's final figure is at its last step), the weights as a TF1 checkpoint, and run_stop."""
         self._save()
         step, sequences = int(self.step.numpy()), int(self.sequences.numpy())
-        if self.config.eval_data.files and not self.config.eval_data.every_samples:
+        if self.config.eval_data.files and logs.last_eval_step != step:
             self._evaluate_and_log(logs, step, logs.last_seconds)
+        if self.is_chief:
+            path = export_google_checkpoint(self.model, self._exported_path())
+            logging.info("weights exported as %s (google-research/MLPerf TF1 names: an --init_checkpoint)", path)
         logs.block_stop(sequences)
         logs.mllog("run_stop", metadata={"status": "success" if logs.reached else "aborted", "epoch_num": sequences})
 
@@ -436,6 +467,7 @@ class Trainer:
         logs.eval_seconds += time.perf_counter() - start
         record = {"step": step, "sequences": sequences, "seconds": seconds, **metrics}
         logs.eval(record)
+        logs.last_eval_step = step
         if not logs.eval_samples_logged:
             logs.mllog("eval_samples", int(metrics.get("num_sequences", 0)))
             logs.eval_samples_logged = True
@@ -551,14 +583,14 @@ def _set_aside_a_damaged_state_file(directory: str) -> None:
                         "checkpoint that restores", path, aside)
 
 
-def _keep_logged_steps(directory: str, step: int) -> dict:
-    """Drops the train and eval log lines after `step`; returns the last train record kept.
+def _keep_logged_steps(directory: str, step: int) -> tuple[dict, dict]:
+    """Drops the train and eval log lines after `step`; returns the last train and eval records kept.
 
     A torn last line (a write cut short by a crash or a power loss) is dropped with a warning; a
     damaged line anywhere else stops the run, named.
     """
-    last = {}
-    for name in ("train_log.jsonl", "eval_log.jsonl"):
+    last = {"train_log.jsonl": {}, "eval_log.jsonl": {}}
+    for name in last:
         path = os.path.join(directory, name)
         if not files.exists(path):
             continue
@@ -575,9 +607,9 @@ def _keep_logged_steps(directory: str, step: int) -> dict:
                 logging.warning("%s: dropped its torn last line %d (%d characters)", path, number, len(line))
         kept = [record for record in records if record["step"] <= step]
         write_text_atomically(path, "".join(json.dumps(record) + "\n" for record in kept))
-        if name == "train_log.jsonl" and kept:
-            last = kept[-1]
-    return last
+        if kept:
+            last[name] = kept[-1]
+    return last["train_log.jsonl"], last["eval_log.jsonl"]
 
 
 def _chief(strategy) -> tuple[bool, int]:
@@ -616,6 +648,7 @@ class _Logs:
         self.last_seconds = 0.0
         self.eval_seconds = 0.0  # of this process: train_seconds = seconds - eval_seconds
         self.reached = False
+        self.last_eval_step = None  # of this process
 
     def train(self, record: dict) -> None:
         self.train_file.write(json.dumps(record) + "\n")

@@ -1,0 +1,90 @@
+"""Training throughput, packed against padded, measured so that a shared machine's noise cannot flip it.
+
+Two runs' wall clocks are a poor speed-up measurement: on a shared machine a neighbour's job can
+slow one run and not the other. Here every input mode trains in the same process, and the modes
+take turns: round r times `updates` updates of each mode, in the order A B in even rounds and B A
+in odd ones, so a slow drift of the machine's speed falls on both. Each round gives one speed-up
+(its own A and B); the median is reported with the range, and a range that reaches 1.0 says the
+noise is as large as the effect.
+
+Model FLOPs count the useful work only (real tokens, not padding), as MFU does:
+  per token and layer    forward 8 H^2 + 4 H I (projections and feed-forward) + 4 H n (attention,
+                         n the length of the token's own sequence, here the mean real length)
+  per masked prediction  forward 2 H^2 + 2 H V (MLM transform and decoder)
+  training               3 x forward (the backward pass costs two forwards)
+"""
+
+from __future__ import annotations
+
+import time
+
+from bert_packed.features import Shapes
+from bert_packed.model import BertConfig
+from bert_packed.training.config import ModelConfig, OptimizerConfig, RunConfig, TrainConfig, TrainData
+from bert_packed.training.trainer import SUM_KEYS, Trainer
+
+# bf16 dense tensor-core peaks (TFLOP/s, no sparsity) of the cards a GPU figure is taken on.
+BF16_PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L4": 121.0}
+
+
+def training_flops(bert: BertConfig, tokens: float, sequences: float, predictions: float) -> float:
+    """Model FLOPs of one training pass over `tokens` real tokens in `sequences` sequences.
+
+    For example, the tiny config (H=128, I=512, 2 layers, V=30522) on one sequence of 100 tokens
+    with 15 predictions: 3 * (100 * 2 * (8*128^2 + 4*128*512 + 4*128*100) + 15 * (2*128^2 + 2*128*30522))
+    = 3 * (100 * 2 * 444,416 + 15 * 7,846,400) = 619.7 MFLOPs.
+    """
+    hidden, intermediate = bert.hidden_size, bert.intermediate_size
+    mean_length = tokens / max(sequences, 1.0)
+    per_token = bert.num_hidden_layers * (8 * hidden**2 + 4 * hidden * intermediate + 4 * hidden * mean_length)
+    per_prediction = 2 * hidden**2 + 2 * hidden * bert.vocab_size
+    return 3.0 * (tokens * per_token + predictions * per_prediction)
+
+
+def benchmark_trainer(bert: BertConfig, files: list[str], shapes: Shapes, input_mode: str, batch_size: int,
+                      output_dir: str, precision: str = "fp32", xla: bool = False,
+                      bucket_boundaries: tuple[int, ...] = ()) -> Trainer:
+    """A Trainer for throughput alone: LAMB at a small learning rate, no checkpoints or evaluations."""
+    return Trainer(TrainConfig(
+        model=ModelConfig(bert, precision=precision, xla=xla),
+        train_data=TrainData(tuple(files), shapes, input_mode, batch_size=batch_size,
+                             bucket_boundaries=bucket_boundaries),
+        optimizer=OptimizerConfig(learning_rate=1e-4, num_train_steps=10**9),
+        run=RunConfig(output_dir, save_checkpoints_steps=10**9, log_every_steps=10**9)))
+
+
+def measure_alternately(trainers: dict[str, Trainer], rounds: int, updates: int) -> dict:
+    """Times `updates` updates of each trainer per round, alternating their order.
+
+    Args:
+      trainers: name -> Trainer; the first is the baseline of the speed-ups.
+      rounds: measured rounds, after one untimed round that compiles and warms the pipelines.
+      updates: updates per trainer and round.
+
+    Returns:
+      {"rounds", "updates", "modes": {name: {"sequences_per_second": [per round], "real_tokens_per_second",
+      "flops_per_second", "padding_efficiency"}}, "speedups": {name: [per round, against the baseline]}}.
+    """
+    names = list(trainers)
+    for trainer in trainers.values():
+        trainer.run_updates(updates)
+    modes = {name: {"sequences_per_second": [], "real_tokens_per_second": [], "flops_per_second": [],
+                    "padding_efficiency": []} for name in names}
+    for index in range(rounds):
+        for name in names if index % 2 == 0 else names[::-1]:
+            trainer = trainers[name]
+            start = time.perf_counter()
+            rows = trainer.run_updates(updates)
+            seconds = time.perf_counter() - start
+            sums = {key: float(rows[:, 1 + i].sum()) for i, key in enumerate(SUM_KEYS)}
+            flops = training_flops(trainer.config.model.bert, sums["tokens"], sums["nsp_sequences"],
+                                   sums["mlm_predictions"])
+            mode = modes[name]
+            mode["sequences_per_second"].append(sums["nsp_sequences"] / seconds)
+            mode["real_tokens_per_second"].append(sums["tokens"] / seconds)
+            mode["flops_per_second"].append(flops / seconds)
+            mode["padding_efficiency"].append(sums["tokens"] / sums["slots"])
+    base = modes[names[0]]["sequences_per_second"]
+    speedups = {name: [rate / reference for rate, reference in zip(modes[name]["sequences_per_second"], base)]
+                for name in names}
+    return {"rounds": rounds, "updates": updates, "modes": modes, "speedups": speedups}
