@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	test -x $(PYTHON) || python3 -m venv $(ENV_DIR)
 	$(PYTHON) -m pip install --quiet --upgrade pip
 	$(PYTHON) -m pip install --quiet --progress-bar=off -e '.[cpu,test]'
-	@echo "== installed into $(ENV_DIR); `source $(ENV_DIR)/bin/activate` puts its python and commands on PATH"
+	@echo "== installed into $(ENV_DIR); 'source $(ENV_DIR)/bin/activate' puts its python and commands on PATH"
 	touch $(STAMP)
 
 # The sample's stages live in runs/sample (the configs/tiny_sample_*.cfg flagfiles name these paths).
