@@ -15,8 +15,8 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	@echo "== installing bert-packed with tensorflow-cpu into $(ENV_DIR) (about 1-2 minutes, once)"
 	test -x $(PYTHON) || python3 -m venv $(ENV_DIR)
-	$(PYTHON) -m pip install --quiet --upgrade pip
-	$(PYTHON) -m pip install --quiet --progress-bar=off -e '.[cpu,test]'
+	$(PYTHON) -m pip install --quiet --quiet --upgrade pip
+	$(PYTHON) -m pip install --quiet --quiet -e '.[cpu,test]'
 	@echo "== installed into $(ENV_DIR); 'source $(ENV_DIR)/bin/activate' puts its python and commands on PATH"
 	touch $(STAMP)
 

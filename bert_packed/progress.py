@@ -24,6 +24,7 @@ class Progress:
         self._start = time.perf_counter()
         self._last = 0.0
         self._tty = getattr(self._stream, "isatty", lambda: False)()
+        self._printed = None  # the count of the last line written
 
     def update(self, amount: int = 1, extra: str = "") -> None:
         self.done += amount
@@ -33,9 +34,13 @@ class Progress:
             self._print(extra)
 
     def close(self, extra: str = "") -> None:
-        self._print(extra)
+        """The final line: on a terminal it ends the line kept rewritten; in a log it is written
+        only when the last line written does not already say this count."""
         if self._tty:
+            self._print(extra)
             self._stream.write("\n")
+        elif self._printed != self.done:
+            self._print(extra)
 
     @property
     def seconds(self) -> float:
@@ -53,3 +58,4 @@ class Progress:
         text = f"{self.label}: {self.done:,}{total} {self.unit} ({self.rate:,.0f}/s{eta}){extra}"
         self._stream.write(("\r" + text + "\033[K") if self._tty else text + "\n")
         self._stream.flush()
+        self._printed = self.done

@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-from sample_corpus import SAMPLE, VOCAB, copy_sample
+from _sample_corpus import SAMPLE, VOCAB, copy_sample
 
 from bert_packed.pretraining_data.create_dataset import DatasetSettings, create_pretraining_dataset
 from bert_packed.pretraining_data.instances import MaskingConfig
@@ -33,8 +33,9 @@ def main() -> int:
     """Returns the exit status: 1 when a target is missed."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--copies", type=int, default=4, help="copies of the sample for the throughput run")
-    parser.add_argument("--dupe_factor", type=int, default=10)
-    parser.add_argument("--num_workers", type=int, default=0)
+    parser.add_argument("--dupe_factor", type=int, default=10, help="Passes over the text, each masked anew "
+                        "(the MLPerf recipe uses 10).")
+    parser.add_argument("--num_workers", type=int, default=0, help="Worker processes (0: one per core).")
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="bench_create_")
     try:

@@ -18,7 +18,11 @@ import sys
 import tempfile
 import time
 
-from sample_corpus import SAMPLE, VOCAB
+from bert_packed.cli.common import import_tensorflow
+
+import_tensorflow(verbosity=0)  # first: TensorFlow's start-up notices stay out of the tables
+
+from _sample_corpus import SAMPLE, VOCAB
 
 from bert_packed.features import Shapes
 from bert_packed.input_pipeline import PipelineConfig, make_dataset
@@ -44,8 +48,8 @@ def rate(config: PipelineConfig, batches: int) -> tuple[float, float]:
 def main() -> int:
     """Returns the exit status: 1 when a target is missed."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--batch_size", type=int, default=64)
-    parser.add_argument("--batches", type=int, default=200)
+    parser.add_argument("--batch_size", type=int, default=64, help="Rows per batch.")
+    parser.add_argument("--batches", type=int, default=200, help="Batches read per input mode.")
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="bench_pipeline_")
     try:

@@ -18,6 +18,10 @@ import os
 import statistics
 import tempfile
 
+from bert_packed.cli.common import import_tensorflow
+
+import_tensorflow(verbosity=0)  # first: TensorFlow's start-up notices stay out of the tables
+
 import numpy as np
 
 from bert_packed.features import Shapes

@@ -21,6 +21,10 @@ import argparse
 import statistics
 import time
 
+from bert_packed.cli.common import import_tensorflow
+
+import_tensorflow(verbosity=0)  # first: TensorFlow's start-up notices stay out of the tables
+
 import numpy as np
 import tensorflow as tf
 
@@ -114,7 +118,7 @@ def flops_per_token(config: BertConfig, length: int) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=40, help="Rounds of one timed step of each model in turn.")
     args = parser.parse_args()
     print("| config | L | batch | packed (s/step) | one-sequence rows | plain BERT | packing overhead vs plain |")
     print("|---|---|---|---|---|---|---|")

@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 
-from sample_corpus import copy_sample
+from _sample_corpus import copy_sample
 
 from bert_packed.features import Shapes, float_features, tf_feature_spec
 from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset, verify_packed_dataset

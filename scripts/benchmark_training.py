@@ -21,6 +21,10 @@ import os
 import sys
 import tempfile
 
+from bert_packed.cli.common import import_tensorflow
+
+import_tensorflow(verbosity=0)  # first: TensorFlow's start-up notices stay out of the tables
+
 from bert_packed.curves import describe_speedup, summary
 from bert_packed.dataset_info import read_dataset_info
 from bert_packed.features import Shapes

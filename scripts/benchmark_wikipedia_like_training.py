@@ -23,6 +23,10 @@ import os
 import sys
 import tempfile
 
+from bert_packed.cli.common import import_tensorflow
+
+import_tensorflow(verbosity=0)  # first: TensorFlow's start-up notices stay out of the tables
+
 import numpy as np
 
 from bert_packed.curves import describe_speedup, summary
@@ -95,7 +99,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bert_config", default="tiny",
                         help="tiny, mini, base or large (configs/bert_config_*.json), or a bert_config.json path.")
-    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"],
+                        help="Compute precision (bf16 on a GPU for the MLPerf figure).")
     parser.add_argument("--xla", action="store_true", help="Compile the forward and backward pass with XLA.")
     parser.add_argument("--batch_size", type=int, default=8, help="Rows per update, padded and packed alike.")
     parser.add_argument("--sequences", type=int, default=4000, help="Synthetic unpacked sequences to write.")

@@ -104,7 +104,8 @@ def test_cli_writes_a_png_and_a_table(tmp_path):
     assert rows and "| 2.00 |" in rows[0]
     auto = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "compare_curves.py"), padded, packed,
                            "--output", str(output), "--accuracy", "auto"], capture_output=True, text=True, timeout=120)
-    assert auto.returncode == 0 and "sequences to 0.360" in auto.stdout  # 0.9 x the lowest final 0.4
+    # 90% of the way from the lowest first evaluation (0.2) to the lowest final one (0.4).
+    assert auto.returncode == 0 and "sequences to 0.380" in auto.stdout
 
 
 @pytest.mark.slow

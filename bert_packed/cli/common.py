@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import sys
+import tempfile
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -22,9 +24,41 @@ from absl import app, flags
 from bert_packed import files
 from bert_packed.errors import InputFilesError, UserError
 
+# What TensorFlow writes to stderr while it loads, before any of its logging settings apply: the
+# absl notice, the oneDNN and CPU-feature notices, and (on machines with CUDA libraries) the
+# factory-registration lines. Error lines are not among them.
+_TENSORFLOW_STARTUP = re.compile(r"^(WARNING: All log messages before absl::InitializeLog|[IW]\d{4} |To enable the "
+                                 r"following instructions:|TF-TRT Warning)")
+
 # A full disk, a full quota and a file-size limit all stop a write the same way.
 _DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _DISK_FULL_TEXTS = ("No space left on device", "Disk quota exceeded", "File too large")
+
+
+def import_tensorflow(verbosity: int) -> None:
+    """Loads TensorFlow quietly unless --verbosity is above 0.
+
+    Quiet: TF_CPP_MIN_LOG_LEVEL=2 (unless set), and the start-up notices TensorFlow writes
+    straight to file descriptor 2 while it loads are held back; any other line it writes then
+    (an error) still reaches stderr.
+    """
+    if verbosity > 0 or "tensorflow" in sys.modules:
+        import tensorflow  # noqa: F401
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            import tensorflow  # noqa: F401
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            for line in captured.read().decode("utf-8", "replace").splitlines():
+                if not _TENSORFLOW_STARTUP.match(line):
+                    print(line, file=sys.stderr)
 
 
 def run(main: Callable[[list[str]], None], program: str, output_flag: str | tuple[str, ...], kept: str) -> None:

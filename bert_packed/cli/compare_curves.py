@@ -16,7 +16,7 @@ from absl import flags
 
 from bert_packed import files
 from bert_packed.cli.common import run
-from bert_packed.curves import format_table, load_run, plot, summary_table, throughput_lines
+from bert_packed.curves import automatic_accuracy, format_table, load_run, plot, summary_table, throughput_lines
 from bert_packed.errors import SettingsError
 
 FLAGS = flags.FLAGS
@@ -25,7 +25,8 @@ flags.DEFINE_string("output", "compare_curves.png", "Where the PNG goes.")
 flags.DEFINE_string("throughput", None, "JSON of scripts/benchmark_training.py --output_json: quote its alternated "
                                         "speed-up measurement under the table.")
 flags.DEFINE_string("accuracy", "0.720", "MLM accuracy for the sequences-and-time-to-accuracy columns; 'auto': 90% "
-                                         "of the lowest final eval accuracy among the runs.")
+                                         "of the way from the lowest first evaluation to the lowest final one, "
+                                         "which every run reaches.")
 
 PROGRAM = "compare_curves"
 
@@ -39,10 +40,9 @@ def main(argv) -> None:
         raise SettingsError(f"--labels has {len(labels)} names for {len(directories)} runs")
     runs = [load_run(directory, label) for directory, label in zip(directories, labels)]
     if FLAGS.accuracy == "auto":
-        finals = [run.evals[-1]["mlm_accuracy"] for run in runs if run.evals]
-        if len(finals) < len(runs):
+        if not all(run.evals for run in runs):
             raise SettingsError("--accuracy auto needs an eval_log.jsonl in every run")
-        accuracy = 0.9 * min(finals)
+        accuracy = automatic_accuracy(runs)
     else:
         try:
             accuracy = float(FLAGS.accuracy)

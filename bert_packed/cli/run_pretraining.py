@@ -18,7 +18,7 @@ import math
 
 from absl import flags
 
-from bert_packed.cli.common import command_flags_text, exit_with, expand_globs, run
+from bert_packed.cli.common import command_flags_text, exit_with, expand_globs, import_tensorflow, run
 from bert_packed.dataset_info import DatasetInfo, dataset_info_of_files
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
@@ -344,6 +344,7 @@ def _say_how_cadences_round() -> None:
 
 def main(argv):
     del argv
+    import_tensorflow(FLAGS.verbosity)
     logging.getLogger().setLevel(logging.INFO)
     from bert_packed.training.trainer import Trainer
 

@@ -1,4 +1,4 @@
-"""The shipped sample for the benchmarks: paths, and copies of it for larger runs."""
+"""Not a command: the shipped sample for the benchmarks (its paths, and copies of it for larger runs)."""
 
 from __future__ import annotations
 
