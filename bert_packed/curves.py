@@ -30,12 +30,14 @@ class Run:
       train: train_log.jsonl records.
       evals: eval_log.jsonl records (may be empty).
       info: run.json (input_mode, packing_factor, ...), {} if absent.
+      directory: where the logs are.
     """
 
     name: str
     train: list[dict]
     evals: list[dict]
     info: dict
+    directory: str = ""
 
     @property
     def train_seconds(self) -> float:
@@ -80,7 +82,7 @@ def load_run(directory: str, name: str | None = None) -> Run:
         raise RunError(f"{directory}: no train_log.jsonl records (expected a run_pretraining.py output_dir)")
     info_path = os.path.join(directory, "run.json")
     info = json.load(open(info_path, encoding="utf-8")) if os.path.exists(info_path) else {}
-    return Run(name or os.path.basename(os.path.normpath(directory)), train, evals, info)
+    return Run(name or os.path.basename(os.path.normpath(directory)), train, evals, info, directory)
 
 
 def configuration_name(name: str) -> str:
@@ -101,33 +103,79 @@ class Configuration:
         return None if any(v is None for v in values) else sum(values) / len(values)
 
     def spread(self, value) -> tuple[float, float] | None:
+        """The seeds' (min, max) of value(run); None when it is None for any seed."""
         values = [value(run) for run in self.runs]
         return None if any(v is None for v in values) else (min(values), max(values))
 
-    def eval_points(self) -> list[tuple[float, float, list[float], list[float]]]:
-        """(mean sequences, mean seconds, accuracies, losses) at each evaluation all seeds made."""
-        count = min(len(run.evals) for run in self.runs)
-        return [(sum(run.evals[i]["sequences"] for run in self.runs) / len(self.runs),
-                 sum(run.evals[i]["seconds"] for run in self.runs) / len(self.runs),
-                 [run.evals[i]["mlm_accuracy"] for run in self.runs],
-                 [run.evals[i]["loss"] for run in self.runs]) for i in range(count)]
+    def points(self, source: str) -> list[tuple[float, float, list[float], list[float]]]:
+        """(sequences, mean seconds, accuracies, losses) along the seeds' eval (or train) records.
+
+        The seeds' records fall at slightly different sequence counts (a packed update holds a
+        varying number of sequences), so every seed is read, linearly, at the sequence counts of
+        the seed with the fewest records; a count past a seed's last record takes its last value.
+        """
+        curves = [run.evals if source == "eval" else run.train for run in self.runs]
+        grid = [record["sequences"] for record in min(curves, key=len)]
+
+        def at(curve, key, sequences):
+            return _interpolate([(r["sequences"], r.get(key, 0.0)) for r in curve], sequences, clamp=True)
+
+        return [(x, sum(at(c, "seconds", x) for c in curves) / len(curves),
+                 [at(c, "mlm_accuracy", x) for c in curves], [at(c, "loss", x) for c in curves]) for x in grid]
 
 
 def group_runs(runs: list[Run]) -> list[Configuration]:
-    """Runs grouped by configuration_name, in the order each configuration first appears."""
-    groups: dict[str, Configuration] = {}
+    """Runs grouped by configuration, in the order each first appears.
+
+    A configuration is a run's directory and name without a trailing seed: runs/a/packed_seed1
+    and runs/a/packed_seed2 are one, runs/b/packed_seed1 another (named by its path when the
+    names alone would clash).
+
+    Raises:
+      RunError: two seeds of one configuration differ in run.json beyond the seed.
+    """
+    groups: dict[str, list[Run]] = {}
     for run in runs:
-        groups.setdefault(configuration_name(run.name), Configuration(configuration_name(run.name), [])).runs.append(run)
-    return list(groups.values())
+        parent = os.path.dirname(os.path.normpath(run.directory)) if run.directory else ""
+        groups.setdefault(os.path.join(parent, configuration_name(run.name)), []).append(run)
+    names = [configuration_name(members[0].name) for members in groups.values()]
+    configurations = []
+    for (key, members), name in zip(groups.items(), names):
+        first = {k: v for k, v in members[0].info.items() if k != "seed"}
+        for other in members[1:]:
+            differ = sorted(k for k in set(first) | set(other.info) if k != "seed"
+                            and first.get(k) != other.info.get(k))
+            if differ:
+                raise RunError(f"{members[0].directory} and {other.directory} look like seeds of one configuration, "
+                               f"but their run.json differ in {', '.join(differ)}")
+        configurations.append(Configuration(key if names.count(name) > 1 else name, members))
+    return configurations
+
+
+def _interpolate(points: list[tuple[float, float]], x: float, clamp: bool = False) -> float | None:
+    """The polyline through `points` (x ascending) at x; outside them None, or with `clamp` the
+    nearest end's value."""
+    if not points:
+        return None
+    if x <= points[0][0] or x >= points[-1][0]:
+        end = points[0] if x <= points[0][0] else points[-1]
+        return end[1] if clamp or x == end[0] else None
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x0 <= x <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return None
 
 
 def accuracy_at(run: Run, sequences: float) -> float | None:
-    """The run's eval accuracy at `sequences`, linear between its evaluations (None outside them)."""
-    points = [(r["sequences"], r["mlm_accuracy"]) for r in run.evals]
-    for (x0, y0), (x1, y1) in zip(points, points[1:]):
-        if x0 <= sequences <= x1:
-            return y0 if x1 == x0 else y0 + (y1 - y0) * (sequences - x0) / (x1 - x0)
-    return points[0][1] if points and points[0][0] == sequences else None
+    """The run's eval accuracy at `sequences`, linear between its evaluations; within one update
+    before its first or after its last (an evaluation falls up to an update late), that one's;
+    further outside, None."""
+    points = [(r["sequences"], r.get("mlm_accuracy", 0.0)) for r in run.evals]
+    counts = [r["sequences"] for r in run.train]
+    update = max((b - a for a, b in zip(counts, counts[1:])), default=0)
+    if points and points[0][0] - update <= sequences <= points[-1][0] + update:
+        return _interpolate(points, sequences, clamp=True)
+    return None
 
 
 def inside_baseline_spread(baseline: Configuration, other: Configuration) -> tuple[int, int, float]:
@@ -139,7 +187,7 @@ def inside_baseline_spread(baseline: Configuration, other: Configuration) -> tup
     """
     inside = compared = 0
     worst = 0.0
-    for sequences, _, accuracies, _ in baseline.eval_points():
+    for sequences, _, accuracies, _ in baseline.points("eval"):
         values = [accuracy_at(run, sequences) for run in other.runs]
         if any(v is None for v in values):
             continue
@@ -154,27 +202,35 @@ def inside_baseline_spread(baseline: Configuration, other: Configuration) -> tup
 def automatic_accuracy(runs: list[Run]) -> float:
     """A target every run reaches and that tells runs apart: 90% of the way from the lowest first
     evaluation to the lowest final one (0.0954 and 0.1054 give 0.1044)."""
-    first = min(run.evals[0]["mlm_accuracy"] for run in runs)
-    final = min(run.evals[-1]["mlm_accuracy"] for run in runs)
+    first = min(run.evals[0].get("mlm_accuracy", 0.0) for run in runs)
+    final = min(run.evals[-1].get("mlm_accuracy", 0.0) for run in runs)
     return first + 0.9 * (final - first)
+
+
+def _source(runs: list[Run]) -> str:
+    """"eval" when every run has evaluations, else "train": one source for every figure compared."""
+    return "eval" if all(run.evals for run in runs) else "train"
 
 
 def summary_table(runs: list[Run], accuracy: float) -> list[dict]:
     """One row a configuration (its seeds' mean, and their range); speed-ups are of the means,
     against the first configuration (the baseline).
 
-    Columns: configuration, seeds, input mode, packing factor, sequences an update, final eval
-    accuracy and loss (at each run's last step), sequences and seconds (evaluations included, as
-    MLPerf times) to reach `accuracy` (None unless every seed reaches it), sequences/s and real
-    tokens/s (training time only), throughput speed-up, time-to-accuracy speed-up, the throughput
-    speed-up divided by the ratio of packing factors, and with several baseline seeds how many of
-    the baseline's evaluations have this configuration inside their range.
+    Columns: configuration, seeds, input mode, packing factor, sequences an update, final
+    accuracy and loss (eval, at each run's last step; train figures when a run has no
+    evaluations), sequences and seconds (evaluations included, as MLPerf times) to reach
+    `accuracy` (None unless every seed reaches it), sequences/s and real tokens/s (training time
+    only), throughput speed-up, time-to-accuracy speed-up, the throughput speed-up divided by the
+    ratio of packing factors, and with several baseline seeds how many of the baseline's
+    evaluations have this configuration inside their range.
     """
     groups = group_runs(runs)
     baseline = groups[0]
 
+    source = _source(runs)
+
     def final(key):
-        return lambda run: run.evals[-1].get(key) if run.evals else (run.train[-1][key] if key == "loss" else None)
+        return lambda run: (run.evals if source == "eval" else run.train)[-1].get(key)
 
     def reached(key):
         return lambda run: (run.reach(accuracy) or {}).get(key)
@@ -188,14 +244,15 @@ def summary_table(runs: list[Run], accuracy: float) -> list[dict]:
         speedup = group.mean(lambda run: run.sequences_per_second) / base_speed
         seconds = group.mean(reached("seconds"))
         inside = (inside_baseline_spread(baseline, group) if len(baseline.runs) > 1 and group is not baseline
-                  else None)
+                  and source == "eval" else None)
+        if inside and not inside[1]:
+            inside = None  # no evaluation of the baseline falls inside this configuration's curve
         rows.append({
             "run": group.name,
             "seeds": len(group.runs),
             "input_mode": info.get("input_mode", "?"),
             "packing_factor": info.get("packing_factor", 1.0),
-            "sequences_per_update": (info["train_batch_size"] * info.get("steps_per_update", 1)
-                                     * info.get("packing_factor", 1.0) if "train_batch_size" in info else None),
+            "sequences_per_update": info.get("sequences_per_update"),
             "final_mlm_accuracy": group.mean(final("mlm_accuracy")),
             "final_mlm_accuracy_range": group.spread(final("mlm_accuracy")),
             "final_loss": group.mean(final("loss")),
@@ -248,23 +305,17 @@ def format_table(rows: list[dict], accuracy: float) -> str:
 def plot(runs: list[Run], path: str) -> None:
     """Eval MLM accuracy and loss against sequences seen and against wall time, one PNG: one line
     a configuration (the seeds' mean), with the seeds' min-max as a band when there are several.
-    Runs without evaluations are drawn from their training log."""
+    When a run has no evaluations, every run is drawn from its training log."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(2, 2, figsize=(12, 8))
+    source = _source(runs)
     for group in group_runs(runs):
         label = group.name if len(group.runs) == 1 else f"{group.name} ({len(group.runs)} seeds)"
-        if all(run.evals for run in group.runs):
-            points = group.eval_points()
-        else:
-            count = min(len(run.train) for run in group.runs)
-            points = [(sum(run.train[i]["sequences"] for run in group.runs) / len(group.runs),
-                       sum(run.train[i]["seconds"] for run in group.runs) / len(group.runs),
-                       [run.train[i]["mlm_accuracy"] for run in group.runs],
-                       [run.train[i]["loss"] for run in group.runs]) for i in range(count)]
+        points = group.points(source)
         for column in (0, 1):
             x = [point[column] for point in points]
             for row, index in ((0, 2), (1, 3)):
@@ -274,7 +325,6 @@ def plot(runs: list[Run], path: str) -> None:
                 if len(group.runs) > 1:
                     axes[row][column].fill_between(x, [min(v) for v in values], [max(v) for v in values],
                                                    color=line.get_color(), alpha=0.2, linewidth=0)
-    source = "eval" if all(run.evals for run in runs) else "train"
     for column, label in enumerate(("sequences seen", "wall time (s)")):
         axes[0][column].set(xlabel=label, ylabel=f"{source} MLM accuracy")
         axes[1][column].set(xlabel=label, ylabel=f"{source} loss (MLM + NSP)")

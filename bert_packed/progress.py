@@ -33,14 +33,14 @@ class Progress:
             self._last = now
             self._print(extra)
 
-    def close(self, extra: str = "") -> None:
+    def close(self) -> None:
         """The final line: on a terminal it ends the line kept rewritten; in a log it is written
         only when the last line written does not already say this count."""
         if self._tty:
-            self._print(extra)
+            self._print("")
             self._stream.write("\n")
         elif self._printed != self.done:
-            self._print(extra)
+            self._print("")
 
     @property
     def seconds(self) -> float:

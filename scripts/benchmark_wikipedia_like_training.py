@@ -72,7 +72,7 @@ def device_and_peak() -> tuple[str, float | None]:
     if not gpus:
         return "CPU", None
     name = tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
-    return name, next((peak for card, peak in BF16_PEAK_TFLOPS.items() if card in name), None)
+    return name, next((peak for card, peak in BF16_PEAK_TFLOPS if card in name), None)
 
 
 def write_data(directory: str, sequences: int) -> tuple[list[str], list[str], float]:
@@ -135,7 +135,7 @@ def main() -> int:
               f"{'-' if peak is None else format(flops / 1e12 / peak, '.1%')} | "
               f"{summary(figures['padding_efficiency'])['median']:.1%} | {speedup['median']:.2f} "
               f"({speedup['min']:.2f}-{speedup['max']:.2f}) | "
-              f"{speedup['median'] / factor if mode == 'packed' else 1.0:.2f} |")
+              + (f"{speedup['median'] / factor:.2f}" if mode == "packed" else "") + " |")
     ratio = summary(result["speedups"]["packed"])["median"] / factor
     print(f"\npacked {describe_speedup(result['speedups']['packed'], factor)}")
     if args.output_json:

@@ -8,9 +8,11 @@ from conftest import REPO
 
 from bert_packed.curves import (
     RunError,
+    accuracy_at,
     configuration_name,
     describe_speedup,
     format_table,
+    group_runs,
     load_run,
     plot,
     summary_table,
@@ -64,6 +66,10 @@ def test_seeds_of_a_configuration_are_one_row_with_their_mean_and_range(tmp_path
     assert rows[1]["speedup_over_packing_factor"] == pytest.approx(1.0)
     # The baseline evaluates at 40 and 80 sequences. Packed's mean curve (evaluations at 60 and 120)
     # starts at 60, so only 80 is compared: 0.32 + (0.48 - 0.32) * 20 / 60 = 0.3733, below 0.40.
+    # Within one update (12 sequences) of its first or last evaluation a run reads as that one.
+    packed = runs[3]
+    assert (accuracy_at(packed, 50), accuracy_at(packed, 47), accuracy_at(packed, 130)) == (0.30, None, 0.46)
+    assert accuracy_at(packed, 90) == pytest.approx(0.38)
     inside, compared, worst = rows[1]["inside_baseline_spread"]
     assert (inside, compared) == (0, 1) and worst == pytest.approx(0.40 - (0.32 + 0.16 / 3))
     assert rows[0]["inside_baseline_spread"] is None
@@ -72,6 +78,31 @@ def test_seeds_of_a_configuration_are_one_row_with_their_mean_and_range(tmp_path
     assert "| 0/1 (by 0.0267) |" in table
     plot(runs, str(tmp_path / "curves.png"))
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_configurations_are_told_apart_by_path_and_checked_for_agreeing_settings(tmp_path):
+    os.makedirs(tmp_path / "a")
+    os.makedirs(tmp_path / "b")
+    first = load_run(write_run(tmp_path / "a" / "packed_seed1", "packed", 1.5, 2.0, 12, [0.3, 0.4]))
+    second = load_run(write_run(tmp_path / "b" / "packed_seed1", "packed", 1.5, 2.0, 12, [0.3, 0.5]))
+    groups = group_runs([first, second])
+    assert [(g.name, len(g.runs)) for g in groups] == [(str(tmp_path / "a" / "packed"), 1),
+                                                      (str(tmp_path / "b" / "packed"), 1)]
+    other = load_run(write_run(tmp_path / "a" / "packed_seed2", "packed", 1.7, 2.0, 12, [0.3, 0.5]))
+    with pytest.raises(RunError, match="packed_seed1 and .*packed_seed2 look like seeds of one configuration, but "
+                                       "their run.json differ in packing_factor"):
+        group_runs([first, other])
+
+
+def test_seeds_evaluated_at_other_counts_are_read_at_one_seed_s_counts(tmp_path):
+    runs = [load_run(write_run(tmp_path / "packed_seed1", "packed", 1.5, 2.0, 10, [0.2, 0.4, 0.5])),
+            load_run(write_run(tmp_path / "packed_seed2", "packed", 1.5, 2.0, 12, [0.3, 0.5]))]
+    # Seed 2 (fewer evaluations: at 60 and 120 sequences) gives the counts; seed 1 (at 50, 100 and
+    # 150) is read there: 0.2 + 0.2 * 10 / 50 = 0.24 at 60, 0.4 + 0.1 * 20 / 50 = 0.44 at 120.
+    points = group_runs(runs)[0].points("eval")
+    assert [p[0] for p in points] == [60, 120]
+    assert points[0][2] == pytest.approx([0.24, 0.3]) and points[1][2] == pytest.approx([0.44, 0.5])
+    assert points[1][1] == pytest.approx((24.0 + 20.0) / 2)  # seconds, read the same way
 
 
 def test_the_alternated_throughput_is_quoted_with_its_range(tmp_path):

@@ -95,7 +95,9 @@ def test_the_readme_has_its_set_up_commands_and_no_placeholder():
 
 @pytest.mark.slow
 def test_every_readme_block_runs_as_written(checkout):
-    environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+    # As after `source .venv/bin/activate` (a block of its own, which cannot carry over to the next).
+    environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "", "VIRTUAL_ENV": sys.prefix,
+                   "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
     ran = 0
     for start, language, text in fenced_blocks():
         if language == "bash":

@@ -95,6 +95,12 @@ assert mirrored.strategy.num_replicas_in_sync == 2
 for w, value in zip(mirrored.model.weights, start):
     w.assign(value)
 mirrored.train()
+from bert_packed.training.trainer import TrainingError
+try:
+    Trainer(config(sys.argv[1] + "/odd", files, train_batch_size=3), strategy)
+    raise AssertionError("3 rows on 2 replicas were taken")
+except TrainingError as e:
+    assert str(e) == "--train_batch_size=3 rows do not divide among the 2 replicas: use a multiple of 2", e
 print(max(float(np.abs(a - b).max()) for a, b in zip(weights(single), weights(mirrored))))
 """
 
@@ -404,12 +410,39 @@ def test_a_kill_before_the_end_of_a_run_is_completed_by_the_next_start(packed_di
     Trainer(config(tmp_path, files, **settings)).train()  # finished: nothing more
     assert [r["step"] for r in read_log(tmp_path / "eval_log.jsonl")] == [2]
     assert [r["step"] for r in read_log(tmp_path / "train_log.jsonl")] == [1, 2]
+    assert [entry["metadata"]["status"] for entry in mllog(tmp_path) if entry["key"] == "run_stop"] == ["aborted"]
+
+
+def mllog(directory):
+    return [json.loads(line.split(":::MLLOG ", 1)[1]) for line in open(directory / "mllog.txt")]
+
+
+def test_a_kill_during_the_export_of_a_run_that_reached_its_target_is_completed(packed_dir, unpacked_dir, tmp_path,
+                                                                               monkeypatch):
+    import bert_packed.training.trainer as trainer_module
+
+    files, eval_files = tfrecords(packed_dir), tuple(tfrecords(unpacked_dir))
+    settings = dict(num_train_steps=4, eval_files=eval_files, eval_every_samples=1, target_mlm_accuracy=0.0)
+    export = trainer_module.export_google_checkpoint
+
+    def killed(model, path):
+        raise RuntimeError("killed")
+
+    monkeypatch.setattr(trainer_module, "export_google_checkpoint", killed)
+    with pytest.raises(RuntimeError, match="killed"):
+        Trainer(config(tmp_path, files, **settings)).train()  # reached at step 1, saved, killed exporting
+    monkeypatch.setattr(trainer_module, "export_google_checkpoint", export)
+    Trainer(config(tmp_path, files, **settings)).train()
+    assert [r["step"] for r in read_log(tmp_path / "train_log.jsonl")] == [1]  # not trained on
+    assert [r["step"] for r in read_log(tmp_path / "eval_log.jsonl")] == [1]
+    assert (tmp_path / "model.ckpt-1.index").exists() and not list(tmp_path.glob("*.tmp*"))
+    assert [entry["metadata"]["status"] for entry in mllog(tmp_path) if entry["key"] == "run_stop"] == ["success"]
 
 
 def test_an_output_dir_holding_another_run_is_refused_and_left_intact(packed_dir, tmp_path):
     Trainer(config(tmp_path, tfrecords(packed_dir), num_train_steps=1, flags_text="--seed=12345\n")).train()
     before = (tmp_path / "train_log.jsonl").read_text()
-    with pytest.raises(TrainingError, match=r"holds another run \(seed, train_batch_size differ\)"):
+    with pytest.raises(TrainingError, match=r"holds another run \(seed, sequences_per_update, train_batch_size differ\)"):
         Trainer(config(tmp_path, tfrecords(packed_dir), num_train_steps=2, seed=7, train_batch_size=2,
                        flags_text="--seed=7\n")).train()
     assert (tmp_path / "train_log.jsonl").read_text() == before

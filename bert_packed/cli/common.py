@@ -15,7 +15,7 @@ import errno
 import os
 import re
 import sys
-import tempfile
+import threading
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -25,10 +25,11 @@ from bert_packed import files
 from bert_packed.errors import InputFilesError, UserError
 
 # What TensorFlow writes to stderr while it loads, before any of its logging settings apply: the
-# absl notice, the oneDNN and CPU-feature notices, and (on machines with CUDA libraries) the
-# factory-registration lines. Error lines are not among them.
+# absl notice, the oneDNN and CPU-feature notices, and on machines with CUDA libraries the
+# factory-registration complaints. Other lines, errors included, pass.
 _TENSORFLOW_STARTUP = re.compile(r"^(WARNING: All log messages before absl::InitializeLog|[IW]\d{4} |To enable the "
-                                 r"following instructions:|TF-TRT Warning)")
+                                 r"following instructions:|TF-TRT Warning|E\d{4} .*(Unable to register|already "
+                                 r"been registered))")
 
 # A full disk, a full quota and a file-size limit all stop a write the same way.
 _DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -38,27 +39,34 @@ _DISK_FULL_TEXTS = ("No space left on device", "Disk quota exceeded", "File too 
 def import_tensorflow(verbosity: int) -> None:
     """Loads TensorFlow quietly unless --verbosity is above 0.
 
-    Quiet: TF_CPP_MIN_LOG_LEVEL=2 (unless set), and the start-up notices TensorFlow writes
-    straight to file descriptor 2 while it loads are held back; any other line it writes then
-    (an error) still reaches stderr.
+    Quiet: TF_CPP_MIN_LOG_LEVEL=2 (unless set), and what TensorFlow writes straight to file
+    descriptor 2 while it loads goes through a pipe, where a thread passes on every line but the
+    start-up notices as it comes (so an error just before a crash still shows).
     """
     if verbosity > 0 or "tensorflow" in sys.modules:
         import tensorflow  # noqa: F401
         return
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as captured:
-        os.dup2(captured.fileno(), 2)
-        try:
-            import tensorflow  # noqa: F401
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            captured.seek(0)
-            for line in captured.read().decode("utf-8", "replace").splitlines():
-                if not _TENSORFLOW_STARTUP.match(line):
-                    print(line, file=sys.stderr)
+    stderr = os.dup(2)
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+
+    def pass_on():
+        with os.fdopen(read_end, "rb") as pipe:
+            for line in pipe:
+                if not _TENSORFLOW_STARTUP.match(line.decode("utf-8", "replace")):
+                    os.write(stderr, line)
+
+    thread = threading.Thread(target=pass_on, daemon=True)
+    thread.start()
+    try:
+        import tensorflow  # noqa: F401
+    finally:
+        os.dup2(stderr, 2)  # the pipe's last writer closes: the thread reads to its end and stops
+        thread.join()
+        os.close(stderr)
 
 
 def run(main: Callable[[list[str]], None], program: str, output_flag: str | tuple[str, ...], kept: str) -> None:

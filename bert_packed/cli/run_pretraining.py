@@ -6,7 +6,8 @@ Every flag of the MLPerf reference's run_pretraining.py and optimization.py is a
 reference's meaning; where our name differs, both spellings work (--input_file/--input_files,
 --log_epsilon/--epsilon, --tpu_name/--tpu), and both with different values is an error. Steps
 count as the reference counts them: micro-steps, steps_per_update of them to an update.
-train_batch_size counts rows (packs when packed); logs count sequences too. Flags that disagree
+train_batch_size counts rows (packs when packed, unless --adjust_batch_for_packing); logs count
+sequences too. Flags that disagree
 with the data's metadata.json or with each other stop the run before any work.
 """
 
@@ -36,8 +37,8 @@ flags.DEFINE_bool("do_train", True, "Train (reference default False: there both 
 flags.DEFINE_bool("do_eval", False, "Evaluate: alone, once, the latest checkpoint of --output_dir or "
                                     "--init_checkpoint; with --do_train, during training, on --eval_files or else "
                                     "on --input_file.")
-flags.DEFINE_integer("train_batch_size", 8, "Rows per micro-batch, all replicas (packs when packed; reference "
-                                            "default 32).")
+flags.DEFINE_integer("train_batch_size", 8, "Rows per micro-batch, all replicas: packs when packed, unpacked rows "
+                                            "with --adjust_batch_for_packing (reference default 32).")
 flags.DEFINE_integer("eval_batch_size", 8, "Rows per eval batch, all replicas.")
 flags.DEFINE_enum("optimizer", "lamb", ["lamb", "adamw"], "LAMB (MLPerf) or AdamW (original BERT; the reference's "
                                                           "default).")
@@ -224,8 +225,8 @@ def make_strategy():
     return tf.distribute.get_strategy()
 
 
-def build_config():
-    """Flags -> TrainConfig, after every check that needs no model."""
+def build_config(num_replicas: int = 1):
+    """Flags -> TrainConfig, after every check that needs no model (num_replicas: of the strategy)."""
     from bert_packed.model import BertConfig
     from bert_packed.training.config import (
         EvalData,
@@ -237,7 +238,6 @@ def build_config():
         TrainData,
     )
 
-    check_reference_flags()
     input_pattern = one_of_two_spellings("input_files", "input_file")
     if not input_pattern:
         raise SettingsError("--input_file (or --input_files) is required")
@@ -277,26 +277,31 @@ def build_config():
     if FLAGS.do_train:
         train_info = data_description(input_files, "--input_file", packed, input_mode)
         if FLAGS.adjust_batch_for_packing:
-            batch_size = corrected_batch_size(FLAGS.train_batch_size, FLAGS.steps_per_update,
-                                              train_info.packing_factor)
+            batch_size = corrected_batch_size(FLAGS.train_batch_size, train_info.packing_factor, num_replicas)
     else:  # evaluation alone: --input_file is the eval set, as in the reference
         train_info = DatasetInfo(False, Shapes(FLAGS.max_seq_length, FLAGS.max_predictions_per_seq), 0, 0,
                                  tuple(input_files))
+    train_data = TrainData(tuple(input_files), train_info.shapes, input_mode, train_info.packing_factor,
+                           train_info.num_sequences, batch_size, FLAGS.steps_per_update,
+                           tuple(int(b) for b in FLAGS.bucket_boundaries))
+    if FLAGS.adjust_batch_for_packing:
+        logging.info("--adjust_batch_for_packing: %d packs a micro-batch instead of %d rows at packing factor %.3f: "
+                     "%.1f sequences an update on average (unpacked: %d)", batch_size, FLAGS.train_batch_size,
+                     train_data.packing_factor, train_data.sequences_per_update,
+                     FLAGS.train_batch_size * FLAGS.steps_per_update)
     if eval_pattern:
         eval_files = expand_globs(eval_pattern, "--eval_files" if FLAGS.eval_files else "--input_file")
         eval_info = data_description(eval_files, "--eval_files" if FLAGS.eval_files else "--input_file", None,
                                      input_mode)
         every = FLAGS.eval_every_samples
         if every < 0:
-            every = mlperf_eval_every_samples(batch_size * FLAGS.steps_per_update * train_info.packing_factor)
+            every = mlperf_eval_every_samples(train_data.sequences_per_update)
         eval_data = EvalData(tuple(eval_files), eval_info.shapes, eval_info.packed, FLAGS.eval_batch_size, every,
                              FLAGS.target_mlm_accuracy, FLAGS.max_eval_steps)
     _say_how_cadences_round()
     return TrainConfig(
         model=ModelConfig(bert_config, FLAGS.init_checkpoint, FLAGS.loss_averaging, FLAGS.precision, FLAGS.xla),
-        train_data=TrainData(tuple(input_files), train_info.shapes, input_mode, train_info.packing_factor,
-                             train_info.num_sequences, batch_size, FLAGS.steps_per_update,
-                             tuple(int(b) for b in FLAGS.bucket_boundaries)),
+        train_data=train_data,
         optimizer=OptimizerConfig(FLAGS.optimizer, FLAGS.learning_rate, FLAGS.num_train_steps, FLAGS.num_warmup_steps,
                                   FLAGS.start_warmup_step, FLAGS.lamb_beta_1, FLAGS.lamb_beta_2,
                                   FLAGS.lamb_weight_decay_rate, epsilon, FLAGS.adjust_betas_for_packing,
@@ -309,16 +314,14 @@ def build_config():
         eval_data=eval_data)
 
 
-def corrected_batch_size(unpacked_rows: int, steps_per_update: int, packing_factor: float) -> int:
-    """Packs per micro-batch that hold on average as many sequences as `unpacked_rows` rows, said once.
+def corrected_batch_size(unpacked_rows: int, packing_factor: float, num_replicas: int = 1) -> int:
+    """Packs per micro-batch that hold on average as many sequences as `unpacked_rows` rows: a
+    multiple of the replicas, which share a micro-batch evenly.
 
     For example, 8 unpacked rows at packing factor 1.203 become 7 packs: 8.42 sequences a
-    micro-batch on average; 64 rows at packing factor 2.0 become 32 packs.
+    micro-batch on average; 448 rows at packing factor 2.012 on 8 replicas become 224 packs.
     """
-    packs = max(1, round(unpacked_rows / packing_factor))
-    logging.info("--adjust_batch_for_packing: %d packs a micro-batch instead of %d rows at packing factor %.3f: "
-                 "%.1f sequences an update on average (unpacked: %d)", packs, unpacked_rows, packing_factor,
-                 packs * steps_per_update * packing_factor, unpacked_rows * steps_per_update)
+    packs = max(1, round(unpacked_rows / packing_factor / num_replicas)) * num_replicas
     return packs
 
 
@@ -348,7 +351,9 @@ def main(argv):
     logging.getLogger().setLevel(logging.INFO)
     from bert_packed.training.trainer import Trainer
 
-    trainer = Trainer(build_config(), make_strategy())
+    check_reference_flags()
+    strategy = make_strategy()
+    trainer = Trainer(build_config(strategy.num_replicas_in_sync), strategy)
     result = trainer.train() if FLAGS.do_train else trainer.evaluate_only()
     print(json.dumps(result))
     if trainer.stopped_by_signal:

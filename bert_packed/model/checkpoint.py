@@ -9,8 +9,6 @@ a checkpoint are ignored.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import tensorflow as tf
 
@@ -104,14 +102,16 @@ def export_google_checkpoint(model: BertPretrainingModel, path: str) -> str:
         value = np.asarray(weight.numpy(), dtype=np.float32)
         names.append(name)
         tensors.append(tf.constant(value.T if transposed else value))
-    tmp = f"{path}.tmp-{os.getpid()}"
+    # One temporary name, not one a process: a writer killed midway leaves files the next export
+    # overwrites (the trainer's lock keeps two from writing here at once).
+    tmp = f"{path}.tmp"
+    suffixes = (".data-00000-of-00001", ".index")  # SaveV2 on one device: one data shard
     try:
         tf.raw_ops.SaveV2(prefix=tmp, tensor_names=names, shape_and_slices=[""] * len(names), tensors=tensors)
-        # The data before the index: a reader looks for the index, so it finds a whole checkpoint or none.
-        written = files.glob(f"{tmp}.*")
-        for source in sorted(written, key=lambda name: name.endswith(".index")):
-            files.move(source, path + source[len(tmp):])
+        for suffix in suffixes:  # the index last: a reader looks for it, so it finds all of a checkpoint or none
+            files.move(tmp + suffix, path + suffix)
     finally:
-        for leftover in files.glob(f"{tmp}.*"):
-            files.remove(leftover)
+        for suffix in suffixes:
+            if files.exists(tmp + suffix):
+                files.remove(tmp + suffix)
     return path

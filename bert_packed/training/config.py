@@ -43,7 +43,8 @@ class TrainData:
       input_mode: "packed", "padded" or "bucketed" (input_pipeline.MODES).
       packing_factor: sequences per row of the data (1.0 unpacked).
       num_sequences: sequences in the files (from metadata.json; 0 when unknown).
-      batch_size: rows (packs when packed) per micro-batch, all replicas together.
+      batch_size: rows (packs when packed; --adjust_batch_for_packing has already divided) per
+        micro-batch, all replicas together.
       steps_per_update: micro-batches accumulated into one update.
       bucket_boundaries: with "bucketed", the lengths batches are trimmed to.
     """
@@ -56,6 +57,11 @@ class TrainData:
     batch_size: int = 8
     steps_per_update: int = 1
     bucket_boundaries: tuple[int, ...] = ()
+
+    @property
+    def sequences_per_update(self) -> float:
+        """Sequences an update holds on average (MLPerf's global batch size: it counts sequences)."""
+        return self.batch_size * self.steps_per_update * self.packing_factor
 
 
 @dataclasses.dataclass(frozen=True)

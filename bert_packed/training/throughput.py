@@ -23,8 +23,10 @@ from bert_packed.model import BertConfig
 from bert_packed.training.config import ModelConfig, OptimizerConfig, RunConfig, TrainConfig, TrainData
 from bert_packed.training.trainer import SUM_KEYS, Trainer
 
-# bf16 dense tensor-core peaks (TFLOP/s, no sparsity) of the cards a GPU figure is taken on.
-BF16_PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L4": 121.0}
+# bf16 dense tensor-core peaks (TFLOP/s, no sparsity) of the cards a GPU figure is taken on, by a
+# part of the device name; the first match counts, so the PCIe and NVL H100s come before the SXM.
+BF16_PEAK_TFLOPS = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("H200", 989.0), ("A100", 312.0),
+                    ("L4", 121.0))
 
 
 def training_flops(bert: BertConfig, tokens: float, sequences: float, predictions: float) -> float:

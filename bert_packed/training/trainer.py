@@ -94,6 +94,10 @@ class Trainer:
             {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}[config.model.precision])
         # Every micro-step count of the reference becomes whole updates: the schedule is exact, the
         # cadences round up (between updates, and between compiled loops, as on the reference's TPU).
+        replicas = self.strategy.num_replicas_in_sync
+        if config.train_data.batch_size % replicas:
+            raise TrainingError(f"--train_batch_size={config.train_data.batch_size} rows do not divide among the "
+                                f"{replicas} replicas: use a multiple of {replicas}")
         n = config.train_data.steps_per_update
         self.steps_per_update = n
         self.last_step = config.optimizer.num_train_steps // n * n
@@ -283,17 +287,12 @@ class Trainer:
         refuse_other_output(self.work_dir, "a training run")
         self.claim_output_dir()
         resumed = self.restore()
-        if resumed and int(self.step.numpy()) >= self.last_step:
-            logs = self._open_logs(resumed)
+        logs = self._open_logs(resumed)
+        if resumed and (int(self.step.numpy()) >= self.last_step or self._on_any_worker(logs.reached)):
             try:
-                if not self._finished(logs):  # a kill came between the last save and run_stop
-                    self._finish(logs)
+                return self._complete(logs)
             finally:
                 logs.close()
-            logging.info("%s: trained to step %d", self.config.run.output_dir, self.last_step)
-            with files.open_file(os.path.join(self.work_dir, "train_log.jsonl")) as f:
-                return json.loads(f.readlines()[-1])
-        logs = self._open_logs(resumed)
         previous = signal.signal(signal.SIGTERM, self._on_sigterm)
         try:
             if not resumed:
@@ -313,6 +312,7 @@ class Trainer:
         c = self.config
         summary = {"input_mode": c.train_data.input_mode, "packing_factor": c.train_data.packing_factor,
                    "train_batch_size": c.train_data.batch_size, "steps_per_update": c.train_data.steps_per_update,
+                   "sequences_per_update": c.train_data.sequences_per_update,
                    "loss_averaging": c.model.loss_averaging, "seed": c.run.seed,
                    "target_mlm_accuracy": c.eval_data.target_mlm_accuracy, "bert_config": c.model.bert.to_dict()}
         run_file = os.path.join(self.work_dir, "run.json")
@@ -360,7 +360,10 @@ class Trainer:
         submission and hyper-parameters."""
         last, last_eval = _keep_logged_steps(self.work_dir, int(self.step.numpy()))
         logs = _Logs(self.work_dir)
+        step = int(self.step.numpy())
         logs.last_eval_step = last_eval.get("step")
+        logs.reached = (last_eval.get("step") == step
+                        and last_eval.get("mlm_accuracy", 0.0) >= self.config.eval_data.target_mlm_accuracy)
         logs.seconds_before = logs.last_seconds = last.get("seconds", 0.0)
         logs.train_seconds_before = last.get("train_seconds", 0.0)
         c, betas = self.config, self._base_optimizer
@@ -370,8 +373,7 @@ class Trainer:
                      "rows, %d an update (%.1f sequences on average), %d a compiled loop; checkpoints every %d",
                      c.optimizer.name, betas.beta_1, betas.beta_2, c.train_data.packing_factor,
                      c.optimizer.adjust_betas_for_packing, self.last_step, c.train_data.batch_size,
-                     self.steps_per_update, c.train_data.batch_size * self.steps_per_update
-                     * c.train_data.packing_factor, self.loop_steps, self.save_steps)
+                     self.steps_per_update, c.train_data.sequences_per_update, self.loop_steps, self.save_steps)
         return logs
 
     def _loop(self, logs: _Logs) -> tuple[dict, bool]:
@@ -436,23 +438,36 @@ class Trainer:
                 return metrics, True
         return metrics, False
 
-    def _exported_path(self) -> str:
-        return os.path.join(self.work_dir, f"model.ckpt-{int(self.step.numpy())}")
+    def _complete(self, logs: _Logs) -> dict:
+        """A run restarted at its end (its last step, or the target reached): finishes what a kill
+        cut short of _finish, if anything; returns the last training record."""
+        if self._on_any_worker(not logs.run_stopped):
+            self._finish(logs)
+        logging.info("%s: trained to step %d", self.config.run.output_dir, int(self.step.numpy()))
+        with files.open_file(os.path.join(self.work_dir, "train_log.jsonl")) as f:
+            return json.loads(f.readlines()[-1])
 
-    def _finished(self, logs: _Logs) -> bool:
-        """Whether _finish ran to its end at the current step."""
-        evaluated = not self.config.eval_data.files or logs.last_eval_step == int(self.step.numpy())
-        return evaluated and (not self.is_chief or files.exists(self._exported_path() + ".index"))
+    def _on_any_worker(self, flag: bool) -> bool:
+        """Whether `flag` holds on any worker. Each worker reads its own logs, and a kill can come
+        between two workers' writes: deciding together keeps every worker in the same collectives."""
+        value = tf.constant(1.0 if flag else 0.0)
+
+        @tf.function
+        def any_worker(v):
+            return self.strategy.reduce(tf.distribute.ReduceOp.SUM, self.strategy.run(lambda: tf.identity(v)),
+                                        axis=None)
+
+        return bool(any_worker(value).numpy() > 0.0)
 
     def _finish(self, logs: _Logs) -> None:
         """The end of the run: the last checkpoint, an evaluation at the last step (so that every
         run's final figure is at its last step), the weights as a TF1 checkpoint, and run_stop."""
         self._save()
         step, sequences = int(self.step.numpy()), int(self.sequences.numpy())
-        if self.config.eval_data.files and logs.last_eval_step != step:
+        if self.config.eval_data.files and self._on_any_worker(logs.last_eval_step != step):
             self._evaluate_and_log(logs, step, logs.last_seconds)
         if self.is_chief:
-            path = export_google_checkpoint(self.model, self._exported_path())
+            path = export_google_checkpoint(self.model, os.path.join(self.work_dir, f"model.ckpt-{step}"))
             logging.info("weights exported as %s (google-research/MLPerf TF1 names: an --init_checkpoint)", path)
         logs.block_stop(sequences)
         logs.mllog("run_stop", metadata={"status": "success" if logs.reached else "aborted", "epoch_num": sequences})
@@ -526,9 +541,8 @@ def _log_run_parameters(logs: _Logs, config: TrainConfig, betas) -> None:
     logs.mllog("submission_org", submission.org)
     logs.mllog("submission_platform", submission.platform)
     logs.mllog("submission_status", submission.status)
-    rows = c.train_data.batch_size * c.train_data.steps_per_update
     # MLPerf counts samples: sequences, not packs.
-    logs.mllog("global_batch_size", round(rows * c.train_data.packing_factor))
+    logs.mllog("global_batch_size", round(c.train_data.sequences_per_update))
     logs.mllog("packing_factor", c.train_data.packing_factor)
     logs.mllog("gradient_accumulation_steps", c.train_data.steps_per_update)
     logs.mllog("train_samples", c.train_data.num_sequences)
@@ -633,7 +647,12 @@ class _Logs:
         self.eval_file = files.open_file(os.path.join(output_dir, "eval_log.jsonl"), "a")
         self.writer = tf.summary.create_file_writer(os.path.join(output_dir, "tensorboard"))
         # :::MLLOG lines go to mllog.txt only (any filesystem), never to the console.
-        self.mllog_file = files.open_file(os.path.join(output_dir, "mllog.txt"), "a")
+        mllog_path = os.path.join(output_dir, "mllog.txt")
+        self.run_stopped = False  # run_stop is logged: the run ran to its end
+        if files.exists(mllog_path):
+            with files.open_file(mllog_path) as f:
+                self.run_stopped = '"key": "run_stop"' in f.read()
+        self.mllog_file = files.open_file(mllog_path, "a")
         logger = logging.getLogger("bert_packed.mllog")
         logger.handlers = [_FileHandler(self.mllog_file)]
         logger.setLevel(logging.INFO)

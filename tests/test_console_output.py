@@ -1,0 +1,73 @@
+"""What a user sees on the console: progress lines (one per state in a log, one rewritten line on a
+terminal) and TensorFlow loading quietly."""
+
+import io
+
+from bert_packed.progress import Progress
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_a_log_gets_each_count_once():
+    log = io.StringIO()
+    progress = Progress("pack: reading", total=3, unit="files", stream=log)
+    for _ in range(3):
+        progress.update(1)
+    progress.close()
+    lines = log.getvalue().splitlines()
+    # The first update, then the last (the 10 s interval in between has not passed); close adds nothing.
+    assert [line.split(" (")[0] for line in lines] == ["pack: reading: 1/3 files", "pack: reading: 3/3 files"]
+    assert lines[0].endswith(" s left)")
+
+
+def test_close_writes_a_count_not_yet_written():
+    log = io.StringIO()
+    progress = Progress("create", total=None, unit="shards", stream=log)
+    progress.update(1)
+    progress.update(1)  # within 10 s of the first line: not written
+    progress.close()
+    assert [line.split(" (")[0] for line in log.getvalue().splitlines()] == ["create: 1 shards", "create: 2 shards"]
+
+
+def test_a_terminal_line_is_rewritten_and_ended():
+    terminal = Terminal()
+    progress = Progress("train", total=2, stream=terminal)
+    progress.update(1)
+    progress.update(1)
+    progress.close()
+    text = terminal.getvalue()
+    assert text.count("\r") == 3 and text.endswith("\n") and "train: 2/2 items" in text
+
+
+FAKE_TENSORFLOW = """
+import os
+os.write(2, b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\\n")
+os.write(2, b"I0000 00:00:1795449405.870070 1 port.cc:153] oneDNN custom operations are on.\\n")
+os.write(2, b"E0000 00:00:1795449405.870070 1 loader.cc:1] a real problem\\n")
+print(os.environ.get("TF_CPP_MIN_LOG_LEVEL"))
+"""
+
+
+def test_tensorflow_loads_quietly_but_its_errors_still_show(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "tensorflow").mkdir()
+    (tmp_path / "tensorflow" / "__init__.py").write_text(FAKE_TENSORFLOW)
+    environment = {key: value for key, value in os.environ.items() if key != "TF_CPP_MIN_LOG_LEVEL"}
+    environment["PYTHONPATH"] = str(tmp_path)
+
+    def load(verbosity):
+        code = f"from bert_packed.cli.common import import_tensorflow; import_tensorflow({verbosity})"
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environment,
+                              timeout=60)
+
+    quiet, verbose = load(0), load(1)
+    assert quiet.returncode == verbose.returncode == 0
+    assert quiet.stderr == "E0000 00:00:1795449405.870070 1 loader.cc:1] a real problem\n"
+    assert quiet.stdout == "2\n" and verbose.stdout == "None\n"
+    assert len(verbose.stderr.splitlines()) == 3
