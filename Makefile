@@ -22,8 +22,10 @@ $(STAMP): pyproject.toml
 
 # The sample's stages live in runs/sample (the configs/tiny_sample_*.cfg flagfiles name these paths).
 SAMPLE := runs/sample
-# One seed each for the main job; `make experiments` runs three.
+# One seed each for the main job; `make experiments` runs three, and two more of the baseline,
+# whose seeds' range is what packed is held against.
 SEEDS ?= 1
+BASELINE_SEEDS ?=
 CURVES ?= $(SAMPLE)/curves.png
 # The four phase-2 configurations compared; the first is the baseline.
 PHASE2 := unpacked packed_batch_corrected packed_adjusted_betas packed_plain_betas
@@ -53,21 +55,26 @@ run: $(STAMP)
 	test -f $(SAMPLE)/phase1_eval/eval_results.txt || $(PYTHON) run_pretraining.py \
 		--flagfile=configs/tiny_sample_phase2.cfg --do_train=false --do_eval \
 		--input_file='$(SAMPLE)/unpacked/eval-*.tfrecord' --output_dir=$(SAMPLE)/phase1_eval
-	@echo "== 6/8 phase 2 at L=512: $(PHASE2), seeds $(SEEDS)"
+	@echo "== 6/8 phase 2 at L=512: $(PHASE2), seeds $(SEEDS); unpacked also seeds $(BASELINE_SEEDS)"
 	$(foreach seed,$(SEEDS),$(foreach config,$(PHASE2),\
 		$(PYTHON) run_pretraining.py --flagfile=configs/tiny_sample_$(config).cfg --seed=$(seed) \
 			--output_dir=$(SAMPLE)/$(config)_seed$(seed) && )) true
+	$(foreach seed,$(BASELINE_SEEDS),\
+		$(PYTHON) run_pretraining.py --flagfile=configs/tiny_sample_unpacked.cfg --seed=$(seed) \
+			--output_dir=$(SAMPLE)/unpacked_seed$(seed) && ) true
 	@echo "== 7/8 throughput, packed and unpacked alternated ($(SAMPLE)/throughput.json)"
 	test -f $(SAMPLE)/throughput.json || $(PYTHON) scripts/benchmark_training.py --configs=tiny \
 		--modes=padded,packed --target=0 --output_json=$(SAMPLE)/throughput.json
 	@echo "== 8/8 comparison ($(CURVES))"
 	$(PYTHON) scripts/compare_curves.py --output=$(CURVES) --accuracy=auto --throughput=$(SAMPLE)/throughput.json \
+		$(foreach seed,$(BASELINE_SEEDS),$(SAMPLE)/unpacked_seed$(seed)) \
 		$(foreach config,$(PHASE2),$(foreach seed,$(SEEDS),$(SAMPLE)/$(config)_seed$(seed)))
 	@echo "results: $(SAMPLE)/ (curves, */train_log.jsonl, */eval_log.jsonl, phase1/model.ckpt-250, throughput.json)"
 
-# The README's figure and table: the main job with three seeds of each phase-2 configuration.
+# The README's figure and table: the main job with three seeds of each phase-2 configuration and
+# five of the baseline.
 experiments:
-	$(MAKE) run SEEDS="1 2 3" CURVES=$(SAMPLE)/experiments.png
+	$(MAKE) run SEEDS="1 2 3" BASELINE_SEEDS="4 5" CURVES=$(SAMPLE)/experiments.png
 
 test: $(STAMP)
 	$(PYTHON) -m ruff check .
