@@ -281,7 +281,7 @@ def format_table(rows: list[dict], accuracy: float) -> str:
         return f"{format(value, spec)} ({format(spread[0], spec)}-{format(spread[1], spec)})"
 
     def inside(value):
-        return "-" if value is None else f"{value[0]}/{value[1]}" + (f" (by {value[2]:.4f})" if value[2] else "")
+        return "-" if value is None else f"{value[0]}/{value[1]}" + (f" (by {value[2]:.5f})" if value[2] else "")
 
     lines = [f"| configuration | seeds | input | packing factor | sequences an update | final MLM accuracy | "
              f"final loss | sequences to {accuracy:.3f} | seconds to {accuracy:.3f} | sequences/s | real tokens/s | "

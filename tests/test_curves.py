@@ -75,7 +75,7 @@ def test_seeds_of_a_configuration_are_one_row_with_their_mean_and_range(tmp_path
     assert rows[0]["inside_baseline_spread"] is None
     table = format_table(rows, 0.4)
     assert "| unpacked | 3 | padded | 1.000 | - | 0.4200 (0.4000-0.4400) |" in table
-    assert "| 0/1 (by 0.0267) |" in table
+    assert "| 0/1 (by 0.02667) |" in table
     plot(runs, str(tmp_path / "curves.png"))
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
 
