@@ -238,6 +238,14 @@ def test_cli_trains_logs_and_records_its_flags(packed_dir, unpacked_dir, bert_co
     assert len(read_log(out / "eval_log.jsonl")) == 1
 
 
+def test_batch_correction_divides_by_the_packing_factor_in_whole_replicas():
+    from bert_packed.cli.run_pretraining import corrected_batch_size
+
+    assert corrected_batch_size(8, 1.203) == 7  # 8.4 sequences a micro-batch on average
+    assert corrected_batch_size(448, 2.012, num_replicas=8) == 224  # 222.7 packs, in multiples of 8
+    assert corrected_batch_size(3, 2.0, num_replicas=4) == 4  # never below one pack a replica
+
+
 @pytest.mark.slow
 def test_cli_batch_correction_takes_packs_for_the_unpacked_rows(packed_dir, bert_config_file, tmp_path):
     out = tmp_path / "run"

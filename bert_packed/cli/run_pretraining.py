@@ -13,6 +13,7 @@ with the data's metadata.json or with each other stop the run before any work.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -225,8 +226,8 @@ def make_strategy():
     return tf.distribute.get_strategy()
 
 
-def build_config(num_replicas: int = 1):
-    """Flags -> TrainConfig, after every check that needs no model (num_replicas: of the strategy)."""
+def build_config():
+    """Flags -> TrainConfig, after every check that needs no model."""
     from bert_packed.model import BertConfig
     from bert_packed.training.config import (
         EvalData,
@@ -238,6 +239,7 @@ def build_config(num_replicas: int = 1):
         TrainData,
     )
 
+    check_reference_flags()
     input_pattern = one_of_two_spellings("input_files", "input_file")
     if not input_pattern:
         raise SettingsError("--input_file (or --input_files) is required")
@@ -277,7 +279,7 @@ def build_config(num_replicas: int = 1):
     if FLAGS.do_train:
         train_info = data_description(input_files, "--input_file", packed, input_mode)
         if FLAGS.adjust_batch_for_packing:
-            batch_size = corrected_batch_size(FLAGS.train_batch_size, train_info.packing_factor, num_replicas)
+            batch_size = corrected_batch_size(FLAGS.train_batch_size, train_info.packing_factor)
     else:  # evaluation alone: --input_file is the eval set, as in the reference
         train_info = DatasetInfo(False, Shapes(FLAGS.max_seq_length, FLAGS.max_predictions_per_seq), 0, 0,
                                  tuple(input_files))
@@ -321,8 +323,19 @@ def corrected_batch_size(unpacked_rows: int, packing_factor: float, num_replicas
     For example, 8 unpacked rows at packing factor 1.203 become 7 packs: 8.42 sequences a
     micro-batch on average; 448 rows at packing factor 2.012 on 8 replicas become 224 packs.
     """
-    packs = max(1, round(unpacked_rows / packing_factor / num_replicas)) * num_replicas
-    return packs
+    return max(1, round(unpacked_rows / packing_factor / num_replicas)) * num_replicas
+
+
+def batch_for_replicas(config, num_replicas: int):
+    """The config with a batch-corrected micro-batch rounded to a multiple of the replicas, which
+    share it evenly (the strategy, and so their number, comes after every check)."""
+    batch_size = config.train_data.batch_size
+    if not FLAGS.adjust_batch_for_packing or batch_size % num_replicas == 0:
+        return config
+    rounded = corrected_batch_size(FLAGS.train_batch_size, config.train_data.packing_factor, num_replicas)
+    logging.info("--adjust_batch_for_packing: %d packs rounded to %d, a multiple of the %d replicas", batch_size,
+                 rounded, num_replicas)
+    return dataclasses.replace(config, train_data=dataclasses.replace(config.train_data, batch_size=rounded))
 
 
 def _say_how_cadences_round() -> None:
@@ -351,9 +364,9 @@ def main(argv):
     logging.getLogger().setLevel(logging.INFO)
     from bert_packed.training.trainer import Trainer
 
-    check_reference_flags()
+    config = build_config()  # every check of flags and data, before any device is touched
     strategy = make_strategy()
-    trainer = Trainer(build_config(strategy.num_replicas_in_sync), strategy)
+    trainer = Trainer(batch_for_replicas(config, strategy.num_replicas_in_sync), strategy)
     result = trainer.train() if FLAGS.do_train else trainer.evaluate_only()
     print(json.dumps(result))
     if trainer.stopped_by_signal:

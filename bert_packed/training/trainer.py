@@ -450,6 +450,9 @@ class Trainer:
     def _on_any_worker(self, flag: bool) -> bool:
         """Whether `flag` holds on any worker. Each worker reads its own logs, and a kill can come
         between two workers' writes: deciding together keeps every worker in the same collectives."""
+        resolver = getattr(self.strategy, "cluster_resolver", None)
+        if resolver is None or not resolver.task_type:  # one worker: nobody to agree with
+            return flag
         value = tf.constant(1.0 if flag else 0.0)
 
         @tf.function
