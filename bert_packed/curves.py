@@ -343,6 +343,12 @@ def summary(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
+def median_and_range(values: list[float], spec: str = ".2f") -> str:
+    """Per-round figures as "median (min-max)", e.g. "1.19 (0.99-1.30)"."""
+    s = summary(values)
+    return f"{s['median']:{spec}} ({s['min']:{spec}}-{s['max']:{spec}})"
+
+
 def describe_speedup(speedups: list[float], packing_factor: float) -> str:
     """One line: the median speed-up, its range, its share of the packing factor, and a caveat
     when the range is wider than the effect."""

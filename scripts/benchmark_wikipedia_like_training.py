@@ -29,7 +29,7 @@ import_tensorflow(verbosity=0)  # first: TensorFlow's start-up notices stay out 
 
 import numpy as np
 
-from bert_packed.curves import describe_speedup, summary
+from bert_packed.curves import describe_speedup, median_and_range, summary
 from bert_packed.features import Shapes
 from bert_packed.files import write_text_atomically
 from bert_packed.model import BertConfig
@@ -133,8 +133,7 @@ def main() -> int:
         print(f"| {mode} | {summary(figures['sequences_per_second'])['median']:,.1f} | "
               f"{summary(figures['real_tokens_per_second'])['median']:,.0f} | {flops / 1e12:.3f} | "
               f"{'-' if peak is None else format(flops / 1e12 / peak, '.1%')} | "
-              f"{summary(figures['padding_efficiency'])['median']:.1%} | {speedup['median']:.2f} "
-              f"({speedup['min']:.2f}-{speedup['max']:.2f}) | "
+              f"{summary(figures['padding_efficiency'])['median']:.1%} | {median_and_range(result['speedups'][mode])} | "
               + (f"{speedup['median'] / factor:.2f}" if mode == "packed" else "") + " |")
     ratio = summary(result["speedups"]["packed"])["median"] / factor
     print(f"\npacked {describe_speedup(result['speedups']['packed'], factor)}")

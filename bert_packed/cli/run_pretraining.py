@@ -7,8 +7,8 @@ reference's meaning; where our name differs, both spellings work (--input_file/-
 --log_epsilon/--epsilon, --tpu_name/--tpu), and both with different values is an error. Steps
 count as the reference counts them: micro-steps, steps_per_update of them to an update.
 train_batch_size counts rows (packs when packed, unless --adjust_batch_for_packing); logs count
-sequences too. Flags that disagree
-with the data's metadata.json or with each other stop the run before any work.
+sequences too. Flags that disagree with the data's metadata.json or with each other stop the run
+before any work.
 """
 
 from __future__ import annotations

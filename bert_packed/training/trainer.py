@@ -358,9 +358,10 @@ class Trainer:
         """The logs, continued after the checkpoint resumed from: steps logged past it are redone, so
         their lines go, and the clocks continue from the checkpoint's. A fresh run logs the MLPerf
         submission and hyper-parameters."""
-        last, last_eval = _keep_logged_steps(self.work_dir, int(self.step.numpy()))
-        logs = _Logs(self.work_dir)
         step = int(self.step.numpy())
+        last, last_eval = _keep_logged_steps(self.work_dir, step)
+        logs = _Logs(self.work_dir)
+        logs.last_record = last
         logs.last_eval_step = last_eval.get("step")
         logs.reached = (last_eval.get("step") == step
                         and last_eval.get("mlm_accuracy", 0.0) >= self.config.eval_data.target_mlm_accuracy)
@@ -444,14 +445,12 @@ class Trainer:
         if self._on_any_worker(not logs.run_stopped):
             self._finish(logs)
         logging.info("%s: trained to step %d", self.config.run.output_dir, int(self.step.numpy()))
-        with files.open_file(os.path.join(self.work_dir, "train_log.jsonl")) as f:
-            return json.loads(f.readlines()[-1])
+        return logs.last_record
 
     def _on_any_worker(self, flag: bool) -> bool:
         """Whether `flag` holds on any worker. Each worker reads its own logs, and a kill can come
         between two workers' writes: deciding together keeps every worker in the same collectives."""
-        resolver = getattr(self.strategy, "cluster_resolver", None)
-        if resolver is None or not resolver.task_type:  # one worker: nobody to agree with
+        if _worker_resolver(self.strategy) is None:  # one worker: nobody to agree with
             return flag
         value = tf.constant(1.0 if flag else 0.0)
 
@@ -595,7 +594,7 @@ def _set_aside_a_damaged_state_file(directory: str) -> None:
         usable = False
     if not usable:
         aside = f"{path}.damaged-{int(time.time())}"
-        tf.io.gfile.rename(path, aside, overwrite=True)
+        files.move(path, aside)
         logging.warning("%s: unreadable or names a missing checkpoint; set aside as %s, resuming from the newest "
                         "checkpoint that restores", path, aside)
 
@@ -629,10 +628,16 @@ def _keep_logged_steps(directory: str, step: int) -> tuple[dict, dict]:
     return last["train_log.jsonl"], last["eval_log.jsonl"]
 
 
+def _worker_resolver(strategy):
+    """The strategy's cluster resolver when this process is one worker of several, else None."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    return resolver if resolver is not None and resolver.task_type else None
+
+
 def _chief(strategy) -> tuple[bool, int]:
     """(whether this process is the chief, its task index) under multi-worker training."""
-    resolver = getattr(strategy, "cluster_resolver", None)
-    if resolver is None or not resolver.task_type:
+    resolver = _worker_resolver(strategy)
+    if resolver is None:
         return True, 0
     cluster = resolver.cluster_spec().as_dict()
     if "chief" in cluster:
@@ -670,7 +675,8 @@ class _Logs:
         self.last_seconds = 0.0
         self.eval_seconds = 0.0  # of this process: train_seconds = seconds - eval_seconds
         self.reached = False
-        self.last_eval_step = None  # of this process
+        self.last_record = {}  # the last train_log.jsonl record kept at the start
+        self.last_eval_step = None  # the step of the last evaluation logged
 
     def train(self, record: dict) -> None:
         self.train_file.write(json.dumps(record) + "\n")
