@@ -1,8 +1,9 @@
 """Comparing training runs: accuracy and loss curves, time to accuracy, realized speed-up.
 
-A run is an output_dir of run_pretraining.py: train_log.jsonl, eval_log.jsonl and run.json. Runs
-whose names differ only in a trailing seed ("packed_seed1", "packed_seed2") are one
-configuration: drawn as the seeds' mean with their range as a band, tabled as mean and range.
+A run is an output_dir of run_pretraining.py, read through bert_packed.run_directory (so runs on
+gs:// compare as local ones do): its train and eval logs and run.json. Runs whose names differ
+only in a trailing seed ("packed_seed1", "packed_seed2") are one configuration: drawn as the
+seeds' mean with their range as a band, tabled as mean and range.
 """
 
 from __future__ import annotations
@@ -13,12 +14,9 @@ import os
 import re
 import statistics
 
-from bert_packed.errors import UserError
+from bert_packed import files
 from bert_packed.files import atomic_path
-
-
-class RunError(UserError, ValueError):
-    """A run directory lacks the logs a comparison needs."""
+from bert_packed.run_directory import EVAL_LOG, TRAIN_LOG, RunDirectory, RunError
 
 
 @dataclasses.dataclass
@@ -58,31 +56,20 @@ class Run:
         return next((r for r in self.evals if r.get("mlm_accuracy", 0.0) >= accuracy), None)
 
 
-def _read_jsonl(path: str) -> list[dict]:
-    if not os.path.exists(path):
-        return []
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def load_run(directory: str, name: str | None = None) -> Run:
     """Reads a run directory.
 
     Raises:
-      RunError: the directory or its train_log.jsonl is missing or empty.
+      RunError: the directory or its train_log.jsonl is missing, empty or damaged.
     """
-    if not os.path.isdir(directory):
+    if not files.isdir(directory):
         raise RunError(f"{directory}: no such run directory")
-    try:
-        train = _read_jsonl(os.path.join(directory, "train_log.jsonl"))
-        evals = _read_jsonl(os.path.join(directory, "eval_log.jsonl"))
-    except json.JSONDecodeError as e:
-        raise RunError(f"{directory}: a log line is not JSON ({e})") from None
+    run = RunDirectory(directory)
+    train = run.read_log(TRAIN_LOG)
     if not train:
-        raise RunError(f"{directory}: no train_log.jsonl records (expected a run_pretraining.py output_dir)")
-    info_path = os.path.join(directory, "run.json")
-    info = json.load(open(info_path, encoding="utf-8")) if os.path.exists(info_path) else {}
-    return Run(name or os.path.basename(os.path.normpath(directory)), train, evals, info, directory)
+        raise RunError(f"{directory}: no {TRAIN_LOG} records (expected a run_pretraining.py output_dir)")
+    return Run(name or os.path.basename(os.path.normpath(directory)), train, run.read_log(EVAL_LOG), run.read_info(),
+               directory)
 
 
 def configuration_name(name: str) -> str:

@@ -31,6 +31,7 @@ import os
 from bert_packed import files
 from bert_packed.errors import OutputDirectoryError, UserError
 from bert_packed.features import Shapes
+from bert_packed.run_directory import RunDirectory
 
 METADATA_FILE = "metadata.json"
 FORMAT_VERSION = 2
@@ -191,7 +192,7 @@ def refuse_other_output(directory: str, kind: str) -> None:
     """
     info = read_dataset_info(directory)
     found = None if info is None else "packed data" if info.packed else "unpacked data"
-    if found is None and files.exists(os.path.join(directory, "train_log.jsonl")):
+    if found is None and RunDirectory(directory).holds_run():
         found = "a training run"
     if found is not None and found != kind:
         raise OutputDirectoryError(f"{directory}: holds {found}; {kind} would be mixed into it. Use another "

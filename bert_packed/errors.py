@@ -22,3 +22,7 @@ class InputFilesError(UserError, FileNotFoundError):
 
 class OutputDirectoryError(UserError):
     """The output directory holds another run, or output of another kind."""
+
+
+class TrainingError(UserError, RuntimeError):
+    """Training cannot go on (a NaN or Inf loss, say); the last good checkpoint is kept."""

@@ -1,11 +1,13 @@
 """Where files are read and written: local paths, or any filesystem TensorFlow knows.
 
-Once TensorFlow is loaded (training), or for a path with a scheme (gs://, ram://, hdfs://...),
-every path goes through tf.io.gfile; the data-preparation tools, which never load TensorFlow,
-use the local filesystem directly.
+The path alone decides: one with a scheme (gs://, ram://, hdfs://...) goes through tf.io.gfile
+(which loads TensorFlow), any other through Python's own calls. Paths are names, never patterns:
+only glob() matches, so `[`, `*`, `?` and spaces in a directory name are just characters.
 
 Files are written one way: under a temporary name, then renamed into place. Readers see either
 the old file or the complete new one; an interrupted job never leaves a file that looks finished.
+Temporary names are hidden (`.NAME.tmp-PID`), so no data glob (`part-*`, `*.tfrecord`) matches
+one, and remove_leftovers() clears those a killed process left.
 """
 
 from __future__ import annotations
@@ -15,16 +17,18 @@ import errno
 import glob as local_glob
 import json
 import os
+import re
+import shutil
 import socket
-import sys
+import tempfile
 import time
 
 from bert_packed.errors import OutputDirectoryError, UserError
 
 
 def _gfile(path: str):
-    """tf.io.gfile when `path` needs it or TensorFlow is loaded anyway; None for plain os calls."""
-    if "://" in path or "tensorflow" in sys.modules:
+    """tf.io.gfile for a path with a scheme; None for a local path (plain os calls)."""
+    if "://" in path:
         import tensorflow as tf
 
         return tf.io.gfile
@@ -68,10 +72,33 @@ def makedirs(path: str) -> None:
         os.makedirs(path, exist_ok=True)
 
 
+def isdir(path: str) -> bool:
+    gfile = _gfile(path)
+    return gfile.isdir(path) if gfile is not None else os.path.isdir(path)
+
+
+def listdir(path: str) -> list[str]:
+    """The names in the directory `path`, sorted ([] when it does not exist)."""
+    if not exists(path):
+        return []
+    gfile = _gfile(path)
+    return sorted(name.rstrip("/") for name in (gfile.listdir(path) if gfile is not None else os.listdir(path)))
+
+
 def glob(pattern: str) -> list[str]:
     """The paths matching `pattern`, sorted."""
     gfile = _gfile(pattern)
     return sorted(gfile.glob(pattern) if gfile is not None else local_glob.glob(pattern))
+
+
+def rmtree(path: str) -> None:
+    """Removes the directory `path` and everything in it, if it exists."""
+    gfile = _gfile(path)
+    if gfile is not None:
+        if gfile.exists(path):
+            gfile.rmtree(path)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def remove(path: str) -> None:
@@ -91,13 +118,71 @@ def move(source: str, destination: str) -> None:
         os.replace(source, destination)
 
 
+# A temporary name of this project's (hidden, with the writer's pid), or of its earlier releases
+# (visible: `NAME.tmp-PID`).
+_TEMPORARY = re.compile(r"^.+\.tmp-(\d+)$")
+
+
+def temporary_name(path: str) -> str:
+    """Where `path` is written before it is renamed into place: `.NAME.tmp-PID` beside it."""
+    directory, name = os.path.split(path)
+    return os.path.join(directory, f".{name}.tmp-{os.getpid()}")
+
+
+def remove_leftovers(directory: str) -> list[str]:
+    """Removes the temporary files that writers killed midway left in `directory`.
+
+    A temporary file whose writer still runs (this process, or another live one on this host) is
+    kept; on a remote filesystem, where that cannot be told, only this process's are kept. Call
+    it holding the directory's lock (exclusive), so that no other writer starts meanwhile.
+
+    Returns:
+      The names removed.
+    """
+    removed = []
+    for name in listdir(directory):
+        match = _TEMPORARY.match(name)
+        if not match or name.startswith(".lock"):
+            continue
+        pid = int(match.group(1))
+        if pid == os.getpid() or ("://" not in directory and _alive({"host": socket.gethostname(), "pid": pid})):
+            continue
+        path = os.path.join(directory, name)
+        rmtree(path) if isdir(path) else remove(path)
+        removed.append(name)
+    return removed
+
+
+@contextlib.contextmanager
+def unglobbed(prefix: str):
+    """Yields a path naming the files `prefix`.* that holds no glob character.
+
+    TensorFlow's checkpoint reader matches its path as a pattern, so a checkpoint under
+    `runs/g [1]/` cannot be read through its own name. Here its files are linked, under a plain
+    name, into a temporary directory for as long as the block runs (local paths; a remote path
+    with such characters is refused in one line).
+    """
+    if not local_glob.has_magic(prefix):
+        yield prefix
+        return
+    if "://" in prefix:
+        raise UserError(f"{prefix}: TensorFlow cannot read a checkpoint whose remote path holds [, ], *, ? or {{; "
+                        f"copy it to a plain path")
+    directory, name = os.path.split(os.path.abspath(prefix))
+    with tempfile.TemporaryDirectory(prefix="bert_packed-") as plain:
+        for entry in listdir(directory):
+            if entry.startswith(name + "."):
+                os.symlink(os.path.join(directory, entry), os.path.join(plain, "checkpoint" + entry[len(name):]))
+        yield os.path.join(plain, "checkpoint")
+
+
 @contextlib.contextmanager
 def atomic_path(path: str):
     """Yields a temporary path next to `path`; renames it to `path` only if the block succeeds.
 
     On any error (or an interrupt) the temporary file is removed and `path` is left as it was.
     """
-    tmp = f"{path}.tmp-{os.getpid()}"
+    tmp = temporary_name(path)
     try:
         yield tmp
         move(tmp, path)

@@ -18,16 +18,15 @@ Feature shapes (B = batch, L = max_seq_length, P' = predictions per row, S = seq
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 
 import tensorflow as tf
 
-from bert_packed.errors import SettingsError
+from bert_packed.errors import SettingsError, TrainingError
 from bert_packed.features import Shapes, float_features, tf_feature_spec
 from bert_packed.records import read_packed, read_unpacked
-
-MODES = ("packed", "padded", "bucketed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +36,7 @@ class PipelineConfig:
     Attributes:
       files: the TFRecord files (sorted).
       shapes: L, P and S of the records (S = 1 for unpacked files).
-      mode: one of MODES; "packed" needs packed files, the others unpacked files.
+      mode: "packed" (packed files), "padded" or "bucketed" (unpacked files); see the module doc.
       batch_size: rows per batch (packs when packed).
       is_training: shuffle, repeat forever and drop the last partial batch.
       seed: seeds file order and the shuffle buffer.
@@ -45,10 +44,12 @@ class PipelineConfig:
       deterministic: the same seed gives the same batches, run after run.
       bucket_boundaries: with "bucketed", the lengths a batch is trimmed to (the last is L).
       cycle_length: files read in parallel.
-      skip_batches: batches to pass over first (a resumed run's position; before parsing, cheap).
+      skip_steps: micro-steps already trained (a resumed run's position): every input pipeline
+        passes over the batches it fed them, before parsing (cheap).
       max_batches: with is_training False, stop after this many batches (None: all).
       vocab_size: when given, a token id at or above it stops the pipeline with an error (on a GPU
         the embedding lookup would silently read zeros).
+      type_vocab_size: when given, the same for segment ids.
     """
 
     files: tuple[str, ...]
@@ -61,9 +62,10 @@ class PipelineConfig:
     deterministic: bool = False
     bucket_boundaries: tuple[int, ...] = ()
     cycle_length: int = 4
-    skip_batches: int = 0
+    skip_steps: int = 0
     max_batches: int | None = None
     vocab_size: int | None = None
+    type_vocab_size: int | None = None
 
 
 def make_dataset(config: PipelineConfig, input_context: tf.distribute.InputContext | None = None) -> tf.data.Dataset:
@@ -80,14 +82,17 @@ def make_dataset(config: PipelineConfig, input_context: tf.distribute.InputConte
     Returns:
       A tf.data.Dataset of {feature: int32 tensor}; see the module docstring for shapes.
     """
-    if config.mode not in MODES:
-        raise SettingsError(f"unknown input mode {config.mode!r}; expected one of {', '.join(MODES)}")
+    if config.mode not in ("packed", "padded", "bucketed"):
+        raise SettingsError(f"unknown input mode {config.mode!r}; expected packed, padded or bucketed")
     if not config.files:
         raise SettingsError("no input files")
     shapes = config.shapes
     batch_size = config.batch_size
+    skip = config.skip_steps
     files = tf.data.Dataset.from_tensor_slices(list(config.files))
     if input_context is not None:
+        # Each micro-step takes one batch from this pipeline for every replica it feeds.
+        skip = config.skip_steps * input_context.num_replicas_in_sync // input_context.num_input_pipelines
         # batch_size is global: each replica gets its share (one host may feed several replicas).
         batch_size = input_context.get_per_replica_batch_size(config.batch_size)
         if input_context.num_input_pipelines > 1 and not config.is_training:
@@ -105,9 +110,9 @@ def make_dataset(config: PipelineConfig, input_context: tf.distribute.InputConte
         records = records.shuffle(config.shuffle_buffer, seed=config.seed, reshuffle_each_iteration=True)
 
     if config.mode == "bucketed":
-        dataset = _bucketed(records, shapes, batch_size, config)
+        dataset = _bucketed(records, shapes, batch_size, config, skip)
     else:
-        batches = records.batch(batch_size, drop_remainder=config.is_training).skip(config.skip_batches)
+        batches = records.batch(batch_size, drop_remainder=config.is_training).skip(skip)
         dataset = _parsed(batches, config)
     return _finished(dataset, config)
 
@@ -119,19 +124,20 @@ def _parsed(batches: tf.data.Dataset, config: PipelineConfig) -> tf.data.Dataset
     convert = _cast if packed else _as_single_packs
 
     def parse(serialized):
-        return _checked_ids(convert(tf.io.parse_example(serialized, spec)), config.vocab_size)
+        return _checked_ids(convert(tf.io.parse_example(serialized, spec)), config)
 
     return batches.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=config.deterministic or None)
 
 
-def _checked_ids(features: dict, vocab_size: int | None) -> dict:
-    """The features, after checking every token id is inside the model's vocabulary."""
-    if vocab_size is None:
+def _checked_ids(features: dict, config: PipelineConfig) -> dict:
+    """The features, after checking every token and segment id is inside the model's vocabularies."""
+    limits = [(name, "token id", "vocab_size", config.vocab_size) for name in ("input_ids", "masked_lm_ids")]
+    limits.append(("segment_ids", "segment id", "type_vocab_size", config.type_vocab_size))
+    checks = [tf.debugging.assert_less(features[name], limit, message=f"{name} holds a {what} at or above "
+                                                                      f"{size}={limit} of the BERT config")
+              for name, what, size, limit in limits if limit is not None]
+    if not checks:
         return features
-    checks = [tf.debugging.assert_less(features[name], vocab_size,
-                                       message=f"{name} holds a token id at or above vocab_size={vocab_size} of "
-                                               f"the BERT config")
-              for name in ("input_ids", "masked_lm_ids")]
     with tf.control_dependencies(checks):
         return {name: tf.identity(value) for name, value in features.items()}
 
@@ -192,7 +198,7 @@ def _as_single_packs(features: dict) -> dict:
     }
 
 
-def _bucketed(records, shapes: Shapes, batch_size: int, config: PipelineConfig):
+def _bucketed(records, shapes: Shapes, batch_size: int, config: PipelineConfig, skip: int):
     """Unpacked records in batches of similar length, trimmed to their bucket's boundary."""
     boundaries = sorted(set(config.bucket_boundaries) | {shapes.max_seq_length})
     if boundaries[0] < 1 or boundaries[-1] > shapes.max_seq_length:
@@ -205,10 +211,10 @@ def _bucketed(records, shapes: Shapes, batch_size: int, config: PipelineConfig):
         lambda example: tf.cast(tf.reduce_sum(example["input_mask"]), tf.int32),
         bucket_boundaries=[b + 1 for b in boundaries[:-1]],
         bucket_batch_sizes=[batch_size] * len(boundaries),
-        drop_remainder=config.is_training).skip(config.skip_batches)
+        drop_remainder=config.is_training).skip(skip)
 
     def trim(features):
-        batch = _checked_ids(_as_single_packs(features), config.vocab_size)
+        batch = _checked_ids(_as_single_packs(features), config)
         longest = tf.reduce_max(tf.reduce_sum(batch["input_mask"], axis=1))
         width = tf.gather(tf.constant(boundaries), tf.searchsorted(tf.constant(boundaries), [longest])[0])
         for name in ("input_ids", "input_mask", "segment_ids", "positions"):
@@ -216,6 +222,31 @@ def _bucketed(records, shapes: Shapes, batch_size: int, config: PipelineConfig):
         return batch
 
     return dataset.map(trim, num_parallel_calls=tf.data.AUTOTUNE, deterministic=config.deterministic or None)
+
+
+@contextlib.contextmanager
+def reading_errors_named(config: PipelineConfig):
+    """TensorFlow's reading errors name no file: in this block, one finds the bad record and
+    raises an error naming it (or, when the files read cleanly, one line with TensorFlow's reason).
+
+    Raises:
+      CorruptRecordError / RecordError / TrainingError: one line.
+    """
+    try:
+        yield
+    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
+        diagnose_input_error(config)
+        raise TrainingError(f"reading {', '.join(config.files[:3])}...: {tensorflow_reason(e)}") from None
+
+
+def tensorflow_reason(error: Exception) -> str:
+    """The line of a TensorFlow error that says what went wrong (an assertion's own message first)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    for line in lines:
+        if "assertion failed: [" in line:
+            return line.split("assertion failed: [", 1)[1].split("]", 1)[0]
+    informative = [line for line in lines if not line.startswith(("Graph execution error", "Detected at node"))]
+    return (informative or lines or [type(error).__name__])[0]
 
 
 def diagnose_input_error(config: PipelineConfig) -> None:

@@ -13,7 +13,6 @@ tests/test_trainer.py), so only the dispatch and host reads between updates diff
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
@@ -27,7 +26,9 @@ import numpy as np
 from bert_packed.features import Shapes
 from bert_packed.model import BertConfig
 from bert_packed.records import TFRecordWriter
+from bert_packed.run_directory import TRAIN_LOG, RunDirectory
 from bert_packed.training.config import ModelConfig, OptimizerConfig, RunConfig, TrainConfig, TrainData
+from bert_packed.training.process import set_up_process
 from bert_packed.training.trainer import Trainer
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -56,13 +57,14 @@ def write_records(path: str, count: int, seed: int = 0) -> None:
 
 def updates_per_second(files: list[str], loop: int, updates: int, output_dir: str) -> float:
     bert = BertConfig.from_json_file(os.path.join(ROOT, "configs", "bert_config_tiny.json"))
-    config = TrainConfig(model=ModelConfig(bert), train_data=TrainData(tuple(files), SHAPES, "padded", batch_size=4),
+    config = TrainConfig(model=ModelConfig(bert=bert),
+                         train_data=TrainData(files=tuple(files), shapes=SHAPES, input_mode="padded", batch_size=4),
                          optimizer=OptimizerConfig(learning_rate=1e-3, num_train_steps=updates + loop),
-                         run=RunConfig(output_dir, save_checkpoints_steps=10**9, iterations_per_loop=loop,
+                         run=RunConfig(output_dir=output_dir, save_checkpoints_steps=10**9, iterations_per_loop=loop,
                                        log_every_steps=10**9))
+    set_up_process(config)
     Trainer(config).train()
-    with open(os.path.join(output_dir, "train_log.jsonl"), encoding="utf-8") as f:
-        log = [json.loads(line) for line in f]
+    log = RunDirectory(output_dir).read_log(TRAIN_LOG)
     # The first loop compiles; time the `updates` after it.
     return updates / (log[-1]["seconds"] - log[loop - 1]["seconds"])
 

@@ -30,7 +30,9 @@ from bert_packed.dataset_info import read_dataset_info
 from bert_packed.features import Shapes
 from bert_packed.files import write_text_atomically
 from bert_packed.model import BertConfig
-from bert_packed.training.throughput import benchmark_trainer, measure_alternately
+from bert_packed.training.process import set_up_process
+from bert_packed.training.throughput import benchmark_config, measure_alternately
+from bert_packed.training.trainer import Trainer
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
@@ -68,11 +70,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as work:
         for name in args.configs.split(","):
             bert = BertConfig.from_json_file(os.path.join(ROOT, "configs", f"bert_config_{name}.json"))
-            trainers = {mode: benchmark_trainer(
+            configs = {mode: benchmark_config(
                 bert, packed if mode == "packed" else unpacked,
                 shapes if mode == "packed" else Shapes(shapes.max_seq_length, shapes.max_predictions_per_seq),
                 mode, args.batch_size, os.path.join(work, f"{name}-{mode}"),
                 bucket_boundaries=(128, 256, 384) if mode == "bucketed" else ()) for mode in modes}
+            set_up_process(configs[modes[0]])
+            trainers = {mode: Trainer(config) for mode, config in configs.items()}
             result = measure_alternately(trainers, args.rounds, args.updates)
             results[name] = {**result, "packing_factor": factor, "batch_size": args.batch_size}
             for mode in modes:

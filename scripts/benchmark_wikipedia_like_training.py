@@ -37,7 +37,9 @@ from bert_packed.packing import wikipedia_like_histogram
 from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset
 from bert_packed.pretraining_data.instances import Instance, instance_features
 from bert_packed.records import TFRecordWriter
-from bert_packed.training.throughput import BF16_PEAK_TFLOPS, benchmark_trainer, measure_alternately
+from bert_packed.training.process import set_up_process
+from bert_packed.training.throughput import BF16_PEAK_TFLOPS, benchmark_config, measure_alternately
+from bert_packed.training.trainer import Trainer
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 TARGET = 0.95
@@ -117,10 +119,12 @@ def main() -> int:
     peak = args.peak_tflops or peak
     with tempfile.TemporaryDirectory() as work:
         unpacked, packed, factor = write_data(work, args.sequences)
-        trainers = {mode: benchmark_trainer(bert, packed if mode == "packed" else unpacked,
-                                            Shapes(512, 76, 3 if mode == "packed" else 1), mode, args.batch_size,
-                                            os.path.join(work, mode), args.precision, args.xla)
-                    for mode in ("padded", "packed")}
+        configs = {mode: benchmark_config(bert, packed if mode == "packed" else unpacked,
+                                          Shapes(512, 76, 3 if mode == "packed" else 1), mode, args.batch_size,
+                                          os.path.join(work, mode), args.precision, args.xla)
+                   for mode in ("padded", "packed")}
+        set_up_process(configs["padded"])
+        trainers = {mode: Trainer(config) for mode, config in configs.items()}
         result = measure_alternately(trainers, args.rounds, args.updates)
     print(f"{os.path.basename(config_path)}, {args.precision}{', XLA' if args.xla else ''}, {args.batch_size} rows "
           f"an update, on {device}; {args.rounds} rounds of {args.updates} updates per mode, alternated\n")

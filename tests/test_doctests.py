@@ -17,7 +17,7 @@ MODULES = [
     "bert_packed.packing.packer",
     "bert_packed.model.modeling",
     "bert_packed.training.optimizers",
-    "bert_packed.cli.run_pretraining",
+    "bert_packed.training.config",
 ]
 
 

@@ -130,7 +130,7 @@ def test_a_run_that_reaches_the_target_passes_the_compliance_checker(reference, 
     evaluations = [json.loads(line) for line in open(out / "eval_log.jsonl")]
     assert 0.720 <= evaluations[-1]["mlm_accuracy"] < 1.0 and len(evaluations) > 1
     lines = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in open(out / "mllog.txt")]
-    assert all(entry["metadata"]["file"] == "bert_packed/training/trainer.py" for entry in lines)
+    assert all(entry["metadata"]["file"] == "bert_packed/training/mlperf_log.py" for entry in lines)
     assert {entry["key"]: entry["value"] for entry in lines}["opt_lamb_epsilon"] == pytest.approx(1e-6)
     epochs = [entry["metadata"]["epoch_num"] for entry in lines if entry["key"] == "eval_accuracy"]
     assert epochs == [r["sequences"] for r in evaluations]  # samples: sequences

@@ -11,7 +11,9 @@ from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, RE
 from bert_packed.dataset_info import read_dataset_info
 from bert_packed.features import Shapes
 from bert_packed.model import BertConfig
-from bert_packed.training.throughput import benchmark_trainer, measure_alternately, training_flops
+from bert_packed.training.process import set_up_process
+from bert_packed.training.throughput import benchmark_config, measure_alternately, training_flops
+from bert_packed.training.trainer import Trainer
 
 
 def test_training_flops_count_projections_attention_and_the_mlm_head():
@@ -26,13 +28,15 @@ def test_training_flops_count_projections_attention_and_the_mlm_head():
 
 def test_measure_alternately_times_each_mode_every_round(packed_dir, unpacked_dir, tmp_path):
     bert = BertConfig(**TINY)
-    trainers = {
-        "padded": benchmark_trainer(bert, tfrecords(unpacked_dir), Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS), "padded",
-                                    4, str(tmp_path / "padded")),
-        "packed": benchmark_trainer(bert, tfrecords(packed_dir),
-                                    Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK), "packed", 4,
-                                    str(tmp_path / "packed")),
+    configs = {
+        "padded": benchmark_config(bert, tfrecords(unpacked_dir), Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS), "padded",
+                                   4, str(tmp_path / "padded")),
+        "packed": benchmark_config(bert, tfrecords(packed_dir),
+                                   Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK), "packed", 4,
+                                   str(tmp_path / "packed")),
     }
+    set_up_process(configs["padded"])
+    trainers = {mode: Trainer(config) for mode, config in configs.items()}
     result = measure_alternately(trainers, rounds=3, updates=2)
     assert result["speedups"]["padded"] == [1.0, 1.0, 1.0]
     packed, padded = result["modes"]["packed"], result["modes"]["padded"]

@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from bert_packed.dataset_info import read_dataset_info
 from bert_packed.features import Shapes
 from bert_packed.model import BertConfig
 from bert_packed.training.config import EvalData, ModelConfig, OptimizerConfig, RunConfig, TrainConfig, TrainData
+from bert_packed.training.process import set_up_process
 from bert_packed.training.trainer import Trainer, TrainingError
 
 
@@ -37,12 +39,18 @@ def config(output_dir, files, dropout=0.1, eval_files=(), eval_packed=False, **o
         fields[part][field] = value
     shapes = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK)
     eval_shapes = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK if eval_packed else 1)
-    return TrainConfig(model=ModelConfig(bert, **fields["model"]),
-                       train_data=TrainData(tuple(files), shapes, **fields["train_data"]),
+    return TrainConfig(model=ModelConfig(bert=bert, **fields["model"]),
+                       train_data=TrainData(files=tuple(files), shapes=shapes, **fields["train_data"]),
                        optimizer=OptimizerConfig(**fields["optimizer"]),
-                       run=RunConfig(str(output_dir), **fields["run"]),
-                       eval_data=EvalData(tuple(eval_files), eval_shapes, eval_packed,
-                                          **fields["eval_data"]))
+                       run=RunConfig(output_dir=str(output_dir), **fields["run"]),
+                       eval_data=EvalData(files=tuple(eval_files), shapes=eval_shapes,
+                                          input_mode="packed" if eval_packed else "padded", **fields["eval_data"]))
+
+
+def make_trainer(config, strategy=None):
+    """A Trainer, after the process set-up an entry point does."""
+    set_up_process(config)
+    return Trainer(config, strategy)
 
 
 def weights(trainer):
@@ -58,11 +66,11 @@ def test_accumulated_micro_batches_equal_one_big_batch(packed_dir, tmp_path):
     files = tfrecords(packed_dir)
     for averaging in ("token", "sequence"):
         # Two micro-steps make one update; the clip of the whole update keeps it one big batch.
-        accumulated = Trainer(config(tmp_path / f"a-{averaging}", files, dropout=0.0, steps_per_update=2,
+        accumulated = make_trainer(config(tmp_path / f"a-{averaging}", files, dropout=0.0, steps_per_update=2,
                                      num_train_steps=2, loss_averaging=averaging, clip_after_allreduce=True))
         start = weights(accumulated)
         accumulated.train()
-        big = Trainer(config(tmp_path / f"b-{averaging}", files, dropout=0.0, train_batch_size=8, num_train_steps=1,
+        big = make_trainer(config(tmp_path / f"b-{averaging}", files, dropout=0.0, train_batch_size=8, num_train_steps=1,
                              loss_averaging=averaging, clip_after_allreduce=True))
         for w, value in zip(big.model.weights, start):
             w.assign(value)
@@ -81,25 +89,24 @@ import sys, numpy as np, tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 sys.path.insert(0, sys.argv[3])
-from test_trainer import config, weights
-from bert_packed.training.trainer import Trainer
+from test_trainer import config, make_trainer, weights
 files = sys.argv[2].split(",")
-single = Trainer(config(sys.argv[1] + "/single", files, dropout=0.0, train_batch_size=8, num_train_steps=1,
+single = make_trainer(config(sys.argv[1] + "/single", files, dropout=0.0, train_batch_size=8, num_train_steps=1,
                         clip_after_allreduce=True))
 start = weights(single)
 single.train()
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-mirrored = Trainer(config(sys.argv[1] + "/mirrored", files, dropout=0.0, train_batch_size=8, num_train_steps=1,
+mirrored = make_trainer(config(sys.argv[1] + "/mirrored", files, dropout=0.0, train_batch_size=8, num_train_steps=1,
                           clip_after_allreduce=True), strategy)
 assert mirrored.strategy.num_replicas_in_sync == 2
 for w, value in zip(mirrored.model.weights, start):
     w.assign(value)
 mirrored.train()
-from bert_packed.training.trainer import TrainingError
+from bert_packed.errors import SettingsError
 try:
-    Trainer(config(sys.argv[1] + "/odd", files, train_batch_size=3), strategy)
+    make_trainer(config(sys.argv[1] + "/odd", files, train_batch_size=3), strategy)
     raise AssertionError("3 rows on 2 replicas were taken")
-except TrainingError as e:
+except SettingsError as e:
     assert str(e) == "--train_batch_size=3 rows do not divide among the 2 replicas: use a multiple of 2", e
 print(max(float(np.abs(a - b).max()) for a, b in zip(weights(single), weights(mirrored))))
 """
@@ -116,9 +123,9 @@ def test_mirrored_over_two_devices_gives_the_same_update(packed_dir, tmp_path):
 
 def test_an_interrupted_run_resumes_with_exactly_the_same_losses(packed_dir, tmp_path):
     files = tfrecords(packed_dir)
-    Trainer(config(tmp_path / "straight", files, num_train_steps=4)).train()
-    interrupted = Trainer(config(tmp_path / "resumed", files, num_train_steps=4))
-    update = interrupted._train_loop
+    make_trainer(config(tmp_path / "straight", files, num_train_steps=4)).train()
+    interrupted = make_trainer(config(tmp_path / "resumed", files, num_train_steps=4))
+    update = interrupted.update.loop
 
     def update_then_sigterm(iterator, num_updates):
         result = update(iterator, num_updates)
@@ -126,10 +133,10 @@ def test_an_interrupted_run_resumes_with_exactly_the_same_losses(packed_dir, tmp
             os.kill(os.getpid(), signal.SIGTERM)
         return result
 
-    interrupted._train_loop = update_then_sigterm
+    interrupted.update.loop = update_then_sigterm
     interrupted.train()
     assert [r["step"] for r in read_log(tmp_path / "resumed" / "train_log.jsonl")] == [1, 2]
-    Trainer(config(tmp_path / "resumed", files, num_train_steps=4)).train()
+    make_trainer(config(tmp_path / "resumed", files, num_train_steps=4)).train()
     straight = read_log(tmp_path / "straight" / "train_log.jsonl")
     resumed = read_log(tmp_path / "resumed" / "train_log.jsonl")
     assert [r["step"] for r in resumed] == [1, 2, 3, 4]
@@ -139,21 +146,21 @@ def test_an_interrupted_run_resumes_with_exactly_the_same_losses(packed_dir, tmp
 
 def test_a_crash_after_the_checkpoint_resumes_without_repeated_log_lines(packed_dir, tmp_path):
     files = tfrecords(packed_dir)
-    straight = Trainer(config(tmp_path / "straight", files, num_train_steps=4))
+    straight = make_trainer(config(tmp_path / "straight", files, num_train_steps=4))
     straight.train()
-    crashing = Trainer(config(tmp_path / "resumed", files, num_train_steps=4, save_checkpoints_steps=2))
-    update = crashing._train_loop
+    crashing = make_trainer(config(tmp_path / "resumed", files, num_train_steps=4, save_checkpoints_steps=2))
+    update = crashing.update.loop
 
     def update_then_crash(iterator, num_updates):
         if int(crashing.step) == 3:  # step 3 is logged, the checkpoint is step 2
             raise RuntimeError("killed")
         return update(iterator, num_updates)
 
-    crashing._train_loop = update_then_crash
+    crashing.update.loop = update_then_crash
     with pytest.raises(RuntimeError, match="killed"):
         crashing.train()
     assert [r["step"] for r in read_log(tmp_path / "resumed" / "train_log.jsonl")] == [1, 2, 3]
-    Trainer(config(tmp_path / "resumed", files, num_train_steps=4, save_checkpoints_steps=2)).train()
+    make_trainer(config(tmp_path / "resumed", files, num_train_steps=4, save_checkpoints_steps=2)).train()
     resumed = read_log(tmp_path / "resumed" / "train_log.jsonl")
     assert [r["step"] for r in resumed] == [1, 2, 3, 4]
     assert [r["loss"] for r in resumed] == [r["loss"] for r in read_log(tmp_path / "straight" / "train_log.jsonl")]
@@ -162,8 +169,8 @@ def test_a_crash_after_the_checkpoint_resumes_without_repeated_log_lines(packed_
 
 
 def test_a_nan_loss_stops_and_keeps_the_last_good_checkpoint(packed_dir, tmp_path):
-    trainer = Trainer(config(tmp_path, tfrecords(packed_dir), num_train_steps=4, save_checkpoints_steps=1))
-    update = trainer._train_loop
+    trainer = make_trainer(config(tmp_path, tfrecords(packed_dir), num_train_steps=4, save_checkpoints_steps=1))
+    update = trainer.update.loop
 
     def poison_after_step_1(iterator, num_updates):
         if int(trainer.step) == 1:
@@ -171,17 +178,17 @@ def test_a_nan_loss_stops_and_keeps_the_last_good_checkpoint(packed_dir, tmp_pat
                                                                     np.nan, np.float32))
         return update(iterator, num_updates)
 
-    trainer._train_loop = poison_after_step_1
+    trainer.update.loop = poison_after_step_1
     with pytest.raises(TrainingError, match=r"loss is nan at step 2; stopped without saving, the last good "
                                             r"checkpoint is .*ckpt-1"):
         trainer.train()
-    assert trainer.manager.latest_checkpoint.endswith("ckpt-1")
+    assert trainer.checkpoints.latest.endswith("ckpt-1")
 
 
 def test_packed_and_unpacked_eval_files_give_the_same_metrics(packed_dir, unpacked_dir, tmp_path):
-    packed = Trainer(config(tmp_path / "p", tfrecords(packed_dir), eval_files=tuple(tfrecords(packed_dir)),
+    packed = make_trainer(config(tmp_path / "p", tfrecords(packed_dir), eval_files=tuple(tfrecords(packed_dir)),
                             eval_packed=True))
-    unpacked = Trainer(config(tmp_path / "u", tfrecords(packed_dir), eval_files=tuple(tfrecords(unpacked_dir))))
+    unpacked = make_trainer(config(tmp_path / "u", tfrecords(packed_dir), eval_files=tuple(tfrecords(unpacked_dir))))
     for w, value in zip(unpacked.model.weights, weights(packed)):
         w.assign(value)
     a, b = packed.evaluate(), unpacked.evaluate()
@@ -191,7 +198,7 @@ def test_packed_and_unpacked_eval_files_give_the_same_metrics(packed_dir, unpack
 
 
 def test_reaching_the_target_stops_the_run_and_logs_it(packed_dir, unpacked_dir, tmp_path):
-    trainer = Trainer(config(tmp_path, tfrecords(packed_dir), num_train_steps=5, eval_files=tuple(tfrecords(unpacked_dir)),
+    trainer = make_trainer(config(tmp_path, tfrecords(packed_dir), num_train_steps=5, eval_files=tuple(tfrecords(unpacked_dir)),
                              eval_every_samples=1, target_mlm_accuracy=0.0))
     trainer.train()
     train_log = read_log(tmp_path / "train_log.jsonl")
@@ -239,7 +246,9 @@ def test_cli_trains_logs_and_records_its_flags(packed_dir, unpacked_dir, bert_co
 
 
 def test_batch_correction_divides_by_the_packing_factor_in_whole_replicas():
-    from bert_packed.cli.run_pretraining import corrected_batch_size
+    def corrected_batch_size(rows, packing_factor, num_replicas=1):
+        return TrainData(files=("x",), shapes=Shapes(512, 76, 3), packing_factor=packing_factor, batch_size=rows,
+                         adjust_batch_for_packing=True, num_replicas=num_replicas).rows_per_micro_batch
 
     assert corrected_batch_size(8, 1.203) == 7  # 8.4 sequences a micro-batch on average
     assert corrected_batch_size(448, 2.012, num_replicas=8) == 224  # 222.7 packs, in multiples of 8
@@ -324,14 +333,16 @@ def test_two_local_workers_train_together_and_hold_the_same_weights(packed_dir, 
     assert len(read_log(out / "train_log.jsonl")) == 3
     chief = tf.train.load_checkpoint(str(out / "checkpoints"))
     other = tf.train.load_checkpoint(str(out / ".workers" / "worker-1" / "checkpoints"))
-    names = [n for n in chief.get_variable_to_shape_map() if n != "_CHECKPOINTABLE_OBJECT_GRAPH"]
+    # The logs' sizes are each worker's own (their clocks differ); everything else is shared.
+    names = [n for n in chief.get_variable_to_shape_map() if n != "_CHECKPOINTABLE_OBJECT_GRAPH"
+             and not n.startswith("log_sizes")]
     assert len(names) > 100  # weights, optimizer slots, step, dropout state
     for name in names:
         np.testing.assert_array_equal(chief.get_tensor(name), other.get_tensor(name))
     assert chief.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == 3
     [together] = read_log(out / "eval_log.jsonl")
-    single = Trainer(config(tmp_path / "single", tfrecords(packed_dir), eval_files=(eval_file,), eval_batch_size=6))
-    single.checkpoint.restore(tf.train.latest_checkpoint(str(out / "checkpoints"))).expect_partial()
+    single = make_trainer(config(tmp_path / "single", tfrecords(packed_dir), eval_files=(eval_file,), eval_batch_size=6))
+    single.state.restore(tf.train.latest_checkpoint(str(out / "checkpoints"))).expect_partial()
     alone = single.evaluate()
     assert together["num_sequences"] == alone["num_sequences"] == sum(1 for _ in tf.data.TFRecordDataset(eval_file))
     for key in ("loss", "mlm_accuracy", "nsp_accuracy"):
@@ -343,7 +354,7 @@ def test_half_precision_trains_with_finite_losses(packed_dir, tmp_path, precisio
     import keras
 
     try:
-        trainer = Trainer(config(tmp_path, tfrecords(packed_dir), precision=precision, num_train_steps=2))
+        trainer = make_trainer(config(tmp_path, tfrecords(packed_dir), precision=precision, num_train_steps=2))
         trainer.train()
         assert trainer.model.encoder_layers[0].compute_dtype == {"bf16": "bfloat16", "fp16": "float16"}[precision]
     finally:
@@ -354,10 +365,10 @@ def test_half_precision_trains_with_finite_losses(packed_dir, tmp_path, precisio
 
 def test_xla_gives_the_same_update(packed_dir, tmp_path):
     files = tfrecords(packed_dir)
-    eager = Trainer(config(tmp_path / "eager", files, dropout=0.0, num_train_steps=1))
+    eager = make_trainer(config(tmp_path / "eager", files, dropout=0.0, num_train_steps=1))
     start = weights(eager)
     eager.train()
-    compiled = Trainer(config(tmp_path / "xla", files, dropout=0.0, num_train_steps=1, xla=True))
+    compiled = make_trainer(config(tmp_path / "xla", files, dropout=0.0, num_train_steps=1, xla=True))
     for w, value in zip(compiled.model.weights, start):
         w.assign(value)
     compiled.train()
@@ -365,27 +376,34 @@ def test_xla_gives_the_same_update(packed_dir, tmp_path):
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
-def test_init_checkpoint_and_a_corrupt_checkpoint(packed_dir, tmp_path):
+def test_init_checkpoint_and_a_corrupt_checkpoint(packed_dir, tmp_path, caplog):
     from bert_packed.model import BertPretrainingModel, export_google_checkpoint
 
     source = BertPretrainingModel(BertConfig(**TINY))
     source.build()
     path = export_google_checkpoint(source, str(tmp_path / "google"))
-    trainer = Trainer(config(tmp_path / "run", tfrecords(packed_dir), init_checkpoint=path, num_train_steps=1,
+    trainer = make_trainer(config(tmp_path / "run", tfrecords(packed_dir), init_checkpoint=path, num_train_steps=1,
                              learning_rate=0.0))
     trainer.train()
     np.testing.assert_array_equal(trainer.model.embeddings.word_embeddings.numpy(),
                                   source.embeddings.word_embeddings.numpy())
     data_file = next(p for p in (tmp_path / "run" / "checkpoints").iterdir() if ".data-" in p.name)
     data_file.write_bytes(data_file.read_bytes()[:100])
-    with pytest.raises(TrainingError, match=r"checkpoints/ckpt-1: cannot restore this checkpoint"):
-        Trainer(config(tmp_path / "run", tfrecords(packed_dir), num_train_steps=2)).train()
+    # The only checkpoint does not restore: the run starts over (from init_checkpoint), saying so.
+    restarted = make_trainer(config(tmp_path / "run", tfrecords(packed_dir), init_checkpoint=path, num_train_steps=2,
+                                    learning_rate=0.0))
+    restarted.train()
+    assert re.search(r"checkpoints/ckpt-1: cannot restore this checkpoint \(.*\); trying an older one", caplog.text)
+    assert "no checkpoint of " in caplog.text and "restores (ckpt-1): starting over from step 0" in caplog.text
+    assert [r["step"] for r in read_log(tmp_path / "run" / "train_log.jsonl")] == [1, 2]
+    np.testing.assert_array_equal(restarted.model.embeddings.word_embeddings.numpy(),
+                                  source.embeddings.word_embeddings.numpy())
 
 
 def test_the_end_of_a_run_evaluates_at_the_last_step_and_exports_its_weights(packed_dir, unpacked_dir, tmp_path):
     # Evaluations every 12 sequences fall between steps; the last step gets its own.
     files, eval_files = tfrecords(packed_dir), tuple(tfrecords(unpacked_dir))
-    trainer = Trainer(config(tmp_path / "run", files, num_train_steps=3, eval_files=eval_files,
+    trainer = make_trainer(config(tmp_path / "run", files, num_train_steps=3, eval_files=eval_files,
                              eval_every_samples=12, target_mlm_accuracy=1.0))
     trainer.train()
     train_log, eval_log = read_log(tmp_path / "run" / "train_log.jsonl"), read_log(tmp_path / "run" / "eval_log.jsonl")
@@ -406,16 +424,16 @@ def test_the_end_of_a_run_evaluates_at_the_last_step_and_exports_its_weights(pac
 def test_a_kill_before_the_end_of_a_run_is_completed_by_the_next_start(packed_dir, unpacked_dir, tmp_path):
     files, eval_files = tfrecords(packed_dir), tuple(tfrecords(unpacked_dir))
     settings = dict(num_train_steps=2, eval_files=eval_files, eval_every_samples=0, target_mlm_accuracy=1.0)
-    trainer = Trainer(config(tmp_path, files, **settings))
-    trainer._finish = lambda logs: (trainer._save(), (_ for _ in ()).throw(RuntimeError("killed")))
+    trainer = make_trainer(config(tmp_path, files, **settings))
+    trainer._finish = lambda logs, reached: (trainer._save(), (_ for _ in ()).throw(RuntimeError("killed")))
     with pytest.raises(RuntimeError, match="killed"):
         trainer.train()  # saved step 2, then killed: no final evaluation, no export
     evaluated = (tmp_path / "eval_log.jsonl").exists() and (tmp_path / "eval_log.jsonl").read_text()
     assert not evaluated and not (tmp_path / "model.ckpt-2.index").exists()
-    Trainer(config(tmp_path, files, **settings)).train()
+    make_trainer(config(tmp_path, files, **settings)).train()
     assert [r["step"] for r in read_log(tmp_path / "eval_log.jsonl")] == [2]
     assert (tmp_path / "model.ckpt-2.index").exists()
-    Trainer(config(tmp_path, files, **settings)).train()  # finished: nothing more
+    make_trainer(config(tmp_path, files, **settings)).train()  # finished: nothing more
     assert [r["step"] for r in read_log(tmp_path / "eval_log.jsonl")] == [2]
     assert [r["step"] for r in read_log(tmp_path / "train_log.jsonl")] == [1, 2]
     assert [entry["metadata"]["status"] for entry in mllog(tmp_path) if entry["key"] == "run_stop"] == ["aborted"]
@@ -438,9 +456,9 @@ def test_a_kill_during_the_export_of_a_run_that_reached_its_target_is_completed(
 
     monkeypatch.setattr(trainer_module, "export_google_checkpoint", killed)
     with pytest.raises(RuntimeError, match="killed"):
-        Trainer(config(tmp_path, files, **settings)).train()  # reached at step 1, saved, killed exporting
+        make_trainer(config(tmp_path, files, **settings)).train()  # reached at step 1, saved, killed exporting
     monkeypatch.setattr(trainer_module, "export_google_checkpoint", export)
-    Trainer(config(tmp_path, files, **settings)).train()
+    make_trainer(config(tmp_path, files, **settings)).train()
     assert [r["step"] for r in read_log(tmp_path / "train_log.jsonl")] == [1]  # not trained on
     assert [r["step"] for r in read_log(tmp_path / "eval_log.jsonl")] == [1]
     assert (tmp_path / "model.ckpt-1.index").exists() and not list(tmp_path.glob("*.tmp*"))
@@ -448,10 +466,10 @@ def test_a_kill_during_the_export_of_a_run_that_reached_its_target_is_completed(
 
 
 def test_an_output_dir_holding_another_run_is_refused_and_left_intact(packed_dir, tmp_path):
-    Trainer(config(tmp_path, tfrecords(packed_dir), num_train_steps=1, flags_text="--seed=12345\n")).train()
+    make_trainer(config(tmp_path, tfrecords(packed_dir), num_train_steps=1, flags_text="--seed=12345\n")).train()
     before = (tmp_path / "train_log.jsonl").read_text()
     with pytest.raises(TrainingError, match=r"holds another run \(seed, sequences_per_update, train_batch_size differ\)"):
-        Trainer(config(tmp_path, tfrecords(packed_dir), num_train_steps=2, seed=7, train_batch_size=2,
+        make_trainer(config(tmp_path, tfrecords(packed_dir), num_train_steps=2, seed=7, train_batch_size=2,
                        flags_text="--seed=7\n")).train()
     assert (tmp_path / "train_log.jsonl").read_text() == before
     assert (tmp_path / "flags.txt").read_text() == "--seed=12345\n"
@@ -459,15 +477,15 @@ def test_an_output_dir_holding_another_run_is_refused_and_left_intact(packed_dir
 
 def test_a_compiled_loop_of_updates_equals_one_update_a_call(packed_dir, tmp_path):
     files = tfrecords(packed_dir)
-    one = Trainer(config(tmp_path / "one", files, num_train_steps=6))
+    one = make_trainer(config(tmp_path / "one", files, num_train_steps=6))
     start = weights(one)
     one.train()
-    looped = Trainer(config(tmp_path / "looped", files, num_train_steps=6, iterations_per_loop=4))
+    looped = make_trainer(config(tmp_path / "looped", files, num_train_steps=6, iterations_per_loop=4))
     for w, value in zip(looped.model.weights, start):
         w.assign(value)
     calls = []
-    loop = looped._train_loop
-    looped._train_loop = lambda iterator, num_updates: calls.append(int(num_updates)) or loop(iterator, num_updates)
+    loop = looped.update.loop
+    looped.update.loop = lambda iterator, num_updates: calls.append(int(num_updates)) or loop(iterator, num_updates)
     looped.train()
     assert calls == [4, 2]  # one dispatch for 4 updates, then the 2 left
     for a, b in zip(weights(one), weights(looped)):
@@ -484,7 +502,7 @@ def test_clipping_before_the_allreduce_averages_each_micro_batch_s_clipped_gradi
     from bert_packed.training.losses import loss_from_sums, pretraining_sums
 
     files = tfrecords(packed_dir)
-    before = Trainer(config(tmp_path / "before", files, dropout=0.0, steps_per_update=2, num_train_steps=2,
+    before = make_trainer(config(tmp_path / "before", files, dropout=0.0, steps_per_update=2, num_train_steps=2,
                             learning_rate=1e-2))
     start = weights(before)
     batches = list(before._train_dataset(None).take(2))
@@ -496,7 +514,7 @@ def test_clipping_before_the_allreduce_averages_each_micro_batch_s_clipped_gradi
         norms.append(float(tf.linalg.global_norm(gradient)))
         clipped.append(tf.clip_by_global_norm(gradient, 1.0)[0])
     assert max(norms) > 1.0  # the clip does something
-    by_hand = Trainer(config(tmp_path / "by_hand", files, dropout=0.0, steps_per_update=2, num_train_steps=2,
+    by_hand = make_trainer(config(tmp_path / "by_hand", files, dropout=0.0, steps_per_update=2, num_train_steps=2,
                              learning_rate=1e-2))
     for w, value in zip(by_hand.model.weights, start):
         w.assign(value)
@@ -504,7 +522,7 @@ def test_clipping_before_the_allreduce_averages_each_micro_batch_s_clipped_gradi
     before.train()
     for a, b in zip(weights(before), weights(by_hand)):
         np.testing.assert_allclose(a, b, atol=1e-6)
-    after = Trainer(config(tmp_path / "after", files, dropout=0.0, steps_per_update=2, num_train_steps=2,
+    after = make_trainer(config(tmp_path / "after", files, dropout=0.0, steps_per_update=2, num_train_steps=2,
                            learning_rate=1e-2, clip_after_allreduce=True))
     for w, value in zip(after.model.weights, start):
         w.assign(value)
@@ -553,18 +571,20 @@ def test_any_tensorflow_filesystem_holds_inputs_metadata_logs_and_checkpoints(pa
 
 def test_a_torn_last_log_line_is_dropped_and_a_damaged_one_named(packed_dir, tmp_path, caplog):
     files = tfrecords(packed_dir)
-    Trainer(config(tmp_path, files, num_train_steps=2, save_checkpoints_steps=2)).train()
+    make_trainer(config(tmp_path, files, num_train_steps=2, save_checkpoints_steps=2)).train()
     first = read_log(tmp_path / "train_log.jsonl")
     with open(tmp_path / "train_log.jsonl", "a") as f:
         f.write('{"step": 3, "sequences": 4')  # the power went out mid-write
-    Trainer(config(tmp_path, files, num_train_steps=4, save_checkpoints_steps=2)).train()
+    make_trainer(config(tmp_path, files, num_train_steps=4, save_checkpoints_steps=2)).train()
     assert "dropped its torn last line 3" in caplog.text
     resumed = read_log(tmp_path / "train_log.jsonl")
     assert [r["step"] for r in resumed] == [1, 2, 3, 4] and resumed[:2] == first
     lines = (tmp_path / "train_log.jsonl").read_text().splitlines()
     (tmp_path / "train_log.jsonl").write_text("\n".join([lines[0], "{garbage", *lines[1:]]) + "\n")
-    with pytest.raises(TrainingError, match=r"train_log.jsonl: line 2 is not JSON"):
-        Trainer(config(tmp_path, files, num_train_steps=6, save_checkpoints_steps=2)).train()
+    from bert_packed.run_directory import RunError
+
+    with pytest.raises(RunError, match=r"train_log.jsonl: line 2 is not JSON"):
+        make_trainer(config(tmp_path, files, num_train_steps=6, save_checkpoints_steps=2)).train()
 
 
 @pytest.mark.slow
@@ -601,7 +621,7 @@ def finite(checkpoint_path):
 @pytest.mark.parametrize("save_every", [1, 3, 100])
 def test_a_diverging_run_never_saves_non_finite_weights_and_names_a_finite_checkpoint(packed_dir, tmp_path,
                                                                                       save_every):
-    trainer = Trainer(config(tmp_path, tfrecords(packed_dir), num_train_steps=12, learning_rate=1e30,
+    trainer = make_trainer(config(tmp_path, tfrecords(packed_dir), num_train_steps=12, learning_rate=1e30,
                              save_checkpoints_steps=save_every))
     with pytest.raises(TrainingError, match=r"(loss is|gradient norm is|weights at step \d+ are not finite).*the "
                                             r"last good checkpoint is") as info:
@@ -615,18 +635,18 @@ def test_a_diverging_run_never_saves_non_finite_weights_and_names_a_finite_check
 
 def test_a_damaged_checkpoint_state_falls_back_to_the_newest_checkpoint_that_restores(packed_dir, tmp_path, caplog):
     files = tfrecords(packed_dir)
-    Trainer(config(tmp_path / "straight", files, num_train_steps=6)).train()
+    make_trainer(config(tmp_path / "straight", files, num_train_steps=6)).train()
     run = tmp_path / "run"
-    Trainer(config(run, files, num_train_steps=4, save_checkpoints_steps=2)).train()  # ckpt-2, ckpt-4
+    make_trainer(config(run, files, num_train_steps=4, save_checkpoints_steps=2)).train()  # ckpt-2, ckpt-4
     state = run / "checkpoints" / "checkpoint"
     for damage in (b"text garbage\n", bytes(range(256)), b'model_checkpoint_path: "ckpt-99"\n'):
         state.write_bytes(damage)
-        trainer = Trainer(config(run, files, num_train_steps=4, save_checkpoints_steps=2))
-        assert trainer.restore().endswith("ckpt-4") and int(trainer.step.numpy()) == 4
-        assert "set aside as" in caplog.text
+        trainer = make_trainer(config(run, files, num_train_steps=4, save_checkpoints_steps=2))
+        assert trainer.checkpoints.restore().endswith("ckpt-4") and int(trainer.step.numpy()) == 4
+        assert "damaged or out of date (it does not name ckpt-4, the newest); rewritten" in caplog.text
     data = next(p for p in (run / "checkpoints").iterdir() if p.name.startswith("ckpt-4.data"))
     data.write_bytes(data.read_bytes()[:100])  # the newest checkpoint is corrupt
-    Trainer(config(run, files, num_train_steps=6, save_checkpoints_steps=2)).train()
+    make_trainer(config(run, files, num_train_steps=6, save_checkpoints_steps=2)).train()
     assert "ckpt-4: cannot restore this checkpoint" in caplog.text
     assert "resumed from" in caplog.text and (run / "checkpoints" / "ckpt-2.index").exists()
     assert [r["step"] for r in read_log(run / "train_log.jsonl")] == [1, 2, 3, 4, 5, 6]
@@ -644,4 +664,4 @@ def test_a_corrupt_training_shard_is_named_with_its_record(packed_dir, tmp_path)
     content[len(content) // 2] ^= 0x40
     open(shard, "wb").write(bytes(content))
     with pytest.raises(CorruptRecordError, match=rf"{shard}: record \d+: data checksum mismatch"):
-        Trainer(config(tmp_path / "run", tfrecords(str(data)), num_train_steps=40)).train()
+        make_trainer(config(tmp_path / "run", tfrecords(str(data)), num_train_steps=40)).train()

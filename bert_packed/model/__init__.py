@@ -1,21 +1,23 @@
-"""The packed BERT model: config, encoder and pre-training heads, checkpoint import/export."""
+"""The packed BERT model: config, encoder and pre-training heads, checkpoint import/export.
 
-from bert_packed.model.checkpoint import (
-    CheckpointError,
-    export_google_checkpoint,
-    google_variable_names,
-    load_google_checkpoint,
-)
-from bert_packed.model.config import BertConfig, ConfigError
-from bert_packed.model.modeling import (
-    BertEmbeddings,
-    BertPretrainingModel,
-    MaskedLMHead,
-    NextSentenceHead,
-    TransformerLayer,
-    attention_mask_from_sequence_ids,
-)
+The names below load on first use, so that `bert_packed.model.config` (BertConfig) can be read
+without loading TensorFlow (the command line's flags take their defaults from it).
+"""
 
-__all__ = ["BertConfig", "BertEmbeddings", "BertPretrainingModel", "CheckpointError", "ConfigError", "MaskedLMHead",
-           "NextSentenceHead", "TransformerLayer", "attention_mask_from_sequence_ids", "export_google_checkpoint",
-           "google_variable_names", "load_google_checkpoint"]
+import importlib
+
+_EXPORTS = {
+    "bert_packed.model.checkpoint": ("CheckpointError", "export_google_checkpoint", "google_variable_names",
+                                     "load_google_checkpoint"),
+    "bert_packed.model.config": ("BertConfig", "ConfigError"),
+    "bert_packed.model.modeling": ("BertEmbeddings", "BertPretrainingModel", "MaskedLMHead", "NextSentenceHead",
+                                   "TransformerLayer", "attention_mask_from_sequence_ids"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_MODULE_OF[name]), name)

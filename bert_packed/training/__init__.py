@@ -1,7 +1,22 @@
-"""Training: losses and metrics (per-sequence), optimizer, schedule, trainer loop."""
+"""Training: configuration, losses and metrics (per sequence), LAMB and its schedule, the compiled
+update, evaluation, checkpoints, logs, and the loop (trainer.py).
 
-from bert_packed.training.losses import LOSS_AVERAGING, loss_from_sums, metrics_from_sums, pretraining_sums
-from bert_packed.training.optimizers import AdamWeightDecay, Lamb, PolynomialWarmup, adjusted_betas
+The names below load on first use, so that `bert_packed.training.config` can be read without
+loading TensorFlow (the command line's flags take their defaults from it).
+"""
 
-__all__ = ["LOSS_AVERAGING", "AdamWeightDecay", "Lamb", "PolynomialWarmup", "adjusted_betas", "loss_from_sums",
-           "metrics_from_sums", "pretraining_sums"]
+import importlib
+
+_EXPORTS = {
+    "bert_packed.training.config": ("LOSS_AVERAGING",),
+    "bert_packed.training.losses": ("loss_from_sums", "metrics_from_sums", "pretraining_sums"),
+    "bert_packed.training.optimizers": ("AdamWeightDecay", "Lamb", "PolynomialWarmup", "adjusted_betas"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_MODULE_OF[name]), name)

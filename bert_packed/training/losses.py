@@ -17,8 +17,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from bert_packed.errors import SettingsError
-
-LOSS_AVERAGING = ("token", "sequence")
+from bert_packed.training.config import LOSS_AVERAGING
 
 
 def pretraining_sums(outputs: dict, features: dict) -> dict[str, tf.Tensor]:

@@ -21,7 +21,8 @@ import time
 from bert_packed.features import Shapes
 from bert_packed.model import BertConfig
 from bert_packed.training.config import ModelConfig, OptimizerConfig, RunConfig, TrainConfig, TrainData
-from bert_packed.training.trainer import SUM_KEYS, Trainer
+from bert_packed.training.trainer import Trainer
+from bert_packed.training.update import SUM_KEYS
 
 # bf16 dense tensor-core peaks (TFLOP/s, no sparsity) of the cards a GPU figure is taken on, by a
 # part of the device name; the first match counts, so the PCIe and NVL H100s come before the SXM.
@@ -43,16 +44,17 @@ def training_flops(bert: BertConfig, tokens: float, sequences: float, prediction
     return 3.0 * (tokens * per_token + predictions * per_prediction)
 
 
-def benchmark_trainer(bert: BertConfig, files: list[str], shapes: Shapes, input_mode: str, batch_size: int,
-                      output_dir: str, precision: str = "fp32", xla: bool = False,
-                      bucket_boundaries: tuple[int, ...] = ()) -> Trainer:
-    """A Trainer for throughput alone: LAMB at a small learning rate, no checkpoints or evaluations."""
-    return Trainer(TrainConfig(
-        model=ModelConfig(bert, precision=precision, xla=xla),
-        train_data=TrainData(tuple(files), shapes, input_mode, batch_size=batch_size,
+def benchmark_config(bert: BertConfig, files: list[str], shapes: Shapes, input_mode: str, batch_size: int,
+                     output_dir: str, precision: str = "fp32", xla: bool = False,
+                     bucket_boundaries: tuple[int, ...] = ()) -> TrainConfig:
+    """A run for throughput alone (Trainer.run_updates): LAMB at a small learning rate, no
+    checkpoints or evaluations."""
+    return TrainConfig(
+        model=ModelConfig(bert=bert, precision=precision, xla=xla),
+        train_data=TrainData(files=tuple(files), shapes=shapes, input_mode=input_mode, batch_size=batch_size,
                              bucket_boundaries=bucket_boundaries),
         optimizer=OptimizerConfig(learning_rate=1e-4, num_train_steps=10**9),
-        run=RunConfig(output_dir, save_checkpoints_steps=10**9, log_every_steps=10**9)))
+        run=RunConfig(output_dir=output_dir, save_checkpoints_steps=10**9, log_every_steps=10**9))
 
 
 def measure_alternately(trainers: dict[str, Trainer], rounds: int, updates: int) -> dict:

@@ -1,0 +1,179 @@
+"""A training run's directory: the only code that reads or writes its files (through `files`, so a
+run on gs:// or any filesystem TensorFlow knows is read the same way).
+
+  run.json           what the run is: input mode, packing factor, batch, seed, the BERT config and
+                     the training data's identity. A restart that differs is refused; `finished`
+                     is added once the run has ended.
+  flags.txt          the command's own flags, as a flagfile
+  train_log.jsonl    one JSON object an update: step, sequences, loss, mlm_accuracy, learning_rate,
+                     seconds, ...
+  eval_log.jsonl     one JSON object an evaluation
+  mllog.txt          :::MLLOG lines (mlperf-logging), checked by its compliance checker
+  eval_results.txt   an evaluation alone (--do_eval without --do_train), `key = value` lines
+  model.ckpt-<step>  the final weights with google-research names (.index and .data-*)
+  checkpoints/       TensorFlow checkpoints (bert_packed.training.checkpoints)
+  tensorboard/       TensorBoard events
+  .workers/worker-N  the same, for each non-chief worker of a multi-worker run
+
+The three logs only grow while a run trains. Each checkpoint records their sizes; a resumed run
+cuts them back to those sizes (cut_logs), so that what was logged after the checkpoint, which the
+resumed run does again, is not logged twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+from bert_packed import files
+from bert_packed.errors import UserError
+
+RUN_INFO = "run.json"
+FLAGS = "flags.txt"
+TRAIN_LOG = "train_log.jsonl"
+EVAL_LOG = "eval_log.jsonl"
+MLLOG = "mllog.txt"
+EVAL_RESULTS = "eval_results.txt"
+# The logs a checkpoint records the sizes of, in this order.
+LOGS = (TRAIN_LOG, EVAL_LOG, MLLOG)
+
+
+class RunError(UserError, ValueError):
+    """A run directory lacks what is asked of it, or its files are damaged."""
+
+
+class RunDirectory:
+    """One run's output directory (or one worker's, under multi-worker training).
+
+    Attributes:
+      path: the directory.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def file(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    @property
+    def checkpoints(self) -> str:
+        return self.file("checkpoints")
+
+    @property
+    def tensorboard(self) -> str:
+        return self.file("tensorboard")
+
+    def worker(self, task_id: int) -> RunDirectory:
+        """Where a non-chief worker of a multi-worker run writes."""
+        return RunDirectory(os.path.join(self.path, ".workers", f"worker-{task_id}"))
+
+    def exported_weights(self, step: int) -> str:
+        """The prefix of the final weights with google-research names."""
+        return self.file(f"model.ckpt-{step}")
+
+    def holds_run(self) -> bool:
+        """Whether a training run wrote here."""
+        return files.exists(self.file(RUN_INFO)) or files.exists(self.file(TRAIN_LOG))
+
+    # ---- run.json and flags.txt
+    def read_info(self) -> dict:
+        """run.json ({} when there is none yet).
+
+        Raises:
+          RunError: it is not a JSON object.
+        """
+        path = self.file(RUN_INFO)
+        if not files.exists(path):
+            return {}
+        try:
+            with files.open_file(path) as f:
+                info = json.load(f)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise RunError(f"{path}: damaged, not JSON ({e}); use a new --output_dir") from None
+        if not isinstance(info, dict):
+            raise RunError(f"{path}: damaged, not a JSON object; use a new --output_dir")
+        return info
+
+    def write_info(self, info: dict) -> None:
+        files.write_text_atomically(self.file(RUN_INFO), json.dumps(info, indent=1) + "\n")
+
+    def write_flags(self, text: str) -> None:
+        files.write_text_atomically(self.file(FLAGS), text)
+
+    # ---- the logs
+    def read_log(self, name: str) -> list[dict]:
+        """The records of a log ([] when there is none).
+
+        Raises:
+          RunError: a line is not a JSON object (naming the file and line).
+        """
+        return _records(self.file(name), self.read_text(name))
+
+    def read_text(self, name: str) -> str:
+        """The text of one of the run's files ("" when there is none)."""
+        path = self.file(name)
+        if not files.exists(path):
+            return ""
+        with files.open_file(path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+
+    def log_sizes(self) -> list[int]:
+        """Bytes in each of LOGS (0 for one not written yet)."""
+        return [files.size(self.file(name)) if files.exists(self.file(name)) else 0 for name in LOGS]
+
+    def open_log(self, name: str):
+        """The log `name`, open for appending lines."""
+        return files.open_file(self.file(name), "a")
+
+    def cut_logs(self, sizes: list[int]) -> None:
+        """Cuts each of LOGS back to its size in `sizes` (what a checkpoint recorded), so that a
+        resumed run logs again what it does again. A torn last line (a write cut short by a kill)
+        is dropped with a warning; a damaged line in what is kept is named.
+
+        Raises:
+          RunError: a log is shorter than recorded (edited or replaced), or a kept line is damaged.
+        """
+        for name, size in zip(LOGS, sizes):
+            path = self.file(name)
+            data = b""
+            if files.exists(path):
+                with files.open_file(path, "rb") as f:
+                    data = f.read()
+            if len(data) < size:
+                raise RunError(f"{path}: holds {len(data)} bytes, but {size} when the checkpoint was saved: it was cut "
+                               f"or replaced since; resume from a copy of the run, or use a new --output_dir")
+            kept, dropped = data[:size].decode("utf-8", "replace"), data[size:].decode("utf-8", "replace")
+            if name != MLLOG:
+                _records(path, kept)
+            if not dropped:
+                continue
+            lines = dropped.split("\n")
+            if lines[-1]:
+                logging.warning("%s: dropped its torn last line %d (%d characters)", path,
+                                kept.count("\n") + len(lines), len(lines[-1]))
+            if len(lines) > 1:
+                logging.info("%s: %d lines logged after the checkpoint are redone", path, len(lines) - 1)
+            files.write_text_atomically(path, kept)
+
+    def write_eval_results(self, record: dict) -> None:
+        """eval_results.txt: an evaluation alone, `key = value` lines (as the reference writes)."""
+        files.write_text_atomically(self.file(EVAL_RESULTS),
+                                    "".join(f"{key} = {value}\n" for key, value in sorted(record.items())))
+
+
+def _records(path: str, text: str) -> list[dict]:
+    """The JSON objects of a log's text, one a line; a torn last line (no newline) is left out."""
+    lines = text.split("\n")
+    records = []
+    for number, line in enumerate(lines[:-1], 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            record = None
+        if not isinstance(record, dict):
+            raise RunError(f"{path}: line {number} is not JSON; the log is damaged, not just torn at its end")
+        records.append(record)
+    return records

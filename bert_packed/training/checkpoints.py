@@ -1,0 +1,179 @@
+"""A run's TensorFlow checkpoints: save, restore the newest that restores, keep the newest few.
+
+A checkpoint `checkpoints/ckpt-<step>` holds what a resumed run needs to continue exactly: the
+model, the optimizer, the step, the sequences seen, dropout's random state, and the sizes of the
+run's logs when it was saved (run_directory.cut_logs).
+
+Saving is atomic. TensorFlow writes the checkpoint under `checkpoints/.saving/`, and its files
+move into place data first, index last: a checkpoint exists when its .index does, and then it is
+whole. A kill at any moment leaves the new checkpoint or none of it; what it left in .saving/ is
+removed at the next start. Weights that are not finite are never saved. After a save the state
+file `checkpoint` (read by TensorFlow's own tools, tf.train.latest_checkpoint) names the newest,
+and checkpoints beyond keep_checkpoint_max are deleted, oldest first.
+
+Restoring lists the directory (never a pattern, so any path works) and tries the checkpoints
+newest first. Each is read whole before anything is assigned (every tensor's checksum is
+checked), so a damaged one, say a torn .index, is passed over with one line and leaves the model
+untouched; when none restores, the run starts over, said in one line.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+
+import numpy as np
+import tensorflow as tf
+
+from bert_packed import files
+from bert_packed.errors import TrainingError
+
+_CHECKPOINT = re.compile(r"^ckpt-(\d+)\.index$")
+
+
+class Checkpoints:
+    """The checkpoints of one run directory (or one worker's).
+
+    Attributes:
+      directory: where they are (`output_dir/checkpoints`).
+      keep: how many are kept.
+    """
+
+    def __init__(self, directory: str, checkpoint: tf.train.Checkpoint, keep: int):
+        self.directory = directory
+        self.keep = keep
+        self._checkpoint = checkpoint
+        self._saving = os.path.join(directory, ".saving")
+
+    def clean_up(self) -> None:
+        """Removes what a save cut short left (call holding the run's lock)."""
+        files.rmtree(self._saving)
+        for name in files.listdir(self.directory):
+            if name.endswith("_temp") or "_temp_" in name:  # TensorFlow's own, from earlier releases' saves
+                files.rmtree(os.path.join(self.directory, name))
+
+    def steps(self) -> list[int]:
+        """The steps of the checkpoints on disk, newest first."""
+        found = (_CHECKPOINT.match(name) for name in files.listdir(self.directory))
+        return sorted((int(match.group(1)) for match in found if match), reverse=True)
+
+    def path(self, step: int) -> str:
+        return os.path.join(self.directory, f"ckpt-{step}")
+
+    @property
+    def latest(self) -> str | None:
+        steps = self.steps()
+        return self.path(steps[0]) if steps else None
+
+    def save(self, step: int, variables: list) -> str:
+        """Saves checkpoint `step` unless it exists; never non-finite weights.
+
+        Args:
+          step: the micro-step (the checkpoint's number).
+          variables: the weights checked finite first.
+
+        Raises:
+          TrainingError: a weight is not finite (nothing saved).
+        """
+        target = self.path(step)
+        if step in self.steps():
+            return target
+        # One reduction and one read back, not one per variable.
+        if not bool(tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in variables])):
+            raise TrainingError(f"the weights at step {step} are not finite; not saved, the last good checkpoint is "
+                                 f"{self.last_finite()}")
+        files.rmtree(self._saving)
+        files.makedirs(self._saving)
+        self._checkpoint.write(os.path.join(self._saving, f"ckpt-{step}"))
+        for part in sorted(files.listdir(self._saving), key=lambda part: part.endswith(".index")):  # the index last
+            files.move(os.path.join(self._saving, part), os.path.join(self.directory, part))
+        files.rmtree(self._saving)
+        self._prune()
+        self._write_state_file()
+        return target
+
+    def _prune(self) -> None:
+        for step in self.steps()[self.keep:]:
+            prefix = f"ckpt-{step}."
+            for name in sorted(files.listdir(self.directory), key=lambda part: not part.endswith(".index")):
+                if name.startswith(prefix):  # the index first: what is left is never mistaken for a checkpoint
+                    files.remove(os.path.join(self.directory, name))
+
+    def _write_state_file(self) -> None:
+        steps = self.steps()
+        if not steps:
+            return
+        lines = [f'model_checkpoint_path: "ckpt-{steps[0]}"'] + [
+            f'all_model_checkpoint_paths: "ckpt-{step}"' for step in reversed(steps)]
+        files.write_text_atomically(os.path.join(self.directory, "checkpoint"), "\n".join(lines) + "\n")
+
+    def restore(self) -> str | None:
+        """Restores the newest checkpoint that restores; returns its path, or None when there is
+        none (then nothing is assigned: the run starts from its initial weights).
+
+        Raises:
+          TrainingError: a checkpoint read whole does not fit the run's objects.
+        """
+        problems = []
+        for step in self.steps():
+            path = self.path(step)
+            problem = _unreadable(path)
+            if problem:
+                problems.append(path)
+                logging.warning("%s: cannot restore this checkpoint (%s); trying an older one", path, problem)
+                continue
+            try:
+                with files.unglobbed(path) as readable:
+                    self._checkpoint.read(readable).assert_existing_objects_matched()
+            except (AssertionError, ValueError, tf.errors.OpError) as e:
+                raise TrainingError(f"{path}: does not fit this run ({str(e).splitlines()[0]}); use a new "
+                                       f"--output_dir") from None
+            if problems:
+                logging.warning("resumed from %s, the newest checkpoint that restores", path)
+            self._repair_state_file(step)
+            return path
+        if problems:
+            logging.warning("no checkpoint of %s restores (%s): starting over from step 0", self.directory,
+                            ", ".join(os.path.basename(p) for p in problems))
+        return None
+
+    def _repair_state_file(self, step: int) -> None:
+        """Rewrites the state file when it does not name the newest checkpoint (damaged, or left by
+        a save cut short), so that TensorFlow's tools find what the run resumed from."""
+        path = os.path.join(self.directory, "checkpoint")
+        if files.exists(path):
+            with files.open_file(path, "rb") as f:
+                text = f.read().decode("utf-8", "replace")
+            if f'model_checkpoint_path: "ckpt-{step}"' in text.splitlines()[:1]:
+                return
+            logging.warning("%s: damaged or out of date (it does not name ckpt-%d, the newest); rewritten", path,
+                            step)
+        self._write_state_file()
+
+    def last_finite(self) -> str:
+        """The newest checkpoint whose every float tensor is finite (read back to check), named."""
+        for step in self.steps():
+            path = self.path(step)
+            try:
+                with files.unglobbed(path) as readable:
+                    reader = tf.train.load_checkpoint(readable)
+                    if all(np.isfinite(reader.get_tensor(name)).all() for name, dtype in
+                           reader.get_variable_to_dtype_map().items() if dtype.is_floating):
+                        return path
+            except Exception:  # noqa: BLE001 - unreadable: not a good checkpoint either
+                continue
+        return "none: no checkpoint was saved yet"
+
+
+def _unreadable(path: str) -> str | None:
+    """Why the checkpoint at `path` cannot be read whole (None when it can): every tensor is read,
+    which checks its checksum."""
+    try:
+        with files.unglobbed(path) as readable:
+            reader = tf.train.load_checkpoint(readable)
+            for name in reader.get_variable_to_shape_map():
+                reader.get_tensor(name)
+    except Exception as e:  # noqa: BLE001 - TensorFlow's reader raises many kinds (IndexError on a short file)
+        return str(e).splitlines()[0] if str(e) else type(e).__name__
+    return None

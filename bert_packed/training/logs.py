@@ -1,0 +1,88 @@
+"""What a training run logs as it goes: train and eval records (JSON lines), TensorBoard scalars
+and the MLPerf log, with the run's clocks continued across restarts."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import tensorflow as tf
+
+from bert_packed.run_directory import EVAL_LOG, TRAIN_LOG, RunDirectory
+from bert_packed.training.mlperf_log import MLPerfLog
+
+
+class RunLogs:
+    """The logs of one run directory, continued from what it holds.
+
+    Attributes:
+      mlperf: the MLPerf log.
+      last_record: the last train record logged.
+      last_eval: the last eval record logged ({} when none).
+      seconds_before: the run's clock when this process started (from the last train record).
+      train_seconds_before: the same for the clock without evaluations.
+      eval_seconds: seconds this process spent evaluating.
+      last_progress_seconds: the run's clock at the last progress line.
+    """
+
+    def __init__(self, directory: RunDirectory):
+        train, evals = directory.read_log(TRAIN_LOG), directory.read_log(EVAL_LOG)
+        self.last_record = train[-1] if train else {}
+        self.last_eval = evals[-1] if evals else {}
+        self.seconds_before = self.last_record.get("seconds", 0.0)
+        self.train_seconds_before = self.last_record.get("train_seconds", 0.0)
+        self.eval_seconds = 0.0
+        self.last_progress_seconds = self.seconds_before
+        self.mlperf = MLPerfLog(directory)
+        self._train = directory.open_log(TRAIN_LOG)
+        self._eval = directory.open_log(EVAL_LOG)
+        self._writer = tf.summary.create_file_writer(directory.tensorboard)
+
+    @staticmethod
+    def last_train_record(directory: RunDirectory) -> dict:
+        """The last train record a run directory holds ({} when none)."""
+        records = directory.read_log(TRAIN_LOG)
+        return records[-1] if records else {}
+
+    def train(self, record: dict) -> None:
+        self._append(self._train, record)
+        self.last_record = record
+        with self._writer.as_default():
+            for name in ("loss", "mlm_accuracy", "nsp_accuracy", "learning_rate"):
+                tf.summary.scalar(f"train/{name}", record[name], step=record["step"])
+                # Packed and padded runs line up against sequences seen, not steps.
+                tf.summary.scalar(f"train_by_sequences/{name}", record[name], step=record["sequences"])
+
+    def eval(self, record: dict) -> None:
+        self._append(self._eval, record)
+        self.last_eval = record
+        with self._writer.as_default():
+            for name in ("loss", "mlm_accuracy", "nsp_accuracy"):
+                tf.summary.scalar(f"eval/{name}", record.get(name, 0.0), step=record["step"])
+                tf.summary.scalar(f"eval_by_sequences/{name}", record.get(name, 0.0), step=record["sequences"])
+
+    def say_progress(self, config, first_step: int, num_updates: int, seconds: float) -> None:
+        """A progress line after a compiled loop of `num_updates` updates that crossed a multiple of
+        --log_every_steps (or ended the run): step/total, rates, padding efficiency, time left."""
+        record, every, last = self.last_record, config.run.log_every_steps, config.last_step
+        step = record["step"]
+        if step // every == (step - config.train_data.steps_per_update * num_updates) // every and step != last:
+            return
+        interval = max(seconds - self.last_progress_seconds, 1e-9)
+        self.last_progress_seconds = seconds
+        left = (last - step) * (seconds - self.seconds_before - self.eval_seconds) / max(step - first_step, 1)
+        logging.info("step %d/%d: loss %.4f, mlm accuracy %.4f, %d sequences (%.1f/s, %.0f real tokens/s, padding "
+                     "efficiency %.1f%%), about %.0f s left", step, last, record["loss"], record["mlm_accuracy"],
+                     record["sequences"], record["num_sequences"] * num_updates / interval,
+                     record["real_tokens"] * num_updates / interval, 100 * record["padding_efficiency"], left)
+
+    @staticmethod
+    def _append(file, record: dict) -> None:
+        file.write(json.dumps(record) + "\n")
+        file.flush()
+
+    def close(self) -> None:
+        for file in (self._train, self._eval):
+            file.close()
+        self.mlperf.close()
+        self._writer.close()

@@ -1,0 +1,35 @@
+"""Process-wide set-up for a run, in one function that entry points call before building a
+Trainer: Python logging, the seed and op determinism, and Keras' precision policy. Nothing else
+in the package changes process-wide state."""
+
+from __future__ import annotations
+
+import logging
+
+import keras
+import tensorflow as tf
+
+from bert_packed.training.config import PRECISIONS, TrainConfig
+
+
+def set_up_process(config: TrainConfig) -> None:
+    """Sets what a run needs of the whole process.
+
+    - logging at INFO (progress lines, warnings);
+    - with --deterministic, the seed of Python, NumPy and TensorFlow, and op determinism, so that
+      the same configuration gives the same results;
+    - the precision policy of --precision (the model's layers take it when built).
+    """
+    logging.getLogger().setLevel(logging.INFO)
+    if config.run.deterministic:
+        keras.utils.set_random_seed(config.run.seed)
+        tf.config.experimental.enable_op_determinism()
+    keras.mixed_precision.set_global_policy(PRECISIONS[config.model.precision])
+
+
+def check_process_set_up(config: TrainConfig) -> None:
+    """Raises RuntimeError (a bug of the caller) unless set_up_process(config) ran."""
+    policy = keras.mixed_precision.global_policy().name
+    if policy != PRECISIONS[config.model.precision]:
+        raise RuntimeError(f"the precision policy is {policy}, the run needs {PRECISIONS[config.model.precision]}: call "
+                           f"bert_packed.training.process.set_up_process(config) before building a Trainer")

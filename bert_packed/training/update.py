@@ -1,0 +1,133 @@
+"""The compiled update: each micro-batch's gradients, their accumulation, the clip and the apply.
+
+This is the one place where gradients are clipped (the optimizer is built without a clip of its
+own). An update is `steps_per_update` micro-batches; `iterations_per_loop` micro-steps run in one
+compiled call with no host reads inside, and the host reads each update's sums once the call is
+done.
+
+Gradient clipping, two orders (both allowed by the MLPerf rules):
+  before the all-reduce (the reference's default)  each replica clips the gradient of each of its
+      micro-batches (its loss normalised by its own counts), and the update averages them.
+  after the all-reduce  the counts that normalise the losses are summed over the whole update
+      first (they come from the features alone), the gradients are summed over micro-batches and
+      replicas, and that one gradient is clipped: the update of one big batch.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from bert_packed.training.config import TrainConfig
+from bert_packed.training.losses import loss_from_sums, normalizers, pretraining_sums
+from bert_packed.training.optimizers import AdamWeightDecay, Lamb, PolynomialWarmup
+
+# What one update returns after its learning rate, in this order: pretraining_sums, the token
+# counts of the rows, and the norm of the gradient applied.
+SUM_KEYS = ("mlm_nll", "mlm_predictions", "mlm_correct", "mlm_sequence_nll", "mlm_sequence_correct",
+            "mlm_sequences", "nsp_nll", "nsp_correct", "nsp_sequences", "tokens", "slots", "gradient_norm")
+
+
+def make_optimizer(config: TrainConfig):
+    """LAMB or AdamW with the reference schedule and the run's betas (adjusted for packing if
+    asked), without a clip of its own; inside a LossScaleOptimizer with fp16."""
+    o = config.optimizer
+    beta_1, beta_2 = config.betas
+    schedule = PolynomialWarmup(o.learning_rate, o.num_train_steps, o.num_warmup_steps, o.start_warmup_step,
+                                o.poly_power, config.train_data.steps_per_update)
+    kind = {"lamb": Lamb, "adamw": AdamWeightDecay}[o.name]
+    optimizer = kind(schedule, beta_1=beta_1, beta_2=beta_2, epsilon=o.epsilon, weight_decay_rate=o.weight_decay_rate,
+                     clip_norm=None)
+    if config.model.precision == "fp16":
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    return optimizer
+
+
+class Update:
+    """Updates of a model under a tf.distribute strategy.
+
+    Attributes:
+      model: the BertPretrainingModel.
+      optimizer: from make_optimizer (a LossScaleOptimizer with fp16).
+      optimizer_itself: LAMB or AdamW (inside the LossScaleOptimizer with fp16).
+      loop: the compiled call: loop(iterator, num_updates) -> [num_updates, 1 + len(SUM_KEYS)],
+        each update's learning rate and sums.
+    """
+
+    def __init__(self, config: TrainConfig, model, optimizer, strategy: tf.distribute.Strategy):
+        self.model = model
+        self.optimizer = optimizer
+        self._loss_scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+        self.optimizer_itself = optimizer.inner_optimizer if self._loss_scaled else optimizer
+        self._strategy = strategy
+        self._steps_per_update = config.train_data.steps_per_update
+        self._loss_averaging = config.model.loss_averaging
+        self._clip_norm = config.optimizer.clip_norm
+        self._clip_after_allreduce = config.optimizer.clip_after_allreduce
+        self._gradients = tf.function(self._gradients_fn, jit_compile=True) if config.model.xla else self._gradients_fn
+        self.loop = tf.function(self._loop_fn)
+
+    def _loop_fn(self, iterator, num_updates):
+        results = tf.TensorArray(tf.float32, size=num_updates)
+        for index in tf.range(num_updates):
+            learning_rate = tf.cast(self.optimizer_itself.learning_rate, tf.float32)
+            batches = [next(iterator) for _ in range(self._steps_per_update)]
+            sums = self._strategy.run(self._replica_update, args=(batches,))
+            sums = {k: self._strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for k, v in sums.items()}
+            results = results.write(index, tf.stack([learning_rate] + [sums[k] for k in SUM_KEYS]))
+        return results.stack()
+
+    def _scale(self):
+        """The loss scale of fp16 (1 otherwise)."""
+        return tf.cast(self.optimizer.dynamic_scale, tf.float32) if self._loss_scaled else 1.0
+
+    def _replica_update(self, batches):
+        context = tf.distribute.get_replica_context()
+        variables = self.model.trainable_variables
+        replicas = context.num_replicas_in_sync
+        if self._clip_after_allreduce:
+            counts = {}
+            for features in batches:
+                for name, value in normalizers(features).items():
+                    counts[name] = counts.get(name, 0.0) + value
+            counts = {k: context.all_reduce(tf.distribute.ReduceOp.SUM, v) for k, v in counts.items()}
+            gradients, totals = self._gradients(batches, counts)
+            # Each replica's loss is divided by the global counts, so the replicas' gradients add up
+            # to the global gradient: all-reduce and clip it here.
+            gradients = context.all_reduce(tf.distribute.ReduceOp.SUM, gradients)
+            gradients, _ = tf.clip_by_global_norm([g / self._scale() for g in gradients], self._clip_norm)
+            gradients = [g / replicas for g in gradients]
+        else:
+            gradients, totals = self._gradients(batches, None)
+            gradients = [g / (len(batches) * replicas) for g in gradients]
+        # Keras sums what each replica hands it.
+        self.optimizer.apply_gradients(zip([g * self._scale() for g in gradients], variables))
+        totals["gradient_norm"] = tf.linalg.global_norm(gradients)  # checked (finite) by the host
+        return totals
+
+    def _gradients_fn(self, batches, counts):
+        """Summed gradients and sums of the micro-batches (XLA-compiled with --xla).
+
+        With `counts`, every loss is divided by those (an update's global counts) and the sum is
+        returned loss-scaled; without, each micro-batch's loss by its own counts, and each
+        gradient is unscaled and clipped before the sum.
+        """
+        variables = self.model.trainable_variables
+        gradients = [tf.zeros_like(v) for v in variables]
+        totals = {}
+        for features in batches:
+            with tf.GradientTape() as tape:
+                sums = pretraining_sums(self.model(features, training=True), features)
+                loss = loss_from_sums(sums, self._loss_averaging, counts)
+                if self._loss_scaled:
+                    loss = self.optimizer.scale_loss(loss)
+            micro = [tf.convert_to_tensor(d) for d in tape.gradient(loss, variables)]
+            if counts is None:
+                micro, _ = tf.clip_by_global_norm([d / self._scale() for d in micro], self._clip_norm)
+            gradients = [g + d for g, d in zip(gradients, micro)]
+            for name, value in sums.items():
+                totals[name] = totals.get(name, 0.0) + value
+            totals["tokens"] = totals.get("tokens", 0.0) + tf.reduce_sum(
+                tf.cast(features["input_mask"] > 0, tf.float32))
+            totals["slots"] = totals.get("slots", 0.0) + tf.cast(tf.size(features["input_mask"]), tf.float32)
+        return gradients, totals
