@@ -15,6 +15,7 @@ MODULES = [
     "bert_packed.pretraining_data.tokenization",
     "bert_packed.records.example",
     "bert_packed.packing.packer",
+    "bert_packed.packing.online",
     "bert_packed.model.modeling",
     "bert_packed.training.optimizers",
     "bert_packed.training.config",
