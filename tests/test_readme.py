@@ -1,10 +1,11 @@
-"""Every fenced bash and python block of the README runs as written.
+"""Every fenced bash and python block of the README and of the guides in docs/ runs as written.
 
-The blocks run in README order in a checkout-like directory (the repository's configs, data and
-scripts; .venv is this environment) after the state `make run` leaves is made small: the
-sample's records at L=512 with held-out documents, packed, and phase-1 weights. Only sizes
-change: the lines below in SMALLER, nothing else. The set-up lines (`make ...`) are the ones not
-run here: `make test` is this suite, and `make run` takes minutes.
+The blocks run in page order (the README first, then docs/ by name) in a checkout-like directory
+(the repository's configs, data and scripts; .venv is this environment) after the state
+`make run` leaves is made small: the sample's records at L=512 with held-out documents, packed,
+and phase-1 weights. Only sizes change: the lines below in SMALLER, nothing else. The set-up
+lines (`make ...`) are the ones not run here: `make test` is this suite, and `make run` takes
+minutes.
 """
 
 import os
@@ -16,6 +17,8 @@ import pytest
 from conftest import REPO, write_corpus
 
 README = os.path.join(REPO, "README.md")
+PAGES = [README] + sorted(os.path.join(REPO, "docs", name) for name in os.listdir(os.path.join(REPO, "docs"))
+                          if name.endswith(".md"))
 SET_UP = {"make run", "make test", "make experiments"}
 # README sizes -> test sizes.
 SMALLER = [
@@ -24,10 +27,10 @@ SMALLER = [
 ]
 
 
-def fenced_blocks() -> list[tuple[int, str, str]]:
-    """(line number, language, text) of every fenced block of the README."""
+def fenced_blocks(page: str = README) -> list[tuple[int, str, str]]:
+    """(line number, language, text) of every fenced block of a page."""
     blocks, language, start, lines = [], None, 0, []
-    with open(README, encoding="utf-8") as f:
+    with open(page, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
             if line.startswith("```"):
                 if language is None:
@@ -83,14 +86,24 @@ def checkout(tmp_path_factory):
     return root
 
 
-def test_the_readme_has_its_set_up_commands_and_no_placeholder():
-    blocks = fenced_blocks()
-    assert {line.split("#")[0].strip() for _, language, text in blocks if language == "bash"
-            for line in text.splitlines()} >= SET_UP
-    for start, language, text in blocks:
-        assert language in ("bash", "python", "text"), f"README line {start}: a block without a language"
-        for placeholder in ("path/to", "<", "..."):
-            assert language == "text" or placeholder not in text, f"README line {start}: placeholder {placeholder!r}"
+def test_the_pages_have_their_set_up_commands_and_no_placeholder():
+    commands = {line.split("#")[0].strip() for page in PAGES for _, language, text in fenced_blocks(page)
+                if language == "bash" for line in text.splitlines()}
+    assert commands >= SET_UP
+    readme = {line.split("#")[0].strip() for _, language, text in fenced_blocks() if language == "bash"
+              for line in text.splitlines()}
+    assert {"make run", "make test"} <= readme
+    for page in PAGES:
+        for start, language, text in fenced_blocks(page):
+            where = f"{os.path.relpath(page, REPO)} line {start}"
+            assert language in ("bash", "python", "text"), f"{where}: a block without a language"
+            for placeholder in ("path/to", "<", "..."):
+                assert language == "text" or placeholder not in text, f"{where}: placeholder {placeholder!r}"
+
+
+def test_the_readme_is_a_front_page():
+    with open(README, encoding="utf-8") as f:
+        assert len(f.read()) <= 12_000
 
 
 @pytest.mark.slow
@@ -99,15 +112,17 @@ def test_every_readme_block_runs_as_written(checkout):
     environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "", "VIRTUAL_ENV": sys.prefix,
                    "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
     ran = 0
-    for start, language, text in fenced_blocks():
-        if language == "bash":
-            command = ["bash", "-euo", "pipefail", "-c", smaller(without_set_up(text))]
-        elif language == "python":
-            command = [sys.executable, "-c", text]
-        else:
-            continue
-        result = subprocess.run(command, cwd=checkout, capture_output=True, text=True, timeout=600,
-                                env=environment)
-        assert result.returncode == 0, f"README line {start}:\n{text}\n{result.stdout[-2000:]}{result.stderr[-3000:]}"
-        ran += 1
-    assert ran >= 6
+    for page in PAGES:
+        for start, language, text in fenced_blocks(page):
+            if language == "bash":
+                command = ["bash", "-euo", "pipefail", "-c", smaller(without_set_up(text))]
+            elif language == "python":
+                command = [sys.executable, "-c", text]
+            else:
+                continue
+            result = subprocess.run(command, cwd=checkout, capture_output=True, text=True, timeout=600,
+                                    env=environment)
+            where = f"{os.path.relpath(page, REPO)} line {start}"
+            assert result.returncode == 0, f"{where}:\n{text}\n{result.stdout[-2000:]}{result.stderr[-3000:]}"
+            ran += 1
+    assert ran >= 8
