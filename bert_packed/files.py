@@ -86,8 +86,19 @@ def listdir(path: str) -> list[str]:
 
 
 def glob(pattern: str) -> list[str]:
-    """The paths matching `pattern`, sorted."""
+    """The paths matching `pattern`, sorted.
+
+    The longest leading part of `pattern` that names an existing path is taken as it is, not as
+    a pattern: `runs/g [1]/part-*` matches the parts in the directory `runs/g [1]`, and a file
+    named `a[1].tfrecord` matches itself.
+    """
     gfile = _gfile(pattern)
+    parts = pattern.split("/")
+    for end in range(len(parts), 0, -1):
+        literal = "/".join(parts[:end])
+        if literal and local_glob.has_magic(literal) and exists(literal):
+            pattern = "/".join([local_glob.escape(literal)] + parts[end:])
+            break
     return sorted(gfile.glob(pattern) if gfile is not None else local_glob.glob(pattern))
 
 

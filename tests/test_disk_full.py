@@ -72,6 +72,7 @@ def test_create_pretraining_data_keeps_finished_shards_and_completes_later(tmp_p
     assert os.path.getmtime(out / "part-00000-000.tfrecord") == kept["part-00000-000.tfrecord"]  # not redone
     for a, b in zip(tfrecords(str(out)), tfrecords(str(tmp_path / "clean")), strict=True):
         assert open(a, "rb").read() == open(b, "rb").read()
+    assert sorted(os.listdir(out)) == sorted(os.listdir(tmp_path / "clean"))  # and nothing else
 
 
 def test_pack_pretraining_data_keeps_its_first_pass_and_completes_later(unpacked_dir, packed_dir, tmp_path):
@@ -90,6 +91,7 @@ def test_pack_pretraining_data_keeps_its_first_pass_and_completes_later(unpacked
     assert read_dataset_info(str(tmp_path)).checksum == read_dataset_info(packed_dir).checksum
     for a, b in zip(tfrecords(str(tmp_path)), tfrecords(packed_dir), strict=True):
         assert open(a, "rb").read() == open(b, "rb").read()  # as if the disk had never filled
+    assert sorted(os.listdir(tmp_path)) == sorted(os.listdir(packed_dir))  # and nothing else: no .work
 
 
 def test_run_pretraining_keeps_its_last_checkpoint_and_resumes_from_it(packed_dir, bert_config_file, tmp_path):
@@ -113,3 +115,7 @@ def test_run_pretraining_keeps_its_last_checkpoint_and_resumes_from_it(packed_di
     assert again.returncode == 0, again.stderr[-3000:]
     steps = [json.loads(line)["step"] for line in open(out / "train_log.jsonl")]
     assert steps == [1, 2, 3, 4]  # resumed from step 2; the steps redone are logged once
+    assert not os.path.exists(out / "checkpoints" / ".saving")
+    keys = [json.loads(line.split(":::MLLOG ", 1)[1])["key"] for line in open(out / "mllog.txt")]
+    assert keys.count("init_start") == keys.count("run_start") == keys.count("run_stop") == 1  # nothing repeated
+    assert keys[-1] == "run_stop" and keys.count("block_start") == keys.count("block_stop")

@@ -588,26 +588,38 @@ def test_a_torn_last_log_line_is_dropped_and_a_damaged_one_named(packed_dir, tmp
 
 
 @pytest.mark.slow
-def test_sigterm_saves_and_exits_with_its_own_status(packed_dir, bert_config_file, tmp_path):
+@pytest.mark.parametrize("name, status", [("SIGTERM", 75), ("SIGINT", 130)])
+def test_sigterm_saves_and_exits_with_its_own_status(packed_dir, bert_config_file, tmp_path, name, status):
+    """...and Ctrl-C (SIGINT) likewise, with the shell's status for it; the same command resumes."""
     import time
 
     out = tmp_path / "run"
-    process = subprocess.Popen(
-        [sys.executable, os.path.join(REPO, "run_pretraining.py"), f"--bert_config_file={bert_config_file}",
-         f"--input_file={packed_dir}/packed-*.tfrecord", f"--output_dir={out}", "--max_seq_length=128",
-         "--max_predictions_per_seq=20", "--train_batch_size=4", "--num_train_steps=100000",
-         "--save_checkpoints_steps=100000"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    command = [sys.executable, os.path.join(REPO, "run_pretraining.py"), f"--bert_config_file={bert_config_file}",
+               f"--input_file={packed_dir}/packed-*.tfrecord", f"--output_dir={out}", "--max_seq_length=128",
+               "--max_predictions_per_seq=20", "--train_batch_size=4", "--num_train_steps=100000",
+               "--save_checkpoints_steps=100000"]
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
     while not (out / "train_log.jsonl").exists() or not (out / "train_log.jsonl").read_text():
         assert time.time() < deadline and process.poll() is None
         time.sleep(0.5)
-    process.send_signal(signal.SIGTERM)
+    process.send_signal(getattr(signal, name))
     _, stderr = process.communicate(timeout=300)
-    assert process.returncode == 75, stderr[-3000:]
+    assert process.returncode == status, stderr[-3000:]
     step = read_log(out / "train_log.jsonl")[-1]["step"]
-    assert stderr.strip().splitlines()[-1] == (f"run_pretraining: stopped by SIGTERM after saving step {step}; the "
-                                               f"same command resumes (exit status 75)")
+    assert stderr.strip().splitlines()[-1] == (f"run_pretraining: stopped by {name} after saving step {step}; the "
+                                               f"same command resumes (exit status {status})")
     assert (out / "checkpoints" / f"ckpt-{step}.index").exists()
+    assert "Traceback" not in stderr
+    if name == "SIGINT":  # the same command goes on from there
+        again = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        while len(read_log(out / "train_log.jsonl")) <= step:
+            assert time.time() < deadline and again.poll() is None
+            time.sleep(0.2)
+        again.send_signal(signal.SIGINT)
+        _, stderr = again.communicate(timeout=300)
+        assert again.returncode == 130 and f"resumed from {out}/checkpoints/ckpt-{step} at step {step}" in stderr
+        assert [r["step"] for r in read_log(out / "train_log.jsonl")][:step + 1] == list(range(1, step + 2))
 
 
 def finite(checkpoint_path):

@@ -5,6 +5,7 @@ parses the flags (flagfiles included), and then
 - a bad flag, or a UserError raised anywhere below (bert_packed.errors), prints one line,
   `<program>: error: <message>`, and exits with status 2;
 - a full disk (or quota, or file-size limit) prints one line saying what is kept, status 2;
+- Ctrl-C (SIGINT) outside a loop that handles it prints one line saying what is kept, status 130;
 - any other exception is a bug and raises with its traceback;
 - a closed pipe on stdout (`| head`) ends the command quietly.
 """
@@ -31,6 +32,8 @@ _TENSORFLOW_STARTUP = re.compile(r"^(WARNING: All log messages before absl::Init
                                  r"following instructions:|TF-TRT Warning|E\d{4} .*(Unable to register|already "
                                  r"been registered))")
 
+# Interrupted by SIGINT (Ctrl-C): the shell's 128 + 2.
+EXIT_INTERRUPTED = 130
 # A full disk, a full quota and a file-size limit all stop a write the same way.
 _DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _DISK_FULL_TEXTS = ("No space left on device", "Disk quota exceeded", "File too large")
@@ -92,6 +95,9 @@ def run(main: Callable[[list[str]], None], program: str, output_flag: str | tupl
     def guarded(argv: list[str]) -> None:
         try:
             main(argv)
+        except KeyboardInterrupt:
+            exit_with(EXIT_INTERRUPTED, f"{program}: interrupted (SIGINT). {kept}; run the same command again to "
+                                        f"continue (exit status {EXIT_INTERRUPTED})")
         except UserError as e:
             fail(program, e)
         except Exception as e:  # noqa: BLE001 - TensorFlow reports a full disk as its own error types

@@ -18,7 +18,7 @@ import math
 
 from absl import flags
 
-from bert_packed.cli.common import command_flags_text, exit_with, expand_globs, import_tensorflow, run
+from bert_packed.cli.common import EXIT_INTERRUPTED, command_flags_text, exit_with, expand_globs, import_tensorflow, run
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
 from bert_packed.training.config import (
@@ -132,7 +132,7 @@ flags.mark_flags_as_required(["bert_config_file", "output_dir"])
 PROGRAM = "run_pretraining"
 # A run stopped by a signal after saving: SIGTERM (preempted) gives BSD's EX_TEMPFAIL, "try
 # again"; SIGINT (Ctrl-C) the shell's 128 + 2.
-EXIT_STATUS = {"SIGTERM": 75, "SIGINT": 130}
+EXIT_STATUS = {"SIGTERM": 75, "SIGINT": EXIT_INTERRUPTED}
 
 
 def one_of_two_spellings(ours: str, reference: str, convert=lambda value: value):

@@ -9,6 +9,8 @@ a checkpoint are ignored.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import tensorflow as tf
 
@@ -70,10 +72,26 @@ def load_google_checkpoint(model: BertPretrainingModel, path: str) -> int:
     Raises:
       CheckpointError: unreadable, or listing every missing or mismatched weight.
     """
-    try:
-        reader = tf.train.load_checkpoint(path)
-    except (tf.errors.OpError, ValueError) as e:
-        raise CheckpointError(f"{path}: cannot read the checkpoint: {str(e).splitlines()[0]}") from None
+    with files.unglobbed(_prefix(path)) as readable:
+        try:
+            reader = tf.train.load_checkpoint(readable)
+        except (tf.errors.OpError, ValueError) as e:
+            raise CheckpointError(f"{path}: cannot read the checkpoint: {str(e).splitlines()[0]}") from None
+        return _load(model, path, reader)
+
+
+def _prefix(path: str) -> str:
+    """A checkpoint's prefix: `path`, or for a directory the checkpoint its state file names."""
+    if not files.isdir(path):
+        return path
+    state = tf.train.get_checkpoint_state(path)
+    if state is None or not state.model_checkpoint_path:
+        raise CheckpointError(f"{path}: a directory without a `checkpoint` state file naming a checkpoint")
+    named = state.model_checkpoint_path
+    return named if os.path.isabs(named) or "://" in named else os.path.join(path, os.path.basename(named))
+
+
+def _load(model: BertPretrainingModel, path: str, reader) -> int:
     shapes = reader.get_variable_to_shape_map()
     names = google_variable_names(model)
     problems = []

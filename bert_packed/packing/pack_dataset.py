@@ -87,6 +87,7 @@ def pack_pretraining_dataset(input_files: list[str], output_dir: str, settings: 
     files.makedirs(output_dir)
     with files.exclusive(os.path.join(output_dir, ".lock"), "pack_pretraining_data"):
         refuse_other_output(output_dir, "packed data")
+        files.remove_leftovers(output_dir)
         return _pack(input_files, output_dir, settings, num_workers)
 
 
@@ -94,10 +95,11 @@ def _pack(input_files: list[str], output_dir: str, settings: PackSettings, num_w
     sources = [os.path.abspath(path) for path in input_files]
     identity = {"settings": settings.to_dict(), "sources": sources}
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+    work = os.path.join(output_dir, ".work")
     finished = _finished_run(output_dir, digest)
     if finished is not None:
+        shutil.rmtree(work, ignore_errors=True)  # a kill between metadata.json and the clean-up left it
         return finished
-    work = os.path.join(output_dir, ".work")
     os.makedirs(work, exist_ok=True)
     _claim(output_dir, work, identity, digest)
 

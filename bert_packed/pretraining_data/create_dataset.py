@@ -97,6 +97,7 @@ def create_pretraining_dataset(input_files: list[str], output_dir: str, settings
     files.makedirs(output_dir)
     with files.exclusive(os.path.join(output_dir, ".lock"), "create_pretraining_data"):
         refuse_other_output(output_dir, "unpacked data")
+        files.remove_leftovers(output_dir)
         return _create(input_files, output_dir, settings, num_workers, tokenizer)
 
 

@@ -47,11 +47,18 @@ class Checkpoints:
         self._saving = os.path.join(directory, ".saving")
 
     def clean_up(self) -> None:
-        """Removes what a save cut short left (call holding the run's lock)."""
+        """Removes what a save cut short left (call holding the run's lock): .saving/, data files
+        moved in without their index, and TensorFlow's own temporary directories."""
         files.rmtree(self._saving)
-        for name in files.listdir(self.directory):
+        files.remove_leftovers(self.directory)  # a state file's temporary one
+        names = files.listdir(self.directory)
+        indexed = {name[:-len(".index")] for name in names if name.endswith(".index")}
+        for name in names:
+            path = os.path.join(self.directory, name)
             if name.endswith("_temp") or "_temp_" in name:  # TensorFlow's own, from earlier releases' saves
-                files.rmtree(os.path.join(self.directory, name))
+                files.rmtree(path)
+            elif name.startswith("ckpt-") and ".data-" in name and name.split(".data-")[0] not in indexed:
+                files.remove(path)
 
     def steps(self) -> list[int]:
         """The steps of the checkpoints on disk, newest first."""
@@ -85,10 +92,12 @@ class Checkpoints:
                                  f"{self.last_finite()}")
         files.rmtree(self._saving)
         files.makedirs(self._saving)
-        self._checkpoint.write(os.path.join(self._saving, f"ckpt-{step}"))
-        for part in sorted(files.listdir(self._saving), key=lambda part: part.endswith(".index")):  # the index last
-            files.move(os.path.join(self._saving, part), os.path.join(self.directory, part))
-        files.rmtree(self._saving)
+        try:
+            self._checkpoint.write(os.path.join(self._saving, f"ckpt-{step}"))
+            for part in sorted(files.listdir(self._saving), key=lambda part: part.endswith(".index")):  # index last
+                files.move(os.path.join(self._saving, part), os.path.join(self.directory, part))
+        finally:
+            files.rmtree(self._saving)
         self._prune()
         self._write_state_file()
         return target
