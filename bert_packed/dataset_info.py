@@ -1,9 +1,10 @@
 """The dataset description, metadata.json: the only code that writes or reads that file.
 
-Every dataset directory (unpacked records from create_pretraining_data, packed records from
+A dataset is what its metadata.json says, checked against the disk before any use. Every dataset
+directory (unpacked records from create_pretraining_data, packed records from
 pack_pretraining_data) holds one metadata.json, in one layout for both kinds:
 
-  format_version           2 (this layout)
+  format_version           3 (this layout)
   packed                   whether the records are packs (the packed layout of bert_packed.features)
   max_seq_length           L
   max_predictions_per_seq  P, predictions of one sequence
@@ -12,19 +13,28 @@ pack_pretraining_data) holds one metadata.json, in one layout for both kinds:
   num_records              records in `files` (packs when packed)
   packing_factor           num_sequences / num_records
   checksum                 order-independent 64-bit checksum of the sequences (hex), or null
-  files                    the data files, relative to the directory
+  files                    the data files, each {name (relative to the directory), bytes, records,
+                           sequences, checksum (its sequences', or null), head (SHA-256 of its first
+                           64 KiB)}: what identifies its content
+  eval_files               files held out for evaluation, the same way (never training input)
   sources                  the input files the data was made from
   ...                      what the producer adds (the packer: algorithm, efficiency, seconds...;
-                           create_pretraining_data: settings, document counts, eval_files...)
+                           create_pretraining_data: settings, document counts...)
 
 Packed data also carries `num_packs` (= num_records) and unpacked data `num_instances`
-(= num_sequences), the names earlier releases used. Those releases wrote two other layouts,
-without format_version; read_dataset_info still reads both.
+(= num_sequences), the names earlier releases used. Those releases wrote three other layouts
+(files named, not described); read_dataset_info still reads them.
+
+A description that cannot be true is refused when read: a packing factor above the depth, counts
+that do not add up over the files, a file listed twice. select() checks the files a command was
+given against the description (cheaply: each file's size and the hash of its first 64 KiB; a
+full read is --verify's).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 
@@ -34,49 +44,130 @@ from bert_packed.features import Shapes
 from bert_packed.run_directory import RunDirectory
 
 METADATA_FILE = "metadata.json"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+# The longest sequence any BERT takes (the planner's and the commands' limit too).
+MAX_SEQ_LENGTH_LIMIT = 65_536
+# What identifies a file cheaply: the hash of this much of its beginning, and its size.
+HEAD_BYTES = 1 << 16
 
 # The keys this module owns; every other key of the file is the producer's (DatasetInfo.details).
 _OWN_KEYS = ("format_version", "packed", "max_seq_length", "max_predictions_per_seq", "max_sequences_per_pack",
-             "num_sequences", "num_records", "packing_factor", "checksum", "files", "sources", "num_packs",
-             "num_instances")
+             "num_sequences", "num_records", "packing_factor", "checksum", "files", "eval_files", "sources",
+             "num_packs", "num_instances")
 
 
 class DatasetInfoError(UserError, ValueError):
-    """A metadata.json cannot be read or is in an unknown layout."""
+    """A metadata.json cannot be read, is in an unknown layout, or describes what cannot be."""
+
+
+class DatasetFilesError(UserError, ValueError):
+    """The files on disk are not those metadata.json describes (missing, extra, cut short, foreign)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DataFile:
+    """One file of a dataset, and what identifies its content.
+
+    Attributes:
+      name: relative to the dataset's directory.
+      bytes: its size (None when not recorded: earlier releases).
+      records: records in it (packs when packed).
+      sequences: sequences in it.
+      checksum: order-independent checksum of its sequences (hex), None when not computed.
+      head: SHA-256 of its first 64 KiB (hex).
+    """
+
+    name: str
+    bytes: int | None = None
+    records: int | None = None
+    sequences: int | None = None
+    checksum: str | None = None
+    head: str | None = None
+
+    @classmethod
+    def of(cls, path: str, records: int | None = None, sequences: int | None = None,
+           checksum: str | None = None) -> DataFile:
+        """The entry of the file at `path` (its name, size and head read from the disk)."""
+        identity = file_identity(path)
+        return cls(os.path.basename(path), identity["bytes"], records, sequences, checksum, identity["head"])
+
+    @classmethod
+    def from_json(cls, value) -> DataFile:
+        if isinstance(value, str):  # earlier layouts: a name alone
+            return cls(value)
+        return cls(**{field.name: value.get(field.name) for field in dataclasses.fields(cls)})
+
+
+def file_identity(path: str) -> dict:
+    """{"bytes": size, "head": SHA-256 of the first 64 KiB}: what tells one file's content from
+    another's without reading it all."""
+    with files.open_file(path, "rb") as f:
+        head = f.read(HEAD_BYTES)
+    return {"bytes": files.size(path), "head": hashlib.sha256(head).hexdigest()}
 
 
 @dataclasses.dataclass(frozen=True)
 class DatasetInfo:
-    """What a dataset directory holds.
+    """What a dataset directory holds; checks that it can be true when built.
 
     Attributes:
       packed: whether the records are packs.
       shapes: L, P and S (S = 1 for unpacked data).
       num_sequences: sequences in the data files.
       num_records: records in the data files (packs when packed).
-      files: the data files, relative to the dataset's directory.
+      files: the data files (DataFile).
       sources: the input files the data was made from.
       checksum: order-independent checksum of the sequences (hex), None when not computed.
       details: what the producer recorded besides (algorithm, settings, statistics...).
+      eval_files: files held out for evaluation (DataFile), never training input.
     """
 
     packed: bool
     shapes: Shapes
     num_sequences: int
     num_records: int
-    files: tuple[str, ...]
+    files: tuple[DataFile, ...]
     sources: tuple[str, ...] = ()
     checksum: str | None = None
     details: dict = dataclasses.field(default_factory=dict)
+    eval_files: tuple[DataFile, ...] = ()
+
+    def __post_init__(self):
+        s = self.shapes
+        counts = (s.max_seq_length, s.max_predictions_per_seq, s.max_sequences_per_pack, self.num_sequences,
+                  self.num_records)
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in counts):
+            raise DatasetInfoError(f"L, P, S and the counts must be whole numbers, got {counts}")
+        if not 2 <= s.max_seq_length <= MAX_SEQ_LENGTH_LIMIT or s.max_predictions_per_seq < 1:
+            raise DatasetInfoError(f"max_seq_length={s.max_seq_length} and max_predictions_per_seq="
+                                   f"{s.max_predictions_per_seq} cannot be (L in [2, {MAX_SEQ_LENGTH_LIMIT}], P >= 1)")
+        depth = s.max_sequences_per_pack
+        if not 1 <= depth <= s.max_seq_length or (not self.packed and depth != 1):
+            raise DatasetInfoError(f"max_sequences_per_pack={depth} cannot be for {'packed' if self.packed else 'unpacked'} "
+                                   f"data of L={s.max_seq_length}")
+        if not self.num_records <= self.num_sequences <= depth * self.num_records or (
+                self.files and self.num_records < 1):
+            raise DatasetInfoError(f"{self.num_sequences} sequences in {self.num_records} records at most {depth} a "
+                                   f"record cannot be (a packing factor of {self.packing_factor:.3f} at depth {depth})")
+        names = [f.name for f in self.files + self.eval_files]
+        if len(set(names)) != len(names) or any(os.path.isabs(n) or ".." in n.split("/") for n in names):
+            raise DatasetInfoError("a file listed twice, or outside the dataset's directory")
+        for what, total in (("records", self.num_records), ("sequences", self.num_sequences)):
+            parts = [getattr(f, what) for f in self.files]
+            if self.files and None not in parts and sum(parts) != total:
+                raise DatasetInfoError(f"its files hold {sum(parts)} {what} together, but num_{what} is {total}")
 
     @property
     def packing_factor(self) -> float:
         """Sequences per record (1.0 for unpacked data)."""
         return self.num_sequences / self.num_records if self.num_records else 1.0
 
+    @property
+    def file_names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.files)
+
     def to_dict(self) -> dict:
-        """The metadata.json layout (format_version 2)."""
+        """The metadata.json layout (format_version 3)."""
         shapes = self.shapes
         result = {
             "format_version": FORMAT_VERSION,
@@ -88,7 +179,8 @@ class DatasetInfo:
             "num_records": self.num_records,
             "packing_factor": self.packing_factor,
             "checksum": self.checksum,
-            "files": list(self.files),
+            "files": [dataclasses.asdict(f) for f in self.files],
+            "eval_files": [dataclasses.asdict(f) for f in self.eval_files],
             "sources": list(self.sources),
         }
         if self.packed:
@@ -102,11 +194,11 @@ class DatasetInfo:
         """Reads any layout metadata.json has had.
 
         Raises:
-          DatasetInfoError: naming `source` and what is missing.
+          DatasetInfoError: naming `source` and what is missing or cannot be.
         """
         try:
             version = metadata.get("format_version")
-            if version == FORMAT_VERSION:
+            if version in (2, FORMAT_VERSION):
                 return cls._from_current(metadata)
             if version is None and "algorithm" in metadata and "max_sequence_length" in metadata:
                 return cls._from_packed_v1(metadata)
@@ -114,6 +206,8 @@ class DatasetInfo:
                 return cls._from_unpacked_v1(metadata)
         except (KeyError, TypeError, AttributeError) as e:
             raise DatasetInfoError(f"{source}: missing or malformed entry {e}") from None
+        except DatasetInfoError as e:
+            raise DatasetInfoError(f"{source}: {e}") from None
         raise DatasetInfoError(f"{source}: not a dataset description this version reads (format_version "
                                f"{metadata.get('format_version')!r}; expected {FORMAT_VERSION})")
 
@@ -121,9 +215,11 @@ class DatasetInfo:
     def _from_current(cls, m: dict) -> DatasetInfo:
         return cls(packed=bool(m["packed"]),
                    shapes=Shapes(m["max_seq_length"], m["max_predictions_per_seq"], m["max_sequences_per_pack"]),
-                   num_sequences=m["num_sequences"], num_records=m["num_records"], files=tuple(m["files"]),
+                   num_sequences=m["num_sequences"], num_records=m["num_records"],
+                   files=tuple(DataFile.from_json(f) for f in m["files"]),
                    sources=tuple(m.get("sources", ())), checksum=m.get("checksum"),
-                   details={k: v for k, v in m.items() if k not in _OWN_KEYS})
+                   details={k: v for k, v in m.items() if k not in _OWN_KEYS},
+                   eval_files=tuple(DataFile.from_json(f) for f in m.get("eval_files", ())))
 
     @classmethod
     def _from_packed_v1(cls, m: dict) -> DatasetInfo:
@@ -131,8 +227,8 @@ class DatasetInfo:
         shapes = Shapes(m["max_sequence_length"], m["max_predictions_per_seq"], m["max_sequences_per_pack"])
         details = {k: v for k, v in m.items() if k not in _OWN_KEYS + ("max_sequence_length", "max_predictions")}
         return cls(packed=True, shapes=shapes, num_sequences=m["num_sequences"], num_records=m["num_packs"],
-                   files=tuple(m["files"]), sources=tuple(m.get("sources", ())), checksum=m.get("checksum"),
-                   details=details)
+                   files=tuple(DataFile(name) for name in m["files"]), sources=tuple(m.get("sources", ())),
+                   checksum=m.get("checksum"), details=details)
 
     @classmethod
     def _from_unpacked_v1(cls, m: dict) -> DatasetInfo:
@@ -140,8 +236,63 @@ class DatasetInfo:
         config = m["settings"]["config"]
         shapes = Shapes(config["max_seq_length"], config["max_predictions_per_seq"])
         return cls(packed=False, shapes=shapes, num_sequences=m["num_instances"], num_records=m["num_instances"],
-                   files=tuple(m["files"]), sources=tuple(m.get("sources", ())),
-                   details={k: v for k, v in m.items() if k not in _OWN_KEYS})
+                   files=tuple(DataFile(name) for name in m["files"]), sources=tuple(m.get("sources", ())),
+                   details={k: v for k, v in m.items() if k not in _OWN_KEYS},
+                   eval_files=tuple(DataFile(name) for name in m.get("eval_files", ())))
+
+    def select(self, directory: str, paths: list[str], flag: str, training: bool,
+               held_out_allowed: bool = False) -> tuple[DataFile, ...]:
+        """The files of this dataset that `paths` name, each checked against the disk.
+
+        Every file of the description must be on disk (a deleted shard is refused, not skipped);
+        `paths` may name some of them (a subset is the user's choice), and nothing else.
+
+        Args:
+          directory: the dataset's directory.
+          paths: the files a command was given (in its directory).
+          flag: the flag that gave them, for messages.
+          training: whether they are training input (held-out eval files are then refused).
+          held_out_allowed: the user said the held-out files are training input.
+
+        Raises:
+          DatasetFilesError: naming the file and what is wrong with it.
+        """
+        known = {f.name: f for f in self.files}
+        held_out = {f.name: f for f in self.eval_files}
+        for entry in self.files:
+            if not files.exists(os.path.join(directory, entry.name)):
+                raise DatasetFilesError(f"{os.path.join(directory, entry.name)}: listed in {METADATA_FILE} but "
+                                        f"missing: the dataset is incomplete (restore the file, or make the dataset "
+                                        f"again)")
+        chosen = []
+        for path in paths:
+            name = os.path.relpath(path, directory)
+            entry = known.get(name) or held_out.get(name)
+            if entry is None:
+                raise DatasetFilesError(f"{flag}: {path} is not a file of the dataset in {directory} ({METADATA_FILE} "
+                                        f"lists {len(known)}: {', '.join(list(known)[:3])}...); a file from "
+                                        f"another dataset?")
+            if training and name in held_out and not held_out_allowed:
+                raise DatasetFilesError(f"{flag}: {path} holds the dataset's held-out evaluation documents; training "
+                                        f"reads {os.path.join(directory, 'part-*.tfrecord')} (or say "
+                                        f"--train_on_held_out_files)")
+            check_identity(path, entry)
+            chosen.append(entry)
+        return tuple(chosen)
+
+
+def check_identity(path: str, entry: DataFile) -> None:
+    """Raises DatasetFilesError when the file at `path` is not the one `entry` describes (its size
+    and the hash of its first 64 KiB)."""
+    if entry.bytes is None:
+        return
+    found = file_identity(path)
+    if found["bytes"] != entry.bytes:
+        raise DatasetFilesError(f"{path}: {found['bytes']:,} bytes, but {METADATA_FILE} says {entry.bytes:,}: cut "
+                                f"short or replaced since the dataset was made")
+    if entry.head is not None and found["head"] != entry.head:
+        raise DatasetFilesError(f"{path}: its first {HEAD_BYTES // 1024} KiB are not those {METADATA_FILE} "
+                                f"recorded: another dataset's file, or rewritten since")
 
 
 def metadata_path(directory: str) -> str:
@@ -160,7 +311,7 @@ def read_dataset_info(directory: str) -> DatasetInfo | None:
     """The description of the dataset in `directory`; None when it has no metadata.json.
 
     Raises:
-      DatasetInfoError: the file is not JSON or not a dataset description.
+      DatasetInfoError: the file is not JSON, not a dataset description, or one that cannot be.
     """
     path = metadata_path(directory)
     if not files.exists(path):

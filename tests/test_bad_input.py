@@ -108,6 +108,7 @@ def test_plan_refuses_a_length_beyond_any_bert(tmp_path):
     ({"hidden_dropout_prob": "0.1"}, "hidden_dropout_prob must be a number, got '0.1'"),
     ({"vocab_size": 2**40}, "vocab_size must be a positive integer below 2**31"),
     ({"vocab_size": 1000}, "input_ids holds a token id at or above vocab_size=1000 of the BERT config"),
+    ({"type_vocab_size": 1}, "segment_ids holds a segment id at or above type_vocab_size=1 of the BERT config"),
 ])
 def test_train_refuses_a_bert_config_that_cannot_work(packed_dir, bert_config_file, tmp_path, change, message):
     config = {**json.load(open(bert_config_file)), **change}
@@ -130,3 +131,94 @@ def test_train_refuses_a_negative_seed_and_an_output_dir_that_is_a_file(packed_d
     assert_one_line(command("run_pretraining.py", *base, f"--output_dir={a_file}"),
                     f"{a_file}: exists and is not a directory")
     assert tfrecords(packed_dir)
+
+
+# A path no process may create, root included: sysfs refuses every mkdir.
+UNWRITABLE = "/sys/bert_packed_cannot_write_here/out"
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--max_seq_length=100000000"], "--max_seq_length=100000000: must be in [8, 65,536]"),
+    ([f"--output_dir={UNWRITABLE}"], "/sys/bert_packed_cannot_write_here: Operation not permitted"),
+])
+def test_create_refuses_an_impossible_length_and_an_unwritable_directory(create_args, tmp_path, extra, message):
+    result = command("scripts/create_pretraining_data.py", *create_args, f"--output_dir={tmp_path / 'out'}", *extra)
+    assert_one_line(result, message)
+
+
+def test_create_refuses_a_device_a_file_beyond_its_work_unit_and_a_symlink_loop(create_args, tmp_path):
+    args = [a for a in create_args if not a.startswith("--input_file")] + [f"--output_dir={tmp_path / 'out'}"]
+    huge = tmp_path / "huge.txt"
+    with open(huge, "wb") as f:
+        f.truncate(200 << 20)  # 200 MB, sparse
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    for path, message in (("/dev/zero", "/dev/zero: not a regular file"),
+                          (huge, f"{huge}: 200 MB; one input file is one unit of work held in memory, at most 32 MB"),
+                          (tmp_path / "loop", "loop: cannot read: Too many levels of symbolic links")):
+        assert_one_line(command("scripts/create_pretraining_data.py", f"--input_file={path}", *args), message)
+
+
+def test_pack_refuses_a_symlink_loop_its_glob_matches_and_an_unwritable_directory(unpacked_dir, tmp_path):
+    import shutil
+
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    for path in tfrecords(unpacked_dir):
+        shutil.copy(path, inputs)
+    (inputs / "part-99999-000.tfrecord").symlink_to(inputs / "part-99999-000.tfrecord")
+    base = [f"--input_files={inputs}/part-*.tfrecord", f"--max_seq_length={MAX_SEQ_LENGTH}",
+            f"--max_predictions_per_seq={MAX_PREDICTIONS}"]
+    result = command("scripts/pack_pretraining_data.py", *base, f"--output_dir={tmp_path / 'out'}")
+    assert_one_line(result, "part-99999-000.tfrecord: Too many levels of symbolic links")
+    (inputs / "part-99999-000.tfrecord").unlink()
+    result = command("scripts/pack_pretraining_data.py", *base, f"--output_dir={UNWRITABLE}")
+    assert_one_line(result, "/sys/bert_packed_cannot_write_here: Operation not permitted")
+
+
+CHECKS = r"""
+import sys
+from absl import flags
+from bert_packed.cli import run_pretraining
+from bert_packed.errors import UserError
+base = sys.argv[1:]
+cases = ["--eval_batch_size=0", "--eval_batch_size=-3", "--learning_rate=-1", "--lamb_weight_decay_rate=-0.1",
+         "--poly_power=-1", "--log_every_steps=0", "--lamb_beta_1=1.5", "--target_mlm_accuracy=2",
+         "--max_sequences_per_pack=0"]
+for case in cases:
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(["run_pretraining", *base, case])
+    try:
+        run_pretraining.build_config()
+        print(case, "->", "accepted")
+    except UserError as e:
+        print(case, "->", e)
+"""
+
+
+def test_train_checks_every_value_before_any_work(packed_dir, unpacked_dir, bert_config_file, tmp_path):
+    result = subprocess.run([sys.executable, "-c", CHECKS, f"--bert_config_file={bert_config_file}",
+                             f"--input_file={packed_dir}/packed-*.tfrecord", f"--eval_files={unpacked_dir}/part-*.tfrecord",
+                             f"--output_dir={tmp_path / 'run'}", f"--max_seq_length={MAX_SEQ_LENGTH}",
+                             f"--max_predictions_per_seq={MAX_PREDICTIONS}"],
+                            capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = dict(line.split(" -> ", 1) for line in result.stdout.strip().splitlines())
+    assert said == {
+        "--eval_batch_size=0": "--eval_batch_size=0: must be >= 1",
+        "--eval_batch_size=-3": "--eval_batch_size=-3: must be >= 1",
+        "--learning_rate=-1": "--learning_rate=-1.0: must be a number >= 0",
+        "--lamb_weight_decay_rate=-0.1": "--lamb_weight_decay_rate=-0.1: must be >= 0",
+        "--poly_power=-1": "--poly_power=-1.0: must be >= 0",
+        "--log_every_steps=0": "--log_every_steps=0: must be >= 1",
+        "--lamb_beta_1=1.5": "--lamb_beta_1=1.5: must be in [0, 1)",
+        "--target_mlm_accuracy=2": "--target_mlm_accuracy=2.0: must be in [0, 1]",
+        "--max_sequences_per_pack=0": "--input_file: packed with max_sequences_per_pack=3, but --max_sequences_per_pack=0",
+    }
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_refuses_an_unwritable_output_dir(packed_dir, bert_config_file):
+    result = command("run_pretraining.py", f"--bert_config_file={bert_config_file}",
+                     f"--input_file={packed_dir}/packed-*.tfrecord", f"--output_dir={UNWRITABLE}",
+                     f"--max_seq_length={MAX_SEQ_LENGTH}", f"--max_predictions_per_seq={MAX_PREDICTIONS}")
+    assert_one_line(result, "Operation not permitted")

@@ -6,14 +6,15 @@ import numpy as np
 import pytest
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, tfrecords
 
-from bert_packed.dataset_info import read_dataset_info
+from bert_packed.dataset_info import DatasetFilesError, file_identity, read_dataset_info
 from bert_packed.features import Shapes
 from bert_packed.packing import pack_dataset as pack_module
 from bert_packed.packing import packer
 from bert_packed.packing.pack_dataset import (
+    InputsChangedError,
     OutputDirectoryError,
-    PackingError,
     PackSettings,
+    VerifyError,
     pack_pretraining_dataset,
     verify_packed_dataset,
 )
@@ -269,7 +270,14 @@ def test_verify_finds_a_changed_pack(packed_dir, tmp_path):
     batch["input_ids"][5, 1] += 1
     with TFRecordWriter(shard) as writer:
         writer.write_examples(batch)
-    with pytest.raises(PackingError, match=r"read back .*'checksum'.*metadata.json says"):
+    with pytest.raises(DatasetFilesError, match=rf"{shard}: its first 64 KiB are not those metadata.json recorded"):
+        verify_packed_dataset(str(copy))
+    metadata = json.load(open(copy / "metadata.json"))  # its size and head recorded anew: the decode finds it
+    name = os.path.basename(shard)
+    entry = next(f for f in metadata["files"] if f["name"] == name)
+    entry.update(file_identity(shard))
+    json.dump(metadata, open(copy / "metadata.json", "w"))
+    with pytest.raises(VerifyError, match=rf"{shard}: read back .*'checksum'.*metadata.json says"):
         verify_packed_dataset(str(copy))
 
 
@@ -285,7 +293,7 @@ def test_an_input_changed_between_readings_stops_the_run(unpacked_dir, tmp_path,
         return real_plan(*args, **kwargs)
 
     monkeypatch.setattr(pack_module, "plan", plan_then_change_the_input)
-    with pytest.raises(PackingError, match=rf"{source}: changed while being packed"):
+    with pytest.raises(InputsChangedError, match=rf"{source}: changed while being packed"):
         pack_pretraining_dataset([str(source)], str(tmp_path / "out"), PackSettings(PACKED), num_workers=1)
     assert not os.path.exists(tmp_path / "out" / "metadata.json")
 

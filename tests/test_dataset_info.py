@@ -10,6 +10,7 @@ import pytest
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, REPO, tfrecords
 
 from bert_packed.dataset_info import (
+    DataFile,
     DatasetInfo,
     DatasetInfoError,
     metadata_path,
@@ -33,23 +34,23 @@ def packed_v1(info):
             "packing_factor": info.packing_factor, "efficiency": details["efficiency"],
             "lower_bound_packs": details["lower_bound_packs"],
             "padding_fraction_unpacked": details["padding_fraction_unpacked"], "seed": details["seed"],
-            "sources": list(info.sources), "files": list(info.files), "checksum": info.checksum,
+            "sources": list(info.sources), "files": list(info.file_names), "checksum": info.checksum,
             "seconds": details["seconds"], "run_digest": details["run_digest"]}
 
 
 def unpacked_v1(info):
     """The unpacked metadata.json as release 0.1 wrote it: L and P only under settings.config."""
     keep = ("settings", "num_documents", "num_empty_documents", "num_tokens", "padding_fraction",
-            "full_length_fraction", "predictions_per_instance", "random_next_fraction", "eval_files",
-            "num_eval_documents", "num_eval_instances")
-    return {"sources": list(info.sources), "files": list(info.files), "num_instances": info.num_sequences,
-            **{key: info.details[key] for key in keep}}
+            "full_length_fraction", "predictions_per_instance", "random_next_fraction", "num_eval_documents",
+            "num_eval_instances")
+    return {"sources": list(info.sources), "files": list(info.file_names), "num_instances": info.num_sequences,
+            "eval_files": [f.name for f in info.eval_files], **{key: info.details[key] for key in keep}}
 
 
 def test_both_kinds_share_one_layout(unpacked_dir, packed_dir):
     unpacked, packed = read_dataset_info(unpacked_dir), read_dataset_info(packed_dir)
     common = ("format_version", "packed", "max_seq_length", "max_predictions_per_seq", "max_sequences_per_pack",
-              "num_sequences", "num_records", "packing_factor", "checksum", "files", "sources")
+              "num_sequences", "num_records", "packing_factor", "checksum", "files", "eval_files", "sources")
     for directory, info in ((unpacked_dir, unpacked), (packed_dir, packed)):
         metadata = json.load(open(metadata_path(directory)))
         assert list(metadata)[:len(common)] == list(common), directory
@@ -68,8 +69,8 @@ def test_release_0_1_packed_data_still_loads_verifies_and_counts_as_done(unpacke
     with open(metadata_path(str(copy)), "w") as f:
         json.dump(packed_v1(current), f)
     old = read_dataset_info(str(copy))
-    assert (old.packed, old.shapes, old.num_sequences, old.num_records, old.files, old.checksum) == (
-        True, PACKED, current.num_sequences, current.num_records, current.files, current.checksum)
+    assert (old.packed, old.shapes, old.num_sequences, old.num_records, old.file_names, old.checksum) == (
+        True, PACKED, current.num_sequences, current.num_records, current.file_names, current.checksum)
     assert old.details["algorithm"] == "lp" and "max_predictions" not in old.details
     assert verify_packed_dataset(str(copy))["num_sequences"] == 122
     again = pack_pretraining_dataset(tfrecords(unpacked_dir), str(copy), PackSettings(PACKED, "lp", num_shards=2),
@@ -82,15 +83,15 @@ def test_release_0_1_unpacked_data_still_loads(unpacked_dir, tmp_path):
     current = read_dataset_info(unpacked_dir)
     (tmp_path / "metadata.json").write_text(json.dumps(unpacked_v1(current)))
     old = read_dataset_info(str(tmp_path))
-    assert (old.packed, old.shapes, old.num_sequences, old.num_records, old.files) == (
-        False, current.shapes, 122, 122, current.files)
+    assert (old.packed, old.shapes, old.num_sequences, old.num_records, old.file_names) == (
+        False, current.shapes, 122, 122, current.file_names)
     assert old.details["settings"] == current.details["settings"]
 
 
 @pytest.mark.parametrize("content, message", [
     ("{not json", "cannot read it as JSON"),
     ("[1, 2]", "expected a JSON object"),
-    ('{"format_version": 99}', "format_version 99; expected 2"),
+    ('{"format_version": 99}', "format_version 99; expected 3"),
     ('{"format_version": 2, "packed": true}', "missing or malformed entry 'max_seq_length'"),
 ])
 def test_an_unreadable_description_is_named(tmp_path, content, message):
@@ -100,12 +101,12 @@ def test_an_unreadable_description_is_named(tmp_path, content, message):
 
 
 def test_write_is_atomic_and_round_trips(tmp_path):
-    info = DatasetInfo(True, Shapes(16, 4, 2), num_sequences=10, num_records=6, files=("a.tfrecord",),
+    info = DatasetInfo(True, Shapes(16, 4, 2), num_sequences=10, num_records=6, files=(DataFile("a.tfrecord"),),
                        checksum="00ff", details={"algorithm": "lpfhp", "num_packs": 999})
     written = write_dataset_info(str(tmp_path), info)
     assert os.listdir(tmp_path) == ["metadata.json"]
     assert written["num_packs"] == 6  # the owner's value wins over a producer's key of the same name
-    assert read_dataset_info(str(tmp_path)) == DatasetInfo(True, Shapes(16, 4, 2), 10, 6, ("a.tfrecord",),
+    assert read_dataset_info(str(tmp_path)) == DatasetInfo(True, Shapes(16, 4, 2), 10, 6, (DataFile("a.tfrecord"),),
                                                            checksum="00ff", details={"algorithm": "lpfhp"})
     assert read_dataset_info(str(tmp_path / "missing")) is None
 

@@ -468,7 +468,9 @@ def test_a_kill_during_the_export_of_a_run_that_reached_its_target_is_completed(
 def test_an_output_dir_holding_another_run_is_refused_and_left_intact(packed_dir, tmp_path):
     make_trainer(config(tmp_path, tfrecords(packed_dir), num_train_steps=1, flags_text="--seed=12345\n")).train()
     before = (tmp_path / "train_log.jsonl").read_text()
-    with pytest.raises(TrainingError, match=r"holds another run \(seed, sequences_per_update, train_batch_size differ\)"):
+    from bert_packed.run_directory import RunError
+
+    with pytest.raises(RunError, match=r"holds another run \(seed, sequences_per_update, train_batch_size differ\)"):
         make_trainer(config(tmp_path, tfrecords(packed_dir), num_train_steps=2, seed=7, train_batch_size=2,
                        flags_text="--seed=7\n")).train()
     assert (tmp_path / "train_log.jsonl").read_text() == before

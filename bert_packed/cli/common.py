@@ -4,6 +4,8 @@
 parses the flags (flagfiles included), and then
 - a bad flag, or a UserError raised anywhere below (bert_packed.errors), prints one line,
   `<program>: error: <message>`, and exits with status 2;
+- the filesystem refusing a path (read-only, no permission, a symlink loop, a file gone) prints
+  one line naming the path, status 2;
 - a full disk (or quota, or file-size limit) prints one line saying what is kept, status 2;
 - Ctrl-C (SIGINT) outside a loop that handles it prints one line saying what is kept, status 130;
 - any other exception is a bug and raises with its traceback;
@@ -34,6 +36,10 @@ _TENSORFLOW_STARTUP = re.compile(r"^(WARNING: All log messages before absl::Init
 
 # Interrupted by SIGINT (Ctrl-C): the shell's 128 + 2.
 EXIT_INTERRUPTED = 130
+# The filesystem refusing a path: read-only, no permission, a symlink loop, a file gone or in the way.
+_REFUSED_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ELOOP, errno.ENOENT, errno.ENOTDIR, errno.EISDIR,
+                   errno.ENAMETOOLONG)
+_REFUSED_TEXTS = ("Permission denied", "Read-only file system", "Too many levels of symbolic links")
 # A full disk, a full quota and a file-size limit all stop a write the same way.
 _DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _DISK_FULL_TEXTS = ("No space left on device", "Disk quota exceeded", "File too large")
@@ -101,6 +107,10 @@ def run(main: Callable[[list[str]], None], program: str, output_flag: str | tupl
         except UserError as e:
             fail(program, e)
         except Exception as e:  # noqa: BLE001 - TensorFlow reports a full disk as its own error types
+            if refused_by_the_filesystem(e):
+                where = getattr(e, "filename", None)
+                reason = getattr(e, "strerror", None) or str(e).strip().splitlines()[0]
+                fail(program, f"{where}: {reason}" if where else reason)
             if not is_disk_full(e):
                 raise
             names = (output_flag,) if isinstance(output_flag, str) else output_flag
@@ -148,6 +158,14 @@ def exit_with(status: int, line: str) -> NoReturn:
     """Exits with `status` after one line on stderr."""
     sys.stderr.write(line + "\n")
     sys.exit(status)
+
+
+def refused_by_the_filesystem(error: BaseException) -> bool:
+    """Whether `error` is the filesystem refusing a path (read-only, no permission, a symlink
+    loop, gone), as Python or TensorFlow words it: the user's to fix, said in one line."""
+    if isinstance(error, OSError) and error.errno in _REFUSED_ERRNOS and error.filename:
+        return True
+    return type(error).__module__.startswith("tensorflow") and any(text in str(error) for text in _REFUSED_TEXTS)
 
 
 def is_disk_full(error: BaseException) -> bool:

@@ -16,6 +16,7 @@ import logging
 from absl import flags
 
 from bert_packed.cli.common import expand_globs, run
+from bert_packed.dataset_info import MAX_SEQ_LENGTH_LIMIT
 from bert_packed.errors import SettingsError
 from bert_packed.pretraining_data.create_dataset import (
     DatasetSettings,
@@ -52,8 +53,12 @@ PROGRAM = "create_pretraining_data"
 def main(argv):
     del argv
     logging.getLogger().setLevel(logging.INFO)
-    if FLAGS.max_seq_length < 8:
-        raise SettingsError(f"--max_seq_length={FLAGS.max_seq_length}: must be at least 8")
+    if not 8 <= FLAGS.max_seq_length <= MAX_SEQ_LENGTH_LIMIT:
+        raise SettingsError(f"--max_seq_length={FLAGS.max_seq_length}: must be in [8, {MAX_SEQ_LENGTH_LIMIT:,}] (BERT "
+                            f"uses 512; the longest variants 4,096 to 8,192)")
+    if FLAGS.max_predictions_per_seq > FLAGS.max_seq_length:
+        raise SettingsError(f"--max_predictions_per_seq={FLAGS.max_predictions_per_seq}: more than the "
+                            f"--max_seq_length={FLAGS.max_seq_length} tokens of an instance")
     if FLAGS.max_predictions_per_seq < 1 or FLAGS.dupe_factor < 1:
         raise SettingsError("--max_predictions_per_seq and --dupe_factor must be at least 1")
     if not 0.0 < FLAGS.masked_lm_prob < 1.0 or not 0.0 <= FLAGS.short_seq_prob <= 1.0:

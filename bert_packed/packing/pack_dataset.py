@@ -37,12 +37,20 @@ import time
 import numpy as np
 
 from bert_packed import files
-from bert_packed.dataset_info import DatasetInfo, read_dataset_info, refuse_other_output, write_dataset_info
-from bert_packed.errors import OutputDirectoryError
+from bert_packed.dataset_info import (
+    METADATA_FILE,
+    DataFile,
+    DatasetInfo,
+    file_identity,
+    read_dataset_info,
+    refuse_other_output,
+    write_dataset_info,
+)
+from bert_packed.errors import OutputDirectoryError, UserError
 from bert_packed.features import Shapes
 from bert_packed.files import write_text_atomically
 from bert_packed.packing import packer
-from bert_packed.packing.histogram import histogram_from_lengths, merge_histograms, save_histogram
+from bert_packed.packing.histogram import HISTOGRAM_FILE, histogram_from_lengths, merge_histograms, save_histogram
 from bert_packed.packing.plan import plan
 from bert_packed.progress import Progress
 from bert_packed.records import TFRecordWriter, read_packed, read_unpacked
@@ -50,6 +58,14 @@ from bert_packed.records import TFRecordWriter, read_packed, read_unpacked
 
 class PackingError(RuntimeError):
     """The packed output does not hold exactly the input sequences (a bug; nothing is published)."""
+
+
+class InputsChangedError(UserError, RuntimeError):
+    """An input file changed while it was being packed (nothing is published; the rerun reads it anew)."""
+
+
+class VerifyError(UserError, ValueError):
+    """Packed data read back is not what its metadata.json says (tampered, cut short, incomplete)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +100,9 @@ def pack_pretraining_dataset(input_files: list[str], output_dir: str, settings: 
       DirectoryLockedError: another packer is writing `output_dir` now.
       PackingError: the output would not hold exactly the input sequences.
     """
+    done = _already_packed(input_files, output_dir, settings)
+    if done is not None:  # read only, without the lock: a finished dataset on read-only storage is fine
+        return done
     files.makedirs(output_dir)
     with files.exclusive(os.path.join(output_dir, ".lock"), "pack_pretraining_data"):
         refuse_other_output(output_dir, "packed data")
@@ -91,17 +110,37 @@ def pack_pretraining_dataset(input_files: list[str], output_dir: str, settings: 
         return _pack(input_files, output_dir, settings, num_workers)
 
 
+def _already_packed(input_files: list[str], output_dir: str, settings: PackSettings) -> dict | None:
+    """The metadata of this very run, finished and clean in `output_dir` (nothing to do), else None."""
+    info = read_dataset_info(output_dir) if os.path.isdir(output_dir) else None
+    if info is None or any(name == ".work" or ".tmp-" in name for name in os.listdir(output_dir)):
+        return None
+    sources = [os.path.abspath(path) for path in input_files]
+    same = info.details.get("run_digest") == _digest({"settings": settings.to_dict(), "sources": sources}) and \
+        info.details.get("inputs_digest") == _digest([file_identity(path) for path in sources])
+    if not same:
+        return None
+    logging.info("%s: already packed with these settings and inputs; nothing to do", output_dir)
+    return info.to_dict()
+
+
+def _digest(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+
+
 def _pack(input_files: list[str], output_dir: str, settings: PackSettings, num_workers: int) -> dict:
     sources = [os.path.abspath(path) for path in input_files]
     identity = {"settings": settings.to_dict(), "sources": sources}
-    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+    # A run is its settings and inputs' paths (another is refused) and their content (when that
+    # changed, the run is done again): each input's size and the hash of its beginning, cheap.
+    digest, inputs_digest = _digest(identity), _digest([file_identity(path) for path in sources])
     work = os.path.join(output_dir, ".work")
-    finished = _finished_run(output_dir, digest)
+    finished = _finished_run(output_dir, digest, inputs_digest)
     if finished is not None:
         shutil.rmtree(work, ignore_errors=True)  # a kill between metadata.json and the clean-up left it
         return finished
     os.makedirs(work, exist_ok=True)
-    _claim(output_dir, work, identity, digest)
+    _claim(output_dir, work, identity, digest, inputs_digest)
 
     shapes = settings.shapes
     unpacked_shapes = shapes.unpacked()
@@ -110,7 +149,7 @@ def _pack(input_files: list[str], output_dir: str, settings: PackSettings, num_w
     summaries = _read_inputs(sources, work, unpacked_shapes, num_workers)
     seconds["read"] = time.perf_counter() - start
     histogram = merge_histograms(*[s["histogram"] for s in summaries])
-    save_histogram(os.path.join(output_dir, "histogram.json"), histogram)
+    save_histogram(os.path.join(output_dir, HISTOGRAM_FILE), histogram)
     checksum_in = packer.combine_checksums(*[int(s["checksum"], 16) for s in summaries])
     start = time.perf_counter()
     packing_plan = plan(histogram, shapes.max_seq_length, settings.algorithm, shapes.max_sequences_per_pack)
@@ -134,7 +173,9 @@ def _pack(input_files: list[str], output_dir: str, settings: PackSettings, num_w
                            f"{int(histogram.sum())} (checksum {checksum_in:016x}); nothing published")
     info = DatasetInfo(
         packed=True, shapes=shapes, num_sequences=packing_plan.num_sequences, num_records=packing_plan.num_packs,
-        files=tuple(s["file"] for s in shards), sources=tuple(sources), checksum=f"{checksum_in:016x}",
+        files=tuple(DataFile(s["file"], s["bytes"], s["num_packs"], s["num_sequences"], s["checksum"], s["head"])
+                    for s in shards),
+        sources=tuple(sources), checksum=f"{checksum_in:016x}",
         details={
             "algorithm": settings.algorithm,
             "num_tokens": packing_plan.num_tokens,
@@ -144,31 +185,47 @@ def _pack(input_files: list[str], output_dir: str, settings: PackSettings, num_w
                                                                           * shapes.max_seq_length),
             "seed": settings.seed,
             "seconds": seconds,  # of this run (a resumed run times only what it redid)
-            "run_digest": digest,  # settings and sources: a finished run is not redone
+            "run_digest": digest,  # settings and sources' paths: another run's directory is refused
+            "inputs_digest": inputs_digest,  # the sources' content: when it changed, the run is done again
         })
     metadata = write_dataset_info(output_dir, info)
     shutil.rmtree(work, ignore_errors=True)
     return metadata
 
 
-def _finished_run(output_dir: str, digest: str) -> dict | None:
-    """The metadata of a finished run with the same settings and sources in `output_dir`."""
+def _finished_run(output_dir: str, digest: str, inputs_digest: str) -> dict | None:
+    """The metadata of a finished run with the same settings and inputs in `output_dir`; None when
+    there is none, or when its inputs' content has changed since (its output is then removed)."""
     info = read_dataset_info(output_dir)
     if info is None:
         return None
     if info.details.get("run_digest") != digest:
         raise OutputDirectoryError(f"{output_dir}: already holds packed data made with other settings or "
                                    f"inputs; use a new --output_dir or remove it")
-    logging.info("%s: already packed with these settings; nothing to do", output_dir)
+    if info.details.get("inputs_digest", inputs_digest) != inputs_digest:  # earlier releases recorded none
+        logging.warning("%s: the input files changed since they were packed here; packing them again", output_dir)
+        _remove_outputs(output_dir)
+        return None
+    logging.info("%s: already packed with these settings and inputs; nothing to do", output_dir)
     return info.to_dict()
+
+
+def _remove_outputs(output_dir: str) -> None:
+    """Removes a packing run's outputs and work (its metadata.json first: nothing looks finished)."""
+    for name in [METADATA_FILE, HISTOGRAM_FILE] + sorted(os.listdir(output_dir)):
+        if name in (METADATA_FILE, HISTOGRAM_FILE) or name.startswith("packed-"):
+            if os.path.exists(os.path.join(output_dir, name)):
+                os.remove(os.path.join(output_dir, name))
+    shutil.rmtree(os.path.join(output_dir, ".work"), ignore_errors=True)
 
 
 # The layout of .work (its files and row format); an unfinished run of another layout starts over.
 WORK_FORMAT = 2
 
 
-def _claim(output_dir: str, work: str, identity: dict, digest: str) -> None:
-    """Refuses a directory that holds another run; records this run's identity for resuming."""
+def _claim(output_dir: str, work: str, identity: dict, digest: str, inputs_digest: str) -> None:
+    """Refuses a directory that holds another run; records this run's identity for resuming. An
+    unfinished run whose inputs changed since, or left by another version, starts over."""
     marker = os.path.join(work, "run.json")
     if os.path.exists(marker):
         with open(marker, encoding="utf-8") as f:
@@ -176,16 +233,15 @@ def _claim(output_dir: str, work: str, identity: dict, digest: str) -> None:
         if previous.get("digest") != digest:
             raise OutputDirectoryError(f"{output_dir}: holds an unfinished packing run with other settings "
                                        f"or inputs; use a new --output_dir or remove it")
-        if previous.get("work_format") != WORK_FORMAT:
-            logging.info("%s: the unfinished run was left by another version of the packer; starting over", work)
-            for name in os.listdir(output_dir):
-                if name.startswith("packed-"):
-                    os.remove(os.path.join(output_dir, name))
-            shutil.rmtree(work)
+        if previous.get("work_format") != WORK_FORMAT or previous.get("inputs_digest") != inputs_digest:
+            logging.warning("%s: the unfinished run was left by another version of the packer, or its input files "
+                            "changed since; starting over", output_dir)
+            _remove_outputs(output_dir)
             os.makedirs(work)
     elif any(name.startswith("packed-") for name in os.listdir(output_dir)):
         raise OutputDirectoryError(f"{output_dir}: already holds packed data; use a new --output_dir or remove it")
-    write_text_atomically(marker, json.dumps({"digest": digest, "work_format": WORK_FORMAT, **identity}) + "\n")
+    write_text_atomically(marker, json.dumps({"digest": digest, "inputs_digest": inputs_digest,
+                                              "work_format": WORK_FORMAT, **identity}) + "\n")
 
 
 def _read_inputs(sources: list[str], work: str, shapes: Shapes, num_workers: int) -> list[dict]:
@@ -273,6 +329,8 @@ def _distribute_file(index: int, summary: dict, seen: np.ndarray, histogram, wor
         rank = np.empty(len(rows), dtype=np.int64)
         rank[order] = seen[sorted_lengths] + np.arange(len(rows)) - first_of_length
         seen += np.bincount(lengths, minlength=len(seen))
+        if (rank >= histogram[lengths - 1]).any():  # more of a length than its first reading counted
+            _input_changed(summary, work, index)
         slot = packer.keyed_permutation(rank, histogram[lengths - 1], key=seed * 1_000_003 + lengths)
         rows["pack"], rows["position"] = slots.locate(lengths, slot)
         # Pack numbers become output order: a random permutation of all packs.
@@ -285,8 +343,16 @@ def _distribute_file(index: int, summary: dict, seen: np.ndarray, histogram, wor
             with locks[b], open(os.path.join(work, f"bucket-{b:05d}.bin"), "ab") as f:
                 f.write(rows[bounds[b]:bounds[b + 1]])
     if f"{total:016x}" != summary["checksum"]:
-        raise PackingError(f"{summary['source']}: changed while being packed (its sequences differ from the first "
-                           f"reading); nothing published")
+        _input_changed(summary, work, index)
+
+
+def _input_changed(summary: dict, work: str, index: int) -> None:
+    """Raises InputsChangedError after forgetting the file's first reading, so that the same
+    command reads it anew."""
+    os.remove(os.path.join(work, f"input-{index:05d}.json"))
+    os.remove(os.path.join(work, "run.json"))  # its identity was the old content's: the rerun starts over
+    raise InputsChangedError(f"{summary['source']}: changed while being packed (its sequences differ from its first "
+                             f"reading); nothing published. Run the same command again to pack what it holds now")
 
 
 def _row_chunks(path: str, index: int, shapes: Shapes, max_token_id: int, chunk_rows: int = 1 << 15):
@@ -342,15 +408,17 @@ def _write_bucket(output_dir: str, work: str, settings: PackSettings, num_packs:
             num_sequences += len(decoded)
             total = packer.combine_checksums(total, packer.checksum(decoded))
             writer.write_examples(packs)
-    summary = {"file": name, "num_packs": last - first, "num_sequences": num_sequences, "checksum": f"{total:016x}"}
+    summary = {"file": name, "num_packs": last - first, "num_sequences": num_sequences, "checksum": f"{total:016x}",
+               **file_identity(os.path.join(output_dir, name))}
     write_text_atomically(os.path.join(work, f"shard-{bucket:05d}.json"), json.dumps(summary) + "\n")
     if os.path.exists(bucket_path):
         os.remove(bucket_path)
 
 
 def verify_packed_dataset(output_dir: str, num_workers: int = 0) -> dict:
-    """Re-reads a packed dataset, decodes every pack into its sequences and checks them
-    against metadata.json: number of packs and sequences, and the checksum of the sequences.
+    """Re-reads a packed dataset, decodes every pack into its sequences and checks each file and
+    the whole against metadata.json: packs, sequences, the checksum of the sequences, and the
+    file's size and head. Reads only: a dataset on read-only storage verifies.
 
     Files are read on `num_workers` threads (0: one per core).
 
@@ -358,29 +426,36 @@ def verify_packed_dataset(output_dir: str, num_workers: int = 0) -> dict:
       {"num_packs", "num_sequences", "checksum"} as read back.
 
     Raises:
-      PackingError: naming what differs.
+      DatasetFilesError / VerifyError: naming the file and what differs.
     """
     info = read_dataset_info(output_dir)
     if info is None or not info.packed:
         raise OutputDirectoryError(f"{output_dir}: holds no packed dataset (no metadata.json of packed data)")
+    info.select(output_dir, [os.path.join(output_dir, name) for name in info.file_names], "--output_dir",
+                training=True)
     shapes = info.shapes
     found_in_file = {}
 
-    def read_back(name):
+    def read_back(entry: DataFile):
         num_packs = num_sequences = total = 0
-        for _, batch in read_packed(os.path.join(output_dir, name), shapes):
+        path = os.path.join(output_dir, entry.name)
+        for _, batch in read_packed(path, shapes):
             rows = packer.unpack(batch, shapes.unpacked())
             num_packs += len(batch["input_ids"])
             num_sequences += len(rows)
             total = packer.combine_checksums(total, packer.checksum(rows))
-        found_in_file[name] = num_packs, num_sequences, total
+        found = {"records": num_packs, "sequences": num_sequences, "checksum": f"{total:016x}"}
+        recorded = {key: getattr(entry, key) for key in found if getattr(entry, key) is not None}
+        if {key: found[key] for key in recorded} != recorded:
+            raise VerifyError(f"{path}: read back {found}, metadata.json says {recorded}")
+        found_in_file[entry.name] = num_packs, num_sequences, total
 
-    _in_parallel(read_back, [(name,) for name in info.files], num_workers,
+    _in_parallel(read_back, [(entry,) for entry in info.files], num_workers,
                  Progress("verify", total=len(info.files), unit="files"))
     found = {"num_packs": sum(f[0] for f in found_in_file.values()),
              "num_sequences": sum(f[1] for f in found_in_file.values()),
              "checksum": f"{packer.combine_checksums(*[f[2] for f in found_in_file.values()]):016x}"}
     expected = {"num_packs": info.num_records, "num_sequences": info.num_sequences, "checksum": info.checksum}
     if found != expected:
-        raise PackingError(f"{output_dir}: read back {found}, metadata.json says {expected}")
+        raise VerifyError(f"{output_dir}: read back {found}, metadata.json says {expected}")
     return found

@@ -13,7 +13,9 @@ downloaded model, and handles abbreviations, initials and decimal numbers.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
+import os
 import re
 
 from bert_packed.errors import UserError
@@ -79,41 +81,67 @@ def split_sentences(paragraph: str) -> list[str]:
     return sentences
 
 
+# One input file is one unit of work, held in memory as token ids while its instances are made:
+# larger files are refused (MLPerf's Wikipedia shards are about 25 MB).
+MAX_INPUT_BYTES = 32 << 20
+# Lines are read at most this long; a longer one (no newline in megabytes) is read in pieces.
+MAX_LINE_CHARACTERS = 1 << 20
+
+
 def read_documents(path: str) -> list[Document]:
-    """Reads a WikiExtractor file or a plain-text file (detected from its first line).
+    """All documents of a WikiExtractor file or a plain-text file (iter_documents)."""
+    return list(iter_documents(path))
+
+
+def iter_documents(path: str):
+    """The documents of a WikiExtractor file or a plain-text file (detected from its first
+    non-empty line), read line by line.
 
     Documents without text are kept, with no sentences, so that the caller can name them
     (WikiExtractor writes title-only pages).
 
     Raises:
-      CorpusError: the file is missing, unreadable, not UTF-8 text, has an unclosed `<doc>`,
-        or holds no text at all.
+      CorpusError: the file is missing, not a regular file, larger than MAX_INPUT_BYTES,
+        unreadable, not UTF-8 text, has an unclosed `<doc>`, or holds no text at all.
     """
+    if os.path.isdir(path):
+        raise CorpusError(f"{path}: is a directory, expected a text file")
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise CorpusError(f"{path}: not a regular file (a device or a pipe?); expected a text file")
+    if os.path.isfile(path) and os.path.getsize(path) > MAX_INPUT_BYTES:
+        raise CorpusError(f"{path}: {os.path.getsize(path) / 2**20:,.0f} MB; one input file is one unit of work held in "
+                          f"memory, at most {MAX_INPUT_BYTES >> 20} MB: split it (split -C {MAX_INPUT_BYTES >> 20}M, "
+                          f"at line ends; MLPerf's shards are about 25 MB)")
+    number = 0
     try:
         with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
+            lines = ((number, line) for number, line in enumerate(iter(lambda: f.readline(MAX_LINE_CHARACTERS), ""), 1))
+            first = next(((n, line) for n, line in lines if line.strip()), None)
+            if first is None:
+                raise CorpusError(f"{path}: holds no text: expected WikiExtractor output (<doc ...> ... </doc>) or "
+                                  f"one sentence a line with blank lines between documents")
+            lines = itertools.chain([first], lines)
+            read = _read_wikiextractor if first[1].lstrip().startswith("<doc") else _read_plain
+            any_text = False
+            for document in read(path, lines):
+                any_text = any_text or bool(document.sentences)
+                yield document
     except FileNotFoundError:
         raise CorpusError(f"{path}: no such input file") from None
-    except IsADirectoryError:
-        raise CorpusError(f"{path}: is a directory, expected a text file") from None
+    except UnicodeDecodeError:
+        raise CorpusError(f"{path}: not UTF-8 text (near line {number + 1}): expected WikiExtractor output or one "
+                          f"sentence a line") from None
     except OSError as e:
         raise CorpusError(f"{path}: cannot read: {e.strerror or e}") from None
-    except UnicodeDecodeError as e:
-        raise CorpusError(f"{path}: not UTF-8 text (byte {e.start}): expected WikiExtractor output "
-                          f"or one sentence a line") from None
-    first = next((line for line in lines if line.strip()), "")
-    documents = _read_wikiextractor(path, lines) if first.startswith("<doc") else _read_plain(path, lines)
-    if not any(doc.sentences for doc in documents):
+    if not any_text:
         raise CorpusError(f"{path}: holds no text: expected WikiExtractor output (<doc ...> ... </doc>) "
                           f"or one sentence a line with blank lines between documents")
-    return documents
 
 
-def _read_wikiextractor(path: str, lines: list[str]) -> list[Document]:
-    documents = []
+def _read_wikiextractor(path: str, lines):
     current: Document | None = None
     title = None
-    for number, line in enumerate(lines, start=1):
+    for number, line in lines:
         stripped = line.strip()
         if stripped.startswith("<doc"):
             if current is not None:
@@ -124,7 +152,7 @@ def _read_wikiextractor(path: str, lines: list[str]) -> list[Document]:
         elif stripped == "</doc>":
             if current is None:
                 raise CorpusError(f"{path}:{number}: </doc> without an opening <doc>")
-            documents.append(current)
+            yield current
             current = None
         elif stripped and current is not None:
             if title is not None and stripped == title and not current.sentences:
@@ -132,7 +160,6 @@ def _read_wikiextractor(path: str, lines: list[str]) -> list[Document]:
             current.sentences.extend(_bounded(split_sentences(stripped), f"{path}:{number}"))
     if current is not None:
         raise CorpusError(f"{path}: the <doc> opened at {current.source} is never closed (truncated file?)")
-    return documents
 
 
 def _bounded(sentences: list[str], source: str) -> list[str]:
@@ -161,12 +188,15 @@ def _bounded(sentences: list[str], source: str) -> list[str]:
     return result
 
 
-def _read_plain(path: str, lines: list[str]) -> list[Document]:
-    documents = [Document(f"{path}:1", [])]
-    for number, line in enumerate(lines, start=1):
+def _read_plain(path: str, lines):
+    document = None
+    for number, line in lines:
         stripped = line.strip()
         if stripped:
-            documents[-1].sentences.extend(_bounded([stripped], f"{path}:{number}"))
-        elif documents[-1].sentences:
-            documents.append(Document(f"{path}:{number + 1}", []))
-    return documents
+            document = document or Document(f"{path}:{number}", [])
+            document.sentences.extend(_bounded([stripped], f"{path}:{number}"))
+        elif document is not None:
+            yield document
+            document = None
+    if document is not None:
+        yield document

@@ -24,6 +24,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import itertools
 import json
 import logging
 import multiprocessing
@@ -33,12 +34,12 @@ import shutil
 import numpy as np
 
 from bert_packed import files
-from bert_packed.dataset_info import DatasetInfo, refuse_other_output, write_dataset_info
+from bert_packed.dataset_info import DataFile, DatasetInfo, refuse_other_output, write_dataset_info
 from bert_packed.errors import OutputDirectoryError
 from bert_packed.features import Shapes
 from bert_packed.files import write_text_atomically
-from bert_packed.packing.histogram import histogram_from_lengths, merge_histograms, save_histogram
-from bert_packed.pretraining_data.corpus import CorpusError, read_documents
+from bert_packed.packing.histogram import HISTOGRAM_FILE, histogram_from_lengths, merge_histograms, save_histogram
+from bert_packed.pretraining_data.corpus import CorpusError, iter_documents
 from bert_packed.pretraining_data.instances import MaskingConfig, create_instances, instance_features
 from bert_packed.pretraining_data.tokenization import Tokenizer
 from bert_packed.progress import Progress
@@ -170,37 +171,63 @@ def _check_previous_run(output_dir: str, settings: DatasetSettings, sources: lis
 def _tokenize_file(path: str, file_index: int, tokenizer: Tokenizer, settings: DatasetSettings):
     """Reads and tokenizes one file, holding out a seeded share of its documents for evaluation.
 
+    The file is read a line at a time and tokenized a few thousand sentences at a time, so memory
+    holds the file's token ids (4 bytes a token), not its text and the tokenizer's objects.
+
     Returns:
       (training documents, held-out documents, sources of empty documents); documents as three
       flat int arrays (tokens, sentence_lengths, sentences_per_document), cheap to send to a
       worker once per pass.
     """
-    documents = read_documents(path)
-    empty = [doc.source for doc in documents if not doc.sentences]
-    if empty and settings.empty_documents == "error":
-        raise CorpusError(f"{empty[0]}: empty document (no text); {len(empty)} in this file")
-    for source in empty:
-        logging.warning("%s: empty document skipped", source)
-    documents = [doc for doc in documents if doc.sentences]
-    held_out = np.random.default_rng([settings.seed, file_index, 2**31 - 1]).random(len(documents)) < \
-        settings.eval_fraction
+    draws = np.random.default_rng([settings.seed, file_index, 2**31 - 1])
+    parts = {False: _FlatDocuments(), True: _FlatDocuments()}  # held out or not
+    empty = []
+    documents = iter_documents(path)
+    while chunk := list(itertools.islice(documents, 256)):
+        for doc in chunk:
+            if not doc.sentences:
+                if settings.empty_documents == "error":
+                    raise CorpusError(f"{doc.source}: empty document (no text)")
+                logging.warning("%s: empty document skipped", doc.source)
+                empty.append(doc.source)
+        chunk = [doc for doc in chunk if doc.sentences]
+        held_out = draws.random(len(chunk)) < settings.eval_fraction
+        for side in (False, True):
+            parts[side].add([doc for doc, h in zip(chunk, held_out) if h == side], tokenizer,
+                            settings.config.max_seq_length - 3)
+    return parts[False].arrays(), parts[True].arrays(), empty
 
-    limit = settings.config.max_seq_length - 3  # tokens of a pair: [CLS] A [SEP] B [SEP]
 
-    def flatten(chosen):
-        sentences = tokenizer.encode([s for doc in chosen for s in doc.sentences])
-        lengths = iter(len(ids) for ids in sentences)
-        for doc in chosen:
-            longest = max(next(lengths) for _ in doc.sentences)
+class _FlatDocuments:
+    """Tokenized documents as flat arrays: every token, each sentence's length, each document's
+    number of sentences."""
+
+    def __init__(self):
+        self.tokens, self.sentence_lengths, self.sentences_per_document = [], [], []
+
+    def add(self, documents, tokenizer: Tokenizer, limit: int) -> None:
+        """Tokenizes `documents` (a sentence longer than `limit`, what an instance's pair holds,
+        is named: all but `limit` of its tokens go unused)."""
+        texts = [s for doc in documents for s in doc.sentences]
+        # In batches: the tokenizer's own objects cost about 100 bytes a token until they are dropped.
+        sentences = [ids for start in range(0, len(texts), 4096) for ids in tokenizer.encode(texts[start:start + 4096])]
+        lengths = np.array([len(ids) for ids in sentences], dtype=np.int64)
+        start = 0
+        for doc in documents:
+            longest = int(lengths[start:start + len(doc.sentences)].max())
             if longest > limit:
                 logging.warning("%s: a sentence of %d tokens is longer than an instance (%d): all but %d of them go "
                                 "unused", doc.source, longest, limit, limit)
-        return (np.concatenate(sentences or [np.zeros(0)]).astype(np.int32),
-                np.array([len(ids) for ids in sentences], dtype=np.int64),
-                np.array([len(doc.sentences) for doc in chosen], dtype=np.int64))
+            start += len(doc.sentences)
+        if sentences:
+            self.tokens.append(np.concatenate(sentences).astype(np.int32))
+        self.sentence_lengths.append(lengths)
+        self.sentences_per_document.append(np.array([len(doc.sentences) for doc in documents], dtype=np.int64))
 
-    return (flatten([d for d, e in zip(documents, held_out) if not e]),
-            flatten([d for d, e in zip(documents, held_out) if e]), empty)
+    def arrays(self):
+        return (np.concatenate(self.tokens or [np.zeros(0, np.int32)]),
+                np.concatenate(self.sentence_lengths or [np.zeros(0, np.int64)]),
+                np.concatenate(self.sentences_per_document or [np.zeros(0, np.int64)]))
 
 
 def _unflatten(tokens: np.ndarray, sentence_lengths: np.ndarray, sentences_per_document: np.ndarray):
@@ -226,7 +253,8 @@ def _run_pass(file_index: int, dupe_pass: int, source: str, documents, empty: li
     shapes = Shapes(config.max_seq_length, config.max_predictions_per_seq)
     name = shard_name(file_index, dupe_pass)
     with TFRecordWriter(os.path.join(output_dir, name + ".tfrecord")) as writer:
-        writer.write_examples(instance_features(instances, shapes))
+        for start in range(0, len(instances), 4096):  # padded int64 features a chunk at a time: bounded memory
+            writer.write_examples(instance_features(instances[start:start + 4096], shapes))
     summary = {
         "source": source,
         "file_index": file_index,
@@ -265,15 +293,19 @@ def _write_summary(sources: list[str], output_dir: str, settings: DatasetSetting
                           + (f": --eval_fraction={settings.eval_fraction} held out every document"
                              if settings.eval_fraction and any(s["num_instances"] for s in evals) else ""))
     histogram = merge_histograms(*[s["histogram"] for s in shards])
-    save_histogram(os.path.join(output_dir, "histogram.json"), histogram)
+    save_histogram(os.path.join(output_dir, HISTOGRAM_FILE), histogram)
     lengths = np.arange(1, len(histogram) + 1)
     num_instances = int(histogram.sum())
     first_pass = [s for s in shards if s["dupe_pass"] == 0]
     config = settings.config
+
+    def entries(summaries):
+        return tuple(DataFile.of(os.path.join(output_dir, shard_name(s["file_index"], s["dupe_pass"]) + ".tfrecord"),
+                                 records=s["num_instances"], sequences=s["num_instances"]) for s in summaries)
+
     info = DatasetInfo(
         packed=False, shapes=Shapes(config.max_seq_length, config.max_predictions_per_seq),
-        num_sequences=num_instances, num_records=num_instances,
-        files=tuple(shard_name(s["file_index"], s["dupe_pass"]) + ".tfrecord" for s in shards),
+        num_sequences=num_instances, num_records=num_instances, files=entries(shards), eval_files=entries(evals),
         sources=tuple(sources),
         details={
             "settings": settings.to_dict(),
@@ -284,7 +316,6 @@ def _write_summary(sources: list[str], output_dir: str, settings: DatasetSetting
             "full_length_fraction": float(histogram[-1]) / num_instances,
             "predictions_per_instance": sum(s["num_predictions"] for s in shards) / num_instances,
             "random_next_fraction": sum(s["num_random_next"] for s in shards) / num_instances,
-            "eval_files": [shard_name(s["file_index"], EVAL_PASS) + ".tfrecord" for s in evals],
             "num_eval_documents": sum(s["num_documents"] for s in evals),
             "num_eval_instances": sum(s["num_instances"] for s in evals),
         })
@@ -307,8 +338,8 @@ def create_pretraining_files(input_files: list[str], output_files: list[str], se
     with contextlib.ExitStack() as stack:
         writers = [stack.enter_context(TFRecordWriter(path)) for path in output_files]
         dealt = 0
-        for name in metadata["files"]:
-            for _, data, starts, lengths in read_record_batches(os.path.join(work, name)):
+        for entry in metadata["files"]:
+            for _, data, starts, lengths in read_record_batches(os.path.join(work, entry["name"])):
                 records = [data[start:start + length] for start, length in zip(starts.tolist(), lengths.tolist())]
                 for index, writer in enumerate(writers):
                     writer.write_all(records[(index - dealt) % len(writers)::len(writers)])

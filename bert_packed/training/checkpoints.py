@@ -117,35 +117,48 @@ class Checkpoints:
             f'all_model_checkpoint_paths: "ckpt-{step}"' for step in reversed(steps)]
         files.write_text_atomically(os.path.join(self.directory, "checkpoint"), "\n".join(lines) + "\n")
 
-    def restore(self) -> str | None:
-        """Restores the newest checkpoint that restores; returns its path, or None when there is
+    def restore(self, agree=lambda newest, can_restore: newest) -> str | None:
+        """Restores the newest checkpoint that reads whole; returns its path, or None when there is
         none (then nothing is assigned: the run starts from its initial weights).
+
+        Args:
+          agree: (this process's newest readable step, 0 for none; can_restore(step) -> bool) ->
+            the step to restore. Several workers each read their own checkpoints, and a kill can
+            come between two workers' saves: they agree on a step all of them can restore (0:
+            start over).
 
         Raises:
           TrainingError: a checkpoint read whole does not fit the run's objects.
         """
-        problems = []
+        problems, readable = [], []
         for step in self.steps():
-            path = self.path(step)
-            problem = _unreadable(path)
+            problem = _unreadable(self.path(step))
             if problem:
-                problems.append(path)
-                logging.warning("%s: cannot restore this checkpoint (%s); trying an older one", path, problem)
+                problems.append(self.path(step))
+                logging.warning("%s: cannot restore this checkpoint (%s); trying an older one", self.path(step),
+                                problem)
                 continue
-            try:
-                with files.unglobbed(path) as readable:
-                    self._checkpoint.read(readable).assert_existing_objects_matched()
-            except (AssertionError, ValueError, tf.errors.OpError) as e:
-                raise TrainingError(f"{path}: does not fit this run ({str(e).splitlines()[0]}); use a new "
-                                       f"--output_dir") from None
+            readable.append(step)
+            break  # the newest that reads whole; older ones are read only if the workers agree on one
+        newest = readable[0] if readable else 0
+        step = agree(newest, lambda step: step == newest or (step in self.steps()
+                                                              and _unreadable(self.path(step)) is None))
+        if not step:
             if problems:
-                logging.warning("resumed from %s, the newest checkpoint that restores", path)
-            self._repair_state_file(step)
-            return path
+                logging.warning("no checkpoint of %s restores (%s): starting over from step 0", self.directory,
+                                ", ".join(os.path.basename(p) for p in problems))
+            return None
+        path = self.path(step)
+        try:
+            with files.unglobbed(path) as plain:
+                self._checkpoint.read(plain).assert_existing_objects_matched()
+        except (AssertionError, ValueError, tf.errors.OpError) as e:
+            raise TrainingError(f"{path}: does not fit this run ({str(e).splitlines()[0]}); use a new "
+                                f"--output_dir") from None
         if problems:
-            logging.warning("no checkpoint of %s restores (%s): starting over from step 0", self.directory,
-                            ", ".join(os.path.basename(p) for p in problems))
-        return None
+            logging.warning("resumed from %s, the newest checkpoint that restores", path)
+        self._repair_state_file(step)
+        return path
 
     def _repair_state_file(self, step: int) -> None:
         """Rewrites the state file when it does not name the newest checkpoint (damaged, or left by

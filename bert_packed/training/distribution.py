@@ -24,6 +24,23 @@ def chief(strategy: tf.distribute.Strategy) -> tuple[bool, int]:
     return resolver.task_type == "worker" and resolver.task_id == 0, resolver.task_id or 0
 
 
+def common_step(strategy: tf.distribute.Strategy, newest: int, can_restore) -> int:
+    """The newest checkpoint step every worker can restore (0: none), from each worker's newest
+    readable step and whether it can restore a given one: a kill can come between two workers'
+    saves, and workers resumed at different steps would wait on each other's collectives."""
+    if worker_resolver(strategy) is None:
+        return newest
+
+    @tf.function
+    def gather(value):
+        return strategy.gather(strategy.run(lambda: tf.reshape(tf.identity(value), [1])), axis=0)
+
+    step = int(gather(tf.constant(newest, tf.int64)).numpy().min())
+    # Every worker must hold that step (one ahead may have deleted an old one): else all start over.
+    held = step == 0 or can_restore(step)
+    return step if all(gather(tf.constant(int(held), tf.int64)).numpy()) else 0
+
+
 def on_any_worker(strategy: tf.distribute.Strategy, flag: bool) -> bool:
     """Whether `flag` holds on any worker. Each worker reads its own files, and a kill can come
     between two workers' writes: deciding together keeps every worker in the same collectives."""

@@ -1,0 +1,217 @@
+"""Data is what it claims to be: datasets pinned by content, runs by their data, every value
+checked before work, and one line for every problem."""
+
+import dataclasses
+import json
+import os
+import shutil
+
+import pytest
+from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, dataset_settings, tfrecords
+
+from bert_packed.dataset_info import (
+    DatasetFilesError,
+    DatasetInfoError,
+    file_identity,
+    metadata_path,
+    read_dataset_info,
+)
+from bert_packed.features import Shapes
+from bert_packed.packing import pack_dataset
+from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset, verify_packed_dataset
+from bert_packed.pretraining_data.create_dataset import create_pretraining_dataset
+from bert_packed.records import read_record_batches
+
+SETTINGS = PackSettings(Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK), "lp", num_shards=2)
+
+
+@pytest.fixture
+def unpacked_copy(unpacked_dir, tmp_path):
+    copy = tmp_path / "unpacked"
+    shutil.copytree(unpacked_dir, copy)
+    return copy
+
+
+@pytest.fixture
+def packed_copy(packed_dir, tmp_path):
+    copy = tmp_path / "packed"
+    shutil.copytree(packed_dir, copy)
+    return copy
+
+
+def test_metadata_lists_each_file_with_what_identifies_it(unpacked_dir, packed_dir):
+    for directory in (unpacked_dir, packed_dir):
+        info = read_dataset_info(directory)
+        assert sum(f.sequences for f in info.files) == info.num_sequences == 122
+        assert sum(f.records for f in info.files) == info.num_records
+        for entry in info.files:
+            path = os.path.join(directory, entry.name)
+            assert entry.bytes == os.path.getsize(path) and len(entry.head) == 64
+    assert all(len(f.checksum) == 16 for f in read_dataset_info(packed_dir).files)
+    held_out = read_dataset_info(unpacked_dir).eval_files
+    assert held_out == () or all(f.name.startswith("eval-") for f in held_out)
+
+
+def test_a_pack_stopped_then_fed_another_shard_ends(unpacked_copy, corpus, tmp_path, monkeypatch):
+    """The packer hung forever: stopped after its first pass, an input replaced by a shard made
+    with another seed, the same command looped in keyed_permutation. Now it packs what the
+    inputs hold."""
+    out = tmp_path / "out"
+    with monkeypatch.context() as patch:
+        patch.setattr(pack_dataset, "_distribute", lambda *args: (_ for _ in ()).throw(OSError(28, "No space")))
+        with pytest.raises(OSError):
+            pack_pretraining_dataset(tfrecords(str(unpacked_copy)), str(out), SETTINGS, num_workers=1)
+    assert (out / ".work" / "input-00000.json").exists()
+    other = tmp_path / "other"
+    create_pretraining_dataset(corpus, str(other), dataset_settings(seed=7), num_workers=1)
+    shutil.copy(tfrecords(str(other))[0], tfrecords(str(unpacked_copy))[0])
+    metadata = pack_pretraining_dataset(tfrecords(str(unpacked_copy)), str(out), SETTINGS, num_workers=1)
+    held = sum(len(lengths) for path in tfrecords(str(unpacked_copy)) for *_, lengths in read_record_batches(path))
+    assert metadata["num_sequences"] == verify_packed_dataset(str(out))["num_sequences"] == held != 122
+
+
+def test_an_input_that_changes_between_the_packer_s_two_readings_is_one_line_and_the_rerun_packs_it(
+        unpacked_copy, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    with monkeypatch.context() as patch:
+        patch.setattr(pack_dataset, "_distribute", lambda *args: (_ for _ in ()).throw(OSError(28, "No space")))
+        with pytest.raises(OSError):
+            pack_pretraining_dataset(tfrecords(str(unpacked_copy)), str(out), SETTINGS, num_workers=1)
+    first = out / ".work" / "input-00000.json"
+    summary = json.loads(first.read_text())
+    length = max(i for i, count in enumerate(summary["histogram"]) if count)
+    summary["histogram"][length] -= 1  # the first reading saw one sequence of this length fewer...
+    summary["checksum"] = "0" * 16  # ...and other content
+    first.write_text(json.dumps(summary))
+    with pytest.raises(pack_dataset.InputsChangedError, match=r"part-00000-000.tfrecord: changed while being packed"):
+        pack_pretraining_dataset(tfrecords(str(unpacked_copy)), str(out), SETTINGS, num_workers=1)
+    pack_pretraining_dataset(tfrecords(str(unpacked_copy)), str(out), SETTINGS, num_workers=1)
+    assert verify_packed_dataset(str(out))["num_sequences"] == 122
+
+
+def test_packed_output_of_regenerated_inputs_is_made_again(unpacked_copy, corpus, tmp_path, caplog):
+    out = tmp_path / "out"
+    pack_pretraining_dataset(tfrecords(str(unpacked_copy)), str(out), SETTINGS, num_workers=1)
+    before = read_dataset_info(str(out))
+    regenerated = tmp_path / "regenerated"
+    create_pretraining_dataset(corpus, str(regenerated), dataset_settings(seed=7), num_workers=1)
+    for path in tfrecords(str(unpacked_copy)):
+        os.remove(path)
+    for path in tfrecords(str(regenerated)):
+        shutil.copy(path, unpacked_copy)
+    again = pack_pretraining_dataset(tfrecords(str(unpacked_copy)), str(out), SETTINGS, num_workers=1)
+    assert "the input files changed since they were packed here; packing them again" in caplog.text
+    expected = sum(read_dataset_info(str(regenerated)).files[i].sequences
+                   for i in range(len(read_dataset_info(str(regenerated)).files)))
+    assert again["num_sequences"] == expected != before.num_sequences
+    assert verify_packed_dataset(str(out))["num_sequences"] == expected
+
+
+def test_a_finished_dataset_on_read_only_storage_packs_as_nothing_to_do_and_verifies(packed_dir, unpacked_dir,
+                                                                                    monkeypatch):
+    def refused(*args, **kwargs):
+        raise OSError(30, "Read-only file system", str(args[0]) if args else "")
+
+    from bert_packed import files
+
+    monkeypatch.setattr(files, "exclusive", refused)
+    monkeypatch.setattr(files, "makedirs", refused)
+    monkeypatch.setattr(files, "write_text_atomically", refused)
+    again = pack_pretraining_dataset(tfrecords(unpacked_dir), packed_dir, SETTINGS, num_workers=1)
+    assert again["num_sequences"] == 122
+    assert verify_packed_dataset(packed_dir)["num_sequences"] == 122
+
+
+@pytest.mark.parametrize("damage, error, message", [
+    ("delete", DatasetFilesError, r"packed-00001-of-00002.tfrecord: listed in metadata.json but missing"),
+    ("cut", DatasetFilesError, r"packed-00001-of-00002.tfrecord: [\d,]+ bytes, but metadata.json says [\d,]+: cut short"),
+    ("foreign", DatasetFilesError, r"packed-00001-of-00002.tfrecord: .* bytes, but metadata.json says|first 64 KiB"),
+    ("extra", DatasetFilesError, r"stray.tfrecord is not a file of the dataset"),
+    ("sequences x 10", DatasetInfoError, r"cannot be \(a packing factor of [\d.]+ at depth 3\)"),
+    ("no sequences", DatasetInfoError, r"0 sequences in \d+ records"),
+    ("counts that do not add up", DatasetInfoError, r"its files hold 122 sequences together, but num_sequences is 123"),
+])
+def test_training_data_is_checked_against_its_metadata_before_any_work(packed_copy, unpacked_dir, tmp_path, damage,
+                                                                       error, message):
+    from bert_packed.training import data
+
+    shard = packed_copy / "packed-00001-of-00002.tfrecord"
+    metadata = json.loads(open(metadata_path(str(packed_copy))).read())
+    if damage == "delete":
+        shard.unlink()
+    elif damage == "cut":  # at a record boundary: the first record only
+        _, _, starts, lengths = next(read_record_batches(str(shard)))
+        shard.write_bytes(shard.read_bytes()[:16 + int(lengths[0])])
+    elif damage == "foreign":
+        shutil.copy(tfrecords(unpacked_dir)[0], shard)
+    elif damage == "extra":
+        shutil.copy(shard, packed_copy / "stray.tfrecord")
+    elif damage == "sequences x 10":
+        metadata["num_sequences"] *= 10
+        for entry in metadata["files"]:
+            entry["sequences"] *= 10
+    elif damage == "no sequences":
+        metadata["num_sequences"] = 0
+    else:
+        metadata["num_sequences"] += 1
+    open(metadata_path(str(packed_copy)), "w").write(json.dumps(metadata))
+    shapes = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK)
+    with pytest.raises(error, match=message):
+        data.train_data(tfrecords(str(packed_copy)), shapes, "packed")
+    if damage in ("delete", "cut", "foreign"):
+        with pytest.raises(error, match=message):
+            verify_packed_dataset(str(packed_copy))  # one line, no traceback, at the command line
+
+
+def test_held_out_files_never_train_unless_the_user_says_so(corpus, tmp_path):
+    from bert_packed.training import data
+
+    directory = tmp_path / "held_out"
+    settings = dataclasses.replace(dataset_settings(), eval_fraction=0.3)
+    create_pretraining_dataset(corpus, str(directory), settings, num_workers=1)
+    info = read_dataset_info(str(directory))
+    assert info.eval_files and all(f.name.startswith("eval-") and f.bytes for f in info.eval_files)
+    everything = sorted(str(path) for path in directory.glob("*.tfrecord"))  # --input_files=DIR/*.tfrecord
+    shapes = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS)
+    with pytest.raises(DatasetFilesError, match=r"eval-00000.tfrecord holds the dataset's held-out evaluation "
+                                                 r"documents; training reads .*part-\*.tfrecord"):
+        data.train_data(everything, shapes, "padded")
+    allowed = data.train_data(everything, shapes, "padded", held_out_allowed=True)
+    assert allowed.num_sequences == info.num_sequences + sum(f.sequences for f in info.eval_files)
+    parts = sorted(str(path) for path in directory.glob("part-*.tfrecord"))
+    assert data.train_data(parts, shapes, "padded").num_sequences == info.num_sequences
+    part = data.train_data(parts[:1], shapes, "padded")  # a subset: its own count
+    assert part.num_sequences == info.files[0].sequences < info.num_sequences
+    evaluation = data.eval_data(sorted(str(p) for p in directory.glob("eval-*.tfrecord")), "--eval_files", shapes)
+    assert evaluation.files and evaluation.input_mode == "padded"
+
+
+def test_a_run_refuses_to_resume_on_data_made_again_since_it_started(packed_copy, tmp_path):
+    from test_trainer import config, make_trainer
+
+    from bert_packed.run_directory import RunError
+    from bert_packed.training import data
+
+    shapes = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK)
+
+    def run(steps):
+        described = data.describe(tfrecords(str(packed_copy)), "--input_file", shapes, "packed", training=True)
+        return make_trainer(config(tmp_path / "run", tfrecords(str(packed_copy)), num_train_steps=steps,
+                                   identity=described.identity)).train()
+
+    run(1)
+    recorded = json.loads((tmp_path / "run" / "run.json").read_text())["train_files"]
+    assert [entry[0] for entry in recorded] == tfrecords(str(packed_copy))
+    run(2)  # the same data: it goes on
+    shard = packed_copy / "packed-00000-of-00002.tfrecord"
+    content = bytearray(shard.read_bytes())
+    content[20] ^= 1  # made again, the same size: another first 64 KiB
+    shard.write_bytes(bytes(content))
+    metadata = json.loads(open(metadata_path(str(packed_copy))).read())
+    metadata["files"][0]["head"] = file_identity(str(shard))["head"]
+    open(metadata_path(str(packed_copy)), "w").write(json.dumps(metadata))
+    before = (tmp_path / "run" / "train_log.jsonl").read_text()
+    with pytest.raises(RunError, match=r"the train files changed since this run started \(.*packed-00000-of-00002"
+                                       r".tfrecord holds other content.*\); resuming would go on with other data"):
+        run(3)
+    assert (tmp_path / "run" / "train_log.jsonl").read_text() == before  # refused: nothing touched
