@@ -27,8 +27,8 @@ SAMPLE := runs/sample
 SEEDS ?= 1
 BASELINE_SEEDS ?=
 CURVES ?= $(SAMPLE)/curves.png
-# The four phase-2 configurations compared; the first is the baseline.
-PHASE2 := unpacked packed_batch_corrected packed_adjusted_betas packed_plain_betas
+# The phase-2 configurations compared; the first is the baseline.
+PHASE2 := unpacked packed_batch_corrected packed_adjusted_betas packed_plain_betas packed_online
 
 # The main job, on the shipped Wikipedia sample, as MLPerf's recipe runs: pre-training records at
 # L=128 and L=512 with the same held-out documents; a short phase 1 at L=128 whose weights

@@ -338,12 +338,19 @@ def median_and_range(values: list[float], spec: str = ".2f") -> str:
 
 def describe_speedup(speedups: list[float], packing_factor: float) -> str:
     """One line: the median speed-up, its range, its share of the packing factor, and a caveat
-    when the range is wider than the effect."""
+    when the rounds disagree by more than the effect itself (the machine's noise, not packing).
+
+    >>> describe_speedup([1.19, 0.99, 1.30], 1.203)
+    'speed-up 1.19x (median of 3 alternated rounds, range 0.99-1.30) at packing factor 1.203: 0.99 of it; the \
+rounds disagree by 0.31, more than the 0.19 measured: the machine was too loaded to tell'
+    """
     s = summary(speedups)
     line = (f"speed-up {s['median']:.2f}x (median of {len(speedups)} alternated rounds, range {s['min']:.2f}-"
             f"{s['max']:.2f}) at packing factor {packing_factor:.3f}: {s['median'] / packing_factor:.2f} of it")
-    if s["min"] <= 1.0:
-        line += "; the range reaches 1.0: on this machine now the noise is as large as the effect"
+    spread, effect = s["max"] - s["min"], abs(s["median"] - 1.0)
+    if spread > effect:
+        line += (f"; the rounds disagree by {spread:.2f}, more than the {effect:.2f} measured: the machine was too "
+                 f"loaded to tell")
     return line
 
 

@@ -5,10 +5,13 @@ has one code path: an unpacked record becomes a pack holding one sequence (seque
 where input_mask is 1, positions 0..n-1, its [CLS] at offset 0).
 
 Modes:
-  packed    packed records (pack_pretraining_data output), [B, L] rows of several sequences.
-  padded    unpacked records, each padded to L: the baseline.
-  bucketed  unpacked records grouped by length into batches trimmed to a bucket boundary:
-            the variable-shape alternative to packing (fewer padded slots, several shapes).
+  packed         packed records (pack_pretraining_data output), [B, L] rows of several sequences.
+  padded         unpacked records, each padded to L: the baseline.
+  bucketed       unpacked records grouped by length into batches trimmed to a bucket boundary:
+                 the variable-shape alternative to packing (fewer padded slots, several shapes).
+  packed_online  unpacked records packed as they are read (bert_packed.packing.stream), guided by
+                 the plan of the data's histogram: the rows packed records give, without a
+                 packed copy of the data.
 
 Feature shapes (B = batch, L = max_seq_length, P' = predictions per row, S = sequences per row):
   input_ids, input_mask, segment_ids, positions [B, L]; masked_lm_positions, masked_lm_ids,
@@ -22,10 +25,12 @@ import contextlib
 import dataclasses
 import functools
 
+import numpy as np
 import tensorflow as tf
 
 from bert_packed.errors import SettingsError, TrainingError
 from bert_packed.features import Shapes, float_features, tf_feature_spec
+from bert_packed.packing.stream import StreamSettings, packed_batches
 from bert_packed.records import read_packed, read_unpacked
 
 
@@ -50,6 +55,8 @@ class PipelineConfig:
       vocab_size: when given, a token id at or above it stops the pipeline with an error (on a GPU
         the embedding lookup would silently read zeros).
       type_vocab_size: when given, the same for segment ids.
+      plan: with "packed_online", the strategies of the plan the packer fills.
+      window: with "packed_online", sequences the packer may hold at once.
     """
 
     files: tuple[str, ...]
@@ -66,6 +73,8 @@ class PipelineConfig:
     max_batches: int | None = None
     vocab_size: int | None = None
     type_vocab_size: int | None = None
+    plan: tuple = ()
+    window: int = 30_000
 
 
 def make_dataset(config: PipelineConfig, input_context: tf.distribute.InputContext | None = None) -> tf.data.Dataset:
@@ -82,8 +91,8 @@ def make_dataset(config: PipelineConfig, input_context: tf.distribute.InputConte
     Returns:
       A tf.data.Dataset of {feature: int32 tensor}; see the module docstring for shapes.
     """
-    if config.mode not in ("packed", "padded", "bucketed"):
-        raise SettingsError(f"unknown input mode {config.mode!r}; expected packed, padded or bucketed")
+    if config.mode not in ("packed", "padded", "bucketed", "packed_online"):
+        raise SettingsError(f"unknown input mode {config.mode!r}; expected packed, padded, bucketed or packed_online")
     if not config.files:
         raise SettingsError("no input files")
     shapes = config.shapes
@@ -95,6 +104,8 @@ def make_dataset(config: PipelineConfig, input_context: tf.distribute.InputConte
         skip = config.skip_steps * input_context.num_replicas_in_sync // input_context.num_input_pipelines
         # batch_size is global: each replica gets its share (one host may feed several replicas).
         batch_size = input_context.get_per_replica_batch_size(config.batch_size)
+        if config.mode == "packed_online":
+            return _packed_online(config, batch_size, skip, input_context)
         if input_context.num_input_pipelines > 1 and not config.is_training:
             return _evaluation_share(config, input_context, batch_size)
         if input_context.num_input_pipelines > 1:
@@ -102,6 +113,8 @@ def make_dataset(config: PipelineConfig, input_context: tf.distribute.InputConte
                 raise SettingsError(f"{len(config.files)} input files cannot be shared among "
                                  f"{input_context.num_input_pipelines} input pipelines; write more shards")
             files = files.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+    if config.mode == "packed_online":
+        return _packed_online(config, batch_size, skip, None)
     if config.is_training:
         files = files.shuffle(len(config.files), seed=config.seed, reshuffle_each_iteration=True).repeat()
     records = files.interleave(tf.data.TFRecordDataset, cycle_length=config.cycle_length,
@@ -155,6 +168,43 @@ def _count_records(files: tuple[str, ...]) -> int:
     """Records in the files; counted once per set of files (the eval set is shared at every evaluation)."""
     records = tf.data.TFRecordDataset(list(files))
     return int(records.reduce(tf.constant(0, tf.int64), lambda count, _: count + 1))
+
+
+def _packed_online(config: PipelineConfig, batch_size: int, skip: int,
+                   input_context: tf.distribute.InputContext | None) -> tf.data.Dataset:
+    """Unpacked records packed as they are read, in batches of [batch_size, L] (static shapes:
+    XLA compiles once). Training shares files among input pipelines as the other modes do; an
+    evaluation packs the whole set in every pipeline and each takes every n-th batch, padded with
+    empty batches to as many as every other's."""
+    pipelines = input_context.num_input_pipelines if input_context is not None else 1
+    index = input_context.input_pipeline_id if input_context is not None else 0
+    files = list(config.files)
+    if config.is_training and pipelines > 1:
+        if len(files) < pipelines:
+            raise SettingsError(f"{len(files)} input files cannot be shared among {pipelines} input pipelines; "
+                                f"write more shards")
+        files = files[index::pipelines]
+    settings = StreamSettings(config.shapes, config.plan, config.window, batch_size, config.seed, config.is_training,
+                              skip_batches=skip)
+    signature = {name: tf.TensorSpec([batch_size, length], tf.int32)
+                 for name, length in config.shapes.packed_lengths().items()}
+
+    def batches():
+        stream = packed_batches(files, settings)
+        if config.is_training or pipelines == 1:
+            yield from stream
+            return
+        taken = total = 0
+        for total, batch in enumerate(stream, 1):
+            if (total - 1) % pipelines == index:
+                taken += 1
+                yield batch
+        for _ in range(-(-total // pipelines) - taken):
+            yield {name: np.zeros(spec.shape, np.int32) for name, spec in signature.items()}
+
+    dataset = tf.data.Dataset.from_generator(batches, output_signature=signature)
+    dataset = dataset.map(lambda features: _checked_ids(features, config))
+    return _finished(dataset, config)
 
 
 def _evaluation_share(config: PipelineConfig, input_context: tf.distribute.InputContext,
@@ -257,6 +307,7 @@ def diagnose_input_error(config: PipelineConfig) -> None:
       CorruptRecordError / RecordError: naming file, record and what was expected.
     """
     read = read_packed if config.mode == "packed" else read_unpacked
+    shapes = config.shapes if config.mode == "packed" else config.shapes.unpacked()
     for path in config.files:
-        for _ in read(path, config.shapes):
+        for _ in read(path, shapes):
             pass

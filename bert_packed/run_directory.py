@@ -10,6 +10,7 @@ run on gs:// or any filesystem TensorFlow knows is read the same way).
   eval_log.jsonl     one JSON object an evaluation
   mllog.txt          :::MLLOG lines (mlperf-logging), checked by its compliance checker
   eval_results.txt   an evaluation alone (--do_eval without --do_train), `key = value` lines
+  train_histogram.json  the training files' length histogram, counted for packing on the fly
   model.ckpt-<step>  the final weights with google-research names (.index and .data-*)
   checkpoints/       TensorFlow checkpoints (bert_packed.training.checkpoints)
   tensorboard/       TensorBoard events
@@ -95,6 +96,29 @@ class RunDirectory:
             raise RunError(f"{path}: damaged, not a JSON object; use a new --output_dir")
         return info
 
+    def claim(self, identity: dict, data: dict) -> dict:
+        """Records a run in run.json, or refuses: when the directory holds another run (a value of
+        `identity` differs) or this run on other data (a file of `data` differs: path, bytes, hash
+        of its beginning). Returns run.json as found.
+
+        Raises:
+          RunError: naming what differs.
+        """
+        previous = self.read_info()
+        changed = sorted(k for k in identity if k in previous and previous[k] != identity[k])
+        if changed:
+            raise RunError(f"{self.path}: holds another run ({', '.join(changed)} differ); use a new --output_dir, "
+                           f"or the same flags to resume it")
+        data = {key: [list(entry) for entry in entries] for key, entries in data.items()}
+        for key, now in data.items():
+            before = previous.get(key)
+            if before is not None and before != now:
+                raise RunError(f"{self.path}: the {key.replace('_', ' ')} changed since this run started "
+                               f"({_first_difference(before, now)}); resuming would go on with other data. Start a new "
+                               f"run with a new --output_dir, or restore the data")
+        self.write_info({**identity, **data, **{k: v for k, v in previous.items() if k == "finished"}})
+        return previous
+
     def write_info(self, info: dict) -> None:
         files.write_text_atomically(self.file(RUN_INFO), json.dumps(info, indent=1) + "\n")
 
@@ -156,10 +180,42 @@ class RunDirectory:
                 logging.info("%s: %d lines logged after the checkpoint are redone", path, len(lines) - 1)
             files.write_text_atomically(path, kept)
 
+    def read_histogram(self, name: str, identity) -> list[int] | None:
+        """The length histogram cached for the files of `identity` (path, bytes, head of each),
+        None when there is none for them."""
+        text = self.read_text(f"{name}_histogram.json")
+        if not text:
+            return None
+        try:
+            cached = json.loads(text)
+        except json.JSONDecodeError:
+            return None
+        same = isinstance(cached, dict) and cached.get("files") == [list(entry) for entry in identity]
+        return cached.get("histogram") if same else None
+
+    def write_histogram(self, name: str, identity, histogram) -> None:
+        """Caches the length histogram of the files of `identity` (counted for packing on the fly)."""
+        files.write_text_atomically(self.file(f"{name}_histogram.json"), json.dumps(
+            {"files": [list(entry) for entry in identity], "histogram": [int(c) for c in histogram]}) + "\n")
+
     def write_eval_results(self, record: dict) -> None:
         """eval_results.txt: an evaluation alone, `key = value` lines (as the reference writes)."""
         files.write_text_atomically(self.file(EVAL_RESULTS),
                                     "".join(f"{key} = {value}\n" for key, value in sorted(record.items())))
+
+
+def _first_difference(before: list, now: list) -> str:
+    """What differs first between two lists of [path, bytes, head], in words."""
+    was, found = {f[0]: f[1:] for f in before}, {f[0]: f[1:] for f in now}
+    for path in was:
+        if path not in found:
+            return f"{path} is no longer given"
+    for path in found:
+        if path not in was:
+            return f"{path} was not given before"
+        if found[path] != was[path]:
+            return f"{path} holds other content: {found[path][0]:,} bytes, {was[path][0]:,} before"
+    return "the order of the files"
 
 
 def _records(path: str, text: str) -> list[dict]:

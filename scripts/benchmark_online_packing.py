@@ -32,7 +32,8 @@ import numba
 import numpy as np
 
 from bert_packed.packing import load_histogram, plan
-from bert_packed.packing.online import DEFAULT_WINDOW, OnlinePacker
+from bert_packed.packing.online import OnlinePacker
+from bert_packed.training.config import ONLINE_PACKING_WINDOW
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_HISTOGRAM = os.path.join(ROOT, "data", "histograms", "wikipedia_512.json")
@@ -138,7 +139,7 @@ def main() -> int:
     parser.add_argument("--histogram", default=DEFAULT_HISTOGRAM,
                         help="histogram.json in the planner's format (default: the real Wikipedia-512 one)")
     parser.add_argument("--max_sequences_per_pack", type=int, default=3, help="S, the depth of every packing")
-    parser.add_argument("--window", default=str(DEFAULT_WINDOW),
+    parser.add_argument("--window", default=str(ONLINE_PACKING_WINDOW),
                         help="sequences the online packer may hold; a comma-separated list prints the curve")
     parser.add_argument("--sequences", type=int, default=2_000_000, help="sequences in the stream")
     parser.add_argument("--seed", type=int, default=0, help="seed of the stream's random order")

@@ -19,6 +19,7 @@ MODULES = [
     "bert_packed.model.modeling",
     "bert_packed.training.optimizers",
     "bert_packed.training.config",
+    "bert_packed.curves",
 ]
 
 

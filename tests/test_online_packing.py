@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from bert_packed.errors import SettingsError
 from bert_packed.packing import load_histogram, plan, wikipedia_like_histogram
-from bert_packed.packing.online import DEFAULT_WINDOW, OnlinePacker
+from bert_packed.packing.online import OnlinePacker
+from bert_packed.training.config import ONLINE_PACKING_WINDOW
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WIKIPEDIA_512 = os.path.join(REPO, "data", "histograms", "wikipedia_512.json")
@@ -148,7 +149,7 @@ def test_real_wikipedia_512_at_depth_3_within_half_a_point_of_the_offline_lp():
     p = plan(histogram, 512, "lp", 3)
     assert p.efficiency > 0.9988
     lengths = proportional_stream(histogram, 300_000, seed=5)
-    packer = OnlinePacker(p.strategies, 512, 3, DEFAULT_WINDOW)
+    packer = OnlinePacker(p.strategies, 512, 3, ONLINE_PACKING_WINDOW)
     assert packer.predicted_packing_factor == pytest.approx(p.packing_factor)
     packs = pack_stream(packer, lengths, cuts=range(0, 300_000, 5_000))
     check_packs(packs, lengths, 512, 3)

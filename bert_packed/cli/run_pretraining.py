@@ -21,6 +21,7 @@ from absl import flags
 from bert_packed.cli.common import EXIT_INTERRUPTED, command_flags_text, exit_with, expand_globs, import_tensorflow, run
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
+from bert_packed.run_directory import RunDirectory
 from bert_packed.training.config import (
     INPUT_MODES,
     LOSS_AVERAGING,
@@ -101,8 +102,17 @@ flags.DEFINE_integer("max_sequences_per_pack", 3, "S of packed training data, ch
                                                  "when given (ignored for padded/bucketed).")
 flags.DEFINE_enum("input_mode", None, list(INPUT_MODES), "How the training data is read (default: packed when its "
                                                          "metadata.json says packed, else padded, as the reference "
-                                                         "reads it).")
+                                                         "reads it); packed_online packs unpacked records as they are "
+                                                         "read.")
 flags.DEFINE_list("bucket_boundaries", [], "Lengths batches are trimmed to in bucketed mode.")
+flags.DEFINE_integer("online_packing_window", TrainData.online_packing_window,
+                     "With --input_mode=packed_online (or --eval_input_mode): sequences the packer may hold at once.")
+flags.DEFINE_enum("eval_input_mode", None, ["padded", "packed", "packed_online"],
+                  "How the eval files are read (default: as their metadata.json says); packed_online packs unpacked "
+                  "eval records as they are read, each once.")
+flags.DEFINE_bool("train_on_held_out_files", False, "Let --input_file name a dataset's held-out evaluation files "
+                                                    "(eval-*.tfrecord of create_pretraining_data --eval_fraction), "
+                                                    "which are otherwise refused as training input.")
 flags.DEFINE_bool("adjust_betas_for_packing", OptimizerConfig.adjust_betas_for_packing, "Raise the betas to the power "
                                                                                         "of the packing factor.")
 flags.DEFINE_bool("adjust_batch_for_packing", TrainData.adjust_batch_for_packing,
@@ -222,21 +232,25 @@ def build_config():
     shapes = Shapes(FLAGS.max_seq_length, FLAGS.max_predictions_per_seq, FLAGS.max_sequences_per_pack)
     batch = dict(batch_size=FLAGS.train_batch_size, adjust_batch_for_packing=FLAGS.adjust_batch_for_packing,
                  steps_per_update=FLAGS.steps_per_update,
-                 bucket_boundaries=tuple(int(b) for b in FLAGS.bucket_boundaries))
+                 bucket_boundaries=tuple(int(b) for b in FLAGS.bucket_boundaries),
+                 online_packing_window=FLAGS.online_packing_window)
     if FLAGS.do_train:
         input_mode = data.default_input_mode(input_files, FLAGS.input_mode)
         # These combinations first: they are what is wrong whatever the data holds.
         require_packed_for(input_mode, adjust_betas_for_packing=FLAGS.adjust_betas_for_packing,
                            adjust_batch_for_packing=FLAGS.adjust_batch_for_packing)
-        train_data = data.train_data(input_files, shapes, input_mode, FLAGS["max_sequences_per_pack"].present, **batch)
+        train_data = data.train_data(input_files, shapes, input_mode, FLAGS["max_sequences_per_pack"].present,
+                                     FLAGS.train_on_held_out_files, RunDirectory(FLAGS.output_dir), **batch)
     else:  # evaluation alone: --input_file is the eval set, as in the reference
         train_data = TrainData(files=tuple(input_files), shapes=shapes.unpacked(), input_mode="padded", **batch)
     eval_pattern = FLAGS.eval_files or (input_pattern if FLAGS.do_eval else None)
     evaluation = dict(batch_size=FLAGS.eval_batch_size, every_samples=FLAGS.eval_every_samples,
-                      target_mlm_accuracy=FLAGS.target_mlm_accuracy, max_steps=FLAGS.max_eval_steps)
+                      target_mlm_accuracy=FLAGS.target_mlm_accuracy, max_steps=FLAGS.max_eval_steps,
+                      online_packing_window=FLAGS.online_packing_window)
     if eval_pattern:
         flag = "--eval_files" if FLAGS.eval_files else "--input_file"
-        eval_data = data.eval_data(expand_globs(eval_pattern, flag), flag, shapes, **evaluation)
+        eval_data = data.eval_data(expand_globs(eval_pattern, flag), flag, shapes, FLAGS.eval_input_mode,
+                                   **evaluation)
     else:
         eval_data = EvalData(**evaluation)
     return TrainConfig(

@@ -31,10 +31,10 @@ Wikipedia-like histogram packs 98.1% efficient, LPFHP's plan 89.5% (its own effi
 plan none of whose templates ever fits (eviction alone) 98.9%.
 
 On the real Wikipedia-512 histogram at depth 3 (offline LP: 99.884% efficient), the whole
-dataset (16.3M sequences) in random order packs 99.884% efficient with the default window of
-30,000 (99.877% with 20,000; 99.77% with 1,000), where online best fit over all open packs
-reaches 96.0%; the packer decides about 7 million sequences a second
-(scripts/benchmark_online_packing.py).
+dataset (16.3M sequences) in random order packs 99.884% efficient with a window of 30,000 (the
+training default, bert_packed.training.config; 99.877% with 20,000; 99.77% with 1,000), where
+online best fit over all open packs reaches 96.0%; the packer decides about 7 million sequences
+a second (scripts/benchmark_online_packing.py).
 """
 
 from __future__ import annotations
@@ -43,8 +43,6 @@ import numba
 import numpy as np
 
 from bert_packed.errors import SettingsError
-
-DEFAULT_WINDOW = 30_000
 
 # Rows of the pool's cell table: one cell per waiting sequence.
 _ID, _LENGTH, _NEXT, _NEWER, _OLDER = range(5)
@@ -281,7 +279,7 @@ class OnlinePacker:
         does not fit L or S, or no strategies.
     """
 
-    def __init__(self, strategies, max_seq_length: int, max_sequences_per_pack: int, window: int = DEFAULT_WINDOW):
+    def __init__(self, strategies, max_seq_length: int, max_sequences_per_pack: int, window: int):
         for name, value in (("max_seq_length", max_seq_length), ("max_sequences_per_pack", max_sequences_per_pack),
                             ("--online_packing_window", window)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:

@@ -22,8 +22,11 @@ from bert_packed.features import Shapes
 from bert_packed.model.config import BertConfig
 
 # How training data is read (bert_packed.input_pipeline): packs from packed records, unpacked
-# records one a row (padded), or grouped by length (bucketed).
-INPUT_MODES = ("packed", "padded", "bucketed")
+# records one a row (padded), grouped by length (bucketed), or packed as they are read.
+INPUT_MODES = ("packed", "padded", "bucketed", "packed_online")
+# Sequences the on-the-fly packer may hold at once: on the real Wikipedia-512 lengths at depth 3 it
+# then packs as efficiently as the offline LP (docs/packing.md#packing-on-the-fly).
+ONLINE_PACKING_WINDOW = 30_000
 # The MLM loss's basis (bert_packed.training.losses): over all predictions (MLPerf) or per sequence.
 LOSS_AVERAGING = ("token", "sequence")
 # --precision -> the Keras mixed-precision policy (fp16 with dynamic loss scaling).
@@ -45,7 +48,8 @@ def require_packed_for(input_mode: str, **settings: bool) -> None:
     """Raises SettingsError when a setting that only packed data has (given by its flag's name)
     is on and the input is not read as packs."""
     for name, on in settings.items():
-        require(not on or input_mode == "packed", f"--{name} needs packed data, not --input_mode={input_mode}")
+        require(not on or input_mode in ("packed", "packed_online"),
+                f"--{name} needs packed data, not --input_mode={input_mode}")
 
 
 def require_fits(max_seq_length: int, bert: BertConfig) -> None:
@@ -109,7 +113,8 @@ class TrainData:
       files: the TFRecord files.
       shapes: L, P and S of what the model is fed (S = 1 unless packed).
       input_mode: one of INPUT_MODES.
-      packing_factor: sequences per row of the data (1.0 unpacked).
+      packing_factor: sequences per row of the data (1.0 unpacked; packed on the fly, what the
+        plan predicts).
       num_sequences: sequences in the files (0 when unknown).
       batch_size: rows per micro-batch, all replicas (--train_batch_size): packs when packed,
         unpacked rows with adjust_batch_for_packing.
@@ -118,6 +123,11 @@ class TrainData:
       steps_per_update: micro-batches accumulated into one update.
       bucket_boundaries: with "bucketed", the lengths batches are trimmed to.
       num_replicas: replicas that share a micro-batch (the strategy's).
+      plan: with "packed_online", the plan's strategies ((lengths, count), ...) the packer fills.
+      histogram: with "packed_online", the files' length histogram the plan was made on.
+      online_packing_window: with "packed_online", sequences the packer may hold at once.
+      identity: (path, bytes, hash of the first 64 KiB) of each file (training.data): a resumed
+        run refuses data made again since it started.
     """
 
     files: tuple[str, ...]
@@ -130,6 +140,10 @@ class TrainData:
     steps_per_update: int = 1
     bucket_boundaries: tuple[int, ...] = ()
     num_replicas: int = 1
+    plan: tuple = ()
+    histogram: tuple = ()
+    online_packing_window: int = ONLINE_PACKING_WINDOW
+    identity: tuple = ()
 
     def __post_init__(self):
         require(bool(self.files), "--input_file: no training files")
@@ -144,6 +158,10 @@ class TrainData:
                 f"a packing factor of {self.packing_factor} with at most {depth} sequences a row: it lies in "
                 f"[1, {depth}]")
         require_packed_for(self.input_mode, adjust_batch_for_packing=self.adjust_batch_for_packing)
+        require(self.input_mode != "packed_online" or bool(self.plan), "--input_mode=packed_online needs a plan")
+        require(self.online_packing_window >= self.shapes.max_sequences_per_pack,
+                f"--online_packing_window={self.online_packing_window}: at least --max_sequences_per_pack="
+                f"{self.shapes.max_sequences_per_pack} sequences")
         require(not self.bucket_boundaries or self.input_mode == "bucketed",
                 "--bucket_boundaries is for --input_mode=bucketed")
         require(all(1 <= b <= self.shapes.max_seq_length for b in self.bucket_boundaries),
@@ -156,7 +174,7 @@ class TrainData:
     @property
     def packed(self) -> bool:
         """Whether a row holds several sequences."""
-        return self.input_mode == "packed"
+        return self.input_mode in ("packed", "packed_online")
 
     @functools.cached_property
     def rows_per_micro_batch(self) -> int:
@@ -185,12 +203,15 @@ class EvalData:
     Attributes:
       files: the TFRecord files (empty: no evaluation).
       shapes: L, P and S of what the model is fed.
-      input_mode: "padded" (unpacked records) or "packed" (packed records).
+      input_mode: "padded" (unpacked records), "packed" (packed records) or "packed_online"
+        (unpacked records packed as they are read).
+      plan, online_packing_window: with "packed_online", as for TrainData.
       batch_size: rows per eval batch, all replicas.
       every_samples: evaluate every this many training sequences; -1: the MLPerf cadence; 0:
         only at the end.
       target_mlm_accuracy: stop when an evaluation reaches this masked-LM accuracy.
       max_steps: evaluate at most this many batches (None: the whole set).
+      identity: (path, bytes, hash of the first 64 KiB) of each file, as for TrainData.
     """
 
     files: tuple[str, ...] = ()
@@ -200,10 +221,15 @@ class EvalData:
     every_samples: int = -1
     target_mlm_accuracy: float = 0.720
     max_steps: int | None = None
+    plan: tuple = ()
+    online_packing_window: int = ONLINE_PACKING_WINDOW
+    identity: tuple = ()
 
     def __post_init__(self):
         require(not self.files or self.shapes is not None, "eval files need their shapes")
-        require(self.input_mode in ("padded", "packed"), f"eval input mode {self.input_mode}: expected padded or packed")
+        require(self.input_mode in ("padded", "packed", "packed_online"),
+                f"--eval_input_mode={self.input_mode}: expected padded, packed or packed_online")
+        require(self.input_mode != "packed_online" or bool(self.plan), "--eval_input_mode=packed_online needs a plan")
         require(self.batch_size >= 1, f"--eval_batch_size={self.batch_size}: must be >= 1")
         require(self.every_samples >= -1, f"--eval_every_samples={self.every_samples}: must be >= -1 (-1: the MLPerf "
                                           f"cadence, 0: only at the end)")

@@ -1,38 +1,119 @@
 """What a run reads: its training and eval data, described by their metadata.json and checked
-against the run's settings before any work. The reference's own files (no metadata.json) are
-taken as the settings describe them."""
+against the disk and the run's settings before any work.
+
+A dataset is what its metadata.json says: the files a run is given must be files of it (held-out
+eval files never train unless the user says so), every file it lists must be on disk, and each
+given file must have the size and beginning recorded (bert_packed.dataset_info.select). The
+counts a run logs and corrects its batch with are those of the files it reads. The reference's
+own files (no metadata.json) are taken as the settings describe them. Every file's identity (size
+and the hash of its beginning) is recorded in run.json, so a resumed run notices data that was
+made again since.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 
-from bert_packed.dataset_info import DatasetInfo, dataset_info_of_files
+import numpy as np
+
+from bert_packed.dataset_info import DatasetInfo, file_identity, read_dataset_info
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
+from bert_packed.packing import plan
+from bert_packed.packing.histogram import HISTOGRAM_FILE, load_histogram
+from bert_packed.packing.stream import length_histogram
+from bert_packed.run_directory import RunDirectory
 from bert_packed.training.config import EvalData, TrainData
 
 
-def describe(files: list[str], flag: str, shapes: Shapes, input_mode: str | None = None,
-             depth_given: bool = False) -> DatasetInfo:
-    """What the data is, from its metadata.json, checked against the settings.
+@dataclasses.dataclass(frozen=True)
+class Described:
+    """Data files as the run will read them.
+
+    Attributes:
+      packed: whether the records are packs.
+      shapes: L, P and S of the records.
+      num_sequences, num_records: in the files given (0 when unknown: no metadata.json).
+      identity: (path, bytes, head) of each file, in order.
+      histogram: the length histogram of the files given, when a dataset's histogram.json is
+        theirs (every training file of one dataset), else None.
+    """
+
+    packed: bool
+    shapes: Shapes
+    num_sequences: int
+    num_records: int
+    identity: tuple[tuple[str, int, str], ...]
+    histogram: np.ndarray | None = None
+
+    @property
+    def packing_factor(self) -> float:
+        return self.num_sequences / self.num_records if self.num_records else 1.0
+
+
+def describe(paths: list[str], flag: str, shapes: Shapes, input_mode: str | None = None, depth_given: bool = False,
+             training: bool = False, held_out_allowed: bool = False) -> Described:
+    """What the data is, from its metadata.json (files grouped by directory), checked against the
+    disk and the settings.
 
     Args:
-      files: the data files (metadata.json sits beside the first).
+      paths: the data files.
       flag: the flag that named them, for messages.
       shapes: L, P and S as the settings give them.
       input_mode: how the run reads the data (None: packed or not, as for eval data).
       depth_given: whether S was given (else it is taken from the data).
+      training: whether this is training input (held-out eval files are refused).
+      held_out_allowed: the user said held-out files are training input.
 
     Raises:
-      SettingsError: naming the flag and the value the data has.
+      SettingsError / DatasetFilesError / DatasetInfoError: naming the flag or file.
     """
-    info = dataset_info_of_files(files)
-    packed = None if input_mode is None else input_mode == "packed"
-    if info is None:
+    groups: dict[str, list[str]] = {}
+    for path in paths:
+        groups.setdefault(os.path.dirname(path), []).append(path)
+    infos = {directory: read_dataset_info(directory) for directory in groups}
+    described = [info for info in infos.values() if info is not None]
+    if not described:
         logging.warning("%s: no metadata.json beside the files; cannot check them against the flags", flag)
-        depth = shapes.max_sequences_per_pack if packed else 1
-        return DatasetInfo(bool(packed), Shapes(shapes.max_seq_length, shapes.max_predictions_per_seq, depth),
-                           num_sequences=0, num_records=0, files=tuple(files))
+        packed = input_mode == "packed"
+        identity = tuple((path, *file_identity(path).values()) for path in paths)
+        return Described(packed, shapes if packed else shapes.unpacked(), 0, 0, identity)
+    if len(described) < len(groups):
+        bare = sorted(d for d, info in infos.items() if info is None)
+        raise SettingsError(f"{flag}: {bare[0]} has no metadata.json but the other files' directories do; give one "
+                            f"kind of data")
+    first = described[0]
+    for info in described:
+        _check_against_settings(info, flag, shapes, input_mode, depth_given)
+        if (info.packed, info.shapes) != (first.packed, first.shapes):
+            raise SettingsError(f"{flag}: the files come from datasets of other shapes or kinds")
+    sequences = records = 0
+    identity = []
+    histogram = None
+    for directory, info in infos.items():
+        chosen = info.select(directory, groups[directory], flag, training, held_out_allowed)
+        identity += [(os.path.join(directory, f.name), f.bytes, f.head) for f in chosen]
+        whole = len(chosen) == len(info.files) and {f.name for f in chosen} == set(info.file_names)
+        path = os.path.join(directory, HISTOGRAM_FILE)
+        if whole and len(infos) == 1 and os.path.exists(path):
+            histogram = load_histogram(path, info.shapes.max_seq_length)
+        known = all(f.sequences is not None and f.records is not None for f in chosen)
+        if known:
+            sequences += sum(f.sequences for f in chosen)
+            records += sum(f.records for f in chosen)
+        elif whole:
+            sequences, records = sequences + info.num_sequences, records + info.num_records
+        else:
+            logging.warning("%s: a part of a dataset described by an earlier release (no counts per file): its "
+                            "sequences are not known", flag)
+    return Described(first.packed, first.shapes, sequences, records, tuple(identity), histogram)
+
+
+def _check_against_settings(info: DatasetInfo, flag: str, shapes: Shapes, input_mode: str | None,
+                            depth_given: bool) -> None:
+    packed = None if input_mode is None else input_mode == "packed"  # packed_online reads unpacked records
     if packed is False and info.packed:
         raise SettingsError(f"{flag}: packed data (metadata.json), but --input_mode={input_mode} reads unpacked "
                             f"records; use --input_mode=packed")
@@ -47,30 +128,67 @@ def describe(files: list[str], flag: str, shapes: Shapes, input_mode: str | None
         if getattr(info.shapes, name) != getattr(shapes, name):
             raise SettingsError(f"{flag}: the data has {name}={getattr(info.shapes, name)}, but --{name}="
                                 f"{getattr(shapes, name)}")
-    return info
 
 
-def default_input_mode(files: list[str], given: str | None) -> str:
+def default_input_mode(paths: list[str], given: str | None) -> str:
     """How to read the training data: as given, else as its metadata.json says (padded without
     one, as the reference reads data)."""
     if given is not None:
         return given
-    return "packed" if getattr(dataset_info_of_files(files), "packed", False) else "padded"
+    info = read_dataset_info(os.path.dirname(paths[0]))
+    return "packed" if info is not None and info.packed else "padded"
 
 
-def train_data(files: list[str], shapes: Shapes, input_mode: str, depth_given: bool = False, **settings) -> TrainData:
-    """The training data, described and checked (describe).
+def online_plan(paths: list[str], described: Described, shapes: Shapes, run: RunDirectory | None = None,
+                name: str = "train") -> tuple[np.ndarray, object]:
+    """The length histogram of the files and the `lp` plan the on-the-fly packer fills (at depth S).
+
+    The histogram is the dataset's histogram.json when that is the files' own, else the one
+    cached in the run directory for these very files, else counted in one pass (the trainer then
+    caches it there).
+
+    Returns:
+      (histogram, PackingPlan).
+    """
+    histogram = described.histogram
+    if histogram is None and run is not None:
+        histogram = run.read_histogram(name, described.identity)
+    if histogram is None:
+        logging.info("counting the lengths of %d files for the on-the-fly packer's plan", len(paths))
+        histogram = length_histogram(paths, shapes)
+    return np.asarray(histogram), plan(histogram, shapes.max_seq_length, "lp", shapes.max_sequences_per_pack)
+
+
+def train_data(paths: list[str], shapes: Shapes, input_mode: str, depth_given: bool = False,
+               held_out_allowed: bool = False, run: RunDirectory | None = None, **settings) -> TrainData:
+    """The training data, described and checked (describe); packed on the fly, with the plan of
+    its histogram (online_plan), whose packing factor the batch correction and the betas use.
 
     Args:
+      run: the run's directory, where the histogram of data packed on the fly is cached.
       settings: the other TrainData fields (batch_size, steps_per_update, ...).
     """
-    info = describe(files, "--input_file", shapes, input_mode, depth_given)
-    return TrainData(files=tuple(files), shapes=info.shapes, input_mode=input_mode,
-                     packing_factor=info.packing_factor, num_sequences=info.num_sequences, **settings)
+    described = describe(paths, "--input_file", shapes, input_mode, depth_given, training=True,
+                         held_out_allowed=held_out_allowed)
+    if input_mode != "packed_online":
+        return TrainData(files=tuple(paths), shapes=described.shapes, input_mode=input_mode,
+                         packing_factor=described.packing_factor, num_sequences=described.num_sequences,
+                         identity=described.identity, **settings)
+    histogram, packing_plan = online_plan(paths, described, shapes, run)
+    return TrainData(files=tuple(paths), shapes=shapes, input_mode=input_mode,
+                     packing_factor=packing_plan.packing_factor, num_sequences=int(histogram.sum()),
+                     plan=packing_plan.strategies, identity=described.identity, histogram=tuple(histogram.tolist()),
+                     **settings)
 
 
-def eval_data(files: list[str], flag: str, shapes: Shapes, **settings) -> EvalData:
-    """The eval data, packed or not as its metadata.json says, described and checked."""
-    info = describe(files, flag, shapes)
-    return EvalData(files=tuple(files), shapes=info.shapes, input_mode="packed" if info.packed else "padded",
-                    **settings)
+def eval_data(paths: list[str], flag: str, shapes: Shapes, input_mode: str | None = None, **settings) -> EvalData:
+    """The eval data, described and checked; read packed or not as its metadata.json says, or
+    packed on the fly with `input_mode` "packed_online"."""
+    described = describe(paths, flag, shapes, input_mode)
+    if input_mode != "packed_online":
+        return EvalData(files=tuple(paths), shapes=described.shapes,
+                        input_mode="packed" if described.packed else "padded", identity=described.identity,
+                        **settings)
+    _, packing_plan = online_plan(paths, described, shapes)
+    return EvalData(files=tuple(paths), shapes=shapes, input_mode=input_mode, plan=packing_plan.strategies,
+                    identity=described.identity, **settings)

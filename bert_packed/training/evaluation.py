@@ -23,7 +23,8 @@ class Evaluation:
         self.pipeline = PipelineConfig(data.files, data.shapes, data.input_mode, data.batch_size, False,
                                        config.run.seed, deterministic=config.run.deterministic,
                                        max_batches=data.max_steps, vocab_size=bert.vocab_size,
-                                       type_vocab_size=bert.type_vocab_size)
+                                       type_vocab_size=bert.type_vocab_size, plan=data.plan,
+                                       window=data.online_packing_window)
         self._loss_averaging = config.model.loss_averaging
         self._model = model
         self._strategy = strategy

@@ -46,13 +46,15 @@ def training_flops(bert: BertConfig, tokens: float, sequences: float, prediction
 
 def benchmark_config(bert: BertConfig, files: list[str], shapes: Shapes, input_mode: str, batch_size: int,
                      output_dir: str, precision: str = "fp32", xla: bool = False,
-                     bucket_boundaries: tuple[int, ...] = ()) -> TrainConfig:
+                     bucket_boundaries: tuple[int, ...] = (), plan=None) -> TrainConfig:
     """A run for throughput alone (Trainer.run_updates): LAMB at a small learning rate, no
-    checkpoints or evaluations."""
+    checkpoints or evaluations. With input_mode "packed_online", `plan` (a PackingPlan of the
+    files' histogram) guides the packer."""
+    online = dict(plan=plan.strategies, packing_factor=plan.packing_factor) if plan is not None else {}
     return TrainConfig(
         model=ModelConfig(bert=bert, precision=precision, xla=xla),
         train_data=TrainData(files=tuple(files), shapes=shapes, input_mode=input_mode, batch_size=batch_size,
-                             bucket_boundaries=bucket_boundaries),
+                             bucket_boundaries=bucket_boundaries, **online),
         optimizer=OptimizerConfig(learning_rate=1e-4, num_train_steps=10**9),
         run=RunConfig(output_dir=output_dir, save_checkpoints_steps=10**9, log_every_steps=10**9))
 

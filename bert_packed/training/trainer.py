@@ -38,7 +38,7 @@ from bert_packed.model import BertPretrainingModel, export_google_checkpoint, lo
 from bert_packed.run_directory import LOGS, RunDirectory
 from bert_packed.training.checkpoints import Checkpoints
 from bert_packed.training.config import TrainConfig
-from bert_packed.training.distribution import chief, on_any_worker
+from bert_packed.training.distribution import chief, common_step, on_any_worker
 from bert_packed.training.evaluation import Evaluation
 from bert_packed.training.logs import RunLogs
 from bert_packed.training.losses import metrics_from_sums
@@ -46,6 +46,7 @@ from bert_packed.training.process import check_process_set_up
 from bert_packed.training.update import SUM_KEYS, Update, make_optimizer
 
 __all__ = ["Trainer", "TrainingError"]
+
 
 
 class Trainer:
@@ -99,7 +100,8 @@ class Trainer:
         return PipelineConfig(data.files, data.shapes, data.input_mode, data.rows_per_micro_batch, True,
                               self.config.run.seed, deterministic=self.config.run.deterministic,
                               bucket_boundaries=data.bucket_boundaries, skip_steps=int(self.step.numpy()),
-                              vocab_size=bert.vocab_size, type_vocab_size=bert.type_vocab_size)
+                              vocab_size=bert.vocab_size, type_vocab_size=bert.type_vocab_size, plan=data.plan,
+                              window=data.online_packing_window)
 
     def _train_dataset(self, context):
         return make_dataset(self._train_pipeline(), context)
@@ -133,7 +135,8 @@ class Trainer:
                 logs.close()
 
     def _claim(self) -> dict:
-        """Refuses a directory that holds another run; records this one. Returns run.json as found."""
+        """Refuses a directory that holds another run, or this run on other data; records this
+        one. Returns run.json as found."""
         c = self.config
         refuse_other_output(self.directory.path, "a training run")
         identity = {"input_mode": c.train_data.input_mode, "packing_factor": c.train_data.packing_factor,
@@ -142,14 +145,12 @@ class Trainer:
                     "sequences_per_update": c.train_data.sequences_per_update,
                     "loss_averaging": c.model.loss_averaging, "seed": c.run.seed,
                     "target_mlm_accuracy": c.eval_data.target_mlm_accuracy, "bert_config": c.model.bert.to_dict()}
-        previous = self.directory.read_info()
-        changed = sorted(k for k in identity if k in previous and previous[k] != identity[k])
-        if changed:
-            raise TrainingError(f"{c.run.output_dir}: holds another run ({', '.join(changed)} differ); use a new "
-                                f"--output_dir, or the same flags to resume it")
-        self.directory.write_info({**identity, **{k: v for k, v in previous.items() if k == "finished"}})
+        data = {"train_files": c.train_data.identity, "eval_files": c.eval_data.identity}
+        previous = self.directory.claim(identity, data)
         if c.run.flags_text:
             self.directory.write_flags(c.run.flags_text)
+        if c.train_data.histogram:  # counted for packing on the fly: not again
+            self.directory.write_histogram("train", c.train_data.identity, c.train_data.histogram)
         return previous
 
     def _resume(self, previous: dict) -> bool:
@@ -157,7 +158,8 @@ class Trainer:
         back to it; returns whether the run had finished (then nothing changes)."""
         self.checkpoints.clean_up()
         files.remove_leftovers(self.directory.path)
-        resumed = self.checkpoints.restore()
+        resumed = self.checkpoints.restore(lambda newest, can_restore: common_step(self.strategy, newest,
+                                                                                   can_restore))
         step = int(self.step.numpy())
         if resumed:
             logging.info("resumed from %s at step %d", resumed, step)
