@@ -8,17 +8,17 @@ endif
 PYTHON := $(ENV_DIR)/bin/python
 STAMP := $(ENV_DIR)/.bert-packed-installed
 
-.PHONY: setup run experiments test benchmarks clean
+.PHONY: setup run experiments ablation test benchmarks clean
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@echo "== installing bert-packed with tensorflow-cpu into $(ENV_DIR) (about 1-2 minutes, once)"
-	test -x $(PYTHON) || python3 -m venv $(ENV_DIR)
-	$(PYTHON) -m pip install --quiet --quiet --upgrade pip
-	$(PYTHON) -m pip install --quiet --quiet -e '.[cpu,test]'
+	@test -x $(PYTHON) || python3 -m venv $(ENV_DIR)
+	@$(PYTHON) -m pip install --quiet --quiet --upgrade pip
+	@$(PYTHON) -m pip install --quiet --quiet -e '.[cpu,test]'
 	@echo "== installed into $(ENV_DIR); 'source $(ENV_DIR)/bin/activate' puts its python and commands on PATH"
-	touch $(STAMP)
+	@touch $(STAMP)
 
 # The sample's stages live in runs/sample (the configs/tiny_sample_*.cfg flagfiles name these paths).
 SAMPLE := runs/sample
@@ -27,54 +27,80 @@ SAMPLE := runs/sample
 SEEDS ?= 1
 BASELINE_SEEDS ?=
 CURVES ?= $(SAMPLE)/curves.png
+# Flags added to phase 1's command, to every phase-2 command and to the throughput measurement:
+# the README test (tests/test_readme.py) runs the main job with them to make it small.
+PHASE1_FLAGS ?=
+PHASE2_FLAGS ?=
+THROUGHPUT_FLAGS ?=
 # The phase-2 configurations compared; the first is the baseline.
 PHASE2 := unpacked packed_batch_corrected packed_adjusted_betas packed_plain_betas packed_online
+# The ablation of docs/experiments.md: what each packed update holds, without packing, and more.
+ABLATION := ablation_packs_as_rows ablation_packed_depth1 ablation_unpacked_batch9 ablation_unpacked_batch10 \
+	ablation_batch_corrected_schedule_in_sequences ablation_plain_betas_schedule_in_sequences
 
 # The main job, on the shipped Wikipedia sample, as MLPerf's recipe runs: pre-training records at
 # L=128 and L=512 with the same held-out documents; a short phase 1 at L=128 whose weights
 # start every phase-2 run; packing at L=512 (verified lossless); phase 2 at L=512 unpacked,
-# packed batch-corrected, packed with adjusted betas and packed with plain betas, for each seed;
-# the packed/unpacked throughput measured alternately in one process; and the comparison (curves
-# PNG and table). Re-running reuses every finished stage.
+# packed batch-corrected, packed with adjusted betas, packed with plain betas, and packed on the
+# fly, for each seed; the packed/unpacked throughput measured alternately in one process; and
+# the comparison (curves PNG and table). Re-running reuses every finished stage. Each command
+# says what it did in a line or a few; --verbosity=1 (in a flagfile, or on the command) says more.
 run: $(STAMP)
 	@echo "== 1/8 pre-training records at L=512 ($(SAMPLE)/unpacked)"
-	$(PYTHON) scripts/create_pretraining_data.py --input_file='data/wikipedia_sample/wiki_*' \
+	@$(PYTHON) scripts/create_pretraining_data.py --input_file='data/wikipedia_sample/wiki_*' \
 		--output_dir=$(SAMPLE)/unpacked --max_seq_length=512 --max_predictions_per_seq=76 --dupe_factor=1 \
 		--eval_fraction=0.1
 	@echo "== 2/8 packing at L=512 ($(SAMPLE)/packed)"
-	$(PYTHON) scripts/pack_pretraining_data.py --input_files='$(SAMPLE)/unpacked/part-*.tfrecord' \
+	@$(PYTHON) scripts/pack_pretraining_data.py --input_files='$(SAMPLE)/unpacked/part-*.tfrecord' \
 		--output_dir=$(SAMPLE)/packed --max_seq_length=512 --max_predictions_per_seq=76 \
 		--max_sequences_per_pack=3 --algorithm=lp --verify
 	@echo "== 3/8 pre-training records at L=128 for phase 1 ($(SAMPLE)/phase1_data)"
-	$(PYTHON) scripts/create_pretraining_data.py --input_file='data/wikipedia_sample/wiki_*' \
+	@$(PYTHON) scripts/create_pretraining_data.py --input_file='data/wikipedia_sample/wiki_*' \
 		--output_dir=$(SAMPLE)/phase1_data --max_seq_length=128 --max_predictions_per_seq=20 --dupe_factor=1 \
 		--eval_fraction=0.1
 	@echo "== 4/8 phase 1 at L=128 ($(SAMPLE)/phase1)"
-	$(PYTHON) run_pretraining.py --flagfile=configs/tiny_sample_phase1.cfg
-	@echo "== 5/8 the phase-1 weights evaluated at L=512 ($(SAMPLE)/phase1_eval/eval_results.txt)"
-	test -f $(SAMPLE)/phase1_eval/eval_results.txt || $(PYTHON) run_pretraining.py \
+	@$(PYTHON) run_pretraining.py --flagfile=configs/tiny_sample_phase1.cfg $(PHASE1_FLAGS)
+	@echo "== 5/8 the phase-1 weights evaluated at L=512 ($(SAMPLE)/phase1_eval)"
+	@test -f $(SAMPLE)/phase1_eval/eval_results.txt || $(PYTHON) run_pretraining.py \
 		--flagfile=configs/tiny_sample_phase2.cfg --do_train=false --do_eval \
 		--input_file='$(SAMPLE)/unpacked/eval-*.tfrecord' --output_dir=$(SAMPLE)/phase1_eval
-	@echo "== 6/8 phase 2 at L=512: $(PHASE2), seeds $(SEEDS); unpacked also seeds $(BASELINE_SEEDS)"
-	$(foreach seed,$(SEEDS),$(foreach config,$(PHASE2),\
-		$(PYTHON) run_pretraining.py --flagfile=configs/tiny_sample_$(config).cfg --seed=$(seed) \
-			--output_dir=$(SAMPLE)/$(config)_seed$(seed) && )) true
-	$(foreach seed,$(BASELINE_SEEDS),\
-		$(PYTHON) run_pretraining.py --flagfile=configs/tiny_sample_unpacked.cfg --seed=$(seed) \
-			--output_dir=$(SAMPLE)/unpacked_seed$(seed) && ) true
+	@echo "== 6/8 phase 2 at L=512: $(PHASE2); seeds $(SEEDS)$(if $(BASELINE_SEEDS),; unpacked also $(BASELINE_SEEDS))"
+	@$(foreach seed,$(SEEDS),$(foreach config,$(PHASE2),\
+		echo "-- $(config), seed $(seed)" && $(PYTHON) run_pretraining.py --flagfile=configs/tiny_sample_$(config).cfg \
+			--seed=$(seed) --output_dir=$(SAMPLE)/$(config)_seed$(seed) $(PHASE2_FLAGS) && )) true
+	@$(foreach seed,$(BASELINE_SEEDS),\
+		echo "-- unpacked, seed $(seed)" && $(PYTHON) run_pretraining.py --flagfile=configs/tiny_sample_unpacked.cfg \
+			--seed=$(seed) --output_dir=$(SAMPLE)/unpacked_seed$(seed) $(PHASE2_FLAGS) && ) true
 	@echo "== 7/8 throughput, packed and unpacked alternated ($(SAMPLE)/throughput.json)"
-	test -f $(SAMPLE)/throughput.json || $(PYTHON) scripts/benchmark_training.py --configs=tiny \
-		--modes=padded,packed --target=0 --output_json=$(SAMPLE)/throughput.json
+	@test -f $(SAMPLE)/throughput.json || $(PYTHON) scripts/benchmark_training.py --configs=tiny \
+		--modes=padded,packed --target=0 --output_json=$(SAMPLE)/throughput.json $(THROUGHPUT_FLAGS)
 	@echo "== 8/8 comparison ($(CURVES))"
-	$(PYTHON) scripts/compare_curves.py --output=$(CURVES) --accuracy=auto --throughput=$(SAMPLE)/throughput.json \
+	@$(PYTHON) scripts/compare_curves.py --output=$(CURVES) --accuracy=auto --throughput=$(SAMPLE)/throughput.json \
 		$(foreach seed,$(BASELINE_SEEDS),$(SAMPLE)/unpacked_seed$(seed)) \
 		$(foreach config,$(PHASE2),$(foreach seed,$(SEEDS),$(SAMPLE)/$(config)_seed$(seed)))
 	@echo "results: $(SAMPLE)/ (curves, */train_log.jsonl, */eval_log.jsonl, phase1/model.ckpt-250, throughput.json)"
 
-# The README's figure and table: the main job with three seeds of each phase-2 configuration and
-# five of the baseline.
+# The figure and table of docs/experiments.md: the main job with three seeds of each phase-2
+# configuration and five of the baseline.
 experiments:
-	$(MAKE) run SEEDS="1 2 3" BASELINE_SEEDS="4 5" CURVES=$(SAMPLE)/experiments.png
+	@$(MAKE) --no-print-directory run SEEDS="1 2 3" BASELINE_SEEDS="4 5" CURVES=$(SAMPLE)/experiments.png
+
+# The ablation of docs/experiments.md (after make experiments): the sample packed at depth 1, and
+# six more phase-2 configurations, three seeds each, held against the baseline's five seeds.
+ablation: experiments
+	@echo "== ablation 1/3: the sample packed at depth 1 ($(SAMPLE)/packed_depth1)"
+	@$(PYTHON) scripts/pack_pretraining_data.py --input_files='$(SAMPLE)/unpacked/part-*.tfrecord' \
+		--output_dir=$(SAMPLE)/packed_depth1 --max_seq_length=512 --max_predictions_per_seq=76 \
+		--max_sequences_per_pack=1 --algorithm=lpfhp
+	@echo "== ablation 2/3: $(ABLATION); seeds 1 2 3"
+	@$(foreach seed,1 2 3,$(foreach config,$(ABLATION),\
+		echo "-- $(config), seed $(seed)" && $(PYTHON) run_pretraining.py --flagfile=configs/$(config).cfg \
+			--seed=$(seed) --output_dir=$(SAMPLE)/$(config)_seed$(seed) && )) true
+	@echo "== ablation 3/3: comparison at 1,200 sequences ($(SAMPLE)/ablation.png)"
+	@$(PYTHON) scripts/compare_curves.py --output=$(SAMPLE)/ablation.png --accuracy=auto --at_sequences=1200 \
+		$(foreach seed,1 2 3 4 5,$(SAMPLE)/unpacked_seed$(seed)) \
+		$(foreach config,packed_batch_corrected packed_plain_betas $(ABLATION),\
+			$(foreach seed,1 2 3,$(SAMPLE)/$(config)_seed$(seed)))
 
 test: $(STAMP)
 	$(PYTHON) -m ruff check .
@@ -83,6 +109,7 @@ test: $(STAMP)
 # Every figure in the README.
 benchmarks: $(STAMP)
 	$(PYTHON) scripts/benchmark_packing.py
+	$(PYTHON) scripts/benchmark_online_packing.py
 	$(PYTHON) scripts/benchmark_create_pretraining_data.py
 	$(PYTHON) scripts/benchmark_pack_pretraining_data.py
 	$(PYTHON) scripts/benchmark_input_pipeline.py

@@ -153,16 +153,43 @@ def _interpolate(points: list[tuple[float, float]], x: float, clamp: bool = Fals
     return None
 
 
-def accuracy_at(run: Run, sequences: float) -> float | None:
-    """The run's eval accuracy at `sequences`, linear between its evaluations; within one update
+def value_at(run: Run, key: str, sequences: float) -> float | None:
+    """The run's eval `key` at `sequences`, linear between its evaluations; within one update
     before its first or after its last (an evaluation falls up to an update late), that one's;
     further outside, None."""
-    points = [(r["sequences"], r.get("mlm_accuracy", 0.0)) for r in run.evals]
+    points = [(r["sequences"], r.get(key, 0.0)) for r in run.evals]
     counts = [r["sequences"] for r in run.train]
     update = max((b - a for a, b in zip(counts, counts[1:])), default=0)
     if points and points[0][0] - update <= sequences <= points[-1][0] + update:
         return _interpolate(points, sequences, clamp=True)
     return None
+
+
+def at_sequences_table(runs: list[Run], sequences: float) -> str:
+    """Markdown table: each configuration's updates as they are held (sequences, real tokens and
+    predictions an update, means over its seeds) and its eval loss and accuracy at `sequences`
+    (the seeds' mean and range), with the distance outside the baseline seeds' range."""
+    groups = group_runs(runs)
+
+    def mean_of(group, key):
+        return group.mean(lambda run: sum(r.get(key, 0.0) for r in run.train) / len(run.train))
+
+    def spread(group, key):
+        values = [value_at(run, key, sequences) for run in group.runs]
+        return None if None in values else (sum(values) / len(values), min(values), max(values))
+
+    baseline = {key: spread(groups[0], key) for key in ("loss", "mlm_accuracy")}
+    lines = [f"| configuration | seeds | sequences an update | real tokens an update | predictions an update | "
+             f"eval loss at {sequences:,.0f} | below the baseline's range by | MLM accuracy at {sequences:,.0f} |",
+             "|---|---|---|---|---|---|---|---|"]
+    for group in groups:
+        loss, accuracy = spread(group, "loss"), spread(group, "mlm_accuracy")
+        below = "-" if loss is None or baseline["loss"] is None else f"{max(baseline['loss'][1] - loss[0], 0.0):.4f}"
+        lines.append(f"| {group.name} | {len(group.runs)} | {mean_of(group, 'num_sequences'):.2f} | "
+                     f"{mean_of(group, 'real_tokens'):,.0f} | {mean_of(group, 'predictions'):,.1f} | "
+                     + ("-" if loss is None else f"{loss[0]:.4f} ({loss[1]:.4f}-{loss[2]:.4f})") + f" | {below} | "
+                     + ("-" if accuracy is None else f"{accuracy[0]:.4f} ({accuracy[1]:.4f}-{accuracy[2]:.4f})") + " |")
+    return "\n".join(lines)
 
 
 def inside_baseline_spread(baseline: Configuration, other: Configuration) -> tuple[int, int, float]:
@@ -175,7 +202,7 @@ def inside_baseline_spread(baseline: Configuration, other: Configuration) -> tup
     inside = compared = 0
     worst = 0.0
     for sequences, _, accuracies, _ in baseline.points("eval"):
-        values = [accuracy_at(run, sequences) for run in other.runs]
+        values = [value_at(run, "mlm_accuracy", sequences) for run in other.runs]
         if any(v is None for v in values):
             continue
         mean = sum(values) / len(values)
@@ -271,9 +298,9 @@ def format_table(rows: list[dict], accuracy: float) -> str:
         return "-" if value is None else f"{value[0]}/{value[1]}" + (f" (by {value[2]:.5f})" if value[2] else "")
 
     lines = [f"| configuration | seeds | input | packing factor | sequences an update | final MLM accuracy | "
-             f"final loss | sequences to {accuracy:.3f} | seconds to {accuracy:.3f} | sequences/s | real tokens/s | "
-             f"throughput speed-up | time-to-accuracy speed-up | speed-up / packing factor | "
-             f"inside the baseline's seed range |",
+             f"final loss | sequences to {accuracy:.3f} | seconds to {accuracy:.3f} | sequences/s (own clock) | "
+             f"real tokens/s (own clock) | speed-up by the runs' clocks | time-to-accuracy speed-up | "
+             f"clock speed-up / packing factor | inside the baseline's seed range |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
@@ -287,6 +314,21 @@ def format_table(rows: list[dict], accuracy: float) -> str:
             f"{number(r['time_to_accuracy_speedup'], '.2f')} | {r['speedup_over_packing_factor']:.2f} | "
             f"{inside(r['inside_baseline_spread'])} |")
     return "\n".join(lines)
+
+
+def target_note(rows: list[dict], accuracy: float, automatic: bool) -> str:
+    """What the to-target columns mean: the target used, and whether any run reached it."""
+    how = "--accuracy=auto: every run reaches it" if automatic else "--accuracy"
+    reached = [row["run"] for row in rows if row["sequences_to_accuracy"] is not None]
+    if not reached:
+        return (f"target MLM accuracy {accuracy:.3f} ({how}): no configuration reached it in every seed, so the "
+                f"to-target columns are empty; --accuracy=auto picks a target every run reaches")
+    return f"target MLM accuracy {accuracy:.3f} ({how}); reached in every seed by {len(reached)} of {len(rows)}"
+
+
+CLOCK_NOTE = ("sequences/s and the speed-up by the runs' clocks come from each run's own wall clock, at the mercy of "
+              "what else the machine ran meanwhile; the throughput speed-up to trust is measured alternately in one "
+              "process (scripts/benchmark_training.py, --throughput)")
 
 
 def plot(runs: list[Run], path: str) -> None:
@@ -363,7 +405,8 @@ def throughput_lines(path: str) -> list[str]:
     try:
         with open(path, encoding="utf-8") as f:
             measured = json.load(f)
-        return [f"throughput, {name} config, measured alternately (scripts/benchmark_training.py): packed "
+        return [f"throughput speed-up, {name} config, measured alternately in one process (the figure to trust; "
+                f"scripts/benchmark_training.py): packed "
                 f"{describe_speedup(result['speedups']['packed'], result['packing_factor'])}"
                 for name, result in measured.items()]
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:

@@ -12,6 +12,10 @@ Modes:
   packed_online  unpacked records packed as they are read (bert_packed.packing.stream), guided by
                  the plan of the data's histogram: the rows packed records give, without a
                  packed copy of the data.
+  packs_as_rows  packed records, each pack's sequences in rows of their own ([B * S, L], a row
+                 with no sequence where a pack has fewer than S): a micro-batch holds exactly
+                 what its packs hold, unpacked. What tells packing itself apart from what an
+                 update holds (docs/experiments.md).
 
 Feature shapes (B = batch, L = max_seq_length, P' = predictions per row, S = sequences per row):
   input_ids, input_mask, segment_ids, positions [B, L]; masked_lm_positions, masked_lm_ids,
@@ -91,8 +95,9 @@ def make_dataset(config: PipelineConfig, input_context: tf.distribute.InputConte
     Returns:
       A tf.data.Dataset of {feature: int32 tensor}; see the module docstring for shapes.
     """
-    if config.mode not in ("packed", "padded", "bucketed", "packed_online"):
-        raise SettingsError(f"unknown input mode {config.mode!r}; expected packed, padded, bucketed or packed_online")
+    if config.mode not in ("packed", "padded", "bucketed", "packed_online", "packs_as_rows"):
+        raise SettingsError(f"unknown input mode {config.mode!r}; expected packed, padded, bucketed, packed_online "
+                            f"or packs_as_rows")
     if not config.files:
         raise SettingsError("no input files")
     shapes = config.shapes
@@ -132,9 +137,9 @@ def make_dataset(config: PipelineConfig, input_context: tf.distribute.InputConte
 
 def _parsed(batches: tf.data.Dataset, config: PipelineConfig) -> tf.data.Dataset:
     """Batches of serialized records -> batches of packed feature dicts."""
-    packed = config.mode == "packed"
+    packed = config.mode in ("packed", "packs_as_rows")
     spec = tf_feature_spec(config.shapes.record_lengths(packed), float_features(packed))
-    convert = _cast if packed else _as_single_packs
+    convert = {"packed": _cast, "packs_as_rows": _packs_as_rows}.get(config.mode, _as_single_packs)
 
     def parse(serialized):
         return _checked_ids(convert(tf.io.parse_example(serialized, spec)), config)
@@ -229,6 +234,41 @@ def _cast(features: dict) -> dict:
     return {name: tf.cast(value, tf.int32) for name, value in features.items()}
 
 
+def _packs_as_rows(features: dict) -> dict:
+    """Packed features [B, ...] -> each pack's sequences in rows of their own, [B * S, ...] (the
+    layout of one sequence a row; a row with no sequence is all zeros and counts nothing).
+
+    A pack's sequence k (1-based) is where input_mask == k; it starts at
+    next_sentence_positions[k - 1]. Its row takes its tokens from there, and its predictions
+    (where masked_lm_weights == k) with positions relative to that start.
+    """
+    packs = _cast(features)
+    batch, length = tf.shape(packs["input_ids"])[0], tf.shape(packs["input_ids"])[1]
+    depth = tf.shape(packs["next_sentence_weights"])[1]
+    sequence = tf.range(1, depth + 1)[None, :, None]                                       # [1, S, 1]
+    start = packs["next_sentence_positions"][:, :, None]                                   # [B, S, 1]
+    size = tf.reduce_sum(tf.cast(packs["input_mask"][:, None, :] == sequence, tf.int32), -1, keepdims=True)
+    offset = tf.range(length)[None, None, :]                                                # [1, 1, L]
+    inside = offset < size                                                                  # [B, S, L]
+    where = tf.minimum(start + offset, length - 1)
+
+    def take(name):  # [B, L] -> [B, S, L]: each sequence's values from its start
+        return tf.where(inside, tf.gather(packs[name], where, batch_dims=1), 0)
+
+    mine = packs["masked_lm_weights"][:, None, :] == sequence                              # [B, S, P']
+    rows = {
+        "input_ids": take("input_ids"), "segment_ids": take("segment_ids"),
+        "input_mask": tf.cast(inside, tf.int32), "positions": tf.where(inside, offset, 0),
+        "masked_lm_positions": tf.where(mine, packs["masked_lm_positions"][:, None, :] - start, 0),
+        "masked_lm_ids": tf.where(mine, packs["masked_lm_ids"][:, None, :], 0),
+        "masked_lm_weights": tf.cast(mine, tf.int32),
+        "next_sentence_positions": tf.zeros([batch, depth, 1], tf.int32),
+        "next_sentence_labels": packs["next_sentence_labels"][:, :, None],
+        "next_sentence_weights": packs["next_sentence_weights"][:, :, None],
+    }
+    return {name: tf.reshape(value, [batch * depth, -1]) for name, value in rows.items()}
+
+
 def _as_single_packs(features: dict) -> dict:
     """Unpacked features [B, ...] -> the packed layout with one sequence per row."""
     input_mask = tf.cast(features["input_mask"], tf.int32)  # 1 = sequence 1, 0 = padding
@@ -306,8 +346,9 @@ def diagnose_input_error(config: PipelineConfig) -> None:
     Raises:
       CorruptRecordError / RecordError: naming file, record and what was expected.
     """
-    read = read_packed if config.mode == "packed" else read_unpacked
-    shapes = config.shapes if config.mode == "packed" else config.shapes.unpacked()
+    packed = config.mode in ("packed", "packs_as_rows")
+    read = read_packed if packed else read_unpacked
+    shapes = config.shapes if packed else config.shapes.unpacked()
     for path in config.files:
         for _ in read(path, shapes):
             pass

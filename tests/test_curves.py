@@ -8,7 +8,6 @@ from conftest import REPO
 
 from bert_packed.curves import (
     RunError,
-    accuracy_at,
     configuration_name,
     describe_speedup,
     format_table,
@@ -17,6 +16,7 @@ from bert_packed.curves import (
     plot,
     summary_table,
     throughput_lines,
+    value_at,
 )
 
 
@@ -68,8 +68,8 @@ def test_seeds_of_a_configuration_are_one_row_with_their_mean_and_range(tmp_path
     # starts at 60, so only 80 is compared: 0.32 + (0.48 - 0.32) * 20 / 60 = 0.3733, below 0.40.
     # Within one update (12 sequences) of its first or last evaluation a run reads as that one.
     packed = runs[3]
-    assert (accuracy_at(packed, 50), accuracy_at(packed, 47), accuracy_at(packed, 130)) == (0.30, None, 0.46)
-    assert accuracy_at(packed, 90) == pytest.approx(0.38)
+    assert [value_at(packed, "mlm_accuracy", s) for s in (50, 47, 130)] == [0.30, None, 0.46]
+    assert value_at(packed, "mlm_accuracy", 90) == pytest.approx(0.38)
     inside, compared, worst = rows[1]["inside_baseline_spread"]
     assert (inside, compared) == (0, 1) and worst == pytest.approx(0.40 - (0.32 + 0.16 / 3))
     assert rows[0]["inside_baseline_spread"] is None
@@ -115,8 +115,9 @@ def test_the_alternated_throughput_is_quoted_with_its_range(tmp_path):
     path.write_text(json.dumps({"tiny": {"speedups": {"padded": [1.0, 1.0], "packed": [1.2, 1.3]},
                                          "packing_factor": 1.25}}))
     assert throughput_lines(str(path)) == [
-        "throughput, tiny config, measured alternately (scripts/benchmark_training.py): packed speed-up 1.25x "
-        "(median of 2 alternated rounds, range 1.20-1.30) at packing factor 1.250: 1.00 of it"]
+        "throughput speed-up, tiny config, measured alternately in one process (the figure to trust; "
+        "scripts/benchmark_training.py): packed speed-up 1.25x (median of 2 alternated rounds, range 1.20-1.30) at "
+        "packing factor 1.250: 1.00 of it"]
     path.write_text("[1, 2]")
     with pytest.raises(RunError, match="throughput.json: not a scripts/benchmark_training.py --output_json"):
         throughput_lines(str(path))

@@ -16,7 +16,17 @@ from absl import flags
 
 from bert_packed import files
 from bert_packed.cli.common import run
-from bert_packed.curves import automatic_accuracy, format_table, load_run, plot, summary_table, throughput_lines
+from bert_packed.curves import (
+    CLOCK_NOTE,
+    at_sequences_table,
+    automatic_accuracy,
+    format_table,
+    load_run,
+    plot,
+    summary_table,
+    target_note,
+    throughput_lines,
+)
 from bert_packed.errors import SettingsError
 
 FLAGS = flags.FLAGS
@@ -24,6 +34,8 @@ flags.DEFINE_list("labels", None, "Comma-separated names for the runs (default: 
 flags.DEFINE_string("output", "compare_curves.png", "Where the PNG goes.")
 flags.DEFINE_string("throughput", None, "JSON of scripts/benchmark_training.py --output_json: quote its alternated "
                                         "speed-up measurement under the table.")
+flags.DEFINE_float("at_sequences", None, "Also a table of each configuration's eval loss and accuracy at this many "
+                                         "sequences (the seeds' mean and range), with what its updates hold.")
 flags.DEFINE_string("accuracy", "0.720", "MLM accuracy for the sequences-and-time-to-accuracy columns; 'auto': 90% "
                                          "of the way from the lowest first evaluation to the lowest final one, "
                                          "which every run reaches.")
@@ -50,11 +62,14 @@ def main(argv) -> None:
             raise SettingsError(f"--accuracy {FLAGS.accuracy!r}: expected a number or 'auto'") from None
     with files.exclusive(f"{FLAGS.output}.lock", "compare_curves"):
         plot(runs, FLAGS.output)
-    print(format_table(summary_table(runs, accuracy), accuracy))
+    rows = summary_table(runs, accuracy)
+    print(format_table(rows, accuracy))
+    print(f"\n{target_note(rows, accuracy, FLAGS.accuracy == 'auto')}\n{CLOCK_NOTE}")
     if FLAGS.throughput:
-        print()
         for line in throughput_lines(FLAGS.throughput):
             print(line)
+    if FLAGS.at_sequences:
+        print(f"\n{at_sequences_table(runs, FLAGS.at_sequences)}")
     print(f"\ncurves: {FLAGS.output}")
 
 

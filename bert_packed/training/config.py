@@ -22,8 +22,11 @@ from bert_packed.features import Shapes
 from bert_packed.model.config import BertConfig
 
 # How training data is read (bert_packed.input_pipeline): packs from packed records, unpacked
-# records one a row (padded), grouped by length (bucketed), or packed as they are read.
-INPUT_MODES = ("packed", "padded", "bucketed", "packed_online")
+# records one a row (padded), grouped by length (bucketed), packed as they are read, or packed
+# records' sequences one a row (packs_as_rows: the update composition of packs, without packing).
+INPUT_MODES = ("packed", "padded", "bucketed", "packed_online", "packs_as_rows")
+# The modes whose micro-batch counts packs (--train_batch_size, the packing factor, the betas).
+PACK_MODES = ("packed", "packed_online", "packs_as_rows")
 # Sequences the on-the-fly packer may hold at once: on the real Wikipedia-512 lengths at depth 3 it
 # then packs as efficiently as the offline LP (docs/packing.md#packing-on-the-fly).
 ONLINE_PACKING_WINDOW = 30_000
@@ -48,7 +51,7 @@ def require_packed_for(input_mode: str, **settings: bool) -> None:
     """Raises SettingsError when a setting that only packed data has (given by its flag's name)
     is on and the input is not read as packs."""
     for name, on in settings.items():
-        require(not on or input_mode in ("packed", "packed_online"),
+        require(not on or input_mode in PACK_MODES,
                 f"--{name} needs packed data, not --input_mode={input_mode}")
 
 
@@ -174,7 +177,7 @@ class TrainData:
     @property
     def packed(self) -> bool:
         """Whether a row holds several sequences."""
-        return self.input_mode in ("packed", "packed_online")
+        return self.input_mode in PACK_MODES
 
     @functools.cached_property
     def rows_per_micro_batch(self) -> int:
@@ -412,7 +415,7 @@ class TrainConfig:
                          f"{data.batch_size} rows at packing factor {data.packing_factor:.3f}: "
                          f"{data.sequences_per_update:.1f} sequences an update on average (unpacked: "
                          f"{data.batch_size * data.steps_per_update})")
-        lines.append(f"optimizer {o.name}, betas {beta_1:.6f} / {beta_2:.6f} (packing factor {data.packing_factor:.3f}, "
+        lines.append(f"optimizer {o.name}, betas {beta_1:.6g} / {beta_2:.6g} (packing factor {data.packing_factor:.3f}, "
                      f"adjusted: {o.adjust_betas_for_packing}); {self.last_step} micro-steps of "
                      f"{data.rows_per_micro_batch} rows, {data.steps_per_update} an update "
                      f"({data.sequences_per_update:.1f} sequences on average), {self.loop_steps} a compiled loop; "
