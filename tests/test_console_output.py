@@ -62,7 +62,7 @@ def test_tensorflow_loads_quietly_but_its_errors_still_show(tmp_path):
     environment["PYTHONPATH"] = str(tmp_path)
 
     def load(verbosity):
-        code = f"from bert_packed.cli.common import import_tensorflow; import_tensorflow({verbosity})"
+        code = f"from bert_packed.tensorflow_loading import import_tensorflow; import_tensorflow({verbosity})"
         return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environment,
                               timeout=60)
 

@@ -1,30 +1,61 @@
-"""Every fenced bash and python block of the README and of the guides in docs/ runs as written.
+"""The main job and every fenced bash and python block of the README and of the guides in docs/
+run as written, and say what they do in a few lines a person reads.
 
-The blocks run in page order (the README first, then docs/ by name) in a checkout-like directory
-(the repository's configs, data and scripts; .venv is this environment) after the state
-`make run` leaves is made small: the sample's records at L=512 with held-out documents, packed,
-and phase-1 weights. Only sizes change: the lines below in SMALLER, nothing else. The set-up
-lines (`make ...`) are the ones not run here: `make test` is this suite, and `make run` takes
-minutes.
+`make run` (the main job) runs first, in a directory laid out as a clone (the repository's
+Makefile, configs, data and scripts; .venv is this environment), made small by the Makefile's
+own PHASE1_FLAGS, PHASE2_FLAGS and THROUGHPUT_FLAGS: smaller batches, two phase-2 updates, one
+measured round. Then the blocks run in page order (the README first, then docs/ by name) on
+what it left, with only sizes changed (SMALLER). The other set-up lines (`make test` is this
+suite, `make experiments` is `make run` with more seeds) are not run here. Every output is
+checked: a bounded number of lines, no traceback, no TensorFlow C++ log line, no raw record.
 """
 
+import json
 import os
 import re
 import subprocess
 import sys
 
 import pytest
-from conftest import REPO, write_corpus
+from conftest import REPO
+
+from bert_packed.tensorflow_loading import STARTUP_NOTICES
 
 README = os.path.join(REPO, "README.md")
 PAGES = [README] + sorted(os.path.join(REPO, "docs", name) for name in os.listdir(os.path.join(REPO, "docs"))
                           if name.endswith(".md"))
-SET_UP = {"make run", "make test", "make experiments"}
+SET_UP = {"make run", "make test", "make experiments", "make ablation"}
 # README sizes -> test sizes.
 SMALLER = [
     (re.compile(r"--dupe_factor=10\b"), "--dupe_factor=1"),
     (re.compile(r"(run_pretraining\.py --flagfile=\S+)"), r"\1 --num_train_steps=2"),
 ]
+# The main job, small: phase 1 keeps its 250 steps (phase 2 starts from model.ckpt-250).
+MAIN_JOB = ["make", "--no-print-directory", "run", "PHASE1_FLAGS=--train_batch_size=2 --eval_batch_size=16",
+            "PHASE2_FLAGS=--num_train_steps=2", "THROUGHPUT_FLAGS=--rounds=1 --updates=1"]
+# TensorFlow's C++ log lines (`I0000 00:00:1732.5   123 port.cc:153] oneDNN ...`), and its older form.
+TENSORFLOW_LOG = re.compile(r"^[IWEF]\d{4} [\d:.]+ +\d+ \S+:\d+\]|tensorflow/core/|oneDNN custom operations"
+                            r"|absl::InitializeLog", re.M)
+
+
+def assert_reads_well(output: str, where: str, max_lines: int, tensorflow_notices: bool = False) -> None:
+    """A few lines a person reads: no traceback, no TensorFlow C++ line (but for its start-up
+    notices where `tensorflow_notices`: a user's own Python that imports TensorFlow shows them,
+    the commands do not), no raw record (a JSON object, or a line too long to read)."""
+    lines = output.splitlines()
+    assert len(lines) <= max_lines, f"{where}: {len(lines)} lines (at most {max_lines}):\n{output[-3000:]}"
+    assert "Traceback" not in output, f"{where}:\n{output[-3000:]}"
+    if tensorflow_notices:
+        output = "\n".join(line for line in lines if not STARTUP_NOTICES.match(line))
+    leaked = TENSORFLOW_LOG.search(output)
+    assert leaked is None, f"{where}: a TensorFlow C++ log line: {output[leaked.start():leaked.start() + 200]}"
+    for line in lines:
+        assert len(line) <= 400, f"{where}: a line of {len(line)} characters: {line[:200]}..."
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        assert not isinstance(record, dict), f"{where}: a raw record: {line[:200]}"
 
 
 def fenced_blocks(page: str = README) -> list[tuple[int, str, str]]:
@@ -60,30 +91,26 @@ def smaller(script: str) -> str:
     return script
 
 
-@pytest.fixture(scope="module")
-def checkout(tmp_path_factory):
-    """A directory laid out as a clone after `make run`, with small data."""
-    from bert_packed.features import Shapes
-    from bert_packed.model import BertConfig, BertPretrainingModel, export_google_checkpoint
-    from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset
-    from bert_packed.pretraining_data.create_dataset import DatasetSettings, create_pretraining_dataset
-    from bert_packed.pretraining_data.instances import MaskingConfig
+def environment() -> dict:
+    """As after `source .venv/bin/activate`; nothing else set (TensorFlow's own logging included)."""
+    variables = {name: value for name, value in os.environ.items() if not name.startswith("TF_")}
+    return {**variables, "CUDA_VISIBLE_DEVICES": "", "VIRTUAL_ENV": sys.prefix,
+            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
 
+
+@pytest.fixture(scope="module")
+def main_job(tmp_path_factory):
+    """A directory laid out as a clone, after a small `make run`; (its path, make's output)."""
     root = tmp_path_factory.mktemp("checkout")
-    for name in ("configs", "data", "scripts", "run_pretraining.py"):
+    for name in ("Makefile", "pyproject.toml", "configs", "data", "scripts", "run_pretraining.py"):
         os.symlink(os.path.join(REPO, name), root / name)
     os.symlink(sys.prefix, root / ".venv")
-    sample = root / "runs" / "sample"
-    corpus = write_corpus(str(tmp_path_factory.mktemp("corpus")), num_files=2, docs_per_file=10)
-    settings = DatasetSettings(os.path.join(REPO, "data", "bert_uncased_vocab.txt"), True,
-                               MaskingConfig(512, 76), 1, 12345, eval_fraction=0.3)
-    create_pretraining_dataset(corpus, str(sample / "unpacked"), settings, num_workers=1)
-    parts = sorted(str(path) for path in (sample / "unpacked").glob("part-*.tfrecord"))
-    pack_pretraining_dataset(parts, str(sample / "packed"), PackSettings(Shapes(512, 76, 3), "lp"), num_workers=1)
-    model = BertPretrainingModel(BertConfig.from_json_file(os.path.join(REPO, "configs", "bert_config_tiny.json")))
-    os.makedirs(sample / "phase1")
-    export_google_checkpoint(model, str(sample / "phase1" / "model.ckpt-250"))
-    return root
+    # This environment is the one make uses, installed: its stamp newer than pyproject.toml.
+    stamp = root / "installed"
+    stamp.touch()
+    result = subprocess.run(MAIN_JOB + [f"STAMP={stamp}"], cwd=root, capture_output=True, text=True, timeout=900,
+                            env=environment())
+    return root, result
 
 
 def test_the_pages_have_their_set_up_commands_and_no_placeholder():
@@ -107,10 +134,23 @@ def test_the_readme_is_a_front_page():
 
 
 @pytest.mark.slow
-def test_every_readme_block_runs_as_written(checkout):
-    # As after `source .venv/bin/activate` (a block of its own, which cannot carry over to the next).
-    environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "", "VIRTUAL_ENV": sys.prefix,
-                   "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
+def test_the_main_job_runs_and_reads_well(main_job):
+    root, result = main_job
+    assert result.returncode == 0, f"{result.stdout[-3000:]}{result.stderr[-3000:]}"
+    output = result.stdout + result.stderr
+    assert_reads_well(output, "make run", 110)
+    stages = [line for line in result.stdout.splitlines() if line.startswith("== ")]
+    assert [line.split(" ", 2)[1] for line in stages] == [f"{n}/8" for n in range(1, 9)]
+    summaries = [line for line in result.stdout.splitlines() if line.startswith("mllog.txt: ")]
+    assert len(summaries) == 6  # phase 1 and the five phase-2 runs each end on their summary
+    assert all(line.startswith("mllog.txt: passes the MLPerf compliance checker") for line in summaries)
+    assert "(PASS)" not in output and "(FAIL)" not in output  # a report-only benchmark prints no verdict
+    assert os.path.exists(root / "runs" / "sample" / "curves.png")
+
+
+@pytest.mark.slow
+def test_every_readme_block_runs_as_written(main_job):
+    root, _ = main_job
     ran = 0
     for page in PAGES:
         for start, language, text in fenced_blocks(page):
@@ -120,9 +160,11 @@ def test_every_readme_block_runs_as_written(checkout):
                 command = [sys.executable, "-c", text]
             else:
                 continue
-            result = subprocess.run(command, cwd=checkout, capture_output=True, text=True, timeout=600,
-                                    env=environment)
+            result = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=600,
+                                    env=environment())
             where = f"{os.path.relpath(page, REPO)} line {start}"
             assert result.returncode == 0, f"{where}:\n{text}\n{result.stdout[-2000:]}{result.stderr[-3000:]}"
+            assert_reads_well(result.stdout + result.stderr, where, 30 * (text.count("\n") + 1),
+                              tensorflow_notices=language == "python")
             ran += 1
     assert ran >= 8

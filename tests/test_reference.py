@@ -100,6 +100,17 @@ def test_the_gpu_training_command_runs_as_a_flagfile(reference, tmp_path):
     assert log[0]["learning_rate"] == 0.0 and log[1]["learning_rate"] == pytest.approx(5e-5)  # warmup from 0
     # Checkpoints fall between compiled loops, as on the reference's TPU; the run says so.
     assert "--save_checkpoints_steps=3 is not a multiple of the loop of 1000 micro-steps" in result.stderr
+    # The reference's files have no metadata.json: said once, and their sequences counted for mllog.txt.
+    assert result.stderr.count("no metadata.json") == 1
+    mllog = {entry["key"]: entry["value"] for entry in
+             (json.loads(line.split(":::MLLOG ", 1)[1]) for line in open(tmp_path / "output" / "mllog.txt"))}
+    records = sum(len(list(read_records(str(path)))) for path in (reference / "tfrecords").iterdir())
+    assert mllog["train_samples"] == records > 0
+    # --nodo_eval: the log cannot pass the checker in any division; said at the start and at the end.
+    assert "this run does not evaluate (no eval files): its mllog.txt cannot pass" in result.stderr
+    assert result.stdout.splitlines()[-1] == ("mllog.txt: does not pass the MLPerf compliance checker: it holds no "
+                                              "evaluation (eval_accuracy), which every division requires; train "
+                                              "with eval files")
 
 
 def test_the_eval_command_evaluates_the_init_checkpoint(reference, tmp_path):
@@ -111,11 +122,16 @@ def test_the_eval_command_evaluates_the_init_checkpoint(reference, tmp_path):
         "--num_gpus=0", "--num_train_steps=107538", "--num_warmup_steps=1562", "--optimizer=lamb",
         "--save_checkpoints_steps=1562", "--start_warmup_step=0", "--train_batch_size=24", "--nouse_tpu"]))
     assert result.returncode == 0, result.stderr[-3000:]
-    record = json.loads(result.stdout.strip().splitlines()[-1])
-    assert record["num_sequences"] == 32  # --max_eval_steps=4 batches of 8
-    assert record["checkpoint"].endswith("model.ckpt-28252") and 0.0 <= record["mlm_accuracy"] < 0.5
-    results = (tmp_path / "output" / "eval_results.txt").read_text()
-    assert f"mlm_accuracy = {record['mlm_accuracy']}" in results
+    # One line on stderr: the files' missing metadata.json (no training notes: nothing trains).
+    assert result.stderr.splitlines() == ["warning: --input_file: no metadata.json beside the files; cannot check "
+                                          "them against the flags"]
+    results = dict(line.split(" = ", 1) for line in (tmp_path / "output" / "eval_results.txt").read_text().splitlines())
+    assert float(results["num_sequences"]) == 32  # --max_eval_steps=4 batches of 8
+    assert results["checkpoint"].endswith("model.ckpt-28252") and 0.0 <= float(results["mlm_accuracy"]) < 0.5
+    assert results["step"] == "28252"  # the checkpoint's own step, from its name
+    assert result.stdout.strip() == (f"run_pretraining: evaluated {results['checkpoint']} (step 28252): masked-LM "
+                                     f"accuracy {float(results['mlm_accuracy']):.4f}, loss {float(results['loss']):.4f} "
+                                     f"over 32 sequences -> {tmp_path}/output/eval_results.txt")
 
 
 def test_a_run_that_reaches_the_target_passes_the_compliance_checker(reference, tmp_path):

@@ -78,8 +78,12 @@ def test_create_pack_plan_from_the_wheel(installed, tmp_path):
     packed = run(installed, tmp_path, "bert-packed-pack", "--input_files=unpacked/part-*.tfrecord",
                  "--output_dir=packed", "--max_seq_length=128", "--max_predictions_per_seq=20", "--verify")
     assert packed.returncode == 0, packed.stderr[-3000:]
-    metadata = json.loads(packed.stdout)
-    assert metadata["packed"] and metadata["num_sequences"] == json.loads(created.stdout)["num_sequences"] > 0
+    # Each command ends on one line that says what it made; metadata.json holds the figures.
+    assert packed.stdout.startswith("pack_pretraining_data: ") and "verified -> packed" in packed.stdout
+    metadata = json.loads((tmp_path / "packed" / "metadata.json").read_text())
+    made = json.loads((tmp_path / "unpacked" / "metadata.json").read_text())
+    assert metadata["packed"] and metadata["num_sequences"] == made["num_sequences"] > 0
+    assert f"{made['num_sequences']} sequences in {metadata['num_records']} packs" in packed.stdout
     planned = run(installed, tmp_path, "bert-packed-plan", "--histogram=unpacked/histogram.json", "--algorithm=lp",
                   "--json")
     assert planned.returncode == 0, planned.stderr[-3000:]

@@ -1,7 +1,10 @@
 """What every command shares: how it starts, how it fails, how it finds its input files.
 
 `run` is the one way a command runs: --help prints the command's own flags and exits 0; absl
-parses the flags (flagfiles included), and then
+parses the flags (flagfiles included); what the command logs is plain lines ("warning: " before
+a warning; absl's own format with --verbosity=1), TensorFlow's INFO chatter is left out, and a
+warning repeated with other values is shown three times and then counted in one line at the
+end; and then
 - a bad flag, or a UserError raised anywhere below (bert_packed.errors), prints one line,
   `<program>: error: <message>`, and exits with status 2;
 - the filesystem refusing a path (read-only, no permission, a symlink loop, a file gone) prints
@@ -14,11 +17,14 @@ parses the flags (flagfiles included), and then
 
 from __future__ import annotations
 
+import collections
 import errno
+import logging
 import os
 import re
+import signal
 import sys
-import threading
+import textwrap
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -27,15 +33,18 @@ from absl import app, flags
 from bert_packed import files
 from bert_packed.errors import InputFilesError, UserError
 
-# What TensorFlow writes to stderr while it loads, before any of its logging settings apply: the
-# absl notice, the oneDNN and CPU-feature notices, and on machines with CUDA libraries the
-# factory-registration complaints. Other lines, errors included, pass.
-_TENSORFLOW_STARTUP = re.compile(r"^(WARNING: All log messages before absl::InitializeLog|[IW]\d{4} |To enable the "
-                                 r"following instructions:|TF-TRT Warning|E\d{4} .*(Unable to register|already "
-                                 r"been registered))")
-
 # Interrupted by SIGINT (Ctrl-C): the shell's 128 + 2.
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # the shell's 128 + 15, as if SIGTERM had not been caught
+
+
+class Terminated(BaseException):
+    """SIGTERM outside the trainer's loop: unwinds like Ctrl-C (not caught as an Exception), so
+    that what is being written is cleaned up and the command says so in one line."""
+
+
+def _terminated(signum, frame) -> None:
+    raise Terminated()
 # The filesystem refusing a path: read-only, no permission, a symlink loop, a file gone or in the way.
 _REFUSED_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ELOOP, errno.ENOENT, errno.ENOTDIR, errno.EISDIR,
                    errno.ENAMETOOLONG)
@@ -43,39 +52,6 @@ _REFUSED_TEXTS = ("Permission denied", "Read-only file system", "Too many levels
 # A full disk, a full quota and a file-size limit all stop a write the same way.
 _DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _DISK_FULL_TEXTS = ("No space left on device", "Disk quota exceeded", "File too large")
-
-
-def import_tensorflow(verbosity: int) -> None:
-    """Loads TensorFlow quietly unless --verbosity is above 0.
-
-    Quiet: TF_CPP_MIN_LOG_LEVEL=2 (unless set), and what TensorFlow writes straight to file
-    descriptor 2 while it loads goes through a pipe, where a thread passes on every line but the
-    start-up notices as it comes (so an error just before a crash still shows).
-    """
-    if verbosity > 0 or "tensorflow" in sys.modules:
-        import tensorflow  # noqa: F401
-        return
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.stderr.flush()
-    stderr = os.dup(2)
-    read_end, write_end = os.pipe()
-    os.dup2(write_end, 2)
-    os.close(write_end)
-
-    def pass_on():
-        with os.fdopen(read_end, "rb") as pipe:
-            for line in pipe:
-                if not _TENSORFLOW_STARTUP.match(line.decode("utf-8", "replace")):
-                    os.write(stderr, line)
-
-    thread = threading.Thread(target=pass_on, daemon=True)
-    thread.start()
-    try:
-        import tensorflow  # noqa: F401
-    finally:
-        os.dup2(stderr, 2)  # the pipe's last writer closes: the thread reads to its end and stops
-        thread.join()
-        os.close(stderr)
 
 
 def run(main: Callable[[list[str]], None], program: str, output_flag: str | tuple[str, ...], kept: str) -> None:
@@ -99,11 +75,19 @@ def run(main: Callable[[list[str]], None], program: str, output_flag: str | tupl
             fail(program, e)
 
     def guarded(argv: list[str]) -> None:
+        counter = _configure_output(flags.FLAGS.verbosity)
+        signal.signal(signal.SIGTERM, _terminated)  # the trainer's loop sets its own, and puts this back
         try:
-            main(argv)
+            try:
+                main(argv)
+            finally:  # before the last line, which says how the command ended
+                counter.say_what_was_held_back()
         except KeyboardInterrupt:
             exit_with(EXIT_INTERRUPTED, f"{program}: interrupted (SIGINT). {kept}; run the same command again to "
                                         f"continue (exit status {EXIT_INTERRUPTED})")
+        except Terminated:
+            exit_with(EXIT_TERMINATED, f"{program}: stopped (SIGTERM). {kept}; run the same command again to "
+                                       f"continue (exit status {EXIT_TERMINATED})")
         except UserError as e:
             fail(program, e)
         except Exception as e:  # noqa: BLE001 - TensorFlow reports a full disk as its own error types
@@ -129,10 +113,66 @@ def run(main: Callable[[list[str]], None], program: str, output_flag: str | tupl
         sys.exit(1)
 
 
+class _Plain(logging.Formatter):
+    """A log line as a person reads it: the message, after "warning: " or "error: " when it is one."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        return message if record.levelno < logging.WARNING else f"{record.levelname.lower()}: {message}"
+
+
+class _RepeatCounter(logging.Filter):
+    """Lets the first three warnings of each kind (their format string) through and counts the
+    rest, for one line at the end: repeated warnings are counted, not listed."""
+
+    SHOWN = 3
+
+    def __init__(self):
+        super().__init__()
+        self.seen: collections.Counter = collections.Counter()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.WARNING:
+            return True
+        self.seen[record.msg] += 1
+        return self.seen[record.msg] <= self.SHOWN
+
+    def say_what_was_held_back(self) -> None:
+        for template, count in self.seen.items():
+            if count > self.SHOWN:
+                # The template without its place ("%s: ") and with its values left open.
+                gist = re.sub(r"%[-+ #0-9.]*[a-z]", "...", re.sub(r"^%s: ", "", str(template)))
+                sys.stderr.write(f"warning: {count - self.SHOWN} more of \"{gist}\" (--verbosity=1 shows each)\n")
+
+
+def _configure_output(verbosity: int) -> _RepeatCounter:
+    """Plain log lines, TensorFlow's INFO lines left out, repeated warnings counted (verbosity 0)."""
+    counter = _RepeatCounter()
+    logging.getLogger().setLevel(logging.DEBUG if verbosity > 0 else logging.INFO)
+    if verbosity > 0:
+        return counter
+    from absl import logging as absl_logging
+
+    handler = absl_logging.get_absl_handler()
+    handler.setFormatter(_Plain())
+    handler.addFilter(counter)
+    # TensorFlow logs its own INFO lines ("Sharding callback duration", ...) through absl's logger.
+    logging.getLogger("absl").setLevel(logging.WARNING)
+    return counter
+
+
 def print_help(main: Callable) -> None:
-    """The command's docstring and its own flags with their defaults (absl's flags left out:
-    --helpfull lists those)."""
-    print(sys.modules[main.__module__].__doc__.strip())
+    """The command's docstring, its flags by purpose when it groups them (HELP_GROUPS: {purpose:
+    [flag, ...]}, with FIRST_RUN: the flags a first run sets), and all its own flags with their
+    help and defaults (absl's flags left out: --helpfull lists those)."""
+    command = sys.modules[main.__module__]
+    print(command.__doc__.strip())
+    groups, first = getattr(command, "HELP_GROUPS", {}), getattr(command, "FIRST_RUN", ())
+    if groups:
+        print("\nflags by purpose (* the ones a first run sets; every flag's help below):")
+        for purpose, names in groups.items():
+            print(textwrap.fill(", ".join(f"{'*' if name in first else ''}--{name}" for name in names), 100,
+                                initial_indent=f"  {purpose}: ", subsequent_indent="    "))
     for module in _command_modules():
         print(flags.FLAGS.module_help(module).replace(f"\n{module}:\n", "\nflags:\n", 1))
 

@@ -10,9 +10,6 @@ one shard per input file, plus histogram.json and metadata.json).
 
 from __future__ import annotations
 
-import json
-import logging
-
 from absl import flags
 
 from bert_packed.cli.common import expand_globs, run
@@ -52,7 +49,6 @@ PROGRAM = "create_pretraining_data"
 
 def main(argv):
     del argv
-    logging.getLogger().setLevel(logging.INFO)
     if not 8 <= FLAGS.max_seq_length <= MAX_SEQ_LENGTH_LIMIT:
         raise SettingsError(f"--max_seq_length={FLAGS.max_seq_length}: must be in [8, {MAX_SEQ_LENGTH_LIMIT:,}] (BERT "
                             f"uses 512; the longest variants 4,096 to 8,192)")
@@ -87,8 +83,11 @@ def main(argv):
         metadata = create_pretraining_files(files, outputs, settings, FLAGS.num_workers)
     else:
         metadata = create_pretraining_dataset(files, FLAGS.output_dir, settings, FLAGS.num_workers)
-    summary = {k: v for k, v in metadata.items() if k not in ("sources", "files", "eval_files", "settings")}
-    print(json.dumps(summary, indent=1))
+    where = FLAGS.output_dir or FLAGS.output_file
+    held_out = metadata.get("num_eval_instances", 0)
+    print(f"{PROGRAM}: {metadata['num_sequences']:,} training instances from {metadata.get('num_documents', 0):,} "
+          f"documents ({metadata.get('padding_fraction', 0.0):.1%} padding at L={metadata['max_seq_length']})"
+          + (f", {held_out:,} held out for evaluation" if held_out else "") + f" -> {where}")
 
 
 def entry_point():

@@ -10,7 +10,6 @@ run resumes from where it stopped when started again with the same flags.
 
 from __future__ import annotations
 
-import json
 import logging
 
 from absl import flags
@@ -41,7 +40,6 @@ PROGRAM = "pack_pretraining_data"
 
 def main(argv):
     del argv
-    logging.getLogger().setLevel(logging.INFO)
     if FLAGS.max_sequences_per_pack < 1 or FLAGS.max_predictions_per_seq < 1:
         raise SettingsError("--max_sequences_per_pack and --max_predictions_per_seq must be >= 1")
     if not 8 <= FLAGS.max_seq_length <= MAX_SEQ_LENGTH_LIMIT:
@@ -58,9 +56,12 @@ def main(argv):
     metadata = pack_pretraining_dataset(files, FLAGS.output_dir, settings, FLAGS.num_workers)
     if FLAGS.verify:
         found = verify_packed_dataset(FLAGS.output_dir, FLAGS.num_workers)
-        logging.info("verified: %d packs decode to the %d input sequences (checksum %s)",
-                     found["num_packs"], found["num_sequences"], found["checksum"])
-    print(json.dumps({k: v for k, v in metadata.items() if k not in ("sources", "files")}, indent=1))
+        logging.debug("verified: %d packs decode to the %d input sequences (checksum %s)",
+                      found["num_packs"], found["num_sequences"], found["checksum"])
+    print(f"{PROGRAM}: {metadata['num_sequences']:,} sequences in {metadata['num_records']:,} packs (packing factor "
+          f"{metadata['packing_factor']:.3f}, {metadata.get('efficiency', 0.0):.2%} of the slots filled, "
+          f"{metadata.get('algorithm')} at depth {metadata['max_sequences_per_pack']})"
+          + (", verified" if FLAGS.verify else "") + f" -> {FLAGS.output_dir}")
 
 
 def entry_point():

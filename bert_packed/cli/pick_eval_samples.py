@@ -8,9 +8,6 @@ The reference's pick_eval_samples.py with the same flags and the same choice of 
 
 from __future__ import annotations
 
-import json
-import logging
-
 from absl import flags
 
 from bert_packed.cli.common import run
@@ -31,12 +28,11 @@ PROGRAM = "pick_eval_samples"
 
 def main(argv):
     del argv
-    logging.getLogger().setLevel(logging.INFO)
     if FLAGS.num_examples_to_pick < 1:
         raise SettingsError(f"--num_examples_to_pick={FLAGS.num_examples_to_pick}: must be >= 1")
     total = pick_eval_samples(FLAGS.input_tfrecord, FLAGS.output_tfrecord, FLAGS.num_examples_to_pick,
                               Shapes(FLAGS.max_seq_length, FLAGS.max_predictions_per_seq))
-    print(json.dumps({"picked": FLAGS.num_examples_to_pick, "out_of": total, "output": FLAGS.output_tfrecord}))
+    print(f"{PROGRAM}: picked {FLAGS.num_examples_to_pick:,} of {total:,} records -> {FLAGS.output_tfrecord}")
 
 
 def entry_point():

@@ -13,15 +13,15 @@ before any work.
 
 from __future__ import annotations
 
-import json
 import math
 
 from absl import flags
 
-from bert_packed.cli.common import EXIT_INTERRUPTED, command_flags_text, exit_with, expand_globs, import_tensorflow, run
+from bert_packed.cli.common import EXIT_INTERRUPTED, command_flags_text, exit_with, expand_globs, run
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
-from bert_packed.run_directory import RunDirectory
+from bert_packed.run_directory import EVAL_RESULTS, RunDirectory
+from bert_packed.tensorflow_loading import import_tensorflow
 from bert_packed.training.config import (
     INPUT_MODES,
     LOSS_AVERAGING,
@@ -138,6 +138,27 @@ flags.DEFINE_enum("submission_division", Submission.division, ["closed", "open"]
 flags.DEFINE_enum("submission_status", Submission.status, ["onprem", "cloud", "preview", "research"],
                   "MLPerf submission_status.")
 flags.mark_flags_as_required(["bert_config_file", "output_dir"])
+
+# --help lists the flags by purpose (every flag is in one group), marking what a first run sets.
+HELP_GROUPS = {
+    "data": ["input_file", "input_files", "eval_files", "input_mode", "eval_input_mode", "max_seq_length",
+             "max_predictions_per_seq", "max_sequences_per_pack", "online_packing_window", "bucket_boundaries",
+             "train_on_held_out_files"],
+    "model": ["bert_config_file", "init_checkpoint", "loss_averaging", "precision", "xla"],
+    "batch and schedule": ["train_batch_size", "adjust_batch_for_packing", "steps_per_update", "num_train_steps",
+                           "num_warmup_steps", "start_warmup_step", "poly_power", "learning_rate"],
+    "optimizer": ["optimizer", "lamb_beta_1", "lamb_beta_2", "adjust_betas_for_packing", "lamb_weight_decay_rate",
+                  "log_epsilon", "epsilon", "clip_by_global_norm_after_gradient_allreduce"],
+    "evaluation": ["do_train", "do_eval", "eval_batch_size", "eval_every_samples", "max_eval_steps",
+                   "target_mlm_accuracy"],
+    "run, checkpoints and logs": ["output_dir", "seed", "deterministic", "save_checkpoints_steps",
+                                  "keep_checkpoint_max", "iterations_per_loop", "log_every_steps"],
+    "distribution": ["distribution_strategy", "num_gpus", "use_tpu", "tpu_name", "tpu", "tpu_zone", "gcp_project",
+                     "master", "num_tpu_cores"],
+    "MLPerf logging": ["submission_division", "submission_org", "submission_platform", "submission_status"],
+}
+FIRST_RUN = ("bert_config_file", "input_files", "eval_files", "output_dir", "init_checkpoint", "train_batch_size",
+             "num_train_steps", "learning_rate", "max_seq_length", "max_predictions_per_seq")
 
 PROGRAM = "run_pretraining"
 # A run stopped by a signal after saving: SIGTERM (preempted) gives BSD's EX_TEMPFAIL, "try
@@ -282,8 +303,18 @@ def main(argv):
     config = build_config()  # every check of flags and data, before any device is touched
     set_up_process(config)
     trainer = Trainer(config, make_strategy())
-    result = trainer.train() if FLAGS.do_train else trainer.evaluate_only()
-    print(json.dumps(result))
+    if FLAGS.do_train:
+        trainer.train()
+        if not trainer.stopped_by:
+            from bert_packed.training.report import run_summary
+
+            print("\n".join(run_summary(trainer.directory, config.eval_data.target_mlm_accuracy,
+                                         config.run.submission.division, bool(config.eval_data.files))))
+    else:
+        record = trainer.evaluate_only()
+        print(f"{PROGRAM}: evaluated {record['checkpoint']} (step {record['step']}): masked-LM accuracy "
+              f"{record.get('mlm_accuracy', 0):.4f}, loss {record.get('loss', 0):.4f} over "
+              f"{record.get('num_sequences', 0):,.0f} sequences -> {trainer.directory.file(EVAL_RESULTS)}")
     if trainer.stopped_by:
         step, status = int(trainer.step.numpy()), EXIT_STATUS[trainer.stopped_by]
         exit_with(status, f"{PROGRAM}: stopped by {trainer.stopped_by} after saving step {step}; the same command "

@@ -24,6 +24,7 @@ import numpy as np
 from bert_packed.errors import UserError
 from bert_packed.features import tf_feature_spec
 from bert_packed.records.tfrecord import _put_frame, _put_uint, read_record_batches
+from bert_packed.tensorflow_loading import import_tensorflow
 
 
 class RecordError(UserError, ValueError):
@@ -368,7 +369,7 @@ def read_batches(path: str, lengths: dict[str, int], float_features=(), batch_si
 
 
 def _parse(path, first, batch, float_features, lengths, flag_hint):
-    import tensorflow as tf
+    tf = import_tensorflow()
 
     try:
         parsed = tf.io.parse_example(tf.constant(batch), tf_feature_spec(lengths, float_features))
@@ -380,7 +381,7 @@ def _parse(path, first, batch, float_features, lengths, flag_hint):
 
 
 def _raise_for_bad_record(path, first, batch, float_features, lengths, flag_hint):
-    import tensorflow as tf
+    tf = import_tensorflow()
 
     for offset, record in enumerate(batch):
         where = f"{path}: record {first + offset}"

@@ -22,7 +22,7 @@ class RunLogs:
       seconds_before: the run's clock when this process started (from the last train record).
       train_seconds_before: the same for the clock without evaluations.
       eval_seconds: seconds this process spent evaluating.
-      last_progress_seconds: the run's clock at the last progress line.
+      last_progress: (the run's clock, sequences, real tokens) at the last progress line.
     """
 
     def __init__(self, directory: RunDirectory):
@@ -32,7 +32,8 @@ class RunLogs:
         self.seconds_before = self.last_record.get("seconds", 0.0)
         self.train_seconds_before = self.last_record.get("train_seconds", 0.0)
         self.eval_seconds = 0.0
-        self.last_progress_seconds = self.seconds_before
+        self.tokens = sum(record.get("real_tokens", 0.0) for record in train)
+        self.last_progress = (self.seconds_before, self.last_record.get("sequences", 0), self.tokens)
         self.mlperf = MLPerfLog(directory)
         self._train = directory.open_log(TRAIN_LOG)
         self._eval = directory.open_log(EVAL_LOG)
@@ -47,6 +48,7 @@ class RunLogs:
     def train(self, record: dict) -> None:
         self._append(self._train, record)
         self.last_record = record
+        self.tokens += record["real_tokens"]
         with self._writer.as_default():
             for name in ("loss", "mlm_accuracy", "nsp_accuracy", "learning_rate"):
                 tf.summary.scalar(f"train/{name}", record[name], step=record["step"])
@@ -68,13 +70,15 @@ class RunLogs:
         step = record["step"]
         if step // every == (step - config.train_data.steps_per_update * num_updates) // every and step != last:
             return
-        interval = max(seconds - self.last_progress_seconds, 1e-9)
-        self.last_progress_seconds = seconds
+        before_seconds, before_sequences, before_tokens = self.last_progress
+        interval = max(seconds - before_seconds, 1e-9)
+        self.last_progress = (seconds, record["sequences"], self.tokens)
         left = (last - step) * (seconds - self.seconds_before - self.eval_seconds) / max(step - first_step, 1)
         logging.info("step %d/%d: loss %.4f, mlm accuracy %.4f, %d sequences (%.1f/s, %.0f real tokens/s, padding "
-                     "efficiency %.1f%%), about %.0f s left", step, last, record["loss"], record["mlm_accuracy"],
-                     record["sequences"], record["num_sequences"] * num_updates / interval,
-                     record["real_tokens"] * num_updates / interval, 100 * record["padding_efficiency"], left)
+                     "efficiency %.1f%%)%s", step, last, record["loss"], record["mlm_accuracy"],
+                     record["sequences"], (record["sequences"] - before_sequences) / interval,
+                     (self.tokens - before_tokens) / interval, 100 * record["padding_efficiency"],
+                     f", about {left:.0f} s left" if step < last else "")
 
     @staticmethod
     def _append(file, record: dict) -> None:

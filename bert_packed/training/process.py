@@ -20,7 +20,9 @@ def set_up_process(config: TrainConfig) -> None:
       the same configuration gives the same results;
     - the precision policy of --precision (the model's layers take it when built).
     """
-    logging.getLogger().setLevel(logging.INFO)
+    root = logging.getLogger()
+    if root.level == logging.NOTSET or root.level > logging.INFO:
+        root.setLevel(logging.INFO)
     if config.run.deterministic:
         keras.utils.set_random_seed(config.run.seed)
         tf.config.experimental.enable_op_determinism()

@@ -1,0 +1,59 @@
+"""Loading TensorFlow quietly: its start-up notices (oneDNN, CPU features, absl) and its C++ INFO
+and WARNING lines stay off the console unless asked for (--verbosity=1), errors still show.
+
+Every part of the project that loads TensorFlow goes through import_tensorflow: the commands,
+the benchmarks, and the data tools' rare fallbacks (TensorFlow's parser names a bad record).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import threading
+
+import bert_packed
+
+# What TensorFlow writes to stderr while it loads, before any of its logging settings apply: the
+# absl notice, the oneDNN and CPU-feature notices, and on machines with CUDA libraries the
+# factory-registration complaints. Other lines, errors included, pass.
+STARTUP_NOTICES = re.compile(r"^(WARNING: All log messages before absl::InitializeLog|[IW]\d{4} |To enable the "
+                                 r"following instructions:|TF-TRT Warning|E\d{4} .*(Unable to register|already "
+                                 r"been registered))")
+
+
+def import_tensorflow(verbosity: int = 0):
+    """Loads TensorFlow quietly unless --verbosity is above 0.
+
+    Quiet: TF_CPP_MIN_LOG_LEVEL=2 (unless set), and what TensorFlow writes straight to file
+    descriptor 2 while it loads goes through a pipe, where a thread passes on every line but the
+    start-up notices as it comes (so an error just before a crash still shows).
+    """
+    if verbosity > 0 and bert_packed.TF_LOG_LEVEL_DEFAULTED and "tensorflow" not in sys.modules:
+        os.environ.pop("TF_CPP_MIN_LOG_LEVEL", None)  # every line, as asked
+    if verbosity > 0 or "tensorflow" in sys.modules:
+        import tensorflow
+        return tensorflow
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    sys.stderr.flush()
+    stderr = os.dup(2)
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+
+    def pass_on():
+        with os.fdopen(read_end, "rb") as pipe:
+            for line in pipe:
+                if not STARTUP_NOTICES.match(line.decode("utf-8", "replace")):
+                    os.write(stderr, line)
+
+    thread = threading.Thread(target=pass_on, daemon=True)
+    thread.start()
+    try:
+        import tensorflow
+    finally:
+        os.dup2(stderr, 2)  # the pipe's last writer closes: the thread reads to its end and stops
+        thread.join()
+        os.close(stderr)
+    return tensorflow
+
