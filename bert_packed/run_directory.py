@@ -10,7 +10,7 @@ run on gs:// or any filesystem TensorFlow knows is read the same way).
   eval_log.jsonl     one JSON object an evaluation
   mllog.txt          :::MLLOG lines (mlperf-logging), checked by its compliance checker
   eval_results.txt   an evaluation alone (--do_eval without --do_train), `key = value` lines
-  train_histogram.json  the training files' length histogram, counted for packing on the fly
+  train_histogram.json  the training files' length histogram, when no metadata.json counts them
   model.ckpt-<step>  the final weights with google-research names (.index and .data-*)
   checkpoints/       TensorFlow checkpoints (bert_packed.training.checkpoints)
   tensorboard/       TensorBoard events
@@ -98,8 +98,8 @@ class RunDirectory:
 
     def claim(self, identity: dict, data: dict) -> dict:
         """Records a run in run.json, or refuses: when the directory holds another run (a value of
-        `identity` differs) or this run on other data (a file of `data` differs: path, bytes, hash
-        of its beginning). Returns run.json as found.
+        `identity` differs) or this run on other data (a file of `data` differs: its name, bytes or
+        the hash of its beginning; the directory may have moved). Returns run.json as found.
 
         Raises:
           RunError: naming what differs.
@@ -112,7 +112,8 @@ class RunDirectory:
         data = {key: [list(entry) for entry in entries] for key, entries in data.items()}
         for key, now in data.items():
             before = previous.get(key)
-            if before is not None and before != now:
+            if before is not None and _by_name(before) != _by_name(now):
+                before, now = _by_name(before), _by_name(now)
                 raise RunError(f"{self.path}: the {key.replace('_', ' ')} changed since this run started "
                                f"({_first_difference(before, now)}); resuming would go on with other data. Start a new "
                                f"run with a new --output_dir, or restore the data")
@@ -204,8 +205,13 @@ class RunDirectory:
                                     "".join(f"{key} = {value}\n" for key, value in sorted(record.items())))
 
 
+def _by_name(entries: list) -> list:
+    """[path, bytes, head] entries with the file's name for its path: data known by content."""
+    return [[os.path.basename(str(entry[0])), *entry[1:]] for entry in entries]
+
+
 def _first_difference(before: list, now: list) -> str:
-    """What differs first between two lists of [path, bytes, head], in words."""
+    """What differs first between two lists of [name, bytes, head], in words."""
     was, found = {f[0]: f[1:] for f in before}, {f[0]: f[1:] for f in now}
     for path in was:
         if path not in found:

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import os
 import subprocess
@@ -93,6 +94,30 @@ def test_a_directory_made_with_other_settings_is_refused(corpus, unpacked_dir):
         create_pretraining_dataset(corpus, unpacked_dir, dataset_settings(dupe_factor=3), num_workers=1)
 
 
+def test_a_rerun_knows_its_input_files_by_content_not_by_path(corpus, unpacked_dir, tmp_path):
+    """The same text elsewhere (a moved checkout) finds its finished shards; a file edited in place
+    under its name, or another vocabulary under the vocabulary's name, is refused before any work."""
+    import shutil
+
+    moved = [shutil.copy(path, tmp_path / os.path.basename(path)) for path in corpus]
+    shutil.copytree(unpacked_dir, tmp_path / "out")
+    before = {path: os.path.getmtime(path) for path in tfrecords(str(tmp_path / "out"))}
+    create_pretraining_dataset(moved, str(tmp_path / "out"), dataset_settings(), num_workers=1)
+    assert {path: os.path.getmtime(path) for path in tfrecords(str(tmp_path / "out"))} == before
+    with open(moved[1], "a", encoding="utf-8") as f:
+        f.write('<doc id="9" title="New">\nNew\nA document added since.\n</doc>\n')
+    with pytest.raises(OutputDirectoryError, match=r"holds part-00001-000.json, made from another input file 2 "
+                                                   r"than .*wiki_01 \(its size or beginning differ\)"):
+        create_pretraining_dataset(moved, str(tmp_path / "out"), dataset_settings(), num_workers=1)
+    vocabulary = tmp_path / "vocab" / "bert_uncased_vocab.txt"
+    vocabulary.parent.mkdir()
+    lines = open(dataset_settings().vocab_file, encoding="utf-8").read().splitlines()
+    vocabulary.write_text("\n".join(lines[:1000] + ["[unused-x]"] + lines[1001:]) + "\n")
+    with pytest.raises(OutputDirectoryError, match="made with other settings"):
+        create_pretraining_dataset(corpus, unpacked_dir, dataclasses.replace(dataset_settings(),
+                                                                            vocab_file=str(vocabulary)), num_workers=1)
+
+
 def test_empty_documents_warn_by_default_and_can_be_errors(tmp_path):
     path = tmp_path / "wiki"
     path.write_text('<doc id="1" title="A">\nA\nSome text here. More text there.\n</doc>\n'
@@ -158,10 +183,61 @@ def test_cli_writes_the_dataset(tmp_path):
     result = run_cli(f"--input_file={paths[0]}", f"--output_dir={tmp_path}/out", "--max_seq_length=64",
                      "--max_predictions_per_seq=10", "--dupe_factor=1", "--num_workers=1")
     assert result.returncode == 0, result.stderr
-    summary = json.loads(result.stdout)
-    assert summary["num_instances"] > 0
+    [summary] = result.stdout.strip().splitlines()  # one line says what was made
+    count = int(summary.split(": ", 1)[1].split(" training instances", 1)[0].replace(",", ""))
+    assert count == json.load(open(tmp_path / "out" / "metadata.json"))["num_instances"] > 0
     assert sorted(os.listdir(tmp_path / "out")) == ["histogram.json", "metadata.json", "part-00000-000.json",
                                                      "part-00000-000.tfrecord"]
+
+
+def children(pid):
+    """The pids whose parent is `pid` (from /proc)."""
+    found = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["SIGKILL", "SIGTERM"])
+def test_workers_exit_when_the_command_is_killed(tmp_path, name):
+    import signal
+    import time
+
+    paths = write_corpus(str(tmp_path), num_files=16, docs_per_file=60)
+    process = subprocess.Popen([sys.executable, os.path.join(REPO, "scripts", "create_pretraining_data.py"),
+                                f"--input_file={','.join(paths)}", f"--output_dir={tmp_path}/out",
+                                "--max_seq_length=64", "--max_predictions_per_seq=10", "--num_workers=2"],
+                               cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while len(children(process.pid)) < 2 and time.monotonic() < deadline:  # the workers (and a tracker)
+        time.sleep(0.2)
+    workers = children(process.pid)
+    assert len(workers) >= 2
+    os.kill(process.pid, getattr(signal, name))
+    _, stderr = process.communicate(timeout=120)
+    if name == "SIGTERM":  # one line, the shell's status, and the same command goes on
+        assert process.returncode == 143 and "Traceback" not in stderr, stderr[-3000:]
+        assert stderr.strip().splitlines()[-1] == (
+            "create_pretraining_data: stopped (SIGTERM). Finished shards are kept; run the same command again to "
+            "continue (exit status 143)")
+    deadline = time.monotonic() + 20
+    while any(map(running, workers)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in workers if running(pid)]  # none works on for nobody
+
+
+def running(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+    except OSError:
+        return False
 
 
 def test_eval_split_holds_out_whole_documents(corpus, unpacked_dir, tmp_path):

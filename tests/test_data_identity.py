@@ -194,15 +194,19 @@ def test_a_run_refuses_to_resume_on_data_made_again_since_it_started(packed_copy
 
     shapes = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK)
 
-    def run(steps):
-        described = data.describe(tfrecords(str(packed_copy)), "--input_file", shapes, "packed", training=True)
-        return make_trainer(config(tmp_path / "run", tfrecords(str(packed_copy)), num_train_steps=steps,
+    def run(steps, directory=packed_copy):
+        described = data.describe(tfrecords(str(directory)), "--input_file", shapes, "packed", training=True)
+        return make_trainer(config(tmp_path / "run", tfrecords(str(directory)), num_train_steps=steps,
                                    identity=described.identity)).train()
 
     run(1)
     recorded = json.loads((tmp_path / "run" / "run.json").read_text())["train_files"]
     assert [entry[0] for entry in recorded] == tfrecords(str(packed_copy))
-    run(2)  # the same data: it goes on
+    moved = tmp_path / "moved"
+    shutil.copytree(packed_copy, moved)
+    run(2, moved)  # the same data, moved (known by content, not by path): it goes on
+    recorded = json.loads((tmp_path / "run" / "run.json").read_text())["train_files"]
+    assert [entry[0] for entry in recorded] == tfrecords(str(moved))
     shard = packed_copy / "packed-00000-of-00002.tfrecord"
     content = bytearray(shard.read_bytes())
     content[20] ^= 1  # made again, the same size: another first 64 KiB

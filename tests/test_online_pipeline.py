@@ -144,7 +144,7 @@ def dataclass_replace(config, **changes):
     return dataclasses.replace(config, **changes)
 
 
-def test_training_packed_on_the_fly_resumes_exactly_and_counts_the_plan_once(unpacked_dir, tmp_path, caplog):
+def test_training_packed_on_the_fly_resumes_exactly_and_counts_the_plan_once(unpacked_dir, tmp_path, capsys):
     """The reference's own files (no metadata.json): the histogram is counted once and cached
     beside the run; a run stopped by SIGTERM goes on with exactly the losses of an uninterrupted one."""
     import shutil
@@ -167,7 +167,7 @@ def test_training_packed_on_the_fly_resumes_exactly_and_counts_the_plan_once(unp
         return make_trainer(dataclass_replace(config(directory, paths, num_train_steps=6), train_data=train))
 
     straight = trainer(tmp_path / "straight")
-    assert "counting the lengths of 4 files" in caplog.text
+    assert "counting the sequences of 4 files (once; no counts in a metadata.json): 4/4 files" in capsys.readouterr().err
     assert straight.config.train_data.rows_per_micro_batch == 3  # 4 rows at the plan's packing factor
     straight.train()
     stopped = trainer(tmp_path / "resumed")
@@ -182,9 +182,9 @@ def test_training_packed_on_the_fly_resumes_exactly_and_counts_the_plan_once(unp
     stopped.update.loop = loop_then_sigterm
     stopped.train()
     assert stopped.stopped_by == "SIGTERM"
-    caplog.clear()
+    capsys.readouterr()
     trainer(tmp_path / "resumed").train()
-    assert "counting the lengths" not in caplog.text  # the histogram cached beside the run
+    assert "counting" not in capsys.readouterr().err  # the histogram cached beside the run
     logs = [read_log(tmp_path / run / "train_log.jsonl") for run in ("straight", "resumed")]
     assert [r["step"] for r in logs[1]] == list(range(1, 7))
     assert [r["loss"] for r in logs[0]] == [r["loss"] for r in logs[1]]

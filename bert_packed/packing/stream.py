@@ -24,6 +24,7 @@ from bert_packed.features import Shapes
 from bert_packed.packing import packer
 from bert_packed.packing.histogram import histogram_from_lengths
 from bert_packed.packing.online import OnlinePacker
+from bert_packed.progress import Progress
 from bert_packed.records import RecordError, read_unpacked
 
 
@@ -57,12 +58,21 @@ class StreamSettings:
     epochs: int | None = None
 
 
-def length_histogram(paths: list[str], shapes: Shapes) -> np.ndarray:
-    """The length histogram of unpacked record files, counted in one pass (records checked)."""
+def length_histogram(paths: list[str], shapes: Shapes, label: str | None = None) -> np.ndarray:
+    """The length histogram of unpacked record files, counted in one pass (records checked).
+
+    Args:
+      label: when given, progress is shown under it (a file at a time).
+    """
     histogram = np.zeros(shapes.max_seq_length, dtype=np.int64)
+    progress = Progress(label, len(paths), "files") if label else None
     for path in paths:
         for _, batch in read_unpacked(path, shapes.unpacked()):
             histogram += histogram_from_lengths((batch["input_mask"] != 0).sum(axis=1), shapes.max_seq_length)
+        if progress:
+            progress.update(1, f", {int(histogram.sum()):,} sequences")
+    if progress:
+        progress.close()
     return histogram
 
 

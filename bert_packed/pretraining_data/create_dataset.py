@@ -30,11 +30,14 @@ import logging
 import multiprocessing
 import os
 import shutil
+import signal
+import threading
+import time
 
 import numpy as np
 
 from bert_packed import files
-from bert_packed.dataset_info import DataFile, DatasetInfo, refuse_other_output, write_dataset_info
+from bert_packed.dataset_info import DataFile, DatasetInfo, file_identity, refuse_other_output, write_dataset_info
 from bert_packed.errors import OutputDirectoryError
 from bert_packed.features import Shapes
 from bert_packed.files import write_text_atomically
@@ -61,6 +64,7 @@ class DatasetSettings:
     def to_dict(self) -> dict:
         result = dataclasses.asdict(self)
         result["vocab_file"] = os.path.basename(self.vocab_file)
+        result["vocab_identity"] = file_identity(self.vocab_file)  # a vocabulary is its content, not its name
         return result
 
 
@@ -119,16 +123,19 @@ def _create(input_files: list[str], output_dir: str, settings: DatasetSettings, 
     instances = 0
     # Fresh interpreters for the workers: no inherited TensorFlow or tokenizer thread pools.
     pool = (concurrent.futures.ProcessPoolExecutor(num_workers, mp_context=multiprocessing.get_context("spawn"),
-                                                   initializer=_quiet_worker) if num_workers > 1 else None)
+                                                   initializer=_start_worker, initargs=(os.getpid(),))
+            if num_workers > 1 else None)
     in_flight: set = set()
     try:
         for i, path in enumerate(input_files):
             passes = [p for p in _passes(settings) if not done(i, p)]
             if not passes:
                 continue
+            identity = _source_identity(path)  # before reading: a file changed meanwhile is not taken for this one
             documents, held_out, empty = _tokenize_file(path, i, tokenizer, settings)
             for p in passes:
-                job = (i, p, sources[i], held_out if p == EVAL_PASS else documents, empty, output_dir, settings)
+                job = (i, p, (sources[i], identity), held_out if p == EVAL_PASS else documents, empty, output_dir,
+                       settings)
                 if pool is None:
                     instances += _run_pass(*job)
                     progress.update(1, f", {instances:,} instances")
@@ -150,22 +157,58 @@ def _create(input_files: list[str], output_dir: str, settings: DatasetSettings, 
     return _write_summary(sources, output_dir, settings)
 
 
-def _quiet_worker() -> None:
+def _start_worker(parent: int) -> None:
+    """A worker leaves Ctrl-C to its parent (one message, not one traceback a worker) and exits
+    when the parent is gone (killed with -9, say) instead of working on for nobody."""
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def exit_when_orphaned():
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=exit_when_orphaned, daemon=True).start()
 
 
 def _check_previous_run(output_dir: str, settings: DatasetSettings, sources: list[str]) -> None:
+    """Refuses a directory whose finished shards were made with other settings or from other
+    input files: each shard records the size and beginning of the file it was made from, so a
+    file edited or replaced under the same name is noticed, and a moved checkout is not."""
     expected = settings.to_dict()
+    identities: dict[int, dict] = {}
     for name in sorted(os.listdir(output_dir)):
-        if name.startswith("part-") and name.endswith(".json"):
-            with open(os.path.join(output_dir, name), encoding="utf-8") as f:
-                previous = json.load(f)
-            index = previous.get("file_index", -1)
-            if (previous.get("settings") != expected or not 0 <= index < len(sources)
-                    or previous.get("source") != sources[index]):
-                raise OutputDirectoryError(
-                    f"{output_dir}: holds {name}, made with other settings or input files; use a new "
-                    f"--output_dir or remove the old one")
+        if not (name.startswith("part-") or name.startswith("eval-")) or not name.endswith(".json"):
+            continue
+        with open(os.path.join(output_dir, name), encoding="utf-8") as f:
+            previous = json.load(f)
+        index = previous.get("file_index", -1)
+        made_from = previous.get("source_identity")
+        if made_from is None:  # written by an earlier release: its settings and the input's path
+            expected.pop("vocab_identity", None)
+        if previous.get("settings") != expected:
+            raise OutputDirectoryError(f"{output_dir}: holds {name}, made with other settings; use a new --output_dir "
+                                       f"or remove the old one")
+        if not 0 <= index < len(sources):
+            raise OutputDirectoryError(f"{output_dir}: holds {name}, made from input file {index + 1}, but "
+                                       f"{len(sources)} are given; use a new --output_dir or remove the old one")
+        if made_from is None:
+            same = previous.get("source") == sources[index]
+        else:
+            if index not in identities:
+                identities[index] = _source_identity(sources[index])
+            same = made_from == identities[index]
+        if not same:
+            raise OutputDirectoryError(f"{output_dir}: holds {name}, made from another input file {index + 1} than "
+                                       f"{sources[index]} (its size or beginning differ); use a new --output_dir or "
+                                       f"remove the old one")
+
+
+def _source_identity(path: str) -> dict:
+    try:
+        return file_identity(path)
+    except OSError as e:  # as reading it would say (a symlink loop, say)
+        raise CorpusError(f"{path}: cannot read: {e.strerror or e}") from None
 
 
 def _tokenize_file(path: str, file_index: int, tokenizer: Tokenizer, settings: DatasetSettings):
@@ -237,9 +280,13 @@ def _unflatten(tokens: np.ndarray, sentence_lengths: np.ndarray, sentences_per_d
     return [sentences[start:end] for start, end in zip(bounds[:-1], bounds[1:])]
 
 
-def _run_pass(file_index: int, dupe_pass: int, source: str, documents, empty: list[str], output_dir: str,
-              settings: DatasetSettings) -> int:
-    """One dupe pass (or the eval pass) over one file's documents -> one shard; returns its instances."""
+def _run_pass(file_index: int, dupe_pass: int, source: tuple[str, dict], documents, empty: list[str],
+              output_dir: str, settings: DatasetSettings) -> int:
+    """One dupe pass (or the eval pass) over one file's documents -> one shard; returns its instances.
+
+    Args:
+      source: the input file's path and identity (bert_packed.dataset_info.file_identity).
+    """
     config = settings.config
     documents = _unflatten(*documents)
     tokenizer = _worker_tokenizer(settings)
@@ -256,7 +303,8 @@ def _run_pass(file_index: int, dupe_pass: int, source: str, documents, empty: li
         for start in range(0, len(instances), 4096):  # padded int64 features a chunk at a time: bounded memory
             writer.write_examples(instance_features(instances[start:start + 4096], shapes))
     summary = {
-        "source": source,
+        "source": source[0],
+        "source_identity": source[1],
         "file_index": file_index,
         "dupe_pass": dupe_pass,
         "settings": settings.to_dict(),

@@ -77,7 +77,7 @@ def describe(paths: list[str], flag: str, shapes: Shapes, input_mode: str | None
     described = [info for info in infos.values() if info is not None]
     if not described:
         logging.warning("%s: no metadata.json beside the files; cannot check them against the flags", flag)
-        packed = input_mode == "packed"
+        packed = input_mode in ("packed", "packs_as_rows")
         identity = tuple((path, *file_identity(path).values()) for path in paths)
         return Described(packed, shapes if packed else shapes.unpacked(), 0, 0, identity)
     if len(described) < len(groups):
@@ -90,30 +90,31 @@ def describe(paths: list[str], flag: str, shapes: Shapes, input_mode: str | None
         if (info.packed, info.shapes) != (first.packed, first.shapes):
             raise SettingsError(f"{flag}: the files come from datasets of other shapes or kinds")
     sequences = records = 0
+    unknown = False
     identity = []
-    histogram = None
+    dataset_histogram = None
     for directory, info in infos.items():
         chosen = info.select(directory, groups[directory], flag, training, held_out_allowed)
         identity += [(os.path.join(directory, f.name), f.bytes, f.head) for f in chosen]
         whole = len(chosen) == len(info.files) and {f.name for f in chosen} == set(info.file_names)
         path = os.path.join(directory, HISTOGRAM_FILE)
         if whole and len(infos) == 1 and os.path.exists(path):
-            histogram = load_histogram(path, info.shapes.max_seq_length)
-        known = all(f.sequences is not None and f.records is not None for f in chosen)
-        if known:
+            dataset_histogram = load_histogram(path, info.shapes.max_seq_length)
+        if all(f.sequences is not None and f.records is not None for f in chosen):
             sequences += sum(f.sequences for f in chosen)
             records += sum(f.records for f in chosen)
         elif whole:
             sequences, records = sequences + info.num_sequences, records + info.num_records
-        else:
-            logging.warning("%s: a part of a dataset described by an earlier release (no counts per file): its "
-                            "sequences are not known", flag)
-    return Described(first.packed, first.shapes, sequences, records, tuple(identity), histogram)
+        else:  # a part of a dataset an earlier release described (no counts per file)
+            unknown = True
+    if unknown:
+        sequences = records = 0
+    return Described(first.packed, first.shapes, sequences, records, tuple(identity), dataset_histogram)
 
 
 def _check_against_settings(info: DatasetInfo, flag: str, shapes: Shapes, input_mode: str | None,
                             depth_given: bool) -> None:
-    packed = None if input_mode is None else input_mode == "packed"  # packed_online reads unpacked records
+    packed = None if input_mode is None else input_mode in ("packed", "packs_as_rows")  # packed_online: unpacked
     if packed is False and info.packed:
         raise SettingsError(f"{flag}: packed data (metadata.json), but --input_mode={input_mode} reads unpacked "
                             f"records; use --input_mode=packed")
@@ -141,22 +142,28 @@ def default_input_mode(paths: list[str], given: str | None) -> str:
 
 def online_plan(paths: list[str], described: Described, shapes: Shapes, run: RunDirectory | None = None,
                 name: str = "train") -> tuple[np.ndarray, object]:
-    """The length histogram of the files and the `lp` plan the on-the-fly packer fills (at depth S).
-
-    The histogram is the dataset's histogram.json when that is the files' own, else the one
-    cached in the run directory for these very files, else counted in one pass (the trainer then
-    caches it there).
+    """The length histogram of the files (histogram) and the `lp` plan the on-the-fly packer
+    fills (at depth S).
 
     Returns:
       (histogram, PackingPlan).
     """
-    histogram = described.histogram
-    if histogram is None and run is not None:
-        histogram = run.read_histogram(name, described.identity)
-    if histogram is None:
-        logging.info("counting the lengths of %d files for the on-the-fly packer's plan", len(paths))
-        histogram = length_histogram(paths, shapes)
-    return np.asarray(histogram), plan(histogram, shapes.max_seq_length, "lp", shapes.max_sequences_per_pack)
+    counted = histogram(paths, described, shapes, run, name)
+    return counted, plan(counted, shapes.max_seq_length, "lp", shapes.max_sequences_per_pack)
+
+
+def histogram(paths: list[str], described: Described, shapes: Shapes, run: RunDirectory | None = None,
+              name: str = "train") -> np.ndarray:
+    """The length histogram of unpacked files: the dataset's histogram.json when that is the
+    files' own, else the one cached in the run directory for these very files, else counted in
+    one pass (the trainer then caches it there)."""
+    counted = described.histogram
+    if counted is None and run is not None:
+        counted = run.read_histogram(name, described.identity)
+    if counted is None:
+        counted = length_histogram(paths, shapes, f"counting the sequences of {len(paths)} files (once; no counts "
+                                                  f"in a metadata.json)")
+    return np.asarray(counted)
 
 
 def train_data(paths: list[str], shapes: Shapes, input_mode: str, depth_given: bool = False,
@@ -170,14 +177,24 @@ def train_data(paths: list[str], shapes: Shapes, input_mode: str, depth_given: b
     """
     described = describe(paths, "--input_file", shapes, input_mode, depth_given, training=True,
                          held_out_allowed=held_out_allowed)
-    if input_mode != "packed_online":
+    if input_mode != "packed_online" and described.num_sequences:
         return TrainData(files=tuple(paths), shapes=described.shapes, input_mode=input_mode,
                          packing_factor=described.packing_factor, num_sequences=described.num_sequences,
                          identity=described.identity, **settings)
-    histogram, packing_plan = online_plan(paths, described, shapes, run)
+    if described.packed:
+        raise SettingsError("--input_file: packed data without the counts of a metadata.json: its packing factor is "
+                            "not known; give the directory pack_pretraining_data.py wrote")
+    if input_mode != "packed_online":
+        # Unpacked files no metadata.json counts (the reference's own): counted once, so that
+        # mllog.txt's train_samples is their number of sequences.
+        counted = histogram(paths, described, shapes, run)
+        return TrainData(files=tuple(paths), shapes=described.shapes, input_mode=input_mode,
+                         num_sequences=int(counted.sum()), identity=described.identity,
+                         histogram=tuple(counted.tolist()), **settings)
+    counted, packing_plan = online_plan(paths, described, shapes, run)
     return TrainData(files=tuple(paths), shapes=shapes, input_mode=input_mode,
-                     packing_factor=packing_plan.packing_factor, num_sequences=int(histogram.sum()),
-                     plan=packing_plan.strategies, identity=described.identity, histogram=tuple(histogram.tolist()),
+                     packing_factor=packing_plan.packing_factor, num_sequences=int(counted.sum()),
+                     plan=packing_plan.strategies, identity=described.identity, histogram=tuple(counted.tolist()),
                      **settings)
 
 
