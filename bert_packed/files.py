@@ -29,9 +29,9 @@ from bert_packed.errors import OutputDirectoryError, UserError
 def _gfile(path: str):
     """tf.io.gfile for a path with a scheme; None for a local path (plain os calls)."""
     if "://" in path:
-        import tensorflow as tf
+        from bert_packed.tensorflow_loading import import_tensorflow
 
-        return tf.io.gfile
+        return import_tensorflow().io.gfile
     return None
 
 
@@ -230,8 +230,9 @@ def exclusive(lock_path: str, what: str):
 
     The lock file is written whole under a temporary name and hard-linked into place, which
     fails when it exists: two processes can never both hold it, and a holder is always named.
-    A lock left by a process that no longer runs (same host, pid gone) is taken over, through a
-    rename only one taker can win. Only local paths are locked (a bucket has no exclusive create).
+    A lock left by a process that no longer runs (same host, and the pid gone or now another
+    process's: a container's pid 1 after a restart, say) is taken over, through a rename only one
+    taker can win. Only local paths are locked (a bucket has no exclusive create).
 
     Args:
       lock_path: the lock file (a directory's `.lock`, say).
@@ -244,7 +245,7 @@ def exclusive(lock_path: str, what: str):
         yield
         return
     holder = {"command": what, "host": socket.gethostname(), "pid": os.getpid(),
-              "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+              "started": time.strftime("%Y-%m-%d %H:%M:%S"), "process_start": _process_start(os.getpid())}
     tmp = f"{lock_path}.tmp-{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(holder, f)
@@ -292,7 +293,21 @@ def _alive(holder: dict) -> bool:
         return False
     except (PermissionError, KeyError, TypeError, ValueError):
         return True
-    return True
+    recorded = holder.get("process_start")
+    return recorded is None or _process_start(int(holder["pid"])) in (None, recorded)
+
+
+def _process_start(pid: int) -> str | None:
+    """When process `pid` started, as this host's kernel tells it (boot id and clock ticks since
+    boot; None where /proc does not say): a pid used again by another process starts later."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read().strip()
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        return f"{boot}:{fields[19]}"
+    except (OSError, IndexError):
+        return None
 
 
 def _held_message(lock_path: str, holder: dict | None) -> str:
@@ -300,4 +315,5 @@ def _held_message(lock_path: str, holder: dict | None) -> str:
     if holder is None:
         return f"{where}: locked by {lock_path}, which cannot be read; remove it if no process uses {where}"
     return (f"{where}: in use by {holder.get('command')} (pid {holder.get('pid')} on {holder.get('host')}, since "
-            f"{holder.get('started')}); wait for it to finish, or use another directory")
+            f"{holder.get('started')}); wait for it to finish, or use another directory (if that process no "
+            f"longer runs, on a machine or in a container gone since, remove {lock_path})")

@@ -63,6 +63,20 @@ def test_a_lock_left_by_a_dead_process_is_taken_over_and_a_live_one_named(tmp_pa
             with files.exclusive(lock, "run_pretraining"):
                 pass
     assert sorted(os.listdir(tmp_path)) == []
+    # A live pid that is another process now (a container's pid 1 after a restart): stale too.
+    with open(lock, "w") as f:
+        json.dump({"command": "run_pretraining", "host": os.uname().nodename, "pid": os.getppid(),
+                   "started": "2026-11-23 10:00:00", "process_start": "another boot:12"}, f)
+    with files.exclusive(lock, "create_pretraining_data"):
+        assert json.load(open(lock))["pid"] == os.getpid()
+    # Another machine's: it cannot be told, so it holds, and the message says how to take it back.
+    with open(lock, "w") as f:
+        json.dump({"command": "run_pretraining", "host": "node-7", "pid": 1, "started": "2026-11-23 10:00:00"}, f)
+    with pytest.raises(files.DirectoryLockedError, match=rf"pid 1 on node-7, .*if that process no longer runs, "
+                                                         rf".*remove {lock}\)$"):
+        with files.exclusive(lock, "run_pretraining"):
+            pass
+    os.remove(lock)
     (tmp_path / ".lock").write_text("{garbage")
     with pytest.raises(files.DirectoryLockedError, match="cannot be read; remove it if no process uses"):
         with files.exclusive(lock, "run_pretraining"):

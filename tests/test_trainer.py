@@ -398,6 +398,17 @@ def test_init_checkpoint_and_a_corrupt_checkpoint(packed_dir, tmp_path, caplog):
     assert [r["step"] for r in read_log(tmp_path / "run" / "train_log.jsonl")] == [1, 2]
     np.testing.assert_array_equal(restarted.model.embeddings.word_embeddings.numpy(),
                                   source.embeddings.word_embeddings.numpy())
+    # Step 2's checkpoint damaged too: the run starts over again and writes it anew, whole.
+    from bert_packed.training.checkpoints import _unreadable
+
+    newest = tmp_path / "run" / "checkpoints" / "ckpt-2"
+    data_file = next(p for p in newest.parent.iterdir() if p.name.startswith("ckpt-2.data-"))
+    data_file.write_bytes(data_file.read_bytes()[:100])
+    assert _unreadable(str(newest)) is not None
+    make_trainer(config(tmp_path / "run", tfrecords(packed_dir), init_checkpoint=path, num_train_steps=2,
+                        learning_rate=0.0)).train()
+    assert _unreadable(str(newest)) is None
+    assert [r["step"] for r in read_log(tmp_path / "run" / "train_log.jsonl")] == [1, 2]
 
 
 def test_the_end_of_a_run_evaluates_at_the_last_step_and_exports_its_weights(packed_dir, unpacked_dir, tmp_path):
@@ -451,13 +462,14 @@ def test_a_kill_during_the_export_of_a_run_that_reached_its_target_is_completed(
     settings = dict(num_train_steps=4, eval_files=eval_files, eval_every_samples=1, target_mlm_accuracy=0.0)
     export = trainer_module.export_google_checkpoint
 
-    def killed(model, path):
+    def killed(model, path, step=None):
         raise RuntimeError("killed")
 
     monkeypatch.setattr(trainer_module, "export_google_checkpoint", killed)
     with pytest.raises(RuntimeError, match="killed"):
         make_trainer(config(tmp_path, files, **settings)).train()  # reached at step 1, saved, killed exporting
     monkeypatch.setattr(trainer_module, "export_google_checkpoint", export)
+    (tmp_path / "model.ckpt-1.tmp.data-00000-of-00001.tempstate8837").write_bytes(b"cut")  # SaveV2's own, killed
     make_trainer(config(tmp_path, files, **settings)).train()
     assert [r["step"] for r in read_log(tmp_path / "train_log.jsonl")] == [1]  # not trained on
     assert [r["step"] for r in read_log(tmp_path / "eval_log.jsonl")] == [1]
@@ -473,6 +485,10 @@ def test_an_output_dir_holding_another_run_is_refused_and_left_intact(packed_dir
     with pytest.raises(RunError, match=r"holds another run \(seed, sequences_per_update, train_batch_size differ\)"):
         make_trainer(config(tmp_path, tfrecords(packed_dir), num_train_steps=2, seed=7, train_batch_size=2,
                        flags_text="--seed=7\n")).train()
+    assert (tmp_path / "train_log.jsonl").read_text() == before
+    with pytest.raises(RunError, match=r"holds another run \(learning_rate differ\)"):
+        make_trainer(config(tmp_path, tfrecords(packed_dir), num_train_steps=2, learning_rate=5e-4,
+                            flags_text="--seed=12345\n")).train()
     assert (tmp_path / "train_log.jsonl").read_text() == before
     assert (tmp_path / "flags.txt").read_text() == "--seed=12345\n"
 

@@ -10,6 +10,7 @@ a checkpoint are ignored.
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import tensorflow as tf
@@ -91,6 +92,20 @@ def _prefix(path: str) -> str:
     return named if os.path.isabs(named) or "://" in named else os.path.join(path, os.path.basename(named))
 
 
+def checkpoint_step(path: str) -> int:
+    """The training step a TF1 checkpoint was saved at: its `global_step` tensor, or else the
+    number its name ends with (`model.ckpt-28252`), or else 0."""
+    try:
+        with files.unglobbed(_prefix(path)) as readable:
+            reader = tf.train.load_checkpoint(readable)
+            if reader.has_tensor("global_step"):
+                return int(reader.get_tensor("global_step"))
+    except (tf.errors.OpError, ValueError, CheckpointError):
+        pass
+    match = re.search(r"-(\d+)$", path.rstrip("/"))
+    return int(match.group(1)) if match else 0
+
+
 def _load(model: BertPretrainingModel, path: str, reader) -> int:
     shapes = reader.get_variable_to_shape_map()
     names = google_variable_names(model)
@@ -109,8 +124,9 @@ def _load(model: BertPretrainingModel, path: str, reader) -> int:
     return len(names)
 
 
-def export_google_checkpoint(model: BertPretrainingModel, path: str) -> str:
-    """Writes the model's weights as a TF1 checkpoint with google-research names.
+def export_google_checkpoint(model: BertPretrainingModel, path: str, step: int | None = None) -> str:
+    """Writes the model's weights as a TF1 checkpoint with google-research names (and `global_step`,
+    as TF1 BERT checkpoints carry it, when `step` is given).
 
     Returns:
       The checkpoint prefix (`path`), loadable by load_google_checkpoint and by TF1 BERT tools.
@@ -120,16 +136,26 @@ def export_google_checkpoint(model: BertPretrainingModel, path: str) -> str:
         value = np.asarray(weight.numpy(), dtype=np.float32)
         names.append(name)
         tensors.append(tf.constant(value.T if transposed else value))
-    # One temporary name, not one a process: a writer killed midway leaves files the next export
-    # overwrites (the trainer's lock keeps two from writing here at once).
+    if step is not None:
+        names.append("global_step")
+        tensors.append(tf.constant(step, tf.int64))
+    # One temporary name, not one a process: what a writer killed midway left (SaveV2's own
+    # `.tempstate` files among it) is removed before and after (the trainer's lock keeps two from
+    # writing here at once).
     tmp = f"{path}.tmp"
-    suffixes = (".data-00000-of-00001", ".index")  # SaveV2 on one device: one data shard
+    _remove_parts(tmp)
     try:
         tf.raw_ops.SaveV2(prefix=tmp, tensor_names=names, shape_and_slices=[""] * len(names), tensors=tensors)
-        for suffix in suffixes:  # the index last: a reader looks for it, so it finds all of a checkpoint or none
+        for suffix in (".data-00000-of-00001", ".index"):  # the index last: a reader finds all or none
             files.move(tmp + suffix, path + suffix)
     finally:
-        for suffix in suffixes:
-            if files.exists(tmp + suffix):
-                files.remove(tmp + suffix)
+        _remove_parts(tmp)
     return path
+
+
+def _remove_parts(prefix: str) -> None:
+    directory, name = os.path.split(prefix)
+    directory = directory or "."
+    for part in files.listdir(directory) if files.isdir(directory) else ():
+        if part.startswith(name + "."):
+            files.remove(os.path.join(directory, part))

@@ -45,6 +45,7 @@ class Checkpoints:
         self.keep = keep
         self._checkpoint = checkpoint
         self._saving = os.path.join(directory, ".saving")
+        self._whole: set[int] = set()  # steps this process saved or restored: known to read whole
 
     def clean_up(self) -> None:
         """Removes what a save cut short left (call holding the run's lock): .saving/, data files
@@ -74,7 +75,8 @@ class Checkpoints:
         return self.path(steps[0]) if steps else None
 
     def save(self, step: int, variables: list) -> str:
-        """Saves checkpoint `step` unless it exists; never non-finite weights.
+        """Saves checkpoint `step` unless this process saved or restored it; one on disk that
+        restore passed over (damaged) is replaced. Never saves weights that are not finite.
 
         Args:
           step: the micro-step (the checkpoint's number).
@@ -84,7 +86,7 @@ class Checkpoints:
           TrainingError: a weight is not finite (nothing saved).
         """
         target = self.path(step)
-        if step in self.steps():
+        if step in self._whole and step in self.steps():
             return target
         # One reduction and one read back, not one per variable.
         if not bool(tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in variables])):
@@ -92,22 +94,27 @@ class Checkpoints:
                                  f"{self.last_finite()}")
         files.rmtree(self._saving)
         files.makedirs(self._saving)
+        self._remove(step)  # one restore passed over: its parts are replaced, not mixed with the new ones
         try:
             self._checkpoint.write(os.path.join(self._saving, f"ckpt-{step}"))
             for part in sorted(files.listdir(self._saving), key=lambda part: part.endswith(".index")):  # index last
                 files.move(os.path.join(self._saving, part), os.path.join(self.directory, part))
         finally:
             files.rmtree(self._saving)
+        self._whole.add(step)
         self._prune()
         self._write_state_file()
         return target
 
     def _prune(self) -> None:
         for step in self.steps()[self.keep:]:
-            prefix = f"ckpt-{step}."
-            for name in sorted(files.listdir(self.directory), key=lambda part: not part.endswith(".index")):
-                if name.startswith(prefix):  # the index first: what is left is never mistaken for a checkpoint
-                    files.remove(os.path.join(self.directory, name))
+            self._remove(step)
+
+    def _remove(self, step: int) -> None:
+        prefix = f"ckpt-{step}."
+        for name in sorted(files.listdir(self.directory), key=lambda part: not part.endswith(".index")):
+            if name.startswith(prefix):  # the index first: what is left is never mistaken for a checkpoint
+                files.remove(os.path.join(self.directory, name))
 
     def _write_state_file(self) -> None:
         steps = self.steps()
@@ -155,6 +162,7 @@ class Checkpoints:
         except (AssertionError, ValueError, tf.errors.OpError) as e:
             raise TrainingError(f"{path}: does not fit this run ({str(e).splitlines()[0]}); use a new "
                                 f"--output_dir") from None
+        self._whole.add(step)
         if problems:
             logging.warning("resumed from %s, the newest checkpoint that restores", path)
         self._repair_state_file(step)

@@ -35,6 +35,7 @@ from bert_packed.dataset_info import refuse_other_output
 from bert_packed.errors import TrainingError
 from bert_packed.input_pipeline import PipelineConfig, make_dataset, reading_errors_named
 from bert_packed.model import BertPretrainingModel, export_google_checkpoint, load_google_checkpoint
+from bert_packed.model.checkpoint import checkpoint_step
 from bert_packed.run_directory import LOGS, RunDirectory
 from bert_packed.training.checkpoints import Checkpoints
 from bert_packed.training.config import TrainConfig
@@ -145,11 +146,17 @@ class Trainer:
                     "sequences_per_update": c.train_data.sequences_per_update,
                     "loss_averaging": c.model.loss_averaging, "seed": c.run.seed,
                     "target_mlm_accuracy": c.eval_data.target_mlm_accuracy, "bert_config": c.model.bert.to_dict()}
+        o = c.optimizer  # by its flags' names; --num_train_steps may change (a run goes on past its end)
+        identity.update({"optimizer": o.name, "learning_rate": o.learning_rate, "num_warmup_steps": o.num_warmup_steps,
+                         "start_warmup_step": o.start_warmup_step, "poly_power": o.poly_power,
+                         "lamb_beta_1": o.beta_1, "lamb_beta_2": o.beta_2, "lamb_weight_decay_rate": o.weight_decay_rate,
+                         "epsilon": o.epsilon, "adjust_betas_for_packing": o.adjust_betas_for_packing,
+                         "clip_by_global_norm_after_gradient_allreduce": o.clip_after_allreduce})
         data = {"train_files": c.train_data.identity, "eval_files": c.eval_data.identity}
         previous = self.directory.claim(identity, data)
         if c.run.flags_text:
             self.directory.write_flags(c.run.flags_text)
-        if c.train_data.histogram:  # counted for packing on the fly: not again
+        if c.train_data.histogram:  # counted (no metadata.json counts the files): not again
             self.directory.write_histogram("train", c.train_data.identity, c.train_data.histogram)
         return previous
 
@@ -172,8 +179,8 @@ class Trainer:
         if not on_any_worker(self.strategy, not done):
             return True
         self.directory.cut_logs(self.log_sizes.numpy().tolist())
-        if finished:
-            self.directory.write_info({k: v for k, v in previous.items() if k != "finished"})
+        if finished:  # it goes on: no longer finished (run.json as claimed, with today's data paths)
+            self.directory.write_info({k: v for k, v in self.directory.read_info().items() if k != "finished"})
         return False
 
     def _run(self, logs: RunLogs) -> dict:
@@ -184,6 +191,9 @@ class Trainer:
             logging.warning("%s", note)
         for line in c.describe():
             logging.info("%s", line)
+        if not c.eval_data.files:
+            logging.warning("this run does not evaluate (no eval files): its mllog.txt cannot pass the MLPerf "
+                            "compliance checker, which requires an evaluation (eval_accuracy)")
         last = logs.last_eval
         reached = last.get("step") == step and last.get("mlm_accuracy", 0.0) >= c.eval_data.target_mlm_accuracy
         stopped = False
@@ -205,12 +215,12 @@ class Trainer:
         start, first_step = time.perf_counter(), step
         while step < c.last_step:
             if step == first_step:
-                logging.info("compiling the training step and running the first %d micro-steps",
+                logging.debug("compiling the training step and running the first %d micro-steps",
                              min(c.loop_steps, c.last_step - step))
             results = self.run_updates(min(c.loop_steps, c.last_step - step) // n)
             seconds = logs.seconds_before + time.perf_counter() - start
             if step == first_step:
-                logging.info("compiled and ran the first loop in %.1f s", seconds - logs.seconds_before)
+                logging.debug("compiled and ran the first loop in %.1f s", seconds - logs.seconds_before)
             for row in results:
                 step += n
                 record = self._train_record(row, step, sequences, seconds, logs)
@@ -244,12 +254,13 @@ class Trainer:
         return {"step": step, "sequences": sequences_before + int(metrics["num_sequences"]),
                 "learning_rate": float(row[0]), "seconds": seconds,
                 "train_seconds": logs.train_seconds_before + seconds - logs.seconds_before - logs.eval_seconds,
-                "real_tokens": sums["tokens"], "padding_efficiency": sums["tokens"] / sums["slots"], **metrics}
+                "real_tokens": sums["tokens"], "predictions": sums["mlm_predictions"],
+                "padding_efficiency": sums["tokens"] / sums["slots"], **metrics}
 
     def _evaluate_and_log(self, logs: RunLogs, step: int, seconds: float) -> bool:
         """Evaluates and logs; returns whether the target accuracy is reached."""
         sequences = int(self.sequences.numpy())
-        logging.info("evaluating at step %d (%d sequences trained)", step, sequences)
+        logging.debug("evaluating at step %d (%d sequences trained)", step, sequences)
         start = time.perf_counter()
         metrics = self.evaluate()
         logs.eval_seconds += time.perf_counter() - start
@@ -272,8 +283,8 @@ class Trainer:
         if self.config.eval_data.files and on_any_worker(self.strategy, logs.last_eval.get("step") != step):
             reached = self._evaluate_and_log(logs, step, logs.last_record.get("seconds", 0.0)) or reached
         if self.is_chief:
-            path = export_google_checkpoint(self.model, self.directory.exported_weights(step))
-            logging.info("weights exported as %s (google-research/MLPerf TF1 names: an --init_checkpoint)", path)
+            path = export_google_checkpoint(self.model, self.directory.exported_weights(step), step)
+            logging.debug("weights exported as %s (google-research/MLPerf TF1 names: an --init_checkpoint)", path)
         logs.mlperf.run_stop(sequences, reached)
         info = self.directory.read_info()
         self.directory.write_info({**info, "finished": {"step": step, "reached": reached}})
@@ -309,12 +320,13 @@ class Trainer:
                                     f"--init_checkpoint")
             source = self.config.model.init_checkpoint
             load_google_checkpoint(self.model, source)
+            self.step.assign(checkpoint_step(source))
         metrics = self.evaluate()
         record = {"step": int(self.step.numpy()), "sequences": int(self.sequences.numpy()), "checkpoint": source,
                   **metrics}
         if self.is_chief:  # eval_results.txt only: a training run may be writing its logs here meanwhile
             files.makedirs(self.directory.path)
             self.directory.write_eval_results(record)
-        logging.info("eval of %s: mlm accuracy %.4f, loss %.4f over %d sequences", source,
+        logging.debug("eval of %s: mlm accuracy %.4f, loss %.4f over %d sequences", source,
                      metrics.get("mlm_accuracy", 0.0), metrics.get("loss", 0.0), metrics.get("num_sequences", 0))
         return record
