@@ -477,6 +477,23 @@ def test_a_kill_during_the_export_of_a_run_that_reached_its_target_is_completed(
     assert [entry["metadata"]["status"] for entry in mllog(tmp_path) if entry["key"] == "run_stop"] == ["success"]
 
 
+def test_a_signal_during_the_evaluation_that_reaches_the_target_leaves_a_finished_run(packed_dir, unpacked_dir,
+                                                                                    tmp_path):
+    files, eval_files = tfrecords(packed_dir), tuple(tfrecords(unpacked_dir))
+    trainer = make_trainer(config(tmp_path, files, num_train_steps=4, eval_files=eval_files, eval_every_samples=1,
+                                  target_mlm_accuracy=0.0))
+    evaluate = trainer._evaluate_and_log
+
+    def preempted_meanwhile(*args):
+        trainer.stopped_by = "SIGTERM"  # what the signal handler sets
+        return evaluate(*args)
+
+    trainer._evaluate_and_log = preempted_meanwhile
+    trainer.train()
+    assert trainer.stopped_by is None  # nothing to resume: the command says it finished, not "stopped"
+    assert json.loads((tmp_path / "run.json").read_text())["finished"] == {"step": 1, "reached": True}
+
+
 def test_an_output_dir_holding_another_run_is_refused_and_left_intact(packed_dir, tmp_path):
     make_trainer(config(tmp_path, tfrecords(packed_dir), num_train_steps=1, flags_text="--seed=12345\n")).train()
     before = (tmp_path / "train_log.jsonl").read_text()

@@ -203,6 +203,9 @@ class Trainer:
                 reached, stopped = self._loop(logs)
         if not stopped:
             self._finish(logs, reached)
+            if self.stopped_by:  # it came during the evaluation that reached the target: nothing to resume
+                logging.info("%s came as the run finished; it is complete", self.stopped_by)
+                self.stopped_by = None
         return logs.last_record
 
     def _loop(self, logs: RunLogs) -> tuple[bool, bool]:
