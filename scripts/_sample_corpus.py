@@ -6,7 +6,7 @@ import glob
 import os
 import shutil
 
-DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data")
+DATA = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data"))
 VOCAB = os.path.join(DATA, "bert_uncased_vocab.txt")
 SAMPLE = sorted(glob.glob(os.path.join(DATA, "wikipedia_sample", "wiki_*")))
 

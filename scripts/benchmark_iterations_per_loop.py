@@ -31,7 +31,7 @@ from bert_packed.training.config import ModelConfig, OptimizerConfig, RunConfig,
 from bert_packed.training.process import set_up_process
 from bert_packed.training.trainer import Trainer
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # as laid out, not resolved
 SHAPES = Shapes(32, 5)  # small steps: what a call costs besides its compute shows
 
 

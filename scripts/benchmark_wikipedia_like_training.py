@@ -41,7 +41,7 @@ from bert_packed.training.process import set_up_process
 from bert_packed.training.throughput import BF16_PEAK_TFLOPS, benchmark_config, measure_alternately
 from bert_packed.training.trainer import Trainer
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # as laid out, not resolved
 TARGET = 0.95
 
 
