@@ -105,10 +105,8 @@ class RunDirectory:
           RunError: naming what differs.
         """
         previous = self.read_info()
-        changed = sorted(k for k in identity if k in previous and previous[k] != identity[k])
-        if changed:
-            raise RunError(f"{self.path}: holds another run ({', '.join(changed)} differ); use a new --output_dir, "
-                           f"or the same flags to resume it")
+        # The data first: data made again changes what follows from it (the packing factor, say),
+        # and the user gave the same flags.
         data = {key: [list(entry) for entry in entries] for key, entries in data.items()}
         for key, now in data.items():
             before = previous.get(key)
@@ -117,6 +115,10 @@ class RunDirectory:
                 raise RunError(f"{self.path}: the {key.replace('_', ' ')} changed since this run started "
                                f"({_first_difference(before, now)}); resuming would go on with other data. Start a new "
                                f"run with a new --output_dir, or restore the data")
+        changed = sorted(k for k in identity if k in previous and previous[k] != identity[k])
+        if changed:
+            raise RunError(f"{self.path}: holds another run ({', '.join(changed)} differ); use a new --output_dir, "
+                           f"or the same flags to resume it")
         self.write_info({**identity, **data, **{k: v for k, v in previous.items() if k == "finished"}})
         return previous
 
@@ -178,7 +180,9 @@ class RunDirectory:
                 logging.warning("%s: dropped its torn last line %d (%d characters)", path,
                                 kept.count("\n") + len(lines), len(lines[-1]))
             if len(lines) > 1:
-                logging.info("%s: %d lines logged after the checkpoint are redone", path, len(lines) - 1)
+                redone = len(lines) - 1
+                logging.info("%s: %d line%s logged after the checkpoint %s redone", path, redone,
+                             "" if redone == 1 else "s", "is" if redone == 1 else "are")
             files.write_text_atomically(path, kept)
 
     def read_histogram(self, name: str, identity) -> list[int] | None:

@@ -22,13 +22,23 @@ STARTUP_NOTICES = re.compile(r"^(WARNING: All log messages before absl::Initiali
                                  r"been registered))")
 
 
+# Held while TensorFlow loads: two threads that swapped file descriptor 2 at once would each
+# keep the other's pipe open, and wait for its end forever.
+_LOADING = threading.Lock()
+
+
 def import_tensorflow(verbosity: int = 0):
-    """Loads TensorFlow quietly unless --verbosity is above 0.
+    """Loads TensorFlow quietly unless --verbosity is above 0; any thread may call it.
 
     Quiet: TF_CPP_MIN_LOG_LEVEL=2 (unless set), and what TensorFlow writes straight to file
     descriptor 2 while it loads goes through a pipe, where a thread passes on every line but the
     start-up notices as it comes (so an error just before a crash still shows).
     """
+    with _LOADING:
+        return _import_tensorflow(verbosity)
+
+
+def _import_tensorflow(verbosity: int):
     if verbosity > 0 and bert_packed.TF_LOG_LEVEL_DEFAULTED and "tensorflow" not in sys.modules:
         os.environ.pop("TF_CPP_MIN_LOG_LEVEL", None)  # every line, as asked
     if verbosity > 0 or "tensorflow" in sys.modules:

@@ -43,7 +43,8 @@ def test_a_terminal_line_is_rewritten_and_ended():
 
 
 FAKE_TENSORFLOW = """
-import os
+import os, time
+time.sleep(0.2)  # loading takes a while: threads that load it together overlap
 os.write(2, b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\\n")
 os.write(2, b"I0000 00:00:1795449405.870070 1 port.cc:153] oneDNN custom operations are on.\\n")
 os.write(2, b"E0000 00:00:1795449405.870070 1 loader.cc:1] a real problem\\n")
@@ -71,3 +72,10 @@ def test_tensorflow_loads_quietly_but_its_errors_still_show(tmp_path):
     assert quiet.stderr == "E0000 00:00:1795449405.870070 1 loader.cc:1] a real problem\n"
     assert quiet.stdout == "2\n" and verbose.stdout == "None\n"
     assert len(verbose.stderr.splitlines()) == 3
+    # Threads that load it at once (the packer's readers did): no hang, the error shown once.
+    threads = subprocess.run([sys.executable, "-c", "import threading\n"
+                              "from bert_packed.tensorflow_loading import import_tensorflow\n"
+                              "threads = [threading.Thread(target=import_tensorflow) for _ in range(4)]\n"
+                              "[thread.start() for thread in threads]\n[thread.join() for thread in threads]"],
+                             capture_output=True, text=True, env=environment, timeout=60)
+    assert threads.returncode == 0 and threads.stderr == "E0000 00:00:1795449405.870070 1 loader.cc:1] a real problem\n"

@@ -104,18 +104,26 @@ def test_a_rerun_knows_its_input_files_by_content_not_by_path(corpus, unpacked_d
     before = {path: os.path.getmtime(path) for path in tfrecords(str(tmp_path / "out"))}
     create_pretraining_dataset(moved, str(tmp_path / "out"), dataset_settings(), num_workers=1)
     assert {path: os.path.getmtime(path) for path in tfrecords(str(tmp_path / "out"))} == before
-    with open(moved[1], "a", encoding="utf-8") as f:
-        f.write('<doc id="9" title="New">\nNew\nA document added since.\n</doc>\n')
-    with pytest.raises(OutputDirectoryError, match=r"holds part-00001-000.json, made from another input file 2 "
-                                                   r"than .*wiki_01 \(its size or beginning differ\)"):
+    text = open(moved[1], "rb").read()
+    at = text.rindex(b"the")
+    open(moved[1], "wb").write(text[:at] + b"thy" + text[at + 3:])  # a typo fixed: the same size
+    with pytest.raises(OutputDirectoryError, match=r"holds part-00001-000.json, made from other content than input "
+                                                   r"file 2, .*wiki_01 \(edited or replaced since\)"):
         create_pretraining_dataset(moved, str(tmp_path / "out"), dataset_settings(), num_workers=1)
-    vocabulary = tmp_path / "vocab" / "bert_uncased_vocab.txt"
-    vocabulary.parent.mkdir()
+    # The vocabulary by its content: the same under another name is the same; two tokens swapped
+    # past its first 64 KiB is another.
     lines = open(dataset_settings().vocab_file, encoding="utf-8").read().splitlines()
-    vocabulary.write_text("\n".join(lines[:1000] + ["[unused-x]"] + lines[1001:]) + "\n")
-    with pytest.raises(OutputDirectoryError, match="made with other settings"):
-        create_pretraining_dataset(corpus, unpacked_dir, dataclasses.replace(dataset_settings(),
-                                                                            vocab_file=str(vocabulary)), num_workers=1)
+    (tmp_path / "vocab").mkdir()
+    renamed, swapped = tmp_path / "vocab" / "my_vocab.txt", tmp_path / "vocab" / "bert_uncased_vocab.txt"
+    renamed.write_text("\n".join(lines) + "\n")
+    swapped.write_text("\n".join(lines[:20000] + [lines[20001], lines[20000]] + lines[20002:]) + "\n")
+    out = str(tmp_path / "out")  # made from the corpus' content
+    create_pretraining_dataset(corpus, out, dataclasses.replace(dataset_settings(), vocab_file=str(renamed)),
+                               num_workers=1)
+    assert {path: os.path.getmtime(path) for path in tfrecords(out)} == before  # nothing made again
+    with pytest.raises(OutputDirectoryError, match=r"made with other settings \(vocab_file content differ\)"):
+        create_pretraining_dataset(corpus, out, dataclasses.replace(dataset_settings(), vocab_file=str(swapped)),
+                                   num_workers=1)
 
 
 def test_empty_documents_warn_by_default_and_can_be_errors(tmp_path):

@@ -219,3 +219,16 @@ def test_a_run_refuses_to_resume_on_data_made_again_since_it_started(packed_copy
                                        r".tfrecord holds other content.*\); resuming would go on with other data"):
         run(3)
     assert (tmp_path / "run" / "train_log.jsonl").read_text() == before  # refused: nothing touched
+
+
+def test_data_made_again_is_named_before_the_settings_it_changes(tmp_path):
+    """Data made again changes what follows from it (the packing factor of packing on the fly):
+    the user gave the same flags, so the line names the data."""
+    from bert_packed.run_directory import RunDirectory, RunError
+
+    run = RunDirectory(str(tmp_path))
+    run.claim({"packing_factor": 1.9, "seed": 1}, {"train_files": [["/data/part-0.tfrecord", 100, "aa"]]})
+    with pytest.raises(RunError, match=r"the train files changed since this run started \(part-0.tfrecord"):
+        run.claim({"packing_factor": 2.1, "seed": 1}, {"train_files": [["/data/part-0.tfrecord", 120, "bb"]]})
+    with pytest.raises(RunError, match=r"holds another run \(seed differ\)"):
+        run.claim({"packing_factor": 1.9, "seed": 2}, {"train_files": [["/moved/part-0.tfrecord", 100, "aa"]]})

@@ -161,9 +161,9 @@ def test_training_packed_on_the_fly_resumes_exactly_and_counts_the_plan_once(unp
         shutil.copy(path, bare)
     paths = tfrecords(str(bare))
 
-    def trainer(directory):
+    def trainer(directory, window=200):
         train = data.train_data(paths, SHAPES, "packed_online", run=RunDirectory(str(directory)), batch_size=4,
-                                adjust_batch_for_packing=True, online_packing_window=200)
+                                adjust_batch_for_packing=True, online_packing_window=window)
         return make_trainer(dataclass_replace(config(directory, paths, num_train_steps=6), train_data=train))
 
     straight = trainer(tmp_path / "straight")
@@ -190,3 +190,8 @@ def test_training_packed_on_the_fly_resumes_exactly_and_counts_the_plan_once(unp
     assert [r["loss"] for r in logs[0]] == [r["loss"] for r in logs[1]]
     assert [r["sequences"] for r in logs[0]] == [r["sequences"] for r in logs[1]]
     assert logs[0][-1]["sequences"] / (6 * 3) > 1.1  # several sequences a pack
+    # Another window makes other packs: the run is not resumed with it.
+    from bert_packed.run_directory import RunError
+
+    with pytest.raises(RunError, match=r"holds another run \(online_packing_window differ\)"):
+        trainer(tmp_path / "resumed", window=100).train()

@@ -255,6 +255,20 @@ def test_batch_correction_divides_by_the_packing_factor_in_whole_replicas():
     assert corrected_batch_size(3, 2.0, num_replicas=4) == 4  # never below one pack a replica
 
 
+def test_the_online_packing_window_is_bounded_for_training_and_evaluation():
+    from bert_packed.errors import SettingsError
+
+    def data(window, part=TrainData, **values):
+        return part(files=("x",), shapes=Shapes(512, 76, 3), plan=((512,),), online_packing_window=window, **values)
+
+    assert data(3, input_mode="packed_online").online_packing_window == 3
+    for window, part, mode in ((99_999_999_999, TrainData, "packed_online"), (2, TrainData, "packed_online"),
+                               (1_000_001, EvalData, "packed_online")):
+        with pytest.raises(SettingsError, match=rf"--online_packing_window={window}: at least "
+                                                rf"--max_sequences_per_pack=3 and at most 1,000,000 sequences"):
+            data(window, part, input_mode=mode)
+
+
 @pytest.mark.slow
 def test_cli_batch_correction_takes_packs_for_the_unpacked_rows(packed_dir, bert_config_file, tmp_path):
     out = tmp_path / "run"

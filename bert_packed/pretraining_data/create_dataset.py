@@ -24,6 +24,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import hashlib
 import itertools
 import json
 import logging
@@ -64,7 +65,7 @@ class DatasetSettings:
     def to_dict(self) -> dict:
         result = dataclasses.asdict(self)
         result["vocab_file"] = os.path.basename(self.vocab_file)
-        result["vocab_identity"] = file_identity(self.vocab_file)  # a vocabulary is its content, not its name
+        result["vocab_identity"] = _source_identity(self.vocab_file)  # a vocabulary is its content, not its name
         return result
 
 
@@ -173,8 +174,9 @@ def _start_worker(parent: int) -> None:
 
 def _check_previous_run(output_dir: str, settings: DatasetSettings, sources: list[str]) -> None:
     """Refuses a directory whose finished shards were made with other settings or from other
-    input files: each shard records the size and beginning of the file it was made from, so a
-    file edited or replaced under the same name is noticed, and a moved checkout is not."""
+    input files: each shard records the size and hash of the file it was made from (and of the
+    vocabulary), so a file edited or replaced under the same name is noticed, and a moved
+    checkout or a vocabulary under another name is not."""
     expected = settings.to_dict()
     identities: dict[int, dict] = {}
     for name in sorted(os.listdir(output_dir)):
@@ -184,11 +186,18 @@ def _check_previous_run(output_dir: str, settings: DatasetSettings, sources: lis
             previous = json.load(f)
         index = previous.get("file_index", -1)
         made_from = previous.get("source_identity")
+        before = dict(previous.get("settings") or {})
+        now = dict(expected)
         if made_from is None:  # written by an earlier release: its settings and the input's path
-            expected.pop("vocab_identity", None)
-        if previous.get("settings") != expected:
-            raise OutputDirectoryError(f"{output_dir}: holds {name}, made with other settings; use a new --output_dir "
-                                       f"or remove the old one")
+            now.pop("vocab_identity", None)
+        else:  # the vocabulary by its content, whatever its name
+            before.pop("vocab_file", None)
+            now.pop("vocab_file", None)
+        differ = sorted(key for key in before.keys() | now.keys() if before.get(key) != now.get(key))
+        if differ:
+            raise OutputDirectoryError(f"{output_dir}: holds {name}, made with other settings "
+                                       f"({', '.join(d.replace('_identity', '_file content') for d in differ)} "
+                                       f"differ); use a new --output_dir or remove the old one")
         if not 0 <= index < len(sources):
             raise OutputDirectoryError(f"{output_dir}: holds {name}, made from input file {index + 1}, but "
                                        f"{len(sources)} are given; use a new --output_dir or remove the old one")
@@ -197,16 +206,22 @@ def _check_previous_run(output_dir: str, settings: DatasetSettings, sources: lis
         else:
             if index not in identities:
                 identities[index] = _source_identity(sources[index])
-            same = made_from == identities[index]
+            same = all(identities[index].get(key) == value for key, value in made_from.items())
         if not same:
-            raise OutputDirectoryError(f"{output_dir}: holds {name}, made from another input file {index + 1} than "
-                                       f"{sources[index]} (its size or beginning differ); use a new --output_dir or "
-                                       f"remove the old one")
+            raise OutputDirectoryError(f"{output_dir}: holds {name}, made from other content than input file "
+                                       f"{index + 1}, {sources[index]} (edited or replaced since); use a new "
+                                       f"--output_dir or remove the old one")
 
 
 def _source_identity(path: str) -> dict:
+    """The size and hashes of an input file (text, or the vocabulary): all of it is hashed, as
+    all of it is read anyway, so an edit that keeps the size is noticed wherever it is."""
     try:
-        return file_identity(path)
+        whole = hashlib.sha256()
+        with files.open_file(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                whole.update(block)
+        return {**file_identity(path), "sha256": whole.hexdigest()}
     except OSError as e:  # as reading it would say (a symlink loop, say)
         raise CorpusError(f"{path}: cannot read: {e.strerror or e}") from None
 

@@ -30,6 +30,9 @@ PACK_MODES = ("packed", "packed_online", "packs_as_rows")
 # Sequences the on-the-fly packer may hold at once: on the real Wikipedia-512 lengths at depth 3 it
 # then packs as efficiently as the offline LP (docs/packing.md#packing-on-the-fly).
 ONLINE_PACKING_WINDOW = 30_000
+# Each sequence held costs its row (about 2.5 KB at L=512), and a window of 30,000 already packs
+# within 0.001 points of the offline plan (docs/packing.md).
+MAX_ONLINE_PACKING_WINDOW = 1_000_000
 # The MLM loss's basis (bert_packed.training.losses): over all predictions (MLPerf) or per sequence.
 LOSS_AVERAGING = ("token", "sequence")
 # --precision -> the Keras mixed-precision policy (fp16 with dynamic loss scaling).
@@ -162,9 +165,7 @@ class TrainData:
                 f"[1, {depth}]")
         require_packed_for(self.input_mode, adjust_batch_for_packing=self.adjust_batch_for_packing)
         require(self.input_mode != "packed_online" or bool(self.plan), "--input_mode=packed_online needs a plan")
-        require(self.online_packing_window >= self.shapes.max_sequences_per_pack,
-                f"--online_packing_window={self.online_packing_window}: at least --max_sequences_per_pack="
-                f"{self.shapes.max_sequences_per_pack} sequences")
+        require_window(self.online_packing_window, self.shapes.max_sequences_per_pack)
         require(not self.bucket_boundaries or self.input_mode == "bucketed",
                 "--bucket_boundaries is for --input_mode=bucketed")
         require(all(1 <= b <= self.shapes.max_seq_length for b in self.bucket_boundaries),
@@ -233,12 +234,21 @@ class EvalData:
         require(self.input_mode in ("padded", "packed", "packed_online"),
                 f"--eval_input_mode={self.input_mode}: expected padded, packed or packed_online")
         require(self.input_mode != "packed_online" or bool(self.plan), "--eval_input_mode=packed_online needs a plan")
+        if self.input_mode == "packed_online":
+            require_window(self.online_packing_window, self.shapes.max_sequences_per_pack)
         require(self.batch_size >= 1, f"--eval_batch_size={self.batch_size}: must be >= 1")
         require(self.every_samples >= -1, f"--eval_every_samples={self.every_samples}: must be >= -1 (-1: the MLPerf "
                                           f"cadence, 0: only at the end)")
         require(_finite(self.target_mlm_accuracy) and 0.0 <= self.target_mlm_accuracy <= 1.0,
                 f"--target_mlm_accuracy={self.target_mlm_accuracy}: must be in [0, 1]")
         require(self.max_steps is None or self.max_steps >= 1, f"--max_eval_steps={self.max_steps}: must be >= 1")
+
+
+def require_window(window: int, depth: int) -> None:
+    require(depth <= window <= MAX_ONLINE_PACKING_WINDOW,
+            f"--online_packing_window={window}: at least --max_sequences_per_pack={depth} and at most "
+            f"{MAX_ONLINE_PACKING_WINDOW:,} sequences (each held sequence costs memory; {ONLINE_PACKING_WINDOW:,} "
+            f"packs within 0.001 points of the offline plan)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -119,8 +119,8 @@ def _check_against_settings(info: DatasetInfo, flag: str, shapes: Shapes, input_
         raise SettingsError(f"{flag}: packed data (metadata.json), but --input_mode={input_mode} reads unpacked "
                             f"records; use --input_mode=packed")
     if packed and not info.packed:
-        raise SettingsError(f"{flag}: unpacked data, but --input_mode=packed; pack it with "
-                            f"scripts/pack_pretraining_data.py or use --input_mode=padded")
+        raise SettingsError(f"{flag}: unpacked data, but --input_mode={input_mode} reads packed records; pack it "
+                            f"with scripts/pack_pretraining_data.py, or use --input_mode=padded or packed_online")
     depth = info.shapes.max_sequences_per_pack
     if packed and depth_given and depth != shapes.max_sequences_per_pack:
         raise SettingsError(f"{flag}: packed with max_sequences_per_pack={depth}, but --max_sequences_per_pack="

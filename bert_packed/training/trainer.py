@@ -145,7 +145,11 @@ class Trainer:
                     "steps_per_update": c.train_data.steps_per_update,
                     "sequences_per_update": c.train_data.sequences_per_update,
                     "loss_averaging": c.model.loss_averaging, "seed": c.run.seed,
-                    "target_mlm_accuracy": c.eval_data.target_mlm_accuracy, "bert_config": c.model.bert.to_dict()}
+                    "target_mlm_accuracy": c.eval_data.target_mlm_accuracy, "bert_config": c.model.bert.to_dict(),
+                    # Packing on the fly: another window makes other packs, and the batches a resumed run skips
+                    # would not be the ones it trained on.
+                    "online_packing_window": (c.train_data.online_packing_window
+                                              if c.train_data.input_mode == "packed_online" else None)}
         o = c.optimizer  # by its flags' names; --num_train_steps may change (a run goes on past its end)
         identity.update({"optimizer": o.name, "learning_rate": o.learning_rate, "num_warmup_steps": o.num_warmup_steps,
                          "start_warmup_step": o.start_warmup_step, "poly_power": o.poly_power,
@@ -241,7 +245,7 @@ class Trainer:
             if step % c.save_steps == 0 or self.stopped_by:
                 self._save()
             if self.stopped_by:
-                logging.warning("%s: saved step %d; run the same command to resume", self.stopped_by, step)
+                logging.debug("%s: saved step %d", self.stopped_by, step)  # the command says so, with its status
                 return False, True
         return False, False
 
