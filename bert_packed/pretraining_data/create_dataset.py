@@ -217,6 +217,8 @@ def _source_identity(path: str) -> dict:
     """The size and hashes of an input file (text, or the vocabulary): all of it is hashed, as
     all of it is read anyway, so an edit that keeps the size is noticed wherever it is."""
     try:
+        if "://" not in path and not os.path.isfile(path):  # a device (/dev/zero) never ends: the reader refuses it
+            return file_identity(path)
         whole = hashlib.sha256()
         with files.open_file(path, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
