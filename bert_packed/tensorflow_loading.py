@@ -18,9 +18,8 @@ import bert_packed
 # absl notice, the oneDNN and CPU-feature notices, and on machines with CUDA libraries the
 # factory-registration complaints. Other lines, errors included, pass.
 STARTUP_NOTICES = re.compile(r"^(WARNING: All log messages before absl::InitializeLog|[IW]\d{4} |To enable the "
-                                 r"following instructions:|TF-TRT Warning|E\d{4} .*(Unable to register|already "
-                                 r"been registered))")
-
+                             r"following instructions:|TF-TRT Warning|E\d{4} .*(Unable to register|already "
+                             r"been registered))")
 
 # Held while TensorFlow loads: two threads that swapped file descriptor 2 at once would each
 # keep the other's pipe open, and wait for its end forever.

@@ -120,7 +120,7 @@ def test_the_input_pipeline_feeds_packs_on_the_fly_and_shares_files_among_pipeli
 
 
 def test_an_evaluation_packed_on_the_fly_gives_the_unpacked_figures(unpacked_dir, packed_dir, tmp_path):
-    from test_trainer import config, make_trainer, weights
+    from test_trainer import assert_same_evaluation, config, make_trainer
 
     from bert_packed.training import data
 
@@ -130,12 +130,7 @@ def test_an_evaluation_packed_on_the_fly_gives_the_unpacked_figures(unpacked_dir
     assert (online.input_mode, padded.input_mode) == ("packed_online", "padded")
     packed_trainer = make_trainer(dataclass_replace(config(tmp_path / "a", tfrecords(packed_dir)), eval_data=online))
     padded_trainer = make_trainer(dataclass_replace(config(tmp_path / "b", tfrecords(packed_dir)), eval_data=padded))
-    for w, value in zip(padded_trainer.model.weights, weights(packed_trainer)):
-        w.assign(value)
-    a, b = packed_trainer.evaluate(), padded_trainer.evaluate()
-    assert a["num_sequences"] == b["num_sequences"] == 122
-    for key in ("loss", "mlm_accuracy", "mlm_loss", "nsp_loss", "nsp_accuracy"):
-        assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), key
+    assert_same_evaluation(packed_trainer, padded_trainer, num_sequences=122)
 
 
 def dataclass_replace(config, **changes):

@@ -189,10 +189,15 @@ def test_packed_and_unpacked_eval_files_give_the_same_metrics(packed_dir, unpack
     packed = make_trainer(config(tmp_path / "p", tfrecords(packed_dir), eval_files=tuple(tfrecords(packed_dir)),
                             eval_packed=True))
     unpacked = make_trainer(config(tmp_path / "u", tfrecords(packed_dir), eval_files=tuple(tfrecords(unpacked_dir))))
-    for w, value in zip(unpacked.model.weights, weights(packed)):
+    assert_same_evaluation(packed, unpacked, num_sequences=122)
+
+
+def assert_same_evaluation(first, second, num_sequences):
+    """Two trainers, given the first's weights, evaluate to the same metrics over the same sequences."""
+    for w, value in zip(second.model.weights, weights(first)):
         w.assign(value)
-    a, b = packed.evaluate(), unpacked.evaluate()
-    assert a["num_sequences"] == b["num_sequences"] == 122
+    a, b = first.evaluate(), second.evaluate()
+    assert a["num_sequences"] == b["num_sequences"] == num_sequences
     for key in ("loss", "mlm_accuracy", "mlm_loss", "nsp_loss", "nsp_accuracy"):
         assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), key
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import itertools
 import json
@@ -38,7 +39,13 @@ import time
 import numpy as np
 
 from bert_packed import files
-from bert_packed.dataset_info import DataFile, DatasetInfo, file_identity, refuse_other_output, write_dataset_info
+from bert_packed.dataset_info import (
+    DataFile,
+    DatasetInfo,
+    file_identity,
+    refuse_other_output,
+    write_dataset_info,
+)
 from bert_packed.errors import OutputDirectoryError
 from bert_packed.features import Shapes
 from bert_packed.files import write_text_atomically
@@ -62,10 +69,15 @@ class DatasetSettings:
     empty_documents: str = "warn"  # or "error"
     eval_fraction: float = 0.0  # share of each file's documents held out for evaluation
 
+    @functools.cached_property
+    def vocab_identity(self) -> dict:
+        """A vocabulary is its content, not its name: hashed once, here (workers get it with the settings)."""
+        return _source_identity(self.vocab_file)
+
     def to_dict(self) -> dict:
         result = dataclasses.asdict(self)
         result["vocab_file"] = os.path.basename(self.vocab_file)
-        result["vocab_identity"] = _source_identity(self.vocab_file)  # a vocabulary is its content, not its name
+        result["vocab_identity"] = self.vocab_identity
         return result
 
 
@@ -110,7 +122,7 @@ def create_pretraining_dataset(input_files: list[str], output_dir: str, settings
 def _create(input_files: list[str], output_dir: str, settings: DatasetSettings, num_workers: int,
             tokenizer: Tokenizer) -> dict:
     sources = [os.path.abspath(path) for path in input_files]
-    _check_previous_run(output_dir, settings, sources)
+    identities = _check_previous_run(output_dir, settings, sources)
 
     def done(i, p):
         return os.path.exists(os.path.join(output_dir, shard_name(i, p) + ".json"))
@@ -132,7 +144,8 @@ def _create(input_files: list[str], output_dir: str, settings: DatasetSettings, 
             passes = [p for p in _passes(settings) if not done(i, p)]
             if not passes:
                 continue
-            identity = _source_identity(path)  # before reading: a file changed meanwhile is not taken for this one
+            # Before reading: a file changed meanwhile is not taken for this one (once: the check may have it).
+            identity = identities.get(i) or _source_identity(path)
             documents, held_out, empty = _tokenize_file(path, i, tokenizer, settings)
             for p in passes:
                 job = (i, p, (sources[i], identity), held_out if p == EVAL_PASS else documents, empty, output_dir,
@@ -172,11 +185,15 @@ def _start_worker(parent: int) -> None:
     threading.Thread(target=exit_when_orphaned, daemon=True).start()
 
 
-def _check_previous_run(output_dir: str, settings: DatasetSettings, sources: list[str]) -> None:
+def _check_previous_run(output_dir: str, settings: DatasetSettings, sources: list[str]) -> dict[int, dict]:
     """Refuses a directory whose finished shards were made with other settings or from other
     input files: each shard records the size and hash of the file it was made from (and of the
     vocabulary), so a file edited or replaced under the same name is noticed, and a moved
-    checkout or a vocabulary under another name is not."""
+    checkout or a vocabulary under another name is not.
+
+    Returns:
+      The identities of the input files it read, by index.
+    """
     expected = settings.to_dict()
     identities: dict[int, dict] = {}
     for name in sorted(os.listdir(output_dir)):
@@ -211,6 +228,7 @@ def _check_previous_run(output_dir: str, settings: DatasetSettings, sources: lis
             raise OutputDirectoryError(f"{output_dir}: holds {name}, made from other content than input file "
                                        f"{index + 1}, {sources[index]} (edited or replaced since); use a new "
                                        f"--output_dir or remove the old one")
+    return identities
 
 
 def _source_identity(path: str) -> dict:

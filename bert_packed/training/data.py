@@ -140,26 +140,25 @@ def default_input_mode(paths: list[str], given: str | None) -> str:
     return "packed" if info is not None and info.packed else "padded"
 
 
-def online_plan(paths: list[str], described: Described, shapes: Shapes, run: RunDirectory | None = None,
-                name: str = "train") -> tuple[np.ndarray, object]:
+def online_plan(paths: list[str], described: Described, shapes: Shapes,
+                run: RunDirectory | None = None) -> tuple[np.ndarray, object]:
     """The length histogram of the files (histogram) and the `lp` plan the on-the-fly packer
     fills (at depth S).
 
     Returns:
       (histogram, PackingPlan).
     """
-    counted = histogram(paths, described, shapes, run, name)
+    counted = histogram(paths, described, shapes, run)
     return counted, plan(counted, shapes.max_seq_length, "lp", shapes.max_sequences_per_pack)
 
 
-def histogram(paths: list[str], described: Described, shapes: Shapes, run: RunDirectory | None = None,
-              name: str = "train") -> np.ndarray:
+def histogram(paths: list[str], described: Described, shapes: Shapes, run: RunDirectory | None = None) -> np.ndarray:
     """The length histogram of unpacked files: the dataset's histogram.json when that is the
     files' own, else the one cached in the run directory for these very files, else counted in
     one pass (the trainer then caches it there)."""
     counted = described.histogram
     if counted is None and run is not None:
-        counted = run.read_histogram(name, described.identity)
+        counted = run.read_histogram("train", described.identity)
     if counted is None:
         counted = length_histogram(paths, shapes, f"counting the sequences of {len(paths)} files (once; no counts "
                                                   f"in a metadata.json)")
