@@ -108,7 +108,7 @@ def test_packed_output_of_regenerated_inputs_is_made_again(unpacked_copy, corpus
 
 
 def test_a_finished_dataset_on_read_only_storage_packs_as_nothing_to_do_and_verifies(packed_dir, unpacked_dir,
-                                                                                    monkeypatch):
+                                                                                    corpus, monkeypatch):
     def refused(*args, **kwargs):
         raise OSError(30, "Read-only file system", str(args[0]) if args else "")
 
@@ -119,6 +119,8 @@ def test_a_finished_dataset_on_read_only_storage_packs_as_nothing_to_do_and_veri
     monkeypatch.setattr(files, "write_text_atomically", refused)
     again = pack_pretraining_dataset(tfrecords(unpacked_dir), packed_dir, SETTINGS, num_workers=1)
     assert again["num_sequences"] == 122
+    # The records it was packed from, made again with the same command: nothing to do either.
+    assert create_pretraining_dataset(corpus, unpacked_dir, dataset_settings(), num_workers=1)["num_sequences"] == 122
     assert verify_packed_dataset(packed_dir)["num_sequences"] == 122
 
 

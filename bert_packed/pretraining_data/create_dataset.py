@@ -43,6 +43,7 @@ from bert_packed.dataset_info import (
     DataFile,
     DatasetInfo,
     file_identity,
+    read_dataset_info,
     refuse_other_output,
     write_dataset_info,
 )
@@ -112,11 +113,30 @@ def create_pretraining_dataset(input_files: list[str], output_dir: str, settings
     if not input_files:
         raise CorpusError("no input files")
     tokenizer = Tokenizer(settings.vocab_file, settings.do_lower_case)  # fails early on a bad vocabulary
+    done = _already_created(input_files, output_dir, settings)
+    if done is not None:  # read only, without the lock: a finished dataset on read-only storage is fine
+        return done
     files.makedirs(output_dir)
     with files.exclusive(os.path.join(output_dir, ".lock"), "create_pretraining_data"):
         refuse_other_output(output_dir, "unpacked data")
         files.remove_leftovers(output_dir)
         return _create(input_files, output_dir, settings, num_workers, tokenizer)
+
+
+def _already_created(input_files: list[str], output_dir: str, settings: DatasetSettings) -> dict | None:
+    """The metadata of this very run, finished and clean in `output_dir` (nothing to do), else None."""
+    info = read_dataset_info(output_dir) if os.path.isdir(output_dir) else None
+    sources = [os.path.abspath(path) for path in input_files]
+    if (info is None or list(info.sources) != sources or any(".tmp-" in name for name in os.listdir(output_dir))
+            or not all(os.path.exists(os.path.join(output_dir, shard_name(i, p) + ".json"))
+                       for i in range(len(sources)) for p in _passes(settings))):
+        return None
+    try:
+        _check_previous_run(output_dir, settings, sources)
+    except OutputDirectoryError:
+        return None  # said under the lock, as for any run
+    logging.info("%s: already made with these settings and inputs; nothing to do", output_dir)
+    return info.to_dict()
 
 
 def _create(input_files: list[str], output_dir: str, settings: DatasetSettings, num_workers: int,
