@@ -27,9 +27,11 @@ from bert_packed.features import Shapes
 from bert_packed.model import BertConfig
 from bert_packed.records import TFRecordWriter
 from bert_packed.run_directory import TRAIN_LOG, RunDirectory
-from bert_packed.training.config import ModelConfig, OptimizerConfig, RunConfig, TrainConfig, TrainData
+from bert_packed.training.config import make_config
+from bert_packed.training.data import EvalData, TrainData
+from bert_packed.training.loop import train_and_evaluate
 from bert_packed.training.process import set_up_process
-from bert_packed.training.trainer import Trainer
+from bert_packed.training.step import CompiledStep
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # as laid out, not resolved
 SHAPES = Shapes(32, 5)  # small steps: what a call costs besides its compute shows
@@ -57,13 +59,12 @@ def write_records(path: str, count: int, seed: int = 0) -> None:
 
 def updates_per_second(files: list[str], loop: int, updates: int, output_dir: str) -> float:
     bert = BertConfig.from_json_file(os.path.join(ROOT, "configs", "bert_config_tiny.json"))
-    config = TrainConfig(model=ModelConfig(bert=bert),
-                         train_data=TrainData(files=tuple(files), shapes=SHAPES, input_mode="padded", batch_size=4),
-                         optimizer=OptimizerConfig(learning_rate=1e-3, num_train_steps=updates + loop),
-                         run=RunConfig(output_dir=output_dir, save_checkpoints_steps=10**9, iterations_per_loop=loop,
-                                       log_every_steps=10**9))
+    config = make_config(bert=bert, input_mode="padded", train_batch_size=4, learning_rate=1e-3,
+                         num_train_steps=updates + loop, output_dir=output_dir, save_checkpoints_steps=10**9,
+                         iterations_per_loop=loop, log_every_steps=10**9)
+    data = TrainData(files=tuple(files), identity=(), shapes=SHAPES, input_mode="padded")
     set_up_process(config)
-    Trainer(config).train()
+    train_and_evaluate(config, data, EvalData(), CompiledStep(config, data))
     log = RunDirectory(output_dir).read_log(TRAIN_LOG)
     # The first loop compiles; time the `updates` after it.
     return updates / (log[-1]["seconds"] - log[loop - 1]["seconds"])

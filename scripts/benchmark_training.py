@@ -32,8 +32,7 @@ from bert_packed.model import BertConfig
 from bert_packed.packing import plan
 from bert_packed.packing.stream import length_histogram
 from bert_packed.training.process import set_up_process
-from bert_packed.training.throughput import benchmark_config, measure_alternately
-from bert_packed.training.trainer import Trainer
+from bert_packed.training.throughput import Measured, benchmark_run, measure_alternately
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # as laid out, not resolved
 
@@ -74,14 +73,14 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as work:
         for name in args.configs.split(","):
             bert = BertConfig.from_json_file(os.path.join(ROOT, "configs", f"bert_config_{name}.json"))
-            configs = {mode: benchmark_config(
+            runs = {mode: benchmark_run(
                 bert, packed if mode == "packed" else unpacked,
                 shapes if mode in ("packed", "packed_online") else shapes.unpacked(),
                 mode, args.batch_size, os.path.join(work, f"{name}-{mode}"),
                 bucket_boundaries=(128, 256, 384) if mode == "bucketed" else (),
                 plan=online if mode == "packed_online" else None) for mode in modes}
-            set_up_process(configs[modes[0]])
-            trainers = {mode: Trainer(config) for mode, config in configs.items()}
+            set_up_process(runs[modes[0]][0])
+            trainers = {mode: Measured(*run) for mode, run in runs.items()}
             result = measure_alternately(trainers, args.rounds, args.updates)
             results[name] = {**result, "packing_factor": factor, "batch_size": args.batch_size,
                              "packing_factors": {mode: factors[mode] for mode in modes}}

@@ -38,8 +38,7 @@ from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_data
 from bert_packed.pretraining_data.instances import Instance, instance_features
 from bert_packed.records import TFRecordWriter
 from bert_packed.training.process import set_up_process
-from bert_packed.training.throughput import BF16_PEAK_TFLOPS, benchmark_config, measure_alternately
-from bert_packed.training.trainer import Trainer
+from bert_packed.training.throughput import BF16_PEAK_TFLOPS, Measured, benchmark_run, measure_alternately
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # as laid out, not resolved
 TARGET = 0.95
@@ -119,12 +118,12 @@ def main() -> int:
     peak = args.peak_tflops or peak
     with tempfile.TemporaryDirectory() as work:
         unpacked, packed, factor = write_data(work, args.sequences)
-        configs = {mode: benchmark_config(bert, packed if mode == "packed" else unpacked,
-                                          Shapes(512, 76, 3 if mode == "packed" else 1), mode, args.batch_size,
-                                          os.path.join(work, mode), args.precision, args.xla)
-                   for mode in ("padded", "packed")}
-        set_up_process(configs["padded"])
-        trainers = {mode: Trainer(config) for mode, config in configs.items()}
+        runs = {mode: benchmark_run(bert, packed if mode == "packed" else unpacked,
+                                    Shapes(512, 76, 3 if mode == "packed" else 1), mode, args.batch_size,
+                                    os.path.join(work, mode), args.precision, args.xla)
+                for mode in ("padded", "packed")}
+        set_up_process(runs["padded"][0])
+        trainers = {mode: Measured(*run) for mode, run in runs.items()}
         result = measure_alternately(trainers, args.rounds, args.updates)
     print(f"{os.path.basename(config_path)}, {args.precision}{', XLA' if args.xla else ''}, {args.batch_size} rows "
           f"an update, on {device}; {args.rounds} rounds of {args.updates} updates per mode, alternated\n")

@@ -1,6 +1,7 @@
 import json
 import os
 import re
+import sys
 
 import pytest
 
@@ -70,6 +71,16 @@ def packed_dir(unpacked_dir, tmp_path_factory):
     settings = PackSettings(Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK), "lp", num_shards=2)
     pack_pretraining_dataset(files, directory, settings, num_workers=1)
     return directory
+
+
+@pytest.fixture(autouse=True)
+def _release_compiled_steps():
+    """After each test, the compiled steps it held may serve the next test of their graph shape
+    (tests/runs.py; loaded only by the tests that train)."""
+    yield
+    runs = sys.modules.get("runs")
+    if runs is not None:
+        runs.release()
 
 
 def tfrecords(directory):

@@ -7,7 +7,7 @@ import os
 import shutil
 
 import pytest
-from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, dataset_settings, tfrecords
+from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, TINY, dataset_settings, tfrecords
 
 from bert_packed.dataset_info import (
     DatasetFilesError,
@@ -159,7 +159,7 @@ def test_training_data_is_checked_against_its_metadata_before_any_work(packed_co
     open(metadata_path(str(packed_copy)), "w").write(json.dumps(metadata))
     shapes = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK)
     with pytest.raises(error, match=message):
-        data.train_data(tfrecords(str(packed_copy)), shapes, "packed")
+        data.train_data(tfrecords(str(packed_copy)), shapes, train_settings("packed"))
     if damage in ("delete", "cut", "foreign"):
         with pytest.raises(error, match=message):
             verify_packed_dataset(str(packed_copy))  # one line, no traceback, at the command line
@@ -177,19 +177,20 @@ def test_held_out_files_never_train_unless_the_user_says_so(corpus, tmp_path):
     shapes = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS)
     with pytest.raises(DatasetFilesError, match=r"eval-00000.tfrecord holds the dataset's held-out evaluation "
                                                  r"documents; training reads .*part-\*.tfrecord"):
-        data.train_data(everything, shapes, "padded")
-    allowed = data.train_data(everything, shapes, "padded", held_out_allowed=True)
+        data.train_data(everything, shapes, train_settings("padded"))
+    allowed = data.train_data(everything, shapes, train_settings("padded"), held_out_allowed=True)
     assert allowed.num_sequences == info.num_sequences + sum(f.sequences for f in info.eval_files)
     parts = sorted(str(path) for path in directory.glob("part-*.tfrecord"))
-    assert data.train_data(parts, shapes, "padded").num_sequences == info.num_sequences
-    part = data.train_data(parts[:1], shapes, "padded")  # a subset: its own count
+    assert data.train_data(parts, shapes, train_settings("padded")).num_sequences == info.num_sequences
+    part = data.train_data(parts[:1], shapes, train_settings("padded"))  # a subset: its own count
     assert part.num_sequences == info.files[0].sequences < info.num_sequences
-    evaluation = data.eval_data(sorted(str(p) for p in directory.glob("eval-*.tfrecord")), "--eval_files", shapes)
+    evaluation = data.eval_data(sorted(str(p) for p in directory.glob("eval-*.tfrecord")), "--eval_files", shapes,
+                                train_settings("padded"))
     assert evaluation.files and evaluation.input_mode == "padded"
 
 
 def test_a_run_refuses_to_resume_on_data_made_again_since_it_started(packed_copy, tmp_path):
-    from test_trainer import config, make_trainer
+    from runs import config, make_trainer
 
     from bert_packed.run_directory import RunError
     from bert_packed.training import data
@@ -234,3 +235,11 @@ def test_data_made_again_is_named_before_the_settings_it_changes(tmp_path):
         run.claim({"packing_factor": 2.1, "seed": 1}, {"train_files": [["/data/part-0.tfrecord", 120, "bb"]]})
     with pytest.raises(RunError, match=r"holds another run \(seed differ\)"):
         run.claim({"packing_factor": 1.9, "seed": 2}, {"train_files": [["/moved/part-0.tfrecord", 100, "aa"]]})
+
+
+def train_settings(input_mode):
+    """The settings of a run of the tiny model reading its data in `input_mode`."""
+    from bert_packed.model import BertConfig
+    from bert_packed.training.config import make_config
+
+    return make_config(bert=BertConfig(**TINY), output_dir="unused", input_mode=input_mode)

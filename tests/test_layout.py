@@ -127,3 +127,20 @@ def test_every_error_a_user_can_cause_derives_from_user_error():
     assert {"OutputDirectoryError", "RecordError", "CorruptRecordError", "HistogramError", "ConfigError",
             "CheckpointError", "TrainingError", "DatasetInfoError", "CorpusError", "VocabularyError",
             "RunError", "SettingsError", "InputFilesError"} <= set(classes)
+
+
+def test_no_class_over_250_lines_and_no_function_over_60():
+    """What a newcomer reads fits on a screen or two: the run's loop included (training/loop.py)."""
+    too_long = []
+    for path in python_files("bert_packed"):
+        with open(os.path.join(REPO, path), encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines, limit = node.end_lineno - node.lineno + 1, 250 if isinstance(node, ast.ClassDef) else 60
+                if lines > limit:
+                    too_long.append(f"{path}:{node.lineno} {node.name}: {lines} lines (at most {limit})")
+    assert not too_long, "\n".join(too_long)
+    with open(os.path.join(REPO, "bert_packed", "training", "loop.py"), encoding="utf-8") as f:
+        names = {node.name for node in ast.parse(f.read()).body if isinstance(node, ast.FunctionDef)}
+    assert "train_and_evaluate" in names

@@ -120,13 +120,13 @@ def test_the_input_pipeline_feeds_packs_on_the_fly_and_shares_files_among_pipeli
 
 
 def test_an_evaluation_packed_on_the_fly_gives_the_unpacked_figures(unpacked_dir, packed_dir, tmp_path):
-    from test_trainer import assert_same_evaluation, config, make_trainer
+    from runs import assert_same_evaluation, config, make_trainer
 
     from bert_packed.training import data
 
     eval_files = tfrecords(unpacked_dir)
-    online = data.eval_data(eval_files, "--eval_files", SHAPES, "packed_online", batch_size=8)
-    padded = data.eval_data(eval_files, "--eval_files", SHAPES, batch_size=8)
+    online = data.eval_data(eval_files, "--eval_files", SHAPES, config("x", [], eval_input_mode="packed_online").config)
+    padded = data.eval_data(eval_files, "--eval_files", SHAPES, config("x", []).config)
     assert (online.input_mode, padded.input_mode) == ("packed_online", "padded")
     packed_trainer = make_trainer(dataclass_replace(config(tmp_path / "a", tfrecords(packed_dir)), eval_data=online))
     padded_trainer = make_trainer(dataclass_replace(config(tmp_path / "b", tfrecords(packed_dir)), eval_data=padded))
@@ -145,7 +145,7 @@ def test_training_packed_on_the_fly_resumes_exactly_and_counts_the_plan_once(unp
     import shutil
     import signal
 
-    from test_trainer import config, make_trainer, read_log
+    from runs import config, make_trainer, read_log
 
     from bert_packed.run_directory import RunDirectory
     from bert_packed.training import data
@@ -157,13 +157,14 @@ def test_training_packed_on_the_fly_resumes_exactly_and_counts_the_plan_once(unp
     paths = tfrecords(str(bare))
 
     def trainer(directory, window=200):
-        train = data.train_data(paths, SHAPES, "packed_online", run=RunDirectory(str(directory)), batch_size=4,
-                                adjust_batch_for_packing=True, online_packing_window=window)
-        return make_trainer(dataclass_replace(config(directory, paths, num_train_steps=6), train_data=train))
+        setup = config(directory, paths, num_train_steps=6, input_mode="packed_online", adjust_batch_for_packing=True,
+                       online_packing_window=window)
+        train = data.train_data(paths, SHAPES, setup.config, run=RunDirectory(str(directory)))
+        return make_trainer(dataclass_replace(setup, train_data=train))
 
     straight = trainer(tmp_path / "straight")
     assert "counting the sequences of 4 files (once; no counts in a metadata.json): 4/4 files" in capsys.readouterr().err
-    assert straight.config.train_data.rows_per_micro_batch == 3  # 4 rows at the plan's packing factor
+    assert straight.compiled.batching.rows_per_micro_batch == 3  # 4 rows at the plan's packing factor
     straight.train()
     stopped = trainer(tmp_path / "resumed")
     loop = stopped.update.loop

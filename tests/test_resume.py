@@ -11,13 +11,12 @@ import sys
 import numpy as np
 import pytest
 from conftest import REPO, tfrecords
-from test_trainer import config, make_trainer, weights
+from runs import config, make_trainer, weights
 
 from bert_packed import files
 from bert_packed.run_directory import MLLOG
 from bert_packed.training import logs as run_logs
 from bert_packed.training import mlperf_log
-from bert_packed.training.config import Submission
 
 # Timing fields differ between any two runs.
 CLOCKS = ("seconds", "train_seconds", "time_ms", "file", "lineno")
@@ -92,7 +91,7 @@ def passes_the_compliance_checker(path) -> bool:
 
 
 SETTINGS = dict(num_train_steps=12, steps_per_update=2, iterations_per_loop=4, save_checkpoints_steps=8,
-                eval_every_samples=15, target_mlm_accuracy=1.0, submission=Submission(division="open"),
+                eval_every_samples=15, target_mlm_accuracy=1.0, submission_division="open",
                 log_every_steps=100)
 
 
@@ -154,7 +153,7 @@ devices = int(devices)
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * devices)
 sys.path.insert(0, tests)
-from test_trainer import config, make_trainer, read_log, weights
+from runs import config, make_trainer, read_log, weights
 strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(devices)])
 results = {}
 for mode in modes.split(","):
@@ -177,7 +176,7 @@ for mode in modes.split(","):
     # The same command again, as far as the data goes: restored from the checkpoint, a new input
     # pipeline that skips what the replicas took (the compiled update is reused: it is not what
     # is tested, and compiling it for several replicas is what costs).
-    stopped.update.loop, stopped.stopped_by, stopped.train_iterator = loop, None, None
+    stopped.update.loop, stopped.stopped_by = loop, None
     stopped.train()
     logs = [read_log(f"{out}/{mode}-{run}/train_log.jsonl") for run in ("straight", "resumed")]
     results[mode] = {
@@ -328,7 +327,7 @@ def test_odd_characters_and_a_relative_output_dir_resume_without_a_word(packed_d
     """A run under `g [1]/ü *?{x}` (its init_checkpoint too), given as a relative path: killed after
     a checkpoint and resumed, it continues from that checkpoint, says nothing is damaged, and a
     glob over that directory finds its files."""
-    from test_trainer import TINY
+    from runs import TINY
 
     from bert_packed.model import BertConfig, BertPretrainingModel, export_google_checkpoint
 

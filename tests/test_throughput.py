@@ -12,8 +12,7 @@ from bert_packed.dataset_info import read_dataset_info
 from bert_packed.features import Shapes
 from bert_packed.model import BertConfig
 from bert_packed.training.process import set_up_process
-from bert_packed.training.throughput import benchmark_config, measure_alternately, training_flops
-from bert_packed.training.trainer import Trainer
+from bert_packed.training.throughput import Measured, benchmark_run, measure_alternately, training_flops
 
 
 def test_training_flops_count_projections_attention_and_the_mlm_head():
@@ -28,15 +27,15 @@ def test_training_flops_count_projections_attention_and_the_mlm_head():
 
 def test_measure_alternately_times_each_mode_every_round(packed_dir, unpacked_dir, tmp_path):
     bert = BertConfig(**TINY)
-    configs = {
-        "padded": benchmark_config(bert, tfrecords(unpacked_dir), Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS), "padded",
-                                   4, str(tmp_path / "padded")),
-        "packed": benchmark_config(bert, tfrecords(packed_dir),
-                                   Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK), "packed", 4,
-                                   str(tmp_path / "packed")),
+    runs = {
+        "padded": benchmark_run(bert, tfrecords(unpacked_dir), Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS), "padded",
+                                4, str(tmp_path / "padded")),
+        "packed": benchmark_run(bert, tfrecords(packed_dir),
+                                Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK), "packed", 4,
+                                str(tmp_path / "packed")),
     }
-    set_up_process(configs["padded"])
-    trainers = {mode: Trainer(config) for mode, config in configs.items()}
+    set_up_process(runs["padded"][0])
+    trainers = {mode: Measured(*run) for mode, run in runs.items()}
     result = measure_alternately(trainers, rounds=3, updates=2)
     assert result["speedups"]["padded"] == [1.0, 1.0, 1.0]
     packed, padded = result["modes"]["packed"], result["modes"]["padded"]
@@ -48,7 +47,8 @@ def test_measure_alternately_times_each_mode_every_round(packed_dir, unpacked_di
     # Packs fill their rows (this data is 27% padding unpacked).
     assert np.mean(packed["padding_efficiency"]) > 0.85 and 0.0 < min(padded["padding_efficiency"]) <= 1.0
     # The warm-up round and three measured rounds of 2 updates: 8 updates each, none logged or saved.
-    assert int(trainers["packed"].step.numpy()) == 0 and trainers["packed"].optimizer.iterations.numpy() == 8
+    packed_step = trainers["packed"].step
+    assert int(packed_step.step.numpy()) == 0 and packed_step.optimizer.iterations.numpy() == 8
     assert not os.path.exists(tmp_path / "packed" / "train_log.jsonl")
     assert read_dataset_info(packed_dir).packing_factor > 1.2
 

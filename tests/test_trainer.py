@@ -1,6 +1,5 @@
 """The training loop: accumulation, distribution, resume, NaN, evaluation and logs."""
 
-import dataclasses
 import json
 import os
 import re
@@ -10,56 +9,13 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, REPO, TINY, tfrecords
+from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, TINY, tfrecords
+from runs import assert_same_evaluation, config, make_trainer, read_log, weights
 
 from bert_packed.dataset_info import read_dataset_info
+from bert_packed.errors import TrainingError
 from bert_packed.features import Shapes
 from bert_packed.model import BertConfig
-from bert_packed.training.config import EvalData, ModelConfig, OptimizerConfig, RunConfig, TrainConfig, TrainData
-from bert_packed.training.process import set_up_process
-from bert_packed.training.trainer import Trainer, TrainingError
-
-
-def config(output_dir, files, dropout=0.1, eval_files=(), eval_packed=False, **overrides):
-    """A TrainConfig for the tiny model on the test data; overrides name fields of any part."""
-    bert = BertConfig(**TINY, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
-    values = dict(train_batch_size=4, num_train_steps=2, learning_rate=1e-3, deterministic=True, log_every_steps=1,
-                  save_checkpoints_steps=1000)
-    values.update(overrides)
-    parts = {"model": ModelConfig, "train_data": TrainData, "optimizer": OptimizerConfig, "run": RunConfig,
-             "eval_data": EvalData}
-    # Flag names that differ from the field they set.
-    renamed = {"train_batch_size": ("train_data", "batch_size"), "eval_every_samples": ("eval_data", "every_samples"),
-               "eval_batch_size": ("eval_data", "batch_size"),
-               "target_mlm_accuracy": ("eval_data", "target_mlm_accuracy"), "optimizer": ("optimizer", "name")}
-    fields = {name: {} for name in parts}
-    for key, value in values.items():
-        part, field = renamed.get(key) or next((part, key) for part, kind in parts.items()
-                                                if key in {f.name for f in dataclasses.fields(kind)})
-        fields[part][field] = value
-    shapes = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK)
-    eval_shapes = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK if eval_packed else 1)
-    return TrainConfig(model=ModelConfig(bert=bert, **fields["model"]),
-                       train_data=TrainData(files=tuple(files), shapes=shapes, **fields["train_data"]),
-                       optimizer=OptimizerConfig(**fields["optimizer"]),
-                       run=RunConfig(output_dir=str(output_dir), **fields["run"]),
-                       eval_data=EvalData(files=tuple(eval_files), shapes=eval_shapes,
-                                          input_mode="packed" if eval_packed else "padded", **fields["eval_data"]))
-
-
-def make_trainer(config, strategy=None):
-    """A Trainer, after the process set-up an entry point does."""
-    set_up_process(config)
-    return Trainer(config, strategy)
-
-
-def weights(trainer):
-    return [w.numpy() for w in trainer.model.weights]
-
-
-def read_log(path):
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f]
 
 
 def test_accumulated_micro_batches_equal_one_big_batch(packed_dir, tmp_path):
@@ -67,11 +23,12 @@ def test_accumulated_micro_batches_equal_one_big_batch(packed_dir, tmp_path):
     for averaging in ("token", "sequence"):
         # Two micro-steps make one update; the clip of the whole update keeps it one big batch.
         accumulated = make_trainer(config(tmp_path / f"a-{averaging}", files, dropout=0.0, steps_per_update=2,
-                                     num_train_steps=2, loss_averaging=averaging, clip_after_allreduce=True))
+                                          num_train_steps=2, loss_averaging=averaging,
+                                          clip_by_global_norm_after_gradient_allreduce=True))
         start = weights(accumulated)
         accumulated.train()
         big = make_trainer(config(tmp_path / f"b-{averaging}", files, dropout=0.0, train_batch_size=8, num_train_steps=1,
-                             loss_averaging=averaging, clip_after_allreduce=True))
+                             loss_averaging=averaging, clip_by_global_norm_after_gradient_allreduce=True))
         for w, value in zip(big.model.weights, start):
             w.assign(value)
         big.train()
@@ -89,15 +46,15 @@ import sys, numpy as np, tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 sys.path.insert(0, sys.argv[3])
-from test_trainer import config, make_trainer, weights
+from runs import config, make_trainer, weights
 files = sys.argv[2].split(",")
 single = make_trainer(config(sys.argv[1] + "/single", files, dropout=0.0, train_batch_size=8, num_train_steps=1,
-                        clip_after_allreduce=True))
+                        clip_by_global_norm_after_gradient_allreduce=True))
 start = weights(single)
 single.train()
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 mirrored = make_trainer(config(sys.argv[1] + "/mirrored", files, dropout=0.0, train_batch_size=8, num_train_steps=1,
-                          clip_after_allreduce=True), strategy)
+                          clip_by_global_norm_after_gradient_allreduce=True), strategy)
 assert mirrored.strategy.num_replicas_in_sync == 2
 for w, value in zip(mirrored.model.weights, start):
     w.assign(value)
@@ -192,16 +149,6 @@ def test_packed_and_unpacked_eval_files_give_the_same_metrics(packed_dir, unpack
     assert_same_evaluation(packed, unpacked, num_sequences=122)
 
 
-def assert_same_evaluation(first, second, num_sequences):
-    """Two trainers, given the first's weights, evaluate to the same metrics over the same sequences."""
-    for w, value in zip(second.model.weights, weights(first)):
-        w.assign(value)
-    a, b = first.evaluate(), second.evaluate()
-    assert a["num_sequences"] == b["num_sequences"] == num_sequences
-    for key in ("loss", "mlm_accuracy", "mlm_loss", "nsp_loss", "nsp_accuracy"):
-        assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), key
-
-
 def test_reaching_the_target_stops_the_run_and_logs_it(packed_dir, unpacked_dir, tmp_path):
     trainer = make_trainer(config(tmp_path, tfrecords(packed_dir), num_train_steps=5, eval_files=tuple(tfrecords(unpacked_dir)),
                              eval_every_samples=1, target_mlm_accuracy=0.0))
@@ -251,9 +198,12 @@ def test_cli_trains_logs_and_records_its_flags(packed_dir, unpacked_dir, bert_co
 
 
 def test_batch_correction_divides_by_the_packing_factor_in_whole_replicas():
+    from bert_packed.training.config import batching, make_config
+
     def corrected_batch_size(rows, packing_factor, num_replicas=1):
-        return TrainData(files=("x",), shapes=Shapes(512, 76, 3), packing_factor=packing_factor, batch_size=rows,
-                         adjust_batch_for_packing=True, num_replicas=num_replicas).rows_per_micro_batch
+        settings = make_config(bert=BertConfig(**TINY), output_dir="x", train_batch_size=rows,
+                               adjust_batch_for_packing=True)
+        return batching(settings, "packed", packing_factor, 3, num_replicas).rows_per_micro_batch
 
     assert corrected_batch_size(8, 1.203) == 7  # 8.4 sequences a micro-batch on average
     assert corrected_batch_size(448, 2.012, num_replicas=8) == 224  # 222.7 packs, in multiples of 8
@@ -262,16 +212,24 @@ def test_batch_correction_divides_by_the_packing_factor_in_whole_replicas():
 
 def test_the_online_packing_window_is_bounded_for_training_and_evaluation():
     from bert_packed.errors import SettingsError
+    from bert_packed.training import data
+    from bert_packed.training.config import batching, make_config
 
-    def data(window, part=TrainData, **values):
-        return part(files=("x",), shapes=Shapes(512, 76, 3), plan=((512,),), online_packing_window=window, **values)
+    bert, shapes = BertConfig(**TINY), Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, 3)
 
-    assert data(3, input_mode="packed_online").online_packing_window == 3
-    for window, part, mode in ((99_999_999_999, TrainData, "packed_online"), (2, TrainData, "packed_online"),
-                               (1_000_001, EvalData, "packed_online")):
+    def train(window):
+        settings = make_config(bert=bert, output_dir="x", online_packing_window=window)
+        return batching(settings, "packed_online", 1.0, 3)
+
+    def evaluate(window):
+        settings = make_config(bert=bert, output_dir="x", eval_input_mode="packed_online", online_packing_window=window)
+        return data.eval_data(["x"], "--eval_files", shapes, settings)
+
+    assert train(3).rows_per_micro_batch == 8
+    for window, part in ((99_999_999_999, train), (2, train), (1_000_001, evaluate)):
         with pytest.raises(SettingsError, match=rf"--online_packing_window={window}: at least "
                                                 rf"--max_sequences_per_pack=3 and at most 1,000,000 sequences"):
-            data(window, part, input_mode=mode)
+            part(window)
 
 
 @pytest.mark.slow
@@ -285,7 +243,8 @@ def test_cli_batch_correction_takes_packs_for_the_unpacked_rows(packed_dir, bert
     packing_factor = read_dataset_info(packed_dir).packing_factor
     packs = round(12 / packing_factor)
     assert 1 < packing_factor and packs < 12
-    assert json.loads((out / "run.json").read_text())["train_batch_size"] == packs
+    recorded = json.loads((out / "run.json").read_text())  # the settings by their flags' names
+    assert (recorded["train_batch_size"], recorded["adjust_batch_for_packing"]) == (12, True)
     assert (f"--adjust_batch_for_packing: {packs} packs a micro-batch instead of 12 rows at packing factor "
             f"{packing_factor:.3f}: {packs * 2 * packing_factor:.1f} sequences an update on average (unpacked: 24)"
             in result.stderr)
@@ -361,7 +320,7 @@ def test_two_local_workers_train_together_and_hold_the_same_weights(packed_dir, 
     assert chief.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == 3
     [together] = read_log(out / "eval_log.jsonl")
     single = make_trainer(config(tmp_path / "single", tfrecords(packed_dir), eval_files=(eval_file,), eval_batch_size=6))
-    single.state.restore(tf.train.latest_checkpoint(str(out / "checkpoints"))).expect_partial()
+    single.compiled.state.restore(tf.train.latest_checkpoint(str(out / "checkpoints"))).expect_partial()
     alone = single.evaluate()
     assert together["num_sequences"] == alone["num_sequences"] == sum(1 for _ in tf.data.TFRecordDataset(eval_file))
     for key in ("loss", "mlm_accuracy", "nsp_accuracy"):
@@ -451,13 +410,21 @@ def test_the_end_of_a_run_evaluates_at_the_last_step_and_exports_its_weights(pac
         "model.ckpt-3.data-00000-of-00001", "model.ckpt-3.index"]  # no temporary left
 
 
-def test_a_kill_before_the_end_of_a_run_is_completed_by_the_next_start(packed_dir, unpacked_dir, tmp_path):
+def test_a_kill_before_the_end_of_a_run_is_completed_by_the_next_start(packed_dir, unpacked_dir, tmp_path,
+                                                                       monkeypatch):
+    import bert_packed.training.loop as loop
+
     files, eval_files = tfrecords(packed_dir), tuple(tfrecords(unpacked_dir))
     settings = dict(num_train_steps=2, eval_files=eval_files, eval_every_samples=0, target_mlm_accuracy=1.0)
-    trainer = make_trainer(config(tmp_path, files, **settings))
-    trainer._finish = lambda logs, reached: (trainer._save(), (_ for _ in ()).throw(RuntimeError("killed")))
+
+    def killed(directory, logs, config, eval_data, step, checkpoints, reached):
+        loop._save(directory, checkpoints, step)
+        raise RuntimeError("killed")
+
+    monkeypatch.setattr(loop, "_finish", killed)
     with pytest.raises(RuntimeError, match="killed"):
-        trainer.train()  # saved step 2, then killed: no final evaluation, no export
+        make_trainer(config(tmp_path, files, **settings)).train()  # saved step 2, then killed: no evaluation, no export
+    monkeypatch.undo()
     evaluated = (tmp_path / "eval_log.jsonl").exists() and (tmp_path / "eval_log.jsonl").read_text()
     assert not evaluated and not (tmp_path / "model.ckpt-2.index").exists()
     make_trainer(config(tmp_path, files, **settings)).train()
@@ -475,7 +442,7 @@ def mllog(directory):
 
 def test_a_kill_during_the_export_of_a_run_that_reached_its_target_is_completed(packed_dir, unpacked_dir, tmp_path,
                                                                                monkeypatch):
-    import bert_packed.training.trainer as trainer_module
+    import bert_packed.training.loop as trainer_module
 
     files, eval_files = tfrecords(packed_dir), tuple(tfrecords(unpacked_dir))
     settings = dict(num_train_steps=4, eval_files=eval_files, eval_every_samples=1, target_mlm_accuracy=0.0)
@@ -497,17 +464,19 @@ def test_a_kill_during_the_export_of_a_run_that_reached_its_target_is_completed(
 
 
 def test_a_signal_during_the_evaluation_that_reaches_the_target_leaves_a_finished_run(packed_dir, unpacked_dir,
-                                                                                    tmp_path):
+                                                                                    tmp_path, monkeypatch):
+    import bert_packed.training.loop as loop
+
     files, eval_files = tfrecords(packed_dir), tuple(tfrecords(unpacked_dir))
     trainer = make_trainer(config(tmp_path, files, num_train_steps=4, eval_files=eval_files, eval_every_samples=1,
                                   target_mlm_accuracy=0.0))
-    evaluate = trainer._evaluate_and_log
+    evaluate = loop._evaluate_and_log
 
     def preempted_meanwhile(*args):
-        trainer.stopped_by = "SIGTERM"  # what the signal handler sets
+        os.kill(os.getpid(), signal.SIGTERM)  # the loop's handler takes it
         return evaluate(*args)
 
-    trainer._evaluate_and_log = preempted_meanwhile
+    monkeypatch.setattr(loop, "_evaluate_and_log", preempted_meanwhile)
     trainer.train()
     assert trainer.stopped_by is None  # nothing to resume: the command says it finished, not "stopped"
     assert json.loads((tmp_path / "run.json").read_text())["finished"] == {"step": 1, "reached": True}
@@ -518,7 +487,7 @@ def test_an_output_dir_holding_another_run_is_refused_and_left_intact(packed_dir
     before = (tmp_path / "train_log.jsonl").read_text()
     from bert_packed.run_directory import RunError
 
-    with pytest.raises(RunError, match=r"holds another run \(seed, sequences_per_update, train_batch_size differ\)"):
+    with pytest.raises(RunError, match=r"holds another run \(seed, train_batch_size differ\)"):
         make_trainer(config(tmp_path, tfrecords(packed_dir), num_train_steps=2, seed=7, train_batch_size=2,
                        flags_text="--seed=7\n")).train()
     assert (tmp_path / "train_log.jsonl").read_text() == before
@@ -559,7 +528,11 @@ def test_clipping_before_the_allreduce_averages_each_micro_batch_s_clipped_gradi
     before = make_trainer(config(tmp_path / "before", files, dropout=0.0, steps_per_update=2, num_train_steps=2,
                             learning_rate=1e-2))
     start = weights(before)
-    batches = list(before._train_dataset(None).take(2))
+    from bert_packed.input_pipeline import make_dataset
+    from bert_packed.training.data import train_pipeline
+
+    pipeline = train_pipeline(before.setup.train_data, before.config, before.compiled.batching)
+    batches = list(make_dataset(pipeline).take(2))
     clipped, norms = [], []
     for features in batches:
         with tf.GradientTape() as tape:
@@ -577,7 +550,7 @@ def test_clipping_before_the_allreduce_averages_each_micro_batch_s_clipped_gradi
     for a, b in zip(weights(before), weights(by_hand)):
         np.testing.assert_allclose(a, b, atol=1e-6)
     after = make_trainer(config(tmp_path / "after", files, dropout=0.0, steps_per_update=2, num_train_steps=2,
-                           learning_rate=1e-2, clip_after_allreduce=True))
+                           learning_rate=1e-2, clip_by_global_norm_after_gradient_allreduce=True))
     for w, value in zip(after.model.weights, start):
         w.assign(value)
     after.train()

@@ -5,7 +5,7 @@ order, with the same loss normalisers and the same clip) ends with the packed ru
 import numpy as np
 import pytest
 from conftest import tfrecords
-from test_trainer import config, make_trainer, read_log, weights
+from runs import config, make_trainer, read_log, weights
 
 
 @pytest.mark.parametrize("loss_averaging, clip_after_allreduce", [("token", False), ("sequence", True)])
@@ -13,7 +13,8 @@ def test_packed_and_its_sequences_as_rows_train_the_same_weights_over_many_updat
                                                                                    loss_averaging,
                                                                                    clip_after_allreduce):
     settings = dict(dropout=0.0, train_batch_size=4, steps_per_update=2, num_train_steps=60, learning_rate=1e-3,
-                    loss_averaging=loss_averaging, clip_after_allreduce=clip_after_allreduce, log_every_steps=100)
+                    loss_averaging=loss_averaging, clip_by_global_norm_after_gradient_allreduce=clip_after_allreduce,
+                    log_every_steps=100)
     packed = make_trainer(config(tmp_path / "packed", tfrecords(packed_dir), **settings))
     start = weights(packed)
     packed.train()

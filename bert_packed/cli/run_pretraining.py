@@ -23,16 +23,20 @@ from bert_packed.features import Shapes
 from bert_packed.run_directory import EVAL_RESULTS, RunDirectory
 from bert_packed.tensorflow_loading import import_tensorflow
 from bert_packed.training.config import (
+    DIVISIONS,
+    EVAL_INPUT_MODES,
     INPUT_MODES,
     LOSS_AVERAGING,
     OPTIMIZERS,
     PRECISIONS,
-    EvalData,
+    STATUSES,
+    BatchConfig,
+    EvalConfig,
     ModelConfig,
     OptimizerConfig,
     RunConfig,
-    Submission,
-    TrainData,
+    make_config,
+    setting_names,
 )
 
 FLAGS = flags.FLAGS
@@ -51,11 +55,11 @@ flags.DEFINE_bool("do_train", True, "Train (reference default False: there both 
 flags.DEFINE_bool("do_eval", False, "Evaluate: alone, once, the latest checkpoint of --output_dir or "
                                     "--init_checkpoint; with --do_train, during training, on --eval_files or else "
                                     "on --input_file.")
-flags.DEFINE_integer("train_batch_size", TrainData.batch_size, "Rows per micro-batch, all replicas: packs when packed, "
+flags.DEFINE_integer("train_batch_size", BatchConfig.train_batch_size, "Rows per micro-batch, all replicas: packs when packed, "
                                                                "unpacked rows with --adjust_batch_for_packing "
                                                                "(reference default 32).")
-flags.DEFINE_integer("eval_batch_size", EvalData.batch_size, "Rows per eval batch, all replicas.")
-flags.DEFINE_enum("optimizer", OptimizerConfig.name, list(OPTIMIZERS), "LAMB (MLPerf) or AdamW (original BERT; the "
+flags.DEFINE_integer("eval_batch_size", EvalConfig.eval_batch_size, "Rows per eval batch, all replicas.")
+flags.DEFINE_enum("optimizer", OptimizerConfig.optimizer, list(OPTIMIZERS), "LAMB (MLPerf) or AdamW (original BERT; the "
                                                                        "reference's default).")
 flags.DEFINE_float("learning_rate", OptimizerConfig.learning_rate, "Peak learning rate (reference default 5e-5).")
 flags.DEFINE_float("poly_power", OptimizerConfig.poly_power, "Power of the polynomial learning-rate decay.")
@@ -73,7 +77,7 @@ flags.DEFINE_integer("iterations_per_loop", RunConfig.iterations_per_loop, "Micr
                                                                            "reads inside; logs, checkpoints and "
                                                                            "evaluations happen between calls "
                                                                            "(reference default 1000).")
-flags.DEFINE_integer("max_eval_steps", EvalData.max_steps, "Evaluate at most this many batches (default: the whole "
+flags.DEFINE_integer("max_eval_steps", EvalConfig.max_eval_steps, "Evaluate at most this many batches (default: the whole "
                                                            "eval set; reference default 100).")
 flags.DEFINE_bool("use_tpu", False, "Run on a TPU (--tpu_name or --master names it).")
 flags.DEFINE_string("tpu_name", None, "TPU name or grpc:// address (the reference's name of --tpu).")
@@ -83,14 +87,15 @@ flags.DEFINE_string("master", None, "TPU master address, used with --use_tpu whe
 flags.DEFINE_integer("num_tpu_cores", 8, "TPU cores; checked against the TPU found when given.")
 flags.DEFINE_integer("num_gpus", 0, "GPUs: more than 1 mirrors over that many (--distribution_strategy=mirrored); "
                                     "checked against the GPUs visible.")
-flags.DEFINE_integer("steps_per_update", TrainData.steps_per_update, "Micro-batches accumulated into one update.")
+flags.DEFINE_integer("steps_per_update", BatchConfig.steps_per_update, "Micro-batches accumulated into one update.")
 flags.DEFINE_integer("keep_checkpoint_max", RunConfig.keep_checkpoint_max, "Checkpoints kept.")
-flags.DEFINE_float("lamb_weight_decay_rate", OptimizerConfig.weight_decay_rate, "Weight decay inside the update.")
-flags.DEFINE_float("lamb_beta_1", OptimizerConfig.beta_1, "beta_1 (before any packing adjustment).")
-flags.DEFINE_float("lamb_beta_2", OptimizerConfig.beta_2, "beta_2 (before any packing adjustment).")
+flags.DEFINE_float("lamb_weight_decay_rate", OptimizerConfig.lamb_weight_decay_rate, "Weight decay inside the update.")
+flags.DEFINE_float("lamb_beta_1", OptimizerConfig.lamb_beta_1, "beta_1 (before any packing adjustment).")
+flags.DEFINE_float("lamb_beta_2", OptimizerConfig.lamb_beta_2, "beta_2 (before any packing adjustment).")
 flags.DEFINE_float("log_epsilon", math.log10(OptimizerConfig.epsilon), "Optimizer epsilon is 10**log_epsilon (or "
                                                                        "give --epsilon).")
-flags.DEFINE_bool("clip_by_global_norm_after_gradient_allreduce", OptimizerConfig.clip_after_allreduce,
+flags.DEFINE_bool("clip_by_global_norm_after_gradient_allreduce",
+                  OptimizerConfig.clip_by_global_norm_after_gradient_allreduce,
                   "Clip the gradient of the whole update (summed over replicas and micro-batches) to norm 1; "
                   "default, as the reference: clip each replica's gradient of each micro-batch, then average.")
 # This project's flags.
@@ -100,14 +105,13 @@ flags.DEFINE_float("epsilon", OptimizerConfig.epsilon, "Optimizer epsilon (= 10*
 flags.DEFINE_string("tpu", None, "TPU name or address (= --tpu_name).")
 flags.DEFINE_integer("max_sequences_per_pack", 3, "S of packed training data, checked against its metadata.json "
                                                  "when given (ignored for padded/bucketed).")
-flags.DEFINE_enum("input_mode", None, list(INPUT_MODES), "How the training data is read (default: packed when its "
-                                                         "metadata.json says packed, else padded, as the reference "
-                                                         "reads it); packed_online packs unpacked records as they are "
-                                                         "read.")
+flags.DEFINE_enum("input_mode", BatchConfig.input_mode, list(INPUT_MODES),
+                  "How the training data is read (default: packed when its metadata.json says packed, else padded, as "
+                  "the reference reads it); packed_online packs unpacked records as they are read.")
 flags.DEFINE_list("bucket_boundaries", [], "Lengths batches are trimmed to in bucketed mode.")
-flags.DEFINE_integer("online_packing_window", TrainData.online_packing_window,
+flags.DEFINE_integer("online_packing_window", BatchConfig.online_packing_window,
                      "With --input_mode=packed_online (or --eval_input_mode): sequences the packer may hold at once.")
-flags.DEFINE_enum("eval_input_mode", None, ["padded", "packed", "packed_online"],
+flags.DEFINE_enum("eval_input_mode", EvalConfig.eval_input_mode, list(EVAL_INPUT_MODES),
                   "How the eval files are read (default: as their metadata.json says); packed_online packs unpacked "
                   "eval records as they are read, each once.")
 flags.DEFINE_bool("train_on_held_out_files", False, "Let --input_file name a dataset's held-out evaluation files "
@@ -115,7 +119,7 @@ flags.DEFINE_bool("train_on_held_out_files", False, "Let --input_file name a dat
                                                     "which are otherwise refused as training input.")
 flags.DEFINE_bool("adjust_betas_for_packing", OptimizerConfig.adjust_betas_for_packing, "Raise the betas to the power "
                                                                                         "of the packing factor.")
-flags.DEFINE_bool("adjust_batch_for_packing", TrainData.adjust_batch_for_packing,
+flags.DEFINE_bool("adjust_batch_for_packing", BatchConfig.adjust_batch_for_packing,
                   "Batch correction: --train_batch_size counts unpacked rows, and a micro-batch takes round("
                   "train_batch_size / packing factor) packs (the packing factor of the data's metadata.json), so that "
                   "an update holds on average as many sequences as unpacked.")
@@ -127,15 +131,15 @@ flags.DEFINE_enum("precision", ModelConfig.precision, list(PRECISIONS), "fp16 us
 flags.DEFINE_bool("xla", ModelConfig.xla, "Compile the forward and backward pass with XLA.")
 flags.DEFINE_enum("distribution_strategy", "default", ["default", "mirrored", "multi_worker_mirrored", "tpu"],
                   "tf.distribute strategy (multi_worker_mirrored reads TF_CONFIG).")
-flags.DEFINE_float("target_mlm_accuracy", EvalData.target_mlm_accuracy, "Stop when evaluation reaches this masked-LM "
+flags.DEFINE_float("target_mlm_accuracy", EvalConfig.target_mlm_accuracy, "Stop when evaluation reaches this masked-LM "
                                                                         "accuracy.")
-flags.DEFINE_integer("eval_every_samples", EvalData.every_samples, "Evaluate every this many sequences; -1: the "
+flags.DEFINE_integer("eval_every_samples", EvalConfig.eval_every_samples, "Evaluate every this many sequences; -1: the "
                                                                    "MLPerf cadence; 0: once at the end.")
 flags.DEFINE_integer("log_every_steps", RunConfig.log_every_steps, "Progress line every this many micro-steps.")
-flags.DEFINE_string("submission_org", Submission.org, "MLPerf submission_org in mllog.txt.")
-flags.DEFINE_string("submission_platform", Submission.platform, "MLPerf submission_platform in mllog.txt.")
-flags.DEFINE_enum("submission_division", Submission.division, ["closed", "open"], "MLPerf submission_division.")
-flags.DEFINE_enum("submission_status", Submission.status, ["onprem", "cloud", "preview", "research"],
+flags.DEFINE_string("submission_org", RunConfig.submission_org, "MLPerf submission_org in mllog.txt.")
+flags.DEFINE_string("submission_platform", RunConfig.submission_platform, "MLPerf submission_platform in mllog.txt.")
+flags.DEFINE_enum("submission_division", RunConfig.submission_division, list(DIVISIONS), "MLPerf submission_division.")
+flags.DEFINE_enum("submission_status", RunConfig.submission_status, list(STATUSES),
                   "MLPerf submission_status.")
 flags.mark_flags_as_required(["bert_config_file", "output_dir"])
 
@@ -236,89 +240,62 @@ def make_strategy():
 
 
 def build_config():
-    """Flags -> TrainConfig: the flags mapped to the config parts, which check themselves; the
-    data is described and checked against the flags (no device is touched)."""
+    """Flags -> (TrainConfig, TrainData, EvalData): every setting from the flag of its name (the
+    parts check themselves), then the data described and checked against the settings (no device
+    is touched)."""
     from bert_packed.model import BertConfig
     from bert_packed.training import data
-    from bert_packed.training.config import TrainConfig, require_fits, require_packed_for
 
     check_reference_flags()
     input_pattern = one_of_two_spellings("input_files", "input_file")
     if not input_pattern:
         raise SettingsError("--input_file (or --input_files) is required")
     input_files = expand_globs(input_pattern, "--input_file")
-    model = ModelConfig(bert=BertConfig.from_json_file(FLAGS.bert_config_file), init_checkpoint=FLAGS.init_checkpoint,
-                        loss_averaging=FLAGS.loss_averaging, precision=FLAGS.precision, xla=FLAGS.xla)
-    require_fits(FLAGS.max_seq_length, model.bert)  # before the data: whatever it holds, this cannot work
+    settings = {name: FLAGS[name].value for name in setting_names() if name in FLAGS}
+    config = make_config(**{**settings, "bert": BertConfig.from_json_file(FLAGS.bert_config_file),
+                            "epsilon": one_of_two_spellings("epsilon", "log_epsilon", lambda log: 10.0 ** log),
+                            "bucket_boundaries": tuple(int(b) for b in FLAGS.bucket_boundaries),
+                            "flags_text": command_flags_text()})
     shapes = Shapes(FLAGS.max_seq_length, FLAGS.max_predictions_per_seq, FLAGS.max_sequences_per_pack)
-    batch = dict(batch_size=FLAGS.train_batch_size, adjust_batch_for_packing=FLAGS.adjust_batch_for_packing,
-                 steps_per_update=FLAGS.steps_per_update,
-                 bucket_boundaries=tuple(int(b) for b in FLAGS.bucket_boundaries),
-                 online_packing_window=FLAGS.online_packing_window)
     if FLAGS.do_train:
-        input_mode = data.default_input_mode(input_files, FLAGS.input_mode)
-        # These combinations first: they are what is wrong whatever the data holds.
-        require_packed_for(input_mode, adjust_betas_for_packing=FLAGS.adjust_betas_for_packing,
-                           adjust_batch_for_packing=FLAGS.adjust_batch_for_packing)
-        train_data = data.train_data(input_files, shapes, input_mode, FLAGS["max_sequences_per_pack"].present,
-                                     FLAGS.train_on_held_out_files, RunDirectory(FLAGS.output_dir), **batch)
+        train_data = data.train_data(input_files, shapes, config, FLAGS["max_sequences_per_pack"].present,
+                                     FLAGS.train_on_held_out_files, RunDirectory(FLAGS.output_dir))
     else:  # evaluation alone: --input_file is the eval set, as in the reference
-        train_data = TrainData(files=tuple(input_files), shapes=shapes.unpacked(), input_mode="padded", **batch)
+        train_data = data.TrainData(files=tuple(input_files), identity=(), shapes=shapes.unpacked(),
+                                    input_mode="padded")
     eval_pattern = FLAGS.eval_files or (input_pattern if FLAGS.do_eval else None)
-    evaluation = dict(batch_size=FLAGS.eval_batch_size, every_samples=FLAGS.eval_every_samples,
-                      target_mlm_accuracy=FLAGS.target_mlm_accuracy, max_steps=FLAGS.max_eval_steps,
-                      online_packing_window=FLAGS.online_packing_window)
+    eval_data = data.EvalData()
     if eval_pattern:
         flag = "--eval_files" if FLAGS.eval_files else "--input_file"
-        eval_data = data.eval_data(expand_globs(eval_pattern, flag), flag, shapes, FLAGS.eval_input_mode,
-                                   **evaluation)
-    else:
-        eval_data = EvalData(**evaluation)
-    return TrainConfig(
-        model=model,
-        train_data=train_data,
-        optimizer=OptimizerConfig(
-            name=FLAGS.optimizer, learning_rate=FLAGS.learning_rate, num_train_steps=FLAGS.num_train_steps,
-            num_warmup_steps=FLAGS.num_warmup_steps, start_warmup_step=FLAGS.start_warmup_step,
-            poly_power=FLAGS.poly_power, beta_1=FLAGS.lamb_beta_1, beta_2=FLAGS.lamb_beta_2,
-            weight_decay_rate=FLAGS.lamb_weight_decay_rate,
-            epsilon=one_of_two_spellings("epsilon", "log_epsilon", lambda log: 10.0 ** log),
-            adjust_betas_for_packing=FLAGS.adjust_betas_for_packing,
-            clip_after_allreduce=FLAGS.clip_by_global_norm_after_gradient_allreduce),
-        run=RunConfig(output_dir=FLAGS.output_dir, seed=FLAGS.seed, deterministic=FLAGS.deterministic,
-                      save_checkpoints_steps=FLAGS.save_checkpoints_steps,
-                      keep_checkpoint_max=FLAGS.keep_checkpoint_max, iterations_per_loop=FLAGS.iterations_per_loop,
-                      log_every_steps=FLAGS.log_every_steps, flags_text=command_flags_text(),
-                      submission=Submission(org=FLAGS.submission_org, platform=FLAGS.submission_platform,
-                                            division=FLAGS.submission_division, status=FLAGS.submission_status)),
-        eval_data=eval_data)
+        eval_data = data.eval_data(expand_globs(eval_pattern, flag), flag, shapes, config)
+    return config, train_data, eval_data
 
 
 def main(argv):
     del argv
     import_tensorflow(FLAGS.verbosity)
+    from bert_packed.training.loop import evaluate_only, train_and_evaluate
     from bert_packed.training.process import set_up_process
-    from bert_packed.training.trainer import Trainer
+    from bert_packed.training.step import CompiledStep
 
-    config = build_config()  # every check of flags and data, before any device is touched
+    config, train_data, eval_data = build_config()  # every check of flags and data, before any device is touched
     set_up_process(config)
-    trainer = Trainer(config, make_strategy())
-    if FLAGS.do_train:
-        trainer.train()
-        if not trainer.stopped_by:
-            from bert_packed.training.report import run_summary
-
-            print("\n".join(run_summary(trainer.directory, config.eval_data.target_mlm_accuracy,
-                                         config.run.submission.division, bool(config.eval_data.files))))
-    else:
-        record = trainer.evaluate_only()
+    step = CompiledStep(config, train_data, make_strategy())
+    if not FLAGS.do_train:
+        record = evaluate_only(config, eval_data, step)
         print(f"{PROGRAM}: evaluated {record['checkpoint']} (step {record['step']}): masked-LM accuracy "
               f"{record.get('mlm_accuracy', 0):.4f}, loss {record.get('loss', 0):.4f} over "
-              f"{record.get('num_sequences', 0):,.0f} sequences -> {trainer.directory.file(EVAL_RESULTS)}")
-    if trainer.stopped_by:
-        step, status = int(trainer.step.numpy()), EXIT_STATUS[trainer.stopped_by]
-        exit_with(status, f"{PROGRAM}: stopped by {trainer.stopped_by} after saving step {step}; the same command "
-                          f"resumes (exit status {status})")
+              f"{record.get('num_sequences', 0):,.0f} sequences -> {RunDirectory(config.run.output_dir).file(EVAL_RESULTS)}")
+        return
+    result = train_and_evaluate(config, train_data, eval_data, step)
+    if result.stopped_by:
+        status = EXIT_STATUS[result.stopped_by]
+        exit_with(status, f"{PROGRAM}: stopped by {result.stopped_by} after saving step {result.step}; the same "
+                          f"command resumes (exit status {status})")
+    from bert_packed.training.report import run_summary
+
+    print("\n".join(run_summary(result.directory, config.eval.target_mlm_accuracy, config.run.submission_division,
+                                 bool(eval_data.files))))
 
 
 def entry_point():

@@ -1,5 +1,6 @@
-"""Training: configuration, losses and metrics (per sequence), LAMB and its schedule, the compiled
-update, evaluation, checkpoints, logs, and the loop (trainer.py).
+"""Training: the settings (config.py), the data a run reads (data.py), losses and metrics (per
+sequence), LAMB and its schedule, the compiled update and step (update.py, step.py), checkpoints,
+logs, and the run's loop (loop.py: train_and_evaluate).
 
 The names below load on first use, so that `bert_packed.training.config` can be read without
 loading TensorFlow (the command line's flags take their defaults from it).
@@ -8,9 +9,9 @@ loading TensorFlow (the command line's flags take their defaults from it).
 import importlib
 
 _EXPORTS = {
-    "bert_packed.training.config": ("LOSS_AVERAGING",),
+    "bert_packed.training.config": ("LOSS_AVERAGING", "adjusted_betas"),
     "bert_packed.training.losses": ("loss_from_sums", "metrics_from_sums", "pretraining_sums"),
-    "bert_packed.training.optimizers": ("AdamWeightDecay", "Lamb", "PolynomialWarmup", "adjusted_betas"),
+    "bert_packed.training.optimizers": ("AdamWeightDecay", "Lamb", "PolynomialWarmup"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_MODULE_OF)

@@ -1,5 +1,7 @@
-"""What a run reads: its training and eval data, described by their metadata.json and checked
-against the disk and the run's settings before any work.
+"""What a run reads: its training and eval data as values of their own (TrainData, EvalData: the
+files and their identity, shapes, packing factor, histogram and plan), described by their
+metadata.json and checked against the disk and the run's settings before any work. They are
+facts, not settings: the command line makes them once, and the run is handed them.
 
 A dataset is what its metadata.json says: the files a run is given must be files of it (held-out
 eval files never train unless the user says so), every file it lists must be on disk, and each
@@ -21,11 +23,20 @@ import numpy as np
 from bert_packed.dataset_info import DatasetInfo, file_identity, read_dataset_info
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
+from bert_packed.input_pipeline import PipelineConfig
 from bert_packed.packing import plan
 from bert_packed.packing.histogram import HISTOGRAM_FILE, load_histogram
 from bert_packed.packing.stream import length_histogram
 from bert_packed.run_directory import RunDirectory
-from bert_packed.training.config import EvalData, TrainData
+from bert_packed.training.config import (
+    PACKED_RECORD_MODES,
+    Batching,
+    TrainConfig,
+    require,
+    require_fits,
+    require_packed_for,
+    require_window,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +64,60 @@ class Described:
         return self.num_sequences / self.num_records if self.num_records else 1.0
 
 
+@dataclasses.dataclass(frozen=True)
+class TrainData:
+    """The training data as a run reads it: its files and what they hold (facts, not settings).
+
+    Attributes:
+      files: the TFRecord files, in order.
+      identity: (path, bytes, hash of the first 64 KiB) of each file: a resumed run refuses data
+        made again since it started.
+      shapes: L, P and S of what the model is fed (S = 1 unless rows hold several sequences).
+      input_mode: how the run reads them (config.INPUT_MODES).
+      packing_factor: sequences per row (1.0 unpacked; packed on the fly, what the plan predicts).
+      num_sequences: sequences in the files (0 when unknown).
+      histogram: the files' length histogram when it was counted here (no metadata.json counts
+        them): the run directory caches it.
+      plan: with "packed_online", the strategies of the plan the packer fills.
+    """
+
+    files: tuple[str, ...]
+    identity: tuple[tuple[str, int, str], ...]
+    shapes: Shapes
+    input_mode: str
+    packing_factor: float = 1.0
+    num_sequences: int = 0
+    histogram: tuple[int, ...] = ()
+    plan: tuple = ()
+
+    def identity_settings(self) -> dict:
+        """What the data makes of a run, for its identity in run.json (beside the files')."""
+        return {"input_mode": self.input_mode, "packing_factor": self.packing_factor,
+                "max_seq_length": self.shapes.max_seq_length,
+                "max_predictions_per_seq": self.shapes.max_predictions_per_seq,
+                "max_sequences_per_pack": self.shapes.max_sequences_per_pack}
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalData:
+    """The eval data as a run reads it (packed or unpacked records give the same figures).
+
+    Attributes:
+      files: the TFRecord files (empty: no evaluation).
+      identity: as for TrainData.
+      shapes: L, P and S of what the model is fed.
+      input_mode: "padded" (unpacked records), "packed" (packed records) or "packed_online"
+        (unpacked records packed as they are read).
+      plan: with "packed_online", as for TrainData.
+    """
+
+    files: tuple[str, ...] = ()
+    identity: tuple[tuple[str, int, str], ...] = ()
+    shapes: Shapes | None = None
+    input_mode: str = "padded"
+    plan: tuple = ()
+
+
 def describe(paths: list[str], flag: str, shapes: Shapes, input_mode: str | None = None, depth_given: bool = False,
              training: bool = False, held_out_allowed: bool = False) -> Described:
     """What the data is, from its metadata.json (files grouped by directory), checked against the
@@ -77,7 +142,7 @@ def describe(paths: list[str], flag: str, shapes: Shapes, input_mode: str | None
     described = [info for info in infos.values() if info is not None]
     if not described:
         logging.warning("%s: no metadata.json beside the files; cannot check them against the flags", flag)
-        packed = input_mode in ("packed", "packs_as_rows")
+        packed = input_mode in PACKED_RECORD_MODES
         identity = tuple((path, *file_identity(path).values()) for path in paths)
         return Described(packed, shapes if packed else shapes.unpacked(), 0, 0, identity)
     if len(described) < len(groups):
@@ -114,7 +179,7 @@ def describe(paths: list[str], flag: str, shapes: Shapes, input_mode: str | None
 
 def _check_against_settings(info: DatasetInfo, flag: str, shapes: Shapes, input_mode: str | None,
                             depth_given: bool) -> None:
-    packed = None if input_mode is None else input_mode in ("packed", "packs_as_rows")  # packed_online: unpacked
+    packed = None if input_mode is None else input_mode in PACKED_RECORD_MODES  # packed_online: unpacked
     if packed is False and info.packed:
         raise SettingsError(f"{flag}: packed data (metadata.json), but --input_mode={input_mode} reads unpacked "
                             f"records; use --input_mode=packed")
@@ -165,21 +230,35 @@ def histogram(paths: list[str], described: Described, shapes: Shapes, run: RunDi
     return np.asarray(counted)
 
 
-def train_data(paths: list[str], shapes: Shapes, input_mode: str, depth_given: bool = False,
-               held_out_allowed: bool = False, run: RunDirectory | None = None, **settings) -> TrainData:
+def train_data(paths: list[str], shapes: Shapes, config: TrainConfig, depth_given: bool = False,
+               held_out_allowed: bool = False, run: RunDirectory | None = None) -> TrainData:
     """The training data, described and checked (describe); packed on the fly, with the plan of
     its histogram (online_plan), whose packing factor the batch correction and the betas use.
 
     Args:
-      run: the run's directory, where the histogram of data packed on the fly is cached.
-      settings: the other TrainData fields (batch_size, steps_per_update, ...).
+      paths: the files (--input_file).
+      shapes: L, P and S as the flags give them (checked against the data's metadata.json).
+      config: the run's settings (the input mode, when given; the bucket boundaries; the model,
+        whose positions must hold L).
+      depth_given: whether --max_sequences_per_pack was given (else it is the data's).
+      held_out_allowed: --train_on_held_out_files.
+      run: the run's directory, where a histogram counted here is cached.
     """
+    batch = config.batch
+    require(bool(paths), "--input_file: no training files")
+    require_fits(shapes.max_seq_length, config.model.bert)  # whatever the data holds, this cannot work
+    input_mode = default_input_mode(paths, batch.input_mode)
+    # These combinations first: they are what is wrong whatever the data holds.
+    require_packed_for(input_mode, adjust_betas_for_packing=config.optimizer.adjust_betas_for_packing,
+                       adjust_batch_for_packing=batch.adjust_batch_for_packing)
+    require(all(1 <= b <= shapes.max_seq_length for b in batch.bucket_boundaries),
+            f"--bucket_boundaries={','.join(map(str, batch.bucket_boundaries))}: each in [1, {shapes.max_seq_length}]")
     described = describe(paths, "--input_file", shapes, input_mode, depth_given, training=True,
                          held_out_allowed=held_out_allowed)
+    facts = dict(files=tuple(paths), identity=described.identity, input_mode=input_mode)
     if input_mode != "packed_online" and described.num_sequences:
-        return TrainData(files=tuple(paths), shapes=described.shapes, input_mode=input_mode,
-                         packing_factor=described.packing_factor, num_sequences=described.num_sequences,
-                         identity=described.identity, **settings)
+        return TrainData(shapes=described.shapes, packing_factor=described.packing_factor,
+                         num_sequences=described.num_sequences, **facts)
     if described.packed:
         raise SettingsError("--input_file: packed data without the counts of a metadata.json: its packing factor is "
                             "not known; give the directory pack_pretraining_data.py wrote")
@@ -187,24 +266,45 @@ def train_data(paths: list[str], shapes: Shapes, input_mode: str, depth_given: b
         # Unpacked files no metadata.json counts (the reference's own): counted once, so that
         # mllog.txt's train_samples is their number of sequences.
         counted = histogram(paths, described, shapes, run)
-        return TrainData(files=tuple(paths), shapes=described.shapes, input_mode=input_mode,
-                         num_sequences=int(counted.sum()), identity=described.identity,
-                         histogram=tuple(counted.tolist()), **settings)
+        return TrainData(shapes=described.shapes, num_sequences=int(counted.sum()),
+                         histogram=tuple(counted.tolist()), **facts)
     counted, packing_plan = online_plan(paths, described, shapes, run)
-    return TrainData(files=tuple(paths), shapes=shapes, input_mode=input_mode,
-                     packing_factor=packing_plan.packing_factor, num_sequences=int(counted.sum()),
-                     plan=packing_plan.strategies, identity=described.identity, histogram=tuple(counted.tolist()),
-                     **settings)
+    return TrainData(shapes=shapes, packing_factor=packing_plan.packing_factor, num_sequences=int(counted.sum()),
+                     histogram=tuple(counted.tolist()), plan=packing_plan.strategies, **facts)
 
 
-def eval_data(paths: list[str], flag: str, shapes: Shapes, input_mode: str | None = None, **settings) -> EvalData:
+def eval_data(paths: list[str], flag: str, shapes: Shapes, config: TrainConfig) -> EvalData:
     """The eval data, described and checked; read packed or not as its metadata.json says, or
-    packed on the fly with `input_mode` "packed_online"."""
+    packed on the fly with --eval_input_mode=packed_online (in a window of
+    --online_packing_window sequences)."""
+    require_fits(shapes.max_seq_length, config.model.bert)
+    input_mode = config.eval.eval_input_mode
+    if input_mode == "packed_online":
+        require_window(config.batch.online_packing_window, shapes.max_sequences_per_pack)
     described = describe(paths, flag, shapes, input_mode)
     if input_mode != "packed_online":
-        return EvalData(files=tuple(paths), shapes=described.shapes,
-                        input_mode="packed" if described.packed else "padded", identity=described.identity,
-                        **settings)
+        return EvalData(files=tuple(paths), identity=described.identity, shapes=described.shapes,
+                        input_mode="packed" if described.packed else "padded")
     _, packing_plan = online_plan(paths, described, shapes)
-    return EvalData(files=tuple(paths), shapes=shapes, input_mode=input_mode, plan=packing_plan.strategies,
-                    identity=described.identity, **settings)
+    return EvalData(files=tuple(paths), identity=described.identity, shapes=shapes, input_mode=input_mode,
+                    plan=packing_plan.strategies)
+
+
+def train_pipeline(data: TrainData, config: TrainConfig, batching: Batching, skip_steps: int = 0) -> PipelineConfig:
+    """How the input pipeline reads the training data for a run at micro-step `skip_steps`."""
+    bert = config.model.bert
+    return PipelineConfig(data.files, data.shapes, data.input_mode, batching.rows_per_micro_batch, True,
+                          config.run.seed,
+                          deterministic=config.run.deterministic, bucket_boundaries=config.batch.bucket_boundaries,
+                          skip_steps=skip_steps, vocab_size=bert.vocab_size, type_vocab_size=bert.type_vocab_size,
+                          plan=data.plan, window=config.batch.online_packing_window)
+
+
+def eval_pipeline(data: EvalData, config: TrainConfig) -> PipelineConfig:
+    """How the input pipeline reads the eval data: every record once (or --max_eval_steps batches)."""
+    bert = config.model.bert
+    return PipelineConfig(data.files, data.shapes, data.input_mode, config.eval.eval_batch_size, False,
+                          config.run.seed, deterministic=config.run.deterministic,
+                          max_batches=config.eval.max_eval_steps, vocab_size=bert.vocab_size,
+                          type_vocab_size=bert.type_vocab_size, plan=data.plan,
+                          window=config.batch.online_packing_window)

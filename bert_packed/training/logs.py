@@ -68,7 +68,7 @@ class RunLogs:
         --log_every_steps (or ended the run): step/total, rates, padding efficiency, time left."""
         record, every, last = self.last_record, config.run.log_every_steps, config.last_step
         step = record["step"]
-        if step // every == (step - config.train_data.steps_per_update * num_updates) // every and step != last:
+        if step // every == (step - config.batch.steps_per_update * num_updates) // every and step != last:
             return
         before_seconds, before_sequences, before_tokens = self.last_progress
         interval = max(seconds - before_seconds, 1e-9)

@@ -52,21 +52,28 @@ class MLPerfLog:
         """One :::MLLOG line; its file and line are the caller's."""
         self._logger.event(key=key, value=value, metadata=metadata, stack_offset=2)
 
-    def run_parameters(self, config, betas: tuple[float, float]) -> None:
-        """The submission fields and hyper-parameters, once a run, from init_start to run_start."""
-        submission, data, o = config.run.submission, config.train_data, config.optimizer
+    def run_parameters(self, config, batching, train_samples: int) -> None:
+        """The submission fields and hyper-parameters, once a run, from init_start to run_start.
+
+        Args:
+          config: the run's TrainConfig.
+          batching: what one update holds (config.Batching: the global batch, the betas).
+          train_samples: the training data's sequences.
+        """
+        run, o = config.run, config.optimizer
         for key, value in (
                 ("cache_clear", True), ("init_start", None), ("submission_benchmark", "bert"),
-                ("submission_division", submission.division), ("submission_org", submission.org),
-                ("submission_platform", submission.platform), ("submission_status", submission.status),
-                ("global_batch_size", round(data.sequences_per_update)), ("packing_factor", data.packing_factor),
-                ("gradient_accumulation_steps", data.steps_per_update), ("train_samples", data.num_sequences),
+                ("submission_division", run.submission_division), ("submission_org", run.submission_org),
+                ("submission_platform", run.submission_platform), ("submission_status", run.submission_status),
+                ("global_batch_size", round(batching.sequences_per_update)),
+                ("packing_factor", batching.packing_factor),
+                ("gradient_accumulation_steps", batching.steps_per_update), ("train_samples", train_samples),
                 ("opt_base_learning_rate", o.learning_rate), ("opt_lamb_epsilon", o.epsilon),
                 ("opt_learning_rate_training_steps", o.num_train_steps),
                 ("opt_learning_rate_warmup_steps", o.num_warmup_steps), ("num_warmup_steps", o.num_warmup_steps),
-                ("start_warmup_step", o.start_warmup_step), ("opt_lamb_beta_1", betas[0]),
-                ("opt_lamb_beta_2", betas[1]), ("opt_lamb_weight_decay_rate", o.weight_decay_rate),
-                ("seed", config.run.seed), ("init_stop", None), ("run_start", None)):
+                ("start_warmup_step", o.start_warmup_step), ("opt_lamb_beta_1", batching.betas[0]),
+                ("opt_lamb_beta_2", batching.betas[1]), ("opt_lamb_weight_decay_rate", o.lamb_weight_decay_rate),
+                ("seed", run.seed), ("init_stop", None), ("run_start", None)):
             self.event(key, value)
         self.started = True
 

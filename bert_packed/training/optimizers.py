@@ -1,7 +1,8 @@
 """LAMB with the MLPerf reference semantics, and BERT's original AdamW, as Keras 3 optimizers.
 
 Per variable w with gradient g, at update t (1-based), after clipping all gradients to global
-norm `clip_norm`:
+norm `clip_norm` when one is given (training does not give one: bert_packed.training.update
+clips, in the order the run asks for):
   m = beta_1 m + (1 - beta_1) g;   v = beta_2 v + (1 - beta_2) g^2
   LAMB:  u = (m / (1 - beta_1^t)) / (sqrt(v / (1 - beta_2^t)) + epsilon)     (bias-corrected)
   AdamW: u = m / (sqrt(v) + epsilon)                                       (no bias correction)
@@ -13,8 +14,8 @@ Keras' decoupled `weight_decay`). Exclusions are regular expressions searched in
 path; by default LayerNorm weights and biases are excluded from both. docs/training.md has the
 schedule and the reference's semantics in full.
 
-For packed data, raise the betas to the power of the packing factor (beta ** pf) to keep the
-momentum horizon of pf unpacked steps (docs/training.md); see adjusted_betas().
+For packed data, the betas raised to the power of the packing factor keep the momentum horizon
+of pf unpacked steps: bert_packed.training.config.adjusted_betas.
 """
 
 from __future__ import annotations
@@ -29,17 +30,6 @@ from bert_packed.errors import SettingsError
 DEFAULT_EXCLUSIONS = ("LayerNorm", "layer_norm", "bias")
 
 
-def adjusted_betas(beta_1: float, beta_2: float, packing_factor: float) -> tuple[float, float]:
-    """LAMB betas for packed data: each raised to the packing factor.
-
-    >>> [round(b, 4) for b in adjusted_betas(0.9, 0.999, 2.0)]
-    [0.81, 0.998]
-    """
-    if packing_factor < 1.0:
-        raise SettingsError(f"a packing factor is at least 1, got {packing_factor}")
-    return beta_1 ** packing_factor, beta_2 ** packing_factor
-
-
 class _BertOptimizer(keras.optimizers.Optimizer):
     """The shared update; LAMB and AdamW differ in bias correction and the trust ratio."""
 
@@ -48,7 +38,7 @@ class _BertOptimizer(keras.optimizers.Optimizer):
 
     def __init__(self, learning_rate=1e-3, beta_1=0.9, beta_2=0.999, epsilon=1e-6, weight_decay_rate=0.01,
                  exclude_from_weight_decay=DEFAULT_EXCLUSIONS, exclude_from_layer_adaptation=None,
-                 clip_norm=1.0, name=None, **kwargs):
+                 clip_norm=None, name=None, **kwargs):
         super().__init__(learning_rate=learning_rate, name=name or type(self).__name__.lower(),
                          global_clipnorm=clip_norm, **kwargs)
         self.beta_1 = beta_1

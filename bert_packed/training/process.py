@@ -1,5 +1,5 @@
 """Process-wide set-up for a run, in one function that entry points call before building a
-Trainer: Python logging, the seed and op determinism, and Keras' precision policy. Nothing else
+CompiledStep: Python logging, the seed and op determinism, and Keras' precision policy. Nothing else
 in the package changes process-wide state."""
 
 from __future__ import annotations
@@ -34,4 +34,4 @@ def check_process_set_up(config: TrainConfig) -> None:
     policy = keras.mixed_precision.global_policy().name
     if policy != PRECISIONS[config.model.precision]:
         raise RuntimeError(f"the precision policy is {policy}, the run needs {PRECISIONS[config.model.precision]}: call "
-                           f"bert_packed.training.process.set_up_process(config) before building a Trainer")
+                           f"bert_packed.training.process.set_up_process(config) before building a CompiledStep")

@@ -20,8 +20,9 @@ import time
 
 from bert_packed.features import Shapes
 from bert_packed.model import BertConfig
-from bert_packed.training.config import ModelConfig, OptimizerConfig, RunConfig, TrainConfig, TrainData
-from bert_packed.training.trainer import Trainer
+from bert_packed.training.config import TrainConfig, make_config
+from bert_packed.training.data import TrainData, train_pipeline
+from bert_packed.training.step import CompiledStep
 from bert_packed.training.update import SUM_KEYS
 
 # bf16 dense tensor-core peaks (TFLOP/s, no sparsity) of the cards a GPU figure is taken on, by a
@@ -44,26 +45,36 @@ def training_flops(bert: BertConfig, tokens: float, sequences: float, prediction
     return 3.0 * (tokens * per_token + predictions * per_prediction)
 
 
-def benchmark_config(bert: BertConfig, files: list[str], shapes: Shapes, input_mode: str, batch_size: int,
-                     output_dir: str, precision: str = "fp32", xla: bool = False,
-                     bucket_boundaries: tuple[int, ...] = (), plan=None) -> TrainConfig:
-    """A run for throughput alone (Trainer.run_updates): LAMB at a small learning rate, no
-    checkpoints or evaluations. With input_mode "packed_online", `plan` (a PackingPlan of the
-    files' histogram) guides the packer."""
+def benchmark_run(bert: BertConfig, files: list[str], shapes: Shapes, input_mode: str, batch_size: int,
+                  output_dir: str, precision: str = "fp32", xla: bool = False, bucket_boundaries: tuple[int, ...] = (),
+                  plan=None) -> tuple[TrainConfig, TrainData]:
+    """A run for throughput alone (measure_alternately): LAMB at a small learning rate, no
+    checkpoints or evaluations, and its data. With input_mode "packed_online", `plan` (a
+    PackingPlan of the files' histogram) guides the packer and gives the packing factor."""
+    config = make_config(bert=bert, precision=precision, xla=xla, input_mode=input_mode, train_batch_size=batch_size,
+                         bucket_boundaries=bucket_boundaries, learning_rate=1e-4, num_train_steps=10**9,
+                         output_dir=output_dir, save_checkpoints_steps=10**9, log_every_steps=10**9)
     online = dict(plan=plan.strategies, packing_factor=plan.packing_factor) if plan is not None else {}
-    return TrainConfig(
-        model=ModelConfig(bert=bert, precision=precision, xla=xla),
-        train_data=TrainData(files=tuple(files), shapes=shapes, input_mode=input_mode, batch_size=batch_size,
-                             bucket_boundaries=bucket_boundaries, **online),
-        optimizer=OptimizerConfig(learning_rate=1e-4, num_train_steps=10**9),
-        run=RunConfig(output_dir=output_dir, save_checkpoints_steps=10**9, log_every_steps=10**9))
+    data = TrainData(files=tuple(files), identity=(), shapes=shapes, input_mode=input_mode, **online)
+    return config, data
 
 
-def measure_alternately(trainers: dict[str, Trainer], rounds: int, updates: int) -> dict:
+class Measured:
+    """One mode of a throughput measurement: its compiled step and an endless iterator of its batches."""
+
+    def __init__(self, config: TrainConfig, data: TrainData):
+        self.step = CompiledStep(config, data)
+        self.iterator = self.step.train_iterator(train_pipeline(data, config, self.step.batching))
+
+    def run_updates(self, updates: int):
+        return self.step.run_updates(self.iterator, updates)
+
+
+def measure_alternately(trainers: dict[str, Measured], rounds: int, updates: int) -> dict:
     """Times `updates` updates of each trainer per round, alternating their order.
 
     Args:
-      trainers: name -> Trainer; the first is the baseline of the speed-ups.
+      trainers: name -> Measured; the first is the baseline of the speed-ups.
       rounds: measured rounds, after one untimed round that compiles and warms the pipelines.
       updates: updates per trainer and round.
 
@@ -83,7 +94,7 @@ def measure_alternately(trainers: dict[str, Trainer], rounds: int, updates: int)
             rows = trainer.run_updates(updates)
             seconds = time.perf_counter() - start
             sums = {key: float(rows[:, 1 + i].sum()) for i, key in enumerate(SUM_KEYS)}
-            flops = training_flops(trainer.config.model.bert, sums["tokens"], sums["nsp_sequences"],
+            flops = training_flops(trainer.step.config.model.bert, sums["tokens"], sums["nsp_sequences"],
                                    sums["mlm_predictions"])
             mode = modes[name]
             mode["sequences_per_second"].append(sums["nsp_sequences"] / seconds)

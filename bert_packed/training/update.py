@@ -18,7 +18,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from bert_packed.training.config import TrainConfig
+from bert_packed.training.config import Batching, TrainConfig
 from bert_packed.training.losses import loss_from_sums, normalizers, pretraining_sums
 from bert_packed.training.optimizers import AdamWeightDecay, Lamb, PolynomialWarmup
 
@@ -26,18 +26,20 @@ from bert_packed.training.optimizers import AdamWeightDecay, Lamb, PolynomialWar
 # counts of the rows, and the norm of the gradient applied.
 SUM_KEYS = ("mlm_nll", "mlm_predictions", "mlm_correct", "mlm_sequence_nll", "mlm_sequence_correct",
             "mlm_sequences", "nsp_nll", "nsp_correct", "nsp_sequences", "tokens", "slots", "gradient_norm")
+# The global gradient norm clipped to: the MLPerf reference's 1.0.
+CLIP_NORM = 1.0
 
 
-def make_optimizer(config: TrainConfig):
+def make_optimizer(config: TrainConfig, batching: Batching):
     """LAMB or AdamW with the reference schedule and the run's betas (adjusted for packing if
     asked), without a clip of its own; inside a LossScaleOptimizer with fp16."""
     o = config.optimizer
-    beta_1, beta_2 = config.betas
+    beta_1, beta_2 = batching.betas
     schedule = PolynomialWarmup(o.learning_rate, o.num_train_steps, o.num_warmup_steps, o.start_warmup_step,
-                                o.poly_power, config.train_data.steps_per_update)
-    kind = {"lamb": Lamb, "adamw": AdamWeightDecay}[o.name]
-    optimizer = kind(schedule, beta_1=beta_1, beta_2=beta_2, epsilon=o.epsilon, weight_decay_rate=o.weight_decay_rate,
-                     clip_norm=None)
+                                o.poly_power, batching.steps_per_update)
+    kind = {"lamb": Lamb, "adamw": AdamWeightDecay}[o.optimizer]
+    optimizer = kind(schedule, beta_1=beta_1, beta_2=beta_2, epsilon=o.epsilon,
+                     weight_decay_rate=o.lamb_weight_decay_rate)
     if config.model.precision == "fp16":
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     return optimizer
@@ -54,16 +56,15 @@ class Update:
         each update's learning rate and sums.
     """
 
-    def __init__(self, config: TrainConfig, model, optimizer, strategy: tf.distribute.Strategy):
+    def __init__(self, config: TrainConfig, batching: Batching, model, optimizer, strategy: tf.distribute.Strategy):
         self.model = model
         self.optimizer = optimizer
         self._loss_scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
         self.optimizer_itself = optimizer.inner_optimizer if self._loss_scaled else optimizer
         self._strategy = strategy
-        self._steps_per_update = config.train_data.steps_per_update
+        self._steps_per_update = batching.steps_per_update
         self._loss_averaging = config.model.loss_averaging
-        self._clip_norm = config.optimizer.clip_norm
-        self._clip_after_allreduce = config.optimizer.clip_after_allreduce
+        self._clip_after_allreduce = config.optimizer.clip_by_global_norm_after_gradient_allreduce
         self._gradients = tf.function(self._gradients_fn, jit_compile=True) if config.model.xla else self._gradients_fn
         self.loop = tf.function(self._loop_fn)
 
@@ -95,7 +96,7 @@ class Update:
             # Each replica's loss is divided by the global counts, so the replicas' gradients add up
             # to the global gradient: all-reduce and clip it here.
             gradients = context.all_reduce(tf.distribute.ReduceOp.SUM, gradients)
-            gradients, _ = tf.clip_by_global_norm([g / self._scale() for g in gradients], self._clip_norm)
+            gradients, _ = tf.clip_by_global_norm([g / self._scale() for g in gradients], CLIP_NORM)
             gradients = [g / replicas for g in gradients]
         else:
             gradients, totals = self._gradients(batches, None)
@@ -123,7 +124,7 @@ class Update:
                     loss = self.optimizer.scale_loss(loss)
             micro = [tf.convert_to_tensor(d) for d in tape.gradient(loss, variables)]
             if counts is None:
-                micro, _ = tf.clip_by_global_norm([d / self._scale() for d in micro], self._clip_norm)
+                micro, _ = tf.clip_by_global_norm([d / self._scale() for d in micro], CLIP_NORM)
             gradients = [g + d for g, d in zip(gradients, micro)]
             for name, value in sums.items():
                 totals[name] = totals.get(name, 0.0) + value

@@ -1,0 +1,284 @@
+"""The run: train_and_evaluate, the MLPerf recipe's loop top to bottom, and evaluate_only.
+
+train_and_evaluate(config, train_data, eval_data, step) runs, in order:
+  1. claim the run directory: refuse one that holds another run, or this run on other data;
+     record this one (run.json, flags.txt);
+  2. resume: restore the newest checkpoint that restores (else start from --init_checkpoint or
+     random weights) and cut the logs back to what that checkpoint had seen; a run that has
+     finished is left as it is;
+  3. compiled loops of updates until num_train_steps, the target accuracy or a stop signal
+     (SIGTERM, SIGINT), with logs, evaluations and checkpoints between the loops;
+  4. the end: a checkpoint, an evaluation at the last step, the weights exported with
+     google-research names, run_stop, and `finished` in run.json.
+A checkpoint is saved after everything its loop logged. So a run stopped at any moment and
+started again with the same command trains, evaluates and logs exactly what the uninterrupted
+run does, once (docs/reliability.md).
+
+What it uses: a CompiledStep (step.py: the model, optimizer and compiled update, built once per
+graph shape), the data's description (data.py), checkpoints, logs and mlperf_log (what is
+logged), and bert_packed.run_directory (the files).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import os
+import signal
+import time
+
+import numpy as np
+
+from bert_packed import files
+from bert_packed.dataset_info import refuse_other_output
+from bert_packed.errors import TrainingError
+from bert_packed.input_pipeline import reading_errors_named
+from bert_packed.model import export_google_checkpoint, load_google_checkpoint
+from bert_packed.model.checkpoint import checkpoint_step
+from bert_packed.run_directory import RunDirectory
+from bert_packed.training.checkpoints import Checkpoints
+from bert_packed.training.config import TrainConfig, describe
+from bert_packed.training.data import EvalData, TrainData, eval_pipeline, train_pipeline
+from bert_packed.training.distribution import chief, common_step, on_any_worker
+from bert_packed.training.logs import RunLogs
+from bert_packed.training.losses import metrics_from_sums
+from bert_packed.training.step import CompiledStep
+from bert_packed.training.update import SUM_KEYS
+
+
+@dataclasses.dataclass
+class RunResult:
+    """How a run ended.
+
+    Attributes:
+      record: the last train record ({} when none).
+      step: the micro-step it ended at.
+      stopped_by: "SIGTERM" or "SIGINT" when a signal stopped it after a save (the same command
+        resumes), else None.
+      directory: where this process wrote (the chief: output_dir).
+    """
+
+    record: dict
+    step: int
+    stopped_by: str | None
+    directory: RunDirectory
+
+
+def run_directory(config: TrainConfig, step: CompiledStep) -> RunDirectory:
+    """Where this process writes: output_dir for the chief, a directory of its own for another worker."""
+    is_chief, task = chief(step.strategy)
+    root = RunDirectory(config.run.output_dir)
+    return root if is_chief else root.worker(task)
+
+
+def train_and_evaluate(config: TrainConfig, train_data: TrainData, eval_data: EvalData, step: CompiledStep) -> RunResult:
+    """Runs (or resumes) training to num_train_steps or the target accuracy (module docstring)."""
+    directory = run_directory(config, step)
+    checkpoints = Checkpoints(directory.checkpoints, step.state, config.run.keep_checkpoint_max)
+    files.makedirs(directory.path)
+    with files.exclusive(os.path.join(directory.path, ".lock"), "run_pretraining"):
+        previous = _claim(directory, config, train_data, eval_data)
+        if _resume(directory, config, step, checkpoints, previous):
+            logging.info("%s: finished at step %d; nothing to do", config.run.output_dir, int(step.step.numpy()))
+            return RunResult(RunLogs.last_train_record(directory), int(step.step.numpy()), None, directory)
+        logs = RunLogs(directory)
+        try:
+            _start(logs, config, train_data, eval_data, step)
+            n, every = step.batching.steps_per_update, step.batching.eval_every_samples
+            current, sequences = int(step.step.numpy()), int(step.sequences.numpy())
+            last = logs.last_eval
+            reached = last.get("step") == current and last.get("mlm_accuracy", 0.0) >= config.eval.target_mlm_accuracy
+            next_eval = (sequences // every + 1) * every if every else None
+            pipeline = train_pipeline(train_data, config, step.batching, current)
+            start, first_step, stop = time.perf_counter(), current, Stop()
+            with stop.on_signals():
+                training = current < config.last_step and not on_any_worker(step.strategy, reached)
+                if training:
+                    logs.mlperf.block_start(sequences)
+                    iterator = step.train_iterator(pipeline)
+                while training and current < config.last_step and not stop.by:
+                    with reading_errors_named(pipeline):
+                        results = step.run_updates(iterator, min(config.loop_steps, config.last_step - current) // n)
+                    seconds = logs.seconds_before + time.perf_counter() - start
+                    for row in results:
+                        current += n
+                        logs.train(_train_record(row, current, sequences, seconds, logs, config, checkpoints))
+                        sequences = logs.last_record["sequences"]
+                    logs.say_progress(config, first_step, len(results), seconds)
+                    step.step.assign(current)
+                    step.sequences.assign(sequences)
+                    if next_eval is not None and sequences >= next_eval and eval_data.files:
+                        next_eval = (sequences // every + 1) * every
+                        reached = _evaluate_and_log(logs, config, eval_data, step, seconds)
+                        if reached:
+                            break
+                        if current < config.last_step:
+                            logs.mlperf.block_start(sequences)
+                    if current % config.save_steps == 0 or stop.by:
+                        _save(directory, checkpoints, step)
+            if stop.by and not reached:
+                return RunResult(logs.last_record, current, stop.by, directory)
+            _finish(directory, logs, config, eval_data, step, checkpoints, reached)
+            if stop.by:  # it came during the evaluation that reached the target: nothing to resume
+                logging.info("%s came as the run finished; it is complete", stop.by)
+            return RunResult(logs.last_record, current, None, directory)
+        finally:
+            logs.close()
+
+
+def evaluate_only(config: TrainConfig, eval_data: EvalData, step: CompiledStep) -> dict:
+    """Evaluates the newest checkpoint of output_dir, or else init_checkpoint; writes the result to
+    eval_results.txt and returns it. A training run in output_dir is left alone (the reference
+    evaluates beside a running training job)."""
+    directory = run_directory(config, step)
+    checkpoints = Checkpoints(directory.checkpoints, step.state, config.run.keep_checkpoint_max)
+    source = checkpoints.restore()
+    if source is None:
+        if not config.model.init_checkpoint:
+            raise TrainingError(f"nothing to evaluate: no checkpoint in {checkpoints.directory} and no "
+                                f"--init_checkpoint")
+        source = config.model.init_checkpoint
+        load_google_checkpoint(step.model, source)
+        step.step.assign(checkpoint_step(source))
+    metrics = step.evaluate(eval_pipeline(eval_data, config))
+    record = {"step": int(step.step.numpy()), "sequences": int(step.sequences.numpy()), "checkpoint": source, **metrics}
+    if chief(step.strategy)[0]:  # eval_results.txt only: a training run may be logging here meanwhile
+        files.makedirs(directory.path)
+        directory.write_eval_results(record)
+    logging.debug("eval of %s: mlm accuracy %.4f, loss %.4f over %d sequences", source,
+                  metrics.get("mlm_accuracy", 0.0), metrics.get("loss", 0.0), metrics.get("num_sequences", 0))
+    return record
+
+
+class Stop:
+    """SIGTERM (preemption) and SIGINT (Ctrl-C) stop the loop at the end of its compiled call,
+    after a save.
+
+    Attributes:
+      by: "SIGTERM" or "SIGINT" once one came, else None.
+    """
+
+    def __init__(self):
+        self.by = None
+
+    @contextlib.contextmanager
+    def on_signals(self):
+        def stop(signum, frame):
+            self.by = signal.Signals(signum).name
+
+        previous = {number: signal.signal(number, stop) for number in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield self
+        finally:
+            for number, handler in previous.items():
+                signal.signal(number, handler)
+
+
+def _claim(directory: RunDirectory, config: TrainConfig, train_data: TrainData, eval_data: EvalData) -> dict:
+    """Refuses a directory that holds another run, or this run on other data; records this one.
+    Returns run.json as found."""
+    refuse_other_output(directory.path, "a training run")
+    identity = {**config.identity(), **train_data.identity_settings()}
+    previous = directory.claim(identity, {"train_files": train_data.identity, "eval_files": eval_data.identity})
+    if config.run.flags_text:
+        directory.write_flags(config.run.flags_text)
+    if train_data.histogram:  # counted (no metadata.json counts the files): not again
+        directory.write_histogram("train", train_data.identity, train_data.histogram)
+    return previous
+
+
+def _resume(directory: RunDirectory, config: TrainConfig, step: CompiledStep, checkpoints: Checkpoints,
+            previous: dict) -> bool:
+    """Restores the newest checkpoint that restores (else --init_checkpoint) and cuts the logs back
+    to it; returns whether the run had finished (then nothing changes)."""
+    checkpoints.clean_up()
+    files.remove_leftovers(directory.path)
+    resumed = checkpoints.restore(lambda newest, can_restore: common_step(step.strategy, newest, can_restore))
+    current = int(step.step.numpy())
+    if resumed:
+        logging.info("resumed from %s at step %d", resumed, current)
+    elif config.model.init_checkpoint:
+        load_google_checkpoint(step.model, config.model.init_checkpoint)
+        logging.info("initialised from %s", config.model.init_checkpoint)
+    finished = previous.get("finished") or {}
+    done = bool(resumed) and finished.get("step") == current and (current >= config.last_step
+                                                                  or finished.get("reached", False))
+    if not on_any_worker(step.strategy, not done):
+        return True
+    directory.cut_logs(step.log_sizes.numpy().tolist())
+    if finished:  # it goes on: no longer finished (run.json as claimed, with today's data paths)
+        directory.write_info({k: v for k, v in directory.read_info().items() if k != "finished"})
+    return False
+
+
+def _start(logs: RunLogs, config: TrainConfig, train_data: TrainData, eval_data: EvalData, step: CompiledStep) -> None:
+    """What a run says and logs once it starts: the MLPerf parameters (once a run), the notes."""
+    if not logs.mlperf.started:
+        logs.mlperf.run_parameters(config, step.batching, train_data.num_sequences)
+    for note in config.rounding_notes(bool(eval_data.files)):
+        logging.warning("%s", note)
+    for line in describe(config, step.batching):
+        logging.info("%s", line)
+    if not eval_data.files:
+        logging.warning("this run does not evaluate (no eval files): its mllog.txt cannot pass the MLPerf "
+                        "compliance checker, which requires an evaluation (eval_accuracy)")
+
+
+def _train_record(row: np.ndarray, step: int, sequences_before: int, seconds: float, logs: RunLogs,
+                  config: TrainConfig, checkpoints: Checkpoints) -> dict:
+    """One update's train record, after checking its loss and gradient are finite."""
+    sums = dict(zip(SUM_KEYS, row[1:].tolist()))
+    metrics = metrics_from_sums({k: v for k, v in sums.items() if k not in ("tokens", "slots")},
+                                config.model.loss_averaging)
+    for what, value in (("loss", metrics["loss"]), ("the gradient norm", sums["gradient_norm"])):
+        if not math.isfinite(value):
+            raise TrainingError(f"{what} is {value} at step {step}; stopped without saving, the last good "
+                                f"checkpoint is {checkpoints.last_finite()}")
+    return {"step": step, "sequences": sequences_before + int(metrics["num_sequences"]),
+            "learning_rate": float(row[0]), "seconds": seconds,
+            "train_seconds": logs.train_seconds_before + seconds - logs.seconds_before - logs.eval_seconds,
+            "real_tokens": sums["tokens"], "predictions": sums["mlm_predictions"],
+            "padding_efficiency": sums["tokens"] / sums["slots"], **metrics}
+
+
+def _evaluate_and_log(logs: RunLogs, config: TrainConfig, eval_data: EvalData, step: CompiledStep,
+                      seconds: float) -> bool:
+    """Evaluates and logs; returns whether the target accuracy is reached."""
+    current, sequences = int(step.step.numpy()), int(step.sequences.numpy())
+    logging.debug("evaluating at step %d (%d sequences trained)", current, sequences)
+    start = time.perf_counter()
+    metrics = step.evaluate(eval_pipeline(eval_data, config))
+    logs.eval_seconds += time.perf_counter() - start
+    logs.eval({"step": current, "sequences": sequences, "seconds": seconds, **metrics})
+    accuracy = metrics.get("mlm_accuracy", 0.0)
+    logs.mlperf.evaluation(sequences, accuracy, int(metrics.get("num_sequences", 0)))
+    logging.info("eval at step %d (%d sequences): mlm accuracy %.4f, loss %.4f over %d eval sequences, in %.1f s",
+                 current, sequences, accuracy, metrics.get("loss", 0.0), metrics.get("num_sequences", 0),
+                 time.perf_counter() - start)
+    target = config.eval.target_mlm_accuracy
+    if accuracy >= target:
+        logging.info("target mlm accuracy %.3f reached at step %d after %d sequences", target, current, sequences)
+    return accuracy >= target
+
+
+def _finish(directory: RunDirectory, logs: RunLogs, config: TrainConfig, eval_data: EvalData, step: CompiledStep,
+            checkpoints: Checkpoints, reached: bool) -> None:
+    """The end of the run: the last checkpoint, an evaluation at the last step (so that every run's
+    final figure is at its last step), the weights as a TF1 checkpoint, and run_stop."""
+    _save(directory, checkpoints, step)
+    current, sequences = int(step.step.numpy()), int(step.sequences.numpy())
+    if eval_data.files and on_any_worker(step.strategy, logs.last_eval.get("step") != current):
+        reached = _evaluate_and_log(logs, config, eval_data, step, logs.last_record.get("seconds", 0.0)) or reached
+    if chief(step.strategy)[0]:
+        path = export_google_checkpoint(step.model, directory.exported_weights(current), current)
+        logging.debug("weights exported as %s (google-research/MLPerf TF1 names: an --init_checkpoint)", path)
+    logs.mlperf.run_stop(sequences, reached)
+    directory.write_info({**directory.read_info(), "finished": {"step": current, "reached": reached}})
+
+
+def _save(directory: RunDirectory, checkpoints: Checkpoints, step: CompiledStep) -> None:
+    """A checkpoint of the current step (unless there is one), with the logs' sizes now."""
+    step.log_sizes.assign(directory.log_sizes())
+    checkpoints.save(int(step.step.numpy()), step.model.trainable_variables)

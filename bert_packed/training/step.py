@@ -1,0 +1,116 @@
+"""The compiled step: what is built once per graph shape and reused by every run of that shape.
+
+A graph shape is the model (its BERT config, precision, XLA, loss basis), the optimizer (its
+settings, schedule and betas), the tf.distribute strategy, and the micro-batch (rows, the
+micro-batches an update accumulates, the clip order). What a run adds (its data files, output
+directory, resume point, logs and cadences) is not part of it: bert_packed.training.loop runs
+a CompiledStep on them. So a run, an evaluation alone, a throughput benchmark and a test share
+one way of building and calling the compiled update, and a step built once serves several runs
+of one shape (`initial_state` and `reset` put it back as new).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from bert_packed.input_pipeline import PipelineConfig, make_dataset, reading_errors_named
+from bert_packed.model import BertPretrainingModel
+from bert_packed.run_directory import LOGS
+from bert_packed.training.config import TrainConfig, batching
+from bert_packed.training.data import TrainData
+from bert_packed.training.losses import metrics_from_sums, pretraining_sums
+from bert_packed.training.process import check_process_set_up
+from bert_packed.training.update import Update, make_optimizer
+
+
+class CompiledStep:
+    """The model, its optimizer and the compiled update and evaluation, under a strategy.
+
+    Args:
+      config: the run's settings.
+      train_data: the training data's description (its input mode and packing factor size the
+        micro-batch and set the betas).
+      strategy: the tf.distribute strategy (default: the current one).
+
+    Attributes:
+      config: the settings it was built for.
+      batching: what one update holds (config.Batching: rows, accumulation, betas, eval cadence).
+      strategy: the tf.distribute strategy.
+      model: the BertPretrainingModel.
+      optimizer: its optimizer (a LossScaleOptimizer with fp16).
+      update: the compiled update (update.loop).
+      step, sequences: micro-steps done and sequences seen (checkpointed).
+      log_sizes: the run's logs' sizes when its checkpoint was saved (a resumed run cuts them back).
+      state: what a checkpoint holds (a tf.train.Checkpoint).
+    """
+
+    def __init__(self, config: TrainConfig, train_data: TrainData, strategy: tf.distribute.Strategy | None = None):
+        strategy = strategy or tf.distribute.get_strategy()
+        check_process_set_up(config)
+        self.config, self.strategy = config, strategy
+        self.batching = batching(config, train_data.input_mode, train_data.packing_factor,
+                                 train_data.shapes.max_sequences_per_pack, strategy.num_replicas_in_sync)
+        with strategy.scope():
+            self.model = BertPretrainingModel(config.model.bert)
+            self.model.build()
+            self.optimizer = make_optimizer(config, self.batching)
+            self.optimizer.build(self.model.trainable_variables)
+            self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+            self.sequences = tf.Variable(0, dtype=tf.int64, trainable=False, name="sequences")
+            self.log_sizes = tf.Variable([0] * len(LOGS), dtype=tf.int64, trainable=False, name="log_sizes")
+        self.update = Update(config, self.batching, self.model, self.optimizer, strategy)
+        self._evaluate_batch = tf.function(self._evaluate_batch_fn)
+        # Dropout's random state is not among the weights Keras checkpoints: add it, so that a
+        # resumed deterministic run draws the same masks as an uninterrupted one.
+        seeds = {f"seed_{i}": v.value for i, v in enumerate(
+            v for v in self.model.variables if v.path.endswith("seed_generator_state"))}
+        self.state = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.step,
+                                         sequences=self.sequences, log_sizes=self.log_sizes, dropout_seeds=seeds)
+
+    def run_updates(self, iterator, num_updates: int) -> np.ndarray:
+        """Runs `num_updates` updates on batches of `iterator` in one compiled call.
+
+        Returns:
+          [num_updates, 1 + len(update.SUM_KEYS)]: each update's learning rate and sums.
+        """
+        return self.update.loop(iterator, tf.constant(num_updates)).numpy()
+
+    def train_iterator(self, pipeline: PipelineConfig):
+        """An iterator over the micro-batches of `pipeline`, distributed over the replicas."""
+        return iter(self.strategy.distribute_datasets_from_function(lambda context: make_dataset(pipeline, context)))
+
+    def evaluate(self, pipeline: PipelineConfig) -> dict:
+        """The metrics over the batches of `pipeline` (losses.metrics_from_sums); {} when it has none.
+
+        Packed and unpacked eval records give the same figures: the sums are per sequence, added
+        over batches and replicas, and divided once. Under multi-worker training each input
+        pipeline evaluates its share of the records (input_pipeline).
+        """
+        totals = None
+        with reading_errors_named(pipeline):
+            for features in self.strategy.distribute_datasets_from_function(
+                    lambda context: make_dataset(pipeline, context)):
+                sums = self._evaluate_batch(features)
+                totals = sums if totals is None else {k: totals[k] + sums[k] for k in sums}
+        return metrics_from_sums(totals, self.config.model.loss_averaging) if totals else {}
+
+    def _evaluate_batch_fn(self, features):
+        def replica(features):
+            return pretraining_sums(self.model(features, training=False), features)
+
+        sums = self.strategy.run(replica, args=(features,))
+        return {k: self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for k, v in sums.items()}
+
+    def _variables(self) -> list:
+        return [*self.model.variables, *self.optimizer.variables, self.step, self.sequences, self.log_sizes]
+
+    def initial_state(self) -> list[np.ndarray]:
+        """Every variable's value now (weights, optimizer slots, dropout's state, counters)."""
+        return [v.numpy() for v in self._variables()]
+
+    def reset(self, state: list[np.ndarray]) -> None:
+        """Puts back every variable's value of `state` (from initial_state): the step is then as
+        built, and compiles nothing again."""
+        for variable, value in zip(self._variables(), state, strict=True):
+            variable.assign(value)

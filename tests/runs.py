@@ -1,0 +1,166 @@
+"""Training runs for the tests: the tiny model on the test data, on compiled steps shared per graph shape.
+
+`config(output_dir, files, **values)` takes every value by the name the product gives it: a
+setting by its flag's name (training.config), a fact of the training data by its TrainData
+field. `make_trainer(setup)` builds what run_pretraining builds after its flags (the process
+set-up, the compiled step) and runs it with the product's own train_and_evaluate.
+
+Compiling a step costs seconds; an update of the tiny model milliseconds. So a compiled step is
+built once per graph shape in a test process and handed out again, put back as new
+(CompiledStep.reset), once the test that held it has ended (`release`, called by conftest after
+every test). Within one test, two runs of one shape get two steps, as two processes would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, TINY
+
+from bert_packed.features import Shapes
+from bert_packed.model import BertConfig
+from bert_packed.training.checkpoints import Checkpoints
+from bert_packed.training.config import TrainConfig, batching, make_config, setting_names
+from bert_packed.training.data import EvalData, TrainData, eval_pipeline
+from bert_packed.training.loop import evaluate_only, run_directory, train_and_evaluate
+from bert_packed.training.process import set_up_process
+from bert_packed.training.step import CompiledStep
+
+# The values a test gives unless it says otherwise.
+DEFAULTS = dict(input_mode="packed", train_batch_size=4, num_train_steps=2, learning_rate=1e-3, deterministic=True,
+                log_every_steps=1, save_checkpoints_steps=1000)
+_DATA_FACTS = {field.name for field in dataclasses.fields(TrainData)} - {"files", "input_mode"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """What run_pretraining has once its flags are read: the settings and the data's descriptions."""
+
+    config: TrainConfig
+    train_data: TrainData
+    eval_data: EvalData
+
+
+def config(output_dir, files, dropout=0.1, eval_files=(), eval_packed=False, **values) -> Setup:
+    """A run of the tiny model on the test data (packed records of S=3 unless `input_mode` says).
+
+    Args:
+      output_dir: --output_dir.
+      files: the training files.
+      dropout: the BERT config's dropout rates.
+      eval_files: the eval files (unpacked, or packed with `eval_packed`).
+      values: settings by their flags' names; facts of the training data by their TrainData names
+        (packing_factor, plan, identity, ...).
+    """
+    bert = BertConfig(**TINY, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+    values = {**DEFAULTS, **values}
+    facts = {name: values.pop(name) for name in list(values) if name in _DATA_FACTS}
+    unknown = set(values) - set(setting_names())
+    assert not unknown, f"no setting or data fact is named {sorted(unknown)}"
+    settings = make_config(bert=bert, output_dir=str(output_dir), **values)
+    facts.setdefault("shapes", Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK))
+    facts.setdefault("identity", ())
+    train = TrainData(files=tuple(files), input_mode=settings.batch.input_mode, **facts)
+    evaluation = EvalData(files=tuple(eval_files), identity=(),
+                          shapes=Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK if eval_packed else 1),
+                          input_mode="packed" if eval_packed else "padded")
+    return Setup(settings, train, evaluation)
+
+
+# Compiled steps by graph shape: those free to hand out, and those the running test holds.
+_FREE: dict[tuple, list[tuple[CompiledStep, list, object]]] = {}
+_HELD: list[tuple[tuple, tuple[CompiledStep, list, object]]] = []
+
+
+def _graph_shape(setup: Setup, strategy) -> tuple:
+    """What a compiled step is built from (settings that only a run reads are left out)."""
+    c, data = setup.config, setup.train_data
+    shape = batching(c, data.input_mode, data.packing_factor, data.shapes.max_sequences_per_pack,
+                     strategy.num_replicas_in_sync if strategy else 1)
+    return (repr(dataclasses.replace(c.model, init_checkpoint=None)), repr(c.optimizer), repr(shape), c.run.seed,
+            c.run.deterministic, id(strategy))
+
+
+def compiled_step(setup: Setup, strategy=None) -> CompiledStep:
+    """A compiled step for `setup`, as new: one this process built before for its graph shape and
+    no running test holds (put back as new), else a new one."""
+    set_up_process(setup.config)
+    key = _graph_shape(setup, strategy)
+    if _FREE.get(key):
+        entry = _FREE[key].pop()
+        step, state, loop = entry
+        step.reset(state)
+        step.update.loop = loop  # a test may have wrapped it
+    else:
+        step = CompiledStep(setup.config, setup.train_data, strategy)
+        entry = (step, step.initial_state(), step.update.loop)
+    _HELD.append((key, entry))
+    return step
+
+
+def release() -> None:
+    """The running test has ended: the steps it held may be handed out again."""
+    while _HELD:
+        key, entry = _HELD.pop()
+        _FREE.setdefault(key, []).append(entry)
+
+
+class Run:
+    """A run as run_pretraining makes one, with the attributes tests look into.
+
+    Attributes:
+      setup: its settings and data.
+      compiled: its CompiledStep; model, optimizer, update, step, sequences and strategy are the step's.
+      checkpoints: the run directory's checkpoints.
+      stopped_by: the signal that stopped the last train() after a save, else None.
+    """
+
+    def __init__(self, setup: Setup, strategy=None):
+        self.setup = setup
+        self.compiled = compiled_step(setup, strategy)
+        self.model, self.optimizer, self.update = self.compiled.model, self.compiled.optimizer, self.compiled.update
+        self.step, self.sequences, self.strategy = self.compiled.step, self.compiled.sequences, self.compiled.strategy
+        self.checkpoints = Checkpoints(run_directory(setup.config, self.compiled).checkpoints, self.compiled.state,
+                                       setup.config.run.keep_checkpoint_max)
+        self.stopped_by = None
+
+    @property
+    def config(self) -> TrainConfig:
+        return self.setup.config
+
+    def train(self) -> dict:
+        result = train_and_evaluate(self.setup.config, self.setup.train_data, self.setup.eval_data, self.compiled)
+        self.stopped_by = result.stopped_by
+        return result.record
+
+    def evaluate(self) -> dict:
+        return self.compiled.evaluate(eval_pipeline(self.setup.eval_data, self.setup.config))
+
+    def evaluate_only(self) -> dict:
+        return evaluate_only(self.setup.config, self.setup.eval_data, self.compiled)
+
+
+def make_trainer(setup: Setup, strategy=None) -> Run:
+    """A run of `setup`, after the process set-up an entry point does."""
+    return Run(setup, strategy)
+
+
+def weights(trainer: Run) -> list:
+    return [w.numpy() for w in trainer.model.weights]
+
+
+def read_log(path) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def assert_same_evaluation(first, second, num_sequences):
+    """Two trainers, given the first's weights, evaluate to the same metrics over the same sequences."""
+    for w, value in zip(second.model.weights, weights(first)):
+        w.assign(value)
+    a, b = first.evaluate(), second.evaluate()
+    assert a["num_sequences"] == b["num_sequences"] == num_sequences
+    for key in ("loss", "mlm_accuracy", "mlm_loss", "nsp_loss", "nsp_accuracy"):
+        assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), key
