@@ -34,6 +34,17 @@ data uses. Keys shared with the unpacked layout change meaning where a pack need
 
 Every packed key is int64 on disk. The input pipeline parses both layouts into the packed one
 (int32), an unpacked record becoming a pack of one sequence.
+
+The model's feature dict (what the input pipeline yields in every mode, and what the model, the
+losses and the update read) holds the packed layout under the packed keys, except two renamed
+for what they hold once parsed (MODEL_KEYS; model_features renames, record_features undoes it):
+
+  model key                record key          length  meaning
+  sequence_ids             input_mask          L       the sequence index of each token, 1..S; 0 for padding
+  prediction_sequence_ids  masked_lm_weights   P'      the sequence index of each prediction, 0 for none
+
+Records keep their names on disk (users' packed data and the MLPerf tools use them); only the
+dict the model reads is renamed.
 """
 
 from __future__ import annotations
@@ -42,6 +53,10 @@ import dataclasses
 
 # Unpacked records hold this one feature as a FloatList; every other feature is an Int64List.
 UNPACKED_FLOAT_FEATURES = ("masked_lm_weights",)
+
+# Packed record key -> the model's key, where they differ: in a pack these two hold sequence
+# indices, which their record names (a 0/1 mask, float weights) would have a reader misread.
+MODEL_KEYS = {"input_mask": "sequence_ids", "masked_lm_weights": "prediction_sequence_ids"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +91,7 @@ class Shapes:
                 "masked_lm_ids": pred, "masked_lm_weights": pred, "next_sentence_labels": 1}
 
     def packed_lengths(self) -> dict[str, int]:
-        """Feature name -> length in a packed record (and in the model's feature dict)."""
+        """Feature name -> length in a packed record (model_lengths: the same under the model's keys)."""
         seq, pred, packs = self.max_seq_length, self.max_predictions_per_pack, self.max_sequences_per_pack
         return {"input_ids": seq, "input_mask": seq, "segment_ids": seq, "positions": seq,
                 "masked_lm_positions": pred, "masked_lm_ids": pred, "masked_lm_weights": pred,
@@ -86,6 +101,40 @@ class Shapes:
     def record_lengths(self, packed: bool) -> dict[str, int]:
         """Feature name -> length in a record of either layout."""
         return self.packed_lengths() if packed else self.unpacked_lengths()
+
+    def model_lengths(self) -> dict[str, int]:
+        """Feature name -> length in the model's feature dict (what the input pipeline yields)."""
+        return model_features(self.packed_lengths())
+
+
+def model_features(packed: dict) -> dict:
+    """A dict of the packed record layout (values or lengths) under the model's keys.
+
+    >>> sorted(model_features({"input_ids": 1, "input_mask": 2, "masked_lm_weights": 3}).items())
+    [('input_ids', 1), ('prediction_sequence_ids', 3), ('sequence_ids', 2)]
+
+    Args:
+      packed: {packed record key: value}, e.g. parsed packed records or Shapes.packed_lengths().
+
+    Returns:
+      The same values, input_mask and masked_lm_weights under MODEL_KEYS' names.
+    """
+    return {MODEL_KEYS.get(name, name): value for name, value in packed.items()}
+
+
+def record_features(features: dict) -> dict:
+    """The inverse of model_features: the model's feature dict under the packed record keys.
+
+    For code that works on packs as records, e.g. packer.unpack decoding what the pipeline yields.
+
+    Args:
+      features: {model key: value}.
+
+    Returns:
+      The same values, sequence_ids and prediction_sequence_ids under their record names.
+    """
+    record_keys = {model: record for record, model in MODEL_KEYS.items()}
+    return {record_keys.get(name, name): value for name, value in features.items()}
 
 
 def float_features(packed: bool) -> tuple[str, ...]:

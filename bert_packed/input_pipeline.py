@@ -2,7 +2,9 @@
 
 Every mode yields the packed layout (bert_packed.features, docs/data_formats.md), so the model
 has one code path: an unpacked record becomes a pack holding one sequence (sequence index 1
-where input_mask is 1, positions 0..n-1, its [CLS] at offset 0).
+where its input_mask is 1, positions 0..n-1, its [CLS] at offset 0). The converters below build
+the packed record layout; each mode renames it for the model once, at its end
+(features.model_features: input_mask -> sequence_ids, masked_lm_weights -> prediction_sequence_ids).
 
 Modes:
   packed         packed records (pack_pretraining_data output), [B, L] rows of several sequences.
@@ -18,9 +20,11 @@ Modes:
                  update holds (docs/experiments.md).
 
 Feature shapes (B = batch, L = max_seq_length, P' = predictions per row, S = sequences per row):
-  input_ids, input_mask, segment_ids, positions [B, L]; masked_lm_positions, masked_lm_ids,
-  masked_lm_weights [B, P']; next_sentence_positions, next_sentence_labels, next_sentence_weights
-  [B, S]. All int32. In packed data P' = P + S; in unpacked data P' = P and S = 1.
+  input_ids, sequence_ids, segment_ids, positions [B, L]; masked_lm_positions, masked_lm_ids,
+  prediction_sequence_ids [B, P']; next_sentence_positions, next_sentence_labels,
+  next_sentence_weights [B, S]. All int32. In packed data P' = P + S; in unpacked data P' = P and
+  S = 1. sequence_ids and prediction_sequence_ids are the records' input_mask and
+  masked_lm_weights: sequence indices (1..S, 0 for none), not a 0/1 mask and float weights.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import numpy as np
 import tensorflow as tf
 
 from bert_packed.errors import SettingsError, TrainingError
-from bert_packed.features import Shapes, float_features, tf_feature_spec
+from bert_packed.features import Shapes, float_features, model_features, tf_feature_spec
 from bert_packed.packing.stream import StreamSettings, packed_batches
 from bert_packed.records import read_packed, read_unpacked
 
@@ -142,7 +146,7 @@ def _parsed(batches: tf.data.Dataset, config: PipelineConfig) -> tf.data.Dataset
     convert = {"packed": _cast, "packs_as_rows": _packs_as_rows}.get(config.mode, _as_single_packs)
 
     def parse(serialized):
-        return _checked_ids(convert(tf.io.parse_example(serialized, spec)), config)
+        return _checked_ids(model_features(convert(tf.io.parse_example(serialized, spec))), config)
 
     return batches.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=config.deterministic or None)
 
@@ -192,10 +196,11 @@ def _packed_online(config: PipelineConfig, batch_size: int, skip: int,
     settings = StreamSettings(config.shapes, config.plan, config.window, batch_size, config.seed, config.is_training,
                               skip_batches=skip)
     signature = {name: tf.TensorSpec([batch_size, length], tf.int32)
-                 for name, length in config.shapes.packed_lengths().items()}
+                 for name, length in config.shapes.model_lengths().items()}
 
     def batches():
-        stream = packed_batches(files, settings)
+        # The stream's packs are the offline packer's, under the record keys: renamed for the model here.
+        stream = map(model_features, packed_batches(files, settings))
         if config.is_training or pipelines == 1:
             yield from stream
             return
@@ -225,7 +230,7 @@ def _evaluation_share(config: PipelineConfig, input_context: tf.distribute.Input
     padding = -(-most // batch_size) - -(-own // batch_size)
     if padding:
         # The parsed layout of either mode (unpacked records: packs of one sequence, S = 1).
-        empty = {name: tf.zeros([1, length], tf.int32) for name, length in config.shapes.packed_lengths().items()}
+        empty = {name: tf.zeros([1, length], tf.int32) for name, length in config.shapes.model_lengths().items()}
         dataset = dataset.concatenate(tf.data.Dataset.from_tensors(empty).repeat(padding))
     return _finished(dataset, config)
 
@@ -235,8 +240,9 @@ def _cast(features: dict) -> dict:
 
 
 def _packs_as_rows(features: dict) -> dict:
-    """Packed features [B, ...] -> each pack's sequences in rows of their own, [B * S, ...] (the
-    layout of one sequence a row; a row with no sequence is all zeros and counts nothing).
+    """Packed records' features [B, ...] -> each pack's sequences in rows of their own, [B * S, ...]
+    (the packed record layout of one sequence a row; a row with no sequence is all zeros and
+    counts nothing).
 
     A pack's sequence k (1-based) is where input_mask == k; it starts at
     next_sentence_positions[k - 1]. Its row takes its tokens from there, and its predictions
@@ -270,7 +276,7 @@ def _packs_as_rows(features: dict) -> dict:
 
 
 def _as_single_packs(features: dict) -> dict:
-    """Unpacked features [B, ...] -> the packed layout with one sequence per row."""
+    """Unpacked records' features [B, ...] -> the packed record layout with one sequence per row."""
     input_mask = tf.cast(features["input_mask"], tf.int32)  # 1 = sequence 1, 0 = padding
     batch = tf.shape(input_mask)[0]
     ones = tf.ones([batch, 1], tf.int32)
@@ -304,12 +310,12 @@ def _bucketed(records, shapes: Shapes, batch_size: int, config: PipelineConfig, 
         drop_remainder=config.is_training).skip(skip)
 
     def trim(features):
-        batch = _checked_ids(_as_single_packs(features), config)
+        batch = _checked_ids(_as_single_packs(features), config)  # the record layout until renamed below
         longest = tf.reduce_max(tf.reduce_sum(batch["input_mask"], axis=1))
         width = tf.gather(tf.constant(boundaries), tf.searchsorted(tf.constant(boundaries), [longest])[0])
         for name in ("input_ids", "input_mask", "segment_ids", "positions"):
             batch[name] = batch[name][:, :width]
-        return batch
+        return model_features(batch)
 
     return dataset.map(trim, num_parallel_calls=tf.data.AUTOTUNE, deterministic=config.deterministic or None)
 

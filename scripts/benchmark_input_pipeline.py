@@ -47,7 +47,7 @@ def rate(config: PipelineConfig, batches: int) -> tuple[float, float, float]:
         batch = next(iterator)
         rows += int(batch["input_ids"].shape[0])
         sequences += int(batch["next_sentence_weights"].numpy().sum())
-        tokens += int((batch["input_mask"] > 0).numpy().sum())
+        tokens += int((batch["sequence_ids"] > 0).numpy().sum())
     seconds = time.perf_counter() - start
     return rows / seconds, sequences / seconds, tokens / seconds
 

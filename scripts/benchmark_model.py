@@ -28,7 +28,7 @@ import_tensorflow(verbosity=0)  # first: TensorFlow's start-up notices stay out 
 import numpy as np
 import tensorflow as tf
 
-from bert_packed.features import Shapes
+from bert_packed.features import Shapes, model_features
 from bert_packed.model import BertConfig, BertPretrainingModel
 from bert_packed.model.modeling import attention_bias_from_mask
 from bert_packed.packing import packer
@@ -42,7 +42,7 @@ class PlainBert(BertPretrainingModel):
         length = tf.shape(features["input_ids"])[1]
         positions = tf.broadcast_to(tf.range(length)[None, :], tf.shape(features["input_ids"]))
         hidden = self.embeddings(features["input_ids"], features["segment_ids"], positions, training=training)
-        bias = attention_bias_from_mask(features["input_mask"][:, None, :] > 0)  # [B, 1, 1, L]
+        bias = attention_bias_from_mask(features["sequence_ids"][:, None, :] > 0)  # [B, 1, 1, L]
         for layer in self.encoder_layers:
             hidden = layer(hidden, bias, training=training)
         return hidden
@@ -56,7 +56,7 @@ class PlainBert(BertPretrainingModel):
 
 
 def batches(batch_size: int, length: int, predictions: int, depth: int, seed: int = 0):
-    """(packed batch, one-sequence batch) of identical shapes [B, L], [B, P + S], [B, S]."""
+    """(packed batch, one-sequence batch), model feature dicts of identical shapes [B, L], [B, P + S], [B, S]."""
     rng = np.random.default_rng(seed)
     shapes = Shapes(length, predictions, depth)
     rows = np.zeros(batch_size * depth, dtype=packer.row_dtype(Shapes(length, predictions)))
@@ -74,7 +74,7 @@ def batches(batch_size: int, length: int, predictions: int, depth: int, seed: in
     single_rows["length"] = length
     single_rows["input_ids"] = rng.integers(1000, 30000, (batch_size, length))
     single = packer.assemble_packs(single_rows, np.arange(batch_size), np.zeros(batch_size, int), batch_size, shapes)
-    as_tensors = lambda features: {k: tf.constant(v) for k, v in features.items()}
+    as_tensors = lambda packs: {k: tf.constant(v) for k, v in model_features(packs).items()}
     return as_tensors(packed), as_tensors(single)
 
 

@@ -3,10 +3,10 @@ import pytest
 import tensorflow as tf
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, tfrecords
 
-from bert_packed.features import Shapes
+from bert_packed.features import Shapes, record_features
 from bert_packed.input_pipeline import PipelineConfig, diagnose_input_error, make_dataset
 from bert_packed.packing import packer
-from bert_packed.records import CorruptRecordError
+from bert_packed.records import CorruptRecordError, read_packed, read_unpacked
 
 PACKED = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK)
 UNPACKED = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS)
@@ -25,7 +25,7 @@ def sequences(batches, shapes=UNPACKED):
         if width < shapes.max_seq_length:  # bucketed batches are trimmed: pad back for decoding
             batch = {k: np.pad(v, [(0, 0), (0, shapes.max_seq_length - width)]) if v.shape[1] == width else v
                      for k, v in batch.items()}
-        rows.append(packer.unpack(batch, shapes))
+        rows.append(packer.unpack(record_features(batch), shapes))
     rows = np.concatenate(rows)
     fields = ("length", "num_predictions", "next_sentence_label", "input_ids", "segment_ids",
               "masked_lm_positions", "masked_lm_ids")
@@ -47,21 +47,39 @@ def test_every_mode_yields_the_same_sequences_in_the_same_layout(configs):
     assert sequences(epochs["packed"]) == sequences(epochs["padded"]) == sequences(epochs["bucketed"])
     assert len(sequences(epochs["padded"])) == 122
     for _mode, batches in epochs.items():
-        assert set(batches[0]) == {"input_ids", "input_mask", "segment_ids", "positions", "masked_lm_positions",
-                                   "masked_lm_ids", "masked_lm_weights", "next_sentence_positions",
+        assert set(batches[0]) == {"input_ids", "sequence_ids", "segment_ids", "positions", "masked_lm_positions",
+                                   "masked_lm_ids", "prediction_sequence_ids", "next_sentence_positions",
                                    "next_sentence_labels", "next_sentence_weights"}
         assert all(v.dtype == np.int32 for v in batches[0].values())
     padded = epochs["padded"][0]
-    lengths = padded["input_mask"].sum(axis=1)
+    lengths = padded["sequence_ids"].sum(axis=1)
     assert padded["positions"][0, :lengths[0]].tolist() == list(range(lengths[0]))
     assert padded["masked_lm_positions"].shape[1] == MAX_PREDICTIONS and padded["next_sentence_weights"].shape[1] == 1
     assert epochs["packed"][0]["masked_lm_positions"].shape[1] == MAX_PREDICTIONS + MAX_SEQUENCES_PER_PACK
 
 
+@pytest.mark.parametrize("mode", ["packed", "padded"])
+def test_the_model_keys_hold_their_records_keys_values(configs, mode):
+    """sequence_ids is each record's input_mask and prediction_sequence_ids its masked_lm_weights
+    (a packed record's sequence indices; an unpacked record's 1 where the float weight is > 0);
+    every other key a record has keeps its name and values."""
+    config = PipelineConfig(**{**configs[mode].__dict__, "deterministic": True, "cycle_length": 1})
+    parsed = one_epoch(config)  # files in order, one at a time: the records' order
+    read, shapes = (read_packed, PACKED) if mode == "packed" else (read_unpacked, UNPACKED)
+    batches = [batch for path in config.files for _, batch in read(path, shapes)]
+    records = {name: np.concatenate([batch[name] for batch in batches]) for name in batches[0]}
+    if mode == "padded":  # float weights on disk
+        records["masked_lm_weights"] = (records["masked_lm_weights"] > 0).astype(int)
+    renamed = {"input_mask": "sequence_ids", "masked_lm_weights": "prediction_sequence_ids"}
+    for name, values in records.items():
+        np.testing.assert_array_equal(np.concatenate([batch[renamed.get(name, name)] for batch in parsed]), values,
+                                      err_msg=name)
+
+
 def test_bucketed_batches_are_trimmed_to_a_boundary(configs):
     for batch in one_epoch(configs["bucketed"]):
         width = batch["input_ids"].shape[1]
-        lengths = batch["input_mask"].sum(axis=1)
+        lengths = batch["sequence_ids"].sum(axis=1)
         assert width in (32, 64, 96, 128)
         assert lengths.max() <= width and (width == 32 or lengths.min() > {64: 32, 96: 64, 128: 96}[width])
 

@@ -6,6 +6,7 @@ import importlib
 import pytest
 
 MODULES = [
+    "bert_packed.features",
     "bert_packed.packing.histogram",
     "bert_packed.packing.greedy",
     "bert_packed.packing.exact_fill",

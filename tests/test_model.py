@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_packed.features import Shapes
+from bert_packed.features import Shapes, model_features
 from bert_packed.model import (
     BertConfig,
     BertPretrainingModel,
@@ -44,7 +44,8 @@ def make_sequences(count, seed=0):
 
 
 def layouts(rows):
-    """(unpacked features, packed features, [(pack, position)] of each sequence)."""
+    """(unpacked features, packed features, [(pack, position)] of each sequence); the features as the
+    model reads them (features.model_features of the packer's packs)."""
     one_per_row = packer.assemble_packs(rows, np.arange(len(rows)), np.zeros(len(rows), int), len(rows), Shapes(L, P))
     pack_of_row, position, used, fill, predictions = [], [], [], [], []
     for length, count in zip(rows["length"], rows["num_predictions"]):  # first fit within L, S and P + S
@@ -62,7 +63,7 @@ def layouts(rows):
         fill[p] += length
         predictions[p] += count
     packed = packer.assemble_packs(rows, np.array(pack_of_row), np.array(position), len(used), Shapes(L, P, S))
-    as_tensors = lambda features: {k: tf.constant(v) for k, v in features.items()}
+    as_tensors = lambda packs: {k: tf.constant(v) for k, v in model_features(packs).items()}
     return as_tensors(one_per_row), as_tensors(packed), list(zip(pack_of_row, position))
 
 
@@ -82,8 +83,8 @@ def data():
 def per_sequence_outputs(outputs, features, where):
     """For each sequence: (its MLM logits [p, V], its NSP logits [2])."""
     mlm, nsp = outputs["mlm_logits"].numpy(), outputs["nsp_logits"].numpy()
-    weights = features["masked_lm_weights"].numpy()
-    return [(mlm[p][weights[p] == k + 1], nsp[p, k]) for p, k in where]
+    sequence_of_prediction = features["prediction_sequence_ids"].numpy()
+    return [(mlm[p][sequence_of_prediction[p] == k + 1], nsp[p, k]) for p, k in where]
 
 
 def test_packed_rows_hold_several_sequences(data):
@@ -171,7 +172,7 @@ def test_empty_packs_and_sequences_without_predictions_give_no_nan(model, data):
     empty = {k: tf.zeros_like(v) for k, v in packed.items()}
     sums = pretraining_sums(model(empty), empty)
     assert float(loss_from_sums(sums, "token")) == 0.0 and float(loss_from_sums(sums, "sequence")) == 0.0
-    no_predictions = dict(packed, masked_lm_weights=tf.zeros_like(packed["masked_lm_weights"]))
+    no_predictions = dict(packed, prediction_sequence_ids=tf.zeros_like(packed["prediction_sequence_ids"]))
     metrics = metrics_from_sums(pretraining_sums(model(no_predictions), no_predictions), "sequence")
     assert np.isfinite(list(metrics.values())).all() and metrics["mlm_loss"] == 0.0
 
@@ -179,7 +180,7 @@ def test_empty_packs_and_sequences_without_predictions_give_no_nan(model, data):
 def test_no_attention_crosses_sequences(model, data):
     _, _, packed, where = data
     pack = next(p for p, k in where if k == 1)  # a pack with at least two sequences
-    mask = packed["input_mask"].numpy()[pack]
+    mask = packed["sequence_ids"].numpy()[pack]
     changed = {k: v.numpy().copy() for k, v in packed.items()}
     second = mask == 2
     changed["input_ids"][pack][second] = (changed["input_ids"][pack][second] + 7) % CONFIG.vocab_size

@@ -112,7 +112,7 @@ def test_the_input_pipeline_feeds_packs_on_the_fly_and_shares_files_among_pipeli
     config = PipelineConfig(tuple(paths), SHAPES, "packed_online", 4, True, seed=1, plan=p.strategies, window=1000)
     batch = next(iter(make_dataset(config)))
     assert {name: tuple(value.shape) for name, value in batch.items()} == {
-        name: (4, length) for name, length in SHAPES.packed_lengths().items()}
+        name: (4, length) for name, length in SHAPES.model_lengths().items()}
     assert all(value.dtype == tf.int32 for value in batch.values())
     shares = [make_dataset(config, tf.distribute.InputContext(2, index, 2)) for index in range(2)]
     first = [next(iter(share))["input_ids"].numpy() for share in shares]

@@ -2,8 +2,8 @@
 
 A row holds one or more sequences. Only four things differ from BERT on one sequence per row:
 positions restart at 0 for each sequence (gathered from `positions`), attention stays inside a
-sequence (block-diagonal mask from the sequence indices), the masked-LM head is applied only at
-`masked_lm_positions`, and the NSP head reads each sequence's own [CLS] at
+sequence (block-diagonal mask from the sequence indices, `sequence_ids`), the masked-LM head is
+applied only at `masked_lm_positions`, and the NSP head reads each sequence's own [CLS] at
 `next_sentence_positions`. Everything else is token-wise and does not care who shares a row
 (docs/model.md).
 
@@ -217,9 +217,10 @@ class NextSentenceHead(keras.layers.Layer):
 class BertPretrainingModel(keras.Model):
     """BERT with masked-LM and next-sentence heads, called on the packed feature dict.
 
-    Inputs (int32): input_ids, input_mask (sequence index per token, 0 padding), segment_ids,
-    positions [B, L]; masked_lm_positions [B, P']; next_sentence_positions [B, S]. Other keys
-    (labels, weights) are ignored.
+    Inputs (int32): input_ids, sequence_ids (sequence index per token, 1..S, 0 padding; the
+    records' input_mask), segment_ids, positions [B, L]; masked_lm_positions [B, P'];
+    next_sentence_positions [B, S]. Other keys (labels, prediction_sequence_ids, weights) are
+    ignored.
 
     Returns:
       {"mlm_logits": float32 [B, P', V], "nsp_logits": float32 [B, S, 2]}.
@@ -252,7 +253,7 @@ class BertPretrainingModel(keras.Model):
         """The encoder's output for every token: [B, L, H] (compute dtype)."""
         hidden = self.embeddings(features["input_ids"], features["segment_ids"], features["positions"],
                                  training=training)
-        bias = attention_bias_from_mask(attention_mask_from_sequence_ids(features["input_mask"]))
+        bias = attention_bias_from_mask(attention_mask_from_sequence_ids(features["sequence_ids"]))
         for layer in self.encoder_layers:
             hidden = layer(hidden, bias, training=training)
         return hidden

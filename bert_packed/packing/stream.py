@@ -77,7 +77,9 @@ def length_histogram(paths: list[str], shapes: Shapes, label: str | None = None)
 
 
 def packed_batches(paths: list[str], settings: StreamSettings):
-    """Yields batches of packed features, {name: int32 [batch_size, length]} (bert_packed.features).
+    """Yields batches of packs, {name: int32 [batch_size, length]}, under the packed record keys
+    (Shapes.packed_lengths), as the offline packer writes them; the input pipeline's packed_online
+    mode renames them for the model (features.model_features).
 
     Args:
       paths: unpacked TFRecord files (this input pipeline's share).

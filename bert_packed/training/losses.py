@@ -25,8 +25,8 @@ def pretraining_sums(outputs: dict, features: dict) -> dict[str, tf.Tensor]:
 
     Args:
       outputs: the model's {"mlm_logits": [B, P', V], "nsp_logits": [B, S, 2]}.
-      features: the packed feature dict (masked_lm_ids, masked_lm_weights = sequence index of
-        each prediction or 0, next_sentence_labels, next_sentence_weights).
+      features: the packed feature dict (masked_lm_ids, prediction_sequence_ids = sequence index
+        of each prediction or 0, next_sentence_labels, next_sentence_weights).
 
     Returns:
       float32 scalars: mlm_nll (sum over predictions), mlm_predictions, mlm_correct,
@@ -35,7 +35,7 @@ def pretraining_sums(outputs: dict, features: dict) -> dict[str, tf.Tensor]:
     """
     mlm_logits = tf.cast(outputs["mlm_logits"], tf.float32)
     labels = tf.cast(features["masked_lm_ids"], tf.int32)
-    sequence_index = tf.cast(features["masked_lm_weights"], tf.int32)                # [B, P']
+    sequence_index = tf.cast(features["prediction_sequence_ids"], tf.int32)          # [B, P']
     valid = tf.cast(sequence_index > 0, tf.float32)
     nll = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=mlm_logits) * valid
     correct = tf.cast(tf.equal(tf.argmax(mlm_logits, -1, output_type=tf.int32), labels), tf.float32) * valid
@@ -76,7 +76,7 @@ def normalizers(features: dict) -> dict[str, tf.Tensor]:
     each micro-batch's sums by these global counts: the gradients then add up to exactly the
     gradient of one big batch.
     """
-    sequence_index = tf.cast(features["masked_lm_weights"], tf.int32)
+    sequence_index = tf.cast(features["prediction_sequence_ids"], tf.int32)
     depth = tf.shape(features["next_sentence_weights"])[1]
     has_predictions = tf.reduce_any(sequence_index[:, None, :] == tf.range(1, depth + 1)[None, :, None], axis=-1)
     return {

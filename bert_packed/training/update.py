@@ -129,6 +129,6 @@ class Update:
             for name, value in sums.items():
                 totals[name] = totals.get(name, 0.0) + value
             totals["tokens"] = totals.get("tokens", 0.0) + tf.reduce_sum(
-                tf.cast(features["input_mask"] > 0, tf.float32))
-            totals["slots"] = totals.get("slots", 0.0) + tf.cast(tf.size(features["input_mask"]), tf.float32)
+                tf.cast(features["sequence_ids"] > 0, tf.float32))
+            totals["slots"] = totals.get("slots", 0.0) + tf.cast(tf.size(features["sequence_ids"]), tf.float32)
         return gradients, totals
