@@ -59,6 +59,18 @@ UNPACKED_FLOAT_FEATURES = ("masked_lm_weights",)
 MODEL_KEYS = {"input_mask": "sequence_ids", "masked_lm_weights": "prediction_sequence_ids"}
 
 
+# How training data is read (bert_packed.input_pipeline's modes): packs from packed records, unpacked
+# records one a row (padded), grouped by length (bucketed), packed as they are read, or packed
+# records' sequences one a row (packs_as_rows: the update composition of packs, without packing).
+INPUT_MODES = ("packed", "padded", "bucketed", "packed_online", "packs_as_rows")
+# The modes whose rows hold several sequences (--train_batch_size counts packs; the packing factor
+# corrects the batch and the betas).
+PACK_MODES = ("packed", "packed_online", "packs_as_rows")
+# The modes that read packed records (packed_online reads unpacked ones and packs them).
+PACKED_RECORD_MODES = ("packed", "packs_as_rows")
+# How eval data is read: as its records are, or unpacked records packed as they are read.
+EVAL_INPUT_MODES = ("padded", "packed", "packed_online")
+
 @dataclasses.dataclass(frozen=True)
 class Shapes:
     """The fixed sizes of one dataset's records.

@@ -37,7 +37,7 @@ import numpy as np
 import tensorflow as tf
 
 from bert_packed.errors import SettingsError, TrainingError
-from bert_packed.features import Shapes, float_features, model_features, tf_feature_spec
+from bert_packed.features import INPUT_MODES, PACKED_RECORD_MODES, Shapes, float_features, model_features, tf_feature_spec
 from bert_packed.packing.stream import StreamSettings, packed_batches
 from bert_packed.records import read_packed, read_unpacked
 
@@ -63,8 +63,8 @@ class PipelineConfig:
       vocab_size: when given, a token id at or above it stops the pipeline with an error (on a GPU
         the embedding lookup would silently read zeros).
       type_vocab_size: when given, the same for segment ids.
-      plan: with "packed_online", the strategies of the plan the packer fills.
-      window: with "packed_online", sequences the packer may hold at once.
+      strategies: with "packed_online", the strategies of the plan the packer fills.
+      online_packing_window: with "packed_online", sequences the packer may hold at once.
     """
 
     files: tuple[str, ...]
@@ -81,8 +81,8 @@ class PipelineConfig:
     max_batches: int | None = None
     vocab_size: int | None = None
     type_vocab_size: int | None = None
-    plan: tuple = ()
-    window: int = 30_000
+    strategies: tuple = ()
+    online_packing_window: int | None = None
 
 
 def make_dataset(config: PipelineConfig, input_context: tf.distribute.InputContext | None = None) -> tf.data.Dataset:
@@ -99,9 +99,8 @@ def make_dataset(config: PipelineConfig, input_context: tf.distribute.InputConte
     Returns:
       A tf.data.Dataset of {feature: int32 tensor}; see the module docstring for shapes.
     """
-    if config.mode not in ("packed", "padded", "bucketed", "packed_online", "packs_as_rows"):
-        raise SettingsError(f"unknown input mode {config.mode!r}; expected packed, padded, bucketed, packed_online "
-                            f"or packs_as_rows")
+    if config.mode not in INPUT_MODES:
+        raise SettingsError(f"unknown input mode {config.mode!r}; expected one of {', '.join(INPUT_MODES)}")
     if not config.files:
         raise SettingsError("no input files")
     shapes = config.shapes
@@ -141,7 +140,7 @@ def make_dataset(config: PipelineConfig, input_context: tf.distribute.InputConte
 
 def _parsed(batches: tf.data.Dataset, config: PipelineConfig) -> tf.data.Dataset:
     """Batches of serialized records -> batches of packed feature dicts."""
-    packed = config.mode in ("packed", "packs_as_rows")
+    packed = config.mode in PACKED_RECORD_MODES
     spec = tf_feature_spec(config.shapes.record_lengths(packed), float_features(packed))
     convert = {"packed": _cast, "packs_as_rows": _packs_as_rows}.get(config.mode, _as_single_packs)
 
@@ -193,8 +192,10 @@ def _packed_online(config: PipelineConfig, batch_size: int, skip: int,
             raise SettingsError(f"{len(files)} input files cannot be shared among {pipelines} input pipelines; "
                                 f"write more shards")
         files = files[index::pipelines]
-    settings = StreamSettings(config.shapes, config.plan, config.window, batch_size, config.seed, config.is_training,
-                              skip_batches=skip)
+    if not config.strategies or config.online_packing_window is None:
+        raise ValueError("packed_online needs the strategies of a plan and an online packing window")  # a caller's bug
+    settings = StreamSettings(config.shapes, config.strategies, config.online_packing_window, batch_size, config.seed,
+                              config.is_training, skip_batches=skip)
     signature = {name: tf.TensorSpec([batch_size, length], tf.int32)
                  for name, length in config.shapes.model_lengths().items()}
 
@@ -296,9 +297,7 @@ def _as_single_packs(features: dict) -> dict:
 
 def _bucketed(records, shapes: Shapes, batch_size: int, config: PipelineConfig, skip: int):
     """Unpacked records in batches of similar length, trimmed to their bucket's boundary."""
-    boundaries = sorted(set(config.bucket_boundaries) | {shapes.max_seq_length})
-    if boundaries[0] < 1 or boundaries[-1] > shapes.max_seq_length:
-        raise SettingsError(f"bucket boundaries {config.bucket_boundaries} must lie in [1, {shapes.max_seq_length}]")
+    boundaries = sorted(set(config.bucket_boundaries) | {shapes.max_seq_length})  # in [1, L]: training.data checks
     spec = tf_feature_spec(shapes.record_lengths(False), float_features(False))
     examples = records.map(lambda serialized: tf.io.parse_single_example(serialized, spec),
                            num_parallel_calls=tf.data.AUTOTUNE, deterministic=config.deterministic or None)
@@ -352,7 +351,7 @@ def diagnose_input_error(config: PipelineConfig) -> None:
     Raises:
       CorruptRecordError / RecordError: naming file, record and what was expected.
     """
-    packed = config.mode in ("packed", "packs_as_rows")
+    packed = config.mode in PACKED_RECORD_MODES
     read = read_packed if packed else read_unpacked
     shapes = config.shapes if packed else config.shapes.unpacked()
     for path in config.files:

@@ -74,7 +74,7 @@ def main() -> int:
             "bucketed": PipelineConfig(unpacked_files, Shapes(512, 76), "bucketed", args.batch_size,
                                        bucket_boundaries=(128, 256, 384)),
             "packed_online": PipelineConfig(unpacked_files, Shapes(512, 76, 3), "packed_online", args.batch_size,
-                                            plan=strategies, window=ONLINE_PACKING_WINDOW),
+                                            strategies=strategies, online_packing_window=ONLINE_PACKING_WINDOW),
         }
         print(f"\n| input (L=512, batch {args.batch_size}, {os.cpu_count()} cores) | rows/s | sequences/s | "
               f"real tokens/s |")

@@ -109,7 +109,8 @@ def test_the_input_pipeline_feeds_packs_on_the_fly_and_shares_files_among_pipeli
     from bert_packed.input_pipeline import PipelineConfig, make_dataset
 
     paths, _, p = stream
-    config = PipelineConfig(tuple(paths), SHAPES, "packed_online", 4, True, seed=1, plan=p.strategies, window=1000)
+    config = PipelineConfig(tuple(paths), SHAPES, "packed_online", 4, True, seed=1, strategies=p.strategies,
+                            online_packing_window=1000)
     batch = next(iter(make_dataset(config)))
     assert {name: tuple(value.shape) for name, value in batch.items()} == {
         name: (4, length) for name, length in SHAPES.model_lengths().items()}

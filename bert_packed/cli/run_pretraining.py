@@ -19,13 +19,11 @@ from absl import flags
 
 from bert_packed.cli.common import EXIT_INTERRUPTED, command_flags_text, exit_with, expand_globs, run
 from bert_packed.errors import SettingsError
-from bert_packed.features import Shapes
+from bert_packed.features import EVAL_INPUT_MODES, INPUT_MODES, Shapes
 from bert_packed.run_directory import EVAL_RESULTS, RunDirectory
 from bert_packed.tensorflow_loading import import_tensorflow
 from bert_packed.training.config import (
     DIVISIONS,
-    EVAL_INPUT_MODES,
-    INPUT_MODES,
     LOSS_AVERAGING,
     OPTIMIZERS,
     PRECISIONS,

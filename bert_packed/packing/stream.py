@@ -35,7 +35,7 @@ class StreamSettings:
     Attributes:
       shapes: L, P and S of the packs (the records' L and P).
       strategies: the plan of the data's histogram (packing.plan(...).strategies).
-      window: sequences the packer may hold at once.
+      online_packing_window: sequences the packer may hold at once.
       batch_size: packs a batch.
       seed: draws the file order and the shuffle of each epoch.
       training: shuffle, and repeat (forever, or `epochs` times); else one pass in file order. The
@@ -48,7 +48,7 @@ class StreamSettings:
 
     shapes: Shapes
     strategies: tuple
-    window: int
+    online_packing_window: int
     batch_size: int
     seed: int = 0
     training: bool = True
@@ -90,11 +90,11 @@ def packed_batches(paths: list[str], settings: StreamSettings):
     """
     s = settings
     # What may wait at once: the packer's window, the shuffle buffer and one read, a batch of packs.
-    pending = _Pending(paths, s.shapes, s.window + s.shuffle_buffer + 2 * s.read_batch
+    pending = _Pending(paths, s.shapes, s.online_packing_window + s.shuffle_buffer + 2 * s.read_batch
                        + s.batch_size * s.shapes.max_sequences_per_pack)
     ready: list[np.ndarray] = []
     skip = s.skip_batches
-    online = OnlinePacker(s.strategies, s.shapes.max_seq_length, s.shapes.max_sequences_per_pack, s.window)
+    online = OnlinePacker(s.strategies, s.shapes.max_seq_length, s.shapes.max_sequences_per_pack, s.online_packing_window)
     epochs = range(s.epochs) if s.epochs is not None else itertools.count() if s.training else range(1)
     for epoch in epochs:
         rng = np.random.default_rng([s.seed, epoch])

@@ -48,18 +48,15 @@ class Checkpoints:
         self._whole: set[int] = set()  # steps this process saved or restored: known to read whole
 
     def clean_up(self) -> None:
-        """Removes what a save cut short left (call holding the run's lock): .saving/, data files
-        moved in without their index, and TensorFlow's own temporary directories."""
+        """Removes what a save cut short left (call holding the run's lock): .saving/ (with
+        TensorFlow's own temporary files) and data files moved in without their index."""
         files.rmtree(self._saving)
         files.remove_leftovers(self.directory)  # a state file's temporary one
         names = files.listdir(self.directory)
         indexed = {name[:-len(".index")] for name in names if name.endswith(".index")}
         for name in names:
-            path = os.path.join(self.directory, name)
-            if name.endswith("_temp") or "_temp_" in name:  # TensorFlow's own, from earlier releases' saves
-                files.rmtree(path)
-            elif name.startswith("ckpt-") and ".data-" in name and name.split(".data-")[0] not in indexed:
-                files.remove(path)
+            if name.startswith("ckpt-") and ".data-" in name and name.split(".data-")[0] not in indexed:
+                files.remove(os.path.join(self.directory, name))
 
     def steps(self) -> list[int]:
         """The steps of the checkpoints on disk, newest first."""

@@ -28,19 +28,9 @@ import functools
 import math
 
 from bert_packed.errors import SettingsError
+from bert_packed.features import EVAL_INPUT_MODES, INPUT_MODES, PACK_MODES
 from bert_packed.model.config import BertConfig
 
-# How training data is read (bert_packed.input_pipeline): packs from packed records, unpacked
-# records one a row (padded), grouped by length (bucketed), packed as they are read, or packed
-# records' sequences one a row (packs_as_rows: the update composition of packs, without packing).
-INPUT_MODES = ("packed", "padded", "bucketed", "packed_online", "packs_as_rows")
-# The modes whose rows hold several sequences (--train_batch_size counts packs; the packing factor
-# corrects the batch and the betas).
-PACK_MODES = ("packed", "packed_online", "packs_as_rows")
-# The modes that read packed records (packed_online reads unpacked ones and packs them).
-PACKED_RECORD_MODES = ("packed", "packs_as_rows")
-# How eval data is read: as its records are, or unpacked records packed as they are read.
-EVAL_INPUT_MODES = ("padded", "packed", "packed_online")
 # Sequences the on-the-fly packer may hold at once: on the real Wikipedia-512 lengths at depth 3 it
 # then packs as efficiently as the offline LP (docs/packing.md#packing-on-the-fly).
 ONLINE_PACKING_WINDOW = 30_000

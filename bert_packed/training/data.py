@@ -22,14 +22,13 @@ import numpy as np
 
 from bert_packed.dataset_info import DatasetInfo, file_identity, read_dataset_info
 from bert_packed.errors import SettingsError
-from bert_packed.features import Shapes
+from bert_packed.features import PACKED_RECORD_MODES, Shapes
 from bert_packed.input_pipeline import PipelineConfig
 from bert_packed.packing import plan
 from bert_packed.packing.histogram import HISTOGRAM_FILE, load_histogram
 from bert_packed.packing.stream import length_histogram
 from bert_packed.run_directory import RunDirectory
 from bert_packed.training.config import (
-    PACKED_RECORD_MODES,
     Batching,
     TrainConfig,
     require,
@@ -78,7 +77,7 @@ class TrainData:
       num_sequences: sequences in the files (0 when unknown).
       histogram: the files' length histogram when it was counted here (no metadata.json counts
         them): the run directory caches it.
-      plan: with "packed_online", the strategies of the plan the packer fills.
+      strategies: with "packed_online", the strategies of the plan the packer fills.
     """
 
     files: tuple[str, ...]
@@ -88,7 +87,7 @@ class TrainData:
     packing_factor: float = 1.0
     num_sequences: int = 0
     histogram: tuple[int, ...] = ()
-    plan: tuple = ()
+    strategies: tuple = ()
 
     def identity_settings(self) -> dict:
         """What the data makes of a run, for its identity in run.json (beside the files')."""
@@ -108,14 +107,14 @@ class EvalData:
       shapes: L, P and S of what the model is fed.
       input_mode: "padded" (unpacked records), "packed" (packed records) or "packed_online"
         (unpacked records packed as they are read).
-      plan: with "packed_online", as for TrainData.
+      strategies: with "packed_online", as for TrainData.
     """
 
     files: tuple[str, ...] = ()
     identity: tuple[tuple[str, int, str], ...] = ()
     shapes: Shapes | None = None
     input_mode: str = "padded"
-    plan: tuple = ()
+    strategies: tuple = ()
 
 
 def describe(paths: list[str], flag: str, shapes: Shapes, input_mode: str | None = None, depth_given: bool = False,
@@ -270,7 +269,7 @@ def train_data(paths: list[str], shapes: Shapes, config: TrainConfig, depth_give
                          histogram=tuple(counted.tolist()), **facts)
     counted, packing_plan = online_plan(paths, described, shapes, run)
     return TrainData(shapes=shapes, packing_factor=packing_plan.packing_factor, num_sequences=int(counted.sum()),
-                     histogram=tuple(counted.tolist()), plan=packing_plan.strategies, **facts)
+                     histogram=tuple(counted.tolist()), strategies=packing_plan.strategies, **facts)
 
 
 def eval_data(paths: list[str], flag: str, shapes: Shapes, config: TrainConfig) -> EvalData:
@@ -287,7 +286,7 @@ def eval_data(paths: list[str], flag: str, shapes: Shapes, config: TrainConfig) 
                         input_mode="packed" if described.packed else "padded")
     _, packing_plan = online_plan(paths, described, shapes)
     return EvalData(files=tuple(paths), identity=described.identity, shapes=shapes, input_mode=input_mode,
-                    plan=packing_plan.strategies)
+                    strategies=packing_plan.strategies)
 
 
 def train_pipeline(data: TrainData, config: TrainConfig, batching: Batching, skip_steps: int = 0) -> PipelineConfig:
@@ -297,7 +296,7 @@ def train_pipeline(data: TrainData, config: TrainConfig, batching: Batching, ski
                           config.run.seed,
                           deterministic=config.run.deterministic, bucket_boundaries=config.batch.bucket_boundaries,
                           skip_steps=skip_steps, vocab_size=bert.vocab_size, type_vocab_size=bert.type_vocab_size,
-                          plan=data.plan, window=config.batch.online_packing_window)
+                          strategies=data.strategies, online_packing_window=config.batch.online_packing_window)
 
 
 def eval_pipeline(data: EvalData, config: TrainConfig) -> PipelineConfig:
@@ -306,5 +305,5 @@ def eval_pipeline(data: EvalData, config: TrainConfig) -> PipelineConfig:
     return PipelineConfig(data.files, data.shapes, data.input_mode, config.eval.eval_batch_size, False,
                           config.run.seed, deterministic=config.run.deterministic,
                           max_batches=config.eval.max_eval_steps, vocab_size=bert.vocab_size,
-                          type_vocab_size=bert.type_vocab_size, plan=data.plan,
-                          window=config.batch.online_packing_window)
+                          type_vocab_size=bert.type_vocab_size, strategies=data.strategies,
+                          online_packing_window=config.batch.online_packing_window)

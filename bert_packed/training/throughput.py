@@ -54,7 +54,7 @@ def benchmark_run(bert: BertConfig, files: list[str], shapes: Shapes, input_mode
     config = make_config(bert=bert, precision=precision, xla=xla, input_mode=input_mode, train_batch_size=batch_size,
                          bucket_boundaries=bucket_boundaries, learning_rate=1e-4, num_train_steps=10**9,
                          output_dir=output_dir, save_checkpoints_steps=10**9, log_every_steps=10**9)
-    online = dict(plan=plan.strategies, packing_factor=plan.packing_factor) if plan is not None else {}
+    online = dict(strategies=plan.strategies, packing_factor=plan.packing_factor) if plan is not None else {}
     data = TrainData(files=tuple(files), identity=(), shapes=shapes, input_mode=input_mode, **online)
     return config, data
 
