@@ -326,11 +326,6 @@ def read_dataset_info(directory: str) -> DatasetInfo | None:
     return DatasetInfo.from_dict(metadata, path)
 
 
-def dataset_info_of_files(paths: list[str]) -> DatasetInfo | None:
-    """The description beside data files (in the directory of the first); None when there is none."""
-    return read_dataset_info(os.path.dirname(paths[0]))
-
-
 def refuse_other_output(directory: str, kind: str) -> None:
     """Refuses `directory` when it holds output of another kind than `kind`.
 
