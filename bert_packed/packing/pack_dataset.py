@@ -202,7 +202,7 @@ def _finished_run(output_dir: str, digest: str, inputs_digest: str) -> dict | No
     if info.details.get("run_digest") != digest:
         raise OutputDirectoryError(f"{output_dir}: already holds packed data made with other settings or "
                                    f"inputs; use a new --output_dir or remove it")
-    if info.details.get("inputs_digest", inputs_digest) != inputs_digest:  # earlier releases recorded none
+    if info.details.get("inputs_digest") != inputs_digest:
         logging.warning("%s: the input files changed since they were packed here; packing them again", output_dir)
         _remove_outputs(output_dir)
         return None
