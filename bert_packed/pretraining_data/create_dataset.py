@@ -225,11 +225,8 @@ def _check_previous_run(output_dir: str, settings: DatasetSettings, sources: lis
         made_from = previous.get("source_identity")
         before = dict(previous.get("settings") or {})
         now = dict(expected)
-        if made_from is None:  # written by an earlier release: its settings and the input's path
-            now.pop("vocab_identity", None)
-        else:  # the vocabulary by its content, whatever its name
-            before.pop("vocab_file", None)
-            now.pop("vocab_file", None)
+        before.pop("vocab_file", None)  # the vocabulary by its content, whatever its name
+        now.pop("vocab_file", None)
         differ = sorted(key for key in before.keys() | now.keys() if before.get(key) != now.get(key))
         if differ:
             raise OutputDirectoryError(f"{output_dir}: holds {name}, made with other settings "
@@ -238,12 +235,10 @@ def _check_previous_run(output_dir: str, settings: DatasetSettings, sources: lis
         if not 0 <= index < len(sources):
             raise OutputDirectoryError(f"{output_dir}: holds {name}, made from input file {index + 1}, but "
                                        f"{len(sources)} are given; use a new --output_dir or remove the old one")
-        if made_from is None:
-            same = previous.get("source") == sources[index]
-        else:
-            if index not in identities:
-                identities[index] = _source_identity(sources[index])
-            same = all(identities[index].get(key) == value for key, value in made_from.items())
+        if index not in identities:
+            identities[index] = _source_identity(sources[index])
+        same = isinstance(made_from, dict) and all(identities[index].get(key) == value
+                                                   for key, value in made_from.items())
         if not same:
             raise OutputDirectoryError(f"{output_dir}: holds {name}, made from other content than input file "
                                        f"{index + 1}, {sources[index]} (edited or replaced since); use a new "
