@@ -18,7 +18,7 @@ from bert_packed.cli.common import expand_globs, run
 from bert_packed.dataset_info import MAX_SEQ_LENGTH_LIMIT
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
-from bert_packed.packing import ALGORITHMS
+from bert_packed.packing import ALGORITHMS, DEFAULT_ALGORITHM
 from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset, verify_packed_dataset
 
 FLAGS = flags.FLAGS
@@ -27,7 +27,7 @@ flags.DEFINE_string("output_dir", None, "Where the packed shards, histogram.json
 flags.DEFINE_integer("max_seq_length", 512, "L of the input records and of the packs.")
 flags.DEFINE_integer("max_predictions_per_seq", 76, "P of the input records; packs hold P + S.")
 flags.DEFINE_integer("max_sequences_per_pack", 3, "S: at most this many sequences share a pack.")
-flags.DEFINE_enum("algorithm", "lp", list(ALGORITHMS), "Packing algorithm (see python -m bert_packed.packing).")
+flags.DEFINE_enum("algorithm", DEFAULT_ALGORITHM, list(ALGORITHMS), "Packing algorithm (see python -m bert_packed.packing).")
 flags.DEFINE_integer("seed", 12345, "Decides which sequences share a pack and the order of the packs.")
 flags.DEFINE_integer("num_shards", 1, "Output files at least (more when the data is large).")
 flags.DEFINE_integer("bucket_mb", 256, "Memory for one bucket of sequences in the writing pass.")

@@ -51,7 +51,7 @@ from bert_packed.features import Shapes
 from bert_packed.files import write_text_atomically
 from bert_packed.packing import packer
 from bert_packed.packing.histogram import HISTOGRAM_FILE, histogram_from_lengths, merge_histograms, save_histogram
-from bert_packed.packing.plan import plan
+from bert_packed.packing.plan import DEFAULT_ALGORITHM, plan
 from bert_packed.progress import Progress
 from bert_packed.records import TFRecordWriter, read_packed, read_unpacked
 
@@ -81,7 +81,7 @@ class PackSettings:
     """
 
     shapes: Shapes
-    algorithm: str = "lpfhp"
+    algorithm: str = DEFAULT_ALGORITHM
     seed: int = 12345
     num_shards: int = 1
     bucket_bytes: int = 256 << 20

@@ -19,6 +19,8 @@ ALGORITHMS = {
     "nnlshp": nnlshp,
     "lp": lp_packing,
 }
+# The algorithm when none is named: plan(), PackSettings and pack_pretraining_data's --algorithm.
+DEFAULT_ALGORITHM = "lp"
 
 
 class PlanError(RuntimeError):
@@ -86,7 +88,7 @@ class PackingPlan:
         return result
 
 
-def plan(histogram, max_sequence_length: int | None = None, algorithm: str = "lpfhp",
+def plan(histogram, max_sequence_length: int | None = None, algorithm: str = DEFAULT_ALGORITHM,
          max_sequences_per_pack: int | None = 3) -> PackingPlan:
     """Plans how to pack the sequences counted by a histogram.
 
@@ -97,7 +99,7 @@ def plan(histogram, max_sequence_length: int | None = None, algorithm: str = "lp
     Args:
       histogram: counts; histogram[i] = number of sequences of length i + 1.
       max_sequence_length: L (None: len(histogram)). A shorter histogram is padded with zeros.
-      algorithm: one of ALGORITHMS.
+      algorithm: one of ALGORITHMS (default DEFAULT_ALGORITHM).
       max_sequences_per_pack: depth, at least 1; None for unlimited (greedy algorithms only).
 
     Returns:
