@@ -44,7 +44,8 @@ from bert_packed.run_directory import RunDirectory
 
 METADATA_FILE = "metadata.json"
 FORMAT_VERSION = 3
-# The longest sequence any BERT takes (the planner's and the commands' limit too).
+# The longest sequence any BERT takes: the limit of the data commands and of the planner (up to
+# it, the packer's compact row keeps positions as uint16).
 MAX_SEQ_LENGTH_LIMIT = 65_536
 # What identifies a file cheaply: the hash of this much of its beginning, and its size.
 HEAD_BYTES = 1 << 16
