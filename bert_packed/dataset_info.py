@@ -47,6 +47,8 @@ FORMAT_VERSION = 3
 # The longest sequence any BERT takes: the limit of the data commands and of the planner (up to
 # it, the packer's compact row keeps positions as uint16).
 MAX_SEQ_LENGTH_LIMIT = 65_536
+# The shortest --max_seq_length the data commands take.
+MIN_SEQ_LENGTH = 8
 # What identifies a file cheaply: the hash of this much of its beginning, and its size.
 HEAD_BYTES = 1 << 16
 
