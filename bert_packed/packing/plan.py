@@ -69,9 +69,9 @@ class PackingPlan:
         """Sequences per pack."""
         return self.num_sequences / self.num_packs
 
-    def to_dict(self, with_strategies: bool = True) -> dict:
-        """The plan's figures as plain JSON-able values."""
-        result = {
+    def to_dict(self) -> dict:
+        """The plan's figures and strategies as plain JSON-able values."""
+        return {
             "algorithm": self.algorithm,
             "max_sequence_length": self.max_sequence_length,
             "max_sequences_per_pack": self.max_sequences_per_pack,
@@ -82,10 +82,8 @@ class PackingPlan:
             "packing_factor": self.packing_factor,
             "lower_bound_packs": self.lower_bound_packs,
             "seconds": self.seconds,
+            "strategies": [[list(lengths), count] for lengths, count in self.strategies],
         }
-        if with_strategies:
-            result["strategies"] = [[list(lengths), count] for lengths, count in self.strategies]
-        return result
 
 
 def plan(histogram, max_sequence_length: int | None = None, algorithm: str = DEFAULT_ALGORITHM,
