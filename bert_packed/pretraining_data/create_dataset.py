@@ -345,7 +345,7 @@ def _run_pass(file_index: int, dupe_pass: int, source: tuple[str, dict], documen
         with open(settings.vocab_file, encoding="utf-8") as f:
             continuation = np.array([line.startswith("##") for line in f])
     rng = np.random.default_rng([settings.seed, file_index, dupe_pass if dupe_pass != EVAL_PASS else 2**31 - 2])
-    instances = create_instances(documents, config, 1, tokenizer.vocab_size,
+    instances = create_instances(documents, config, tokenizer.vocab_size,
                                  (tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id), rng, continuation)
     shapes = Shapes(config.max_seq_length, config.max_predictions_per_seq)
     name = shard_name(file_index, dupe_pass)
