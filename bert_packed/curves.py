@@ -39,7 +39,7 @@ class Run:
 
     @property
     def train_seconds(self) -> float:
-        """Seconds spent training, evaluations left out (older logs: all seconds)."""
+        """Seconds spent training, evaluations left out (a log without train_seconds: all its seconds)."""
         last = self.train[-1]
         return last.get("train_seconds", last["seconds"])
 

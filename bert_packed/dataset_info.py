@@ -22,8 +22,7 @@ pack_pretraining_data) holds one metadata.json, in one layout for both kinds:
                            create_pretraining_data: settings, document counts...)
 
 Packed data also carries `num_packs` (= num_records) and unpacked data `num_instances`
-(= num_sequences), the names earlier releases used. Those releases wrote three other layouts
-(files named, not described); read_dataset_info still reads them.
+(= num_sequences), the names of the planner's --json report and of the shards' part-*.json.
 
 A description that cannot be true is refused when read: a packing factor above the depth, counts
 that do not add up over the files, a file listed twice. select() checks the files a command was
@@ -45,8 +44,11 @@ from bert_packed.run_directory import RunDirectory
 
 METADATA_FILE = "metadata.json"
 FORMAT_VERSION = 3
-# The longest sequence any BERT takes (the planner's and the commands' limit too).
+# The longest sequence any BERT takes: the limit of the data commands and of the planner (up to
+# it, the packer's compact row keeps positions as uint16).
 MAX_SEQ_LENGTH_LIMIT = 65_536
+# The shortest --max_seq_length the data commands take.
+MIN_SEQ_LENGTH = 8
 # What identifies a file cheaply: the hash of this much of its beginning, and its size.
 HEAD_BYTES = 1 << 16
 
@@ -70,7 +72,7 @@ class DataFile:
 
     Attributes:
       name: relative to the dataset's directory.
-      bytes: its size (None when not recorded: earlier releases).
+      bytes: its size (None when not recorded: its identity is then not checked).
       records: records in it (packs when packed).
       sequences: sequences in it.
       checksum: order-independent checksum of its sequences (hex), None when not computed.
@@ -93,8 +95,6 @@ class DataFile:
 
     @classmethod
     def from_json(cls, value) -> DataFile:
-        if isinstance(value, str):  # earlier layouts: a name alone
-            return cls(value)
         return cls(**{field.name: value.get(field.name) for field in dataclasses.fields(cls)})
 
 
@@ -191,54 +191,27 @@ class DatasetInfo:
 
     @classmethod
     def from_dict(cls, metadata: dict, source: str = METADATA_FILE) -> DatasetInfo:
-        """Reads any layout metadata.json has had.
+        """Reads the metadata.json layout (format_version 3).
 
         Raises:
           DatasetInfoError: naming `source` and what is missing or cannot be.
         """
+        if metadata.get("format_version") != FORMAT_VERSION:
+            raise DatasetInfoError(f"{source}: not a dataset description this version reads (format_version "
+                                   f"{metadata.get('format_version')!r}; expected {FORMAT_VERSION})")
         try:
-            version = metadata.get("format_version")
-            if version in (2, FORMAT_VERSION):
-                return cls._from_current(metadata)
-            if version is None and "algorithm" in metadata and "max_sequence_length" in metadata:
-                return cls._from_packed_v1(metadata)
-            if version is None and "settings" in metadata and "num_instances" in metadata:
-                return cls._from_unpacked_v1(metadata)
+            return cls(packed=bool(metadata["packed"]),
+                       shapes=Shapes(metadata["max_seq_length"], metadata["max_predictions_per_seq"],
+                                     metadata["max_sequences_per_pack"]),
+                       num_sequences=metadata["num_sequences"], num_records=metadata["num_records"],
+                       files=tuple(DataFile.from_json(f) for f in metadata["files"]),
+                       sources=tuple(metadata.get("sources", ())), checksum=metadata.get("checksum"),
+                       details={k: v for k, v in metadata.items() if k not in _OWN_KEYS},
+                       eval_files=tuple(DataFile.from_json(f) for f in metadata.get("eval_files", ())))
         except (KeyError, TypeError, AttributeError) as e:
             raise DatasetInfoError(f"{source}: missing or malformed entry {e}") from None
         except DatasetInfoError as e:
             raise DatasetInfoError(f"{source}: {e}") from None
-        raise DatasetInfoError(f"{source}: not a dataset description this version reads (format_version "
-                               f"{metadata.get('format_version')!r}; expected {FORMAT_VERSION})")
-
-    @classmethod
-    def _from_current(cls, m: dict) -> DatasetInfo:
-        return cls(packed=bool(m["packed"]),
-                   shapes=Shapes(m["max_seq_length"], m["max_predictions_per_seq"], m["max_sequences_per_pack"]),
-                   num_sequences=m["num_sequences"], num_records=m["num_records"],
-                   files=tuple(DataFile.from_json(f) for f in m["files"]),
-                   sources=tuple(m.get("sources", ())), checksum=m.get("checksum"),
-                   details={k: v for k, v in m.items() if k not in _OWN_KEYS},
-                   eval_files=tuple(DataFile.from_json(f) for f in m.get("eval_files", ())))
-
-    @classmethod
-    def _from_packed_v1(cls, m: dict) -> DatasetInfo:
-        """Release 0.1 packed layout: max_sequence_length at the top, num_packs."""
-        shapes = Shapes(m["max_sequence_length"], m["max_predictions_per_seq"], m["max_sequences_per_pack"])
-        details = {k: v for k, v in m.items() if k not in _OWN_KEYS + ("max_sequence_length", "max_predictions")}
-        return cls(packed=True, shapes=shapes, num_sequences=m["num_sequences"], num_records=m["num_packs"],
-                   files=tuple(DataFile(name) for name in m["files"]), sources=tuple(m.get("sources", ())),
-                   checksum=m.get("checksum"), details=details)
-
-    @classmethod
-    def _from_unpacked_v1(cls, m: dict) -> DatasetInfo:
-        """Release 0.1 unpacked layout: L and P under settings.config, num_instances."""
-        config = m["settings"]["config"]
-        shapes = Shapes(config["max_seq_length"], config["max_predictions_per_seq"])
-        return cls(packed=False, shapes=shapes, num_sequences=m["num_instances"], num_records=m["num_instances"],
-                   files=tuple(DataFile(name) for name in m["files"]), sources=tuple(m.get("sources", ())),
-                   details={k: v for k, v in m.items() if k not in _OWN_KEYS},
-                   eval_files=tuple(DataFile(name) for name in m.get("eval_files", ())))
 
     def select(self, directory: str, paths: list[str], flag: str, training: bool,
                held_out_allowed: bool = False) -> tuple[DataFile, ...]:
@@ -324,11 +297,6 @@ def read_dataset_info(directory: str) -> DatasetInfo | None:
     if not isinstance(metadata, dict):
         raise DatasetInfoError(f"{path}: expected a JSON object")
     return DatasetInfo.from_dict(metadata, path)
-
-
-def dataset_info_of_files(paths: list[str]) -> DatasetInfo | None:
-    """The description beside data files (in the directory of the first); None when there is none."""
-    return read_dataset_info(os.path.dirname(paths[0]))
 
 
 def refuse_other_output(directory: str, kind: str) -> None:

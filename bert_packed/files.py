@@ -129,8 +129,8 @@ def move(source: str, destination: str) -> None:
         os.replace(source, destination)
 
 
-# A temporary name of this project's (hidden, with the writer's pid), or of its earlier releases
-# (visible: `NAME.tmp-PID`).
+# A temporary name, with its writer's pid: temporary_name()'s (`.NAME.tmp-PID`, hidden) or that of a
+# lock being written by exclusive() (`LOCK.tmp-PID`: visible for compare_curves's `OUTPUT.lock`).
 _TEMPORARY = re.compile(r"^.+\.tmp-(\d+)$")
 
 

@@ -1,4 +1,4 @@
-"""metadata.json: one layout for unpacked and packed data, and the layouts of release 0.1 still read."""
+"""metadata.json: one layout for unpacked and packed data."""
 
 import json
 import os
@@ -18,33 +18,9 @@ from bert_packed.dataset_info import (
     write_dataset_info,
 )
 from bert_packed.features import Shapes
-from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset, verify_packed_dataset
+from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset
 
 PACKED = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK)
-
-
-def packed_v1(info):
-    """The packed metadata.json as release 0.1 wrote it."""
-    details = info.details
-    return {"algorithm": details["algorithm"], "max_sequence_length": info.shapes.max_seq_length,
-            "max_sequences_per_pack": info.shapes.max_sequences_per_pack,
-            "max_predictions_per_seq": info.shapes.max_predictions_per_seq,
-            "max_predictions": info.shapes.max_predictions_per_pack, "num_sequences": info.num_sequences,
-            "num_packs": info.num_records, "num_tokens": details["num_tokens"],
-            "packing_factor": info.packing_factor, "efficiency": details["efficiency"],
-            "lower_bound_packs": details["lower_bound_packs"],
-            "padding_fraction_unpacked": details["padding_fraction_unpacked"], "seed": details["seed"],
-            "sources": list(info.sources), "files": list(info.file_names), "checksum": info.checksum,
-            "seconds": details["seconds"], "run_digest": details["run_digest"]}
-
-
-def unpacked_v1(info):
-    """The unpacked metadata.json as release 0.1 wrote it: L and P only under settings.config."""
-    keep = ("settings", "num_documents", "num_empty_documents", "num_tokens", "padding_fraction",
-            "full_length_fraction", "predictions_per_instance", "random_next_fraction", "num_eval_documents",
-            "num_eval_instances")
-    return {"sources": list(info.sources), "files": list(info.file_names), "num_instances": info.num_sequences,
-            "eval_files": [f.name for f in info.eval_files], **{key: info.details[key] for key in keep}}
 
 
 def test_both_kinds_share_one_layout(unpacked_dir, packed_dir):
@@ -62,37 +38,11 @@ def test_both_kinds_share_one_layout(unpacked_dir, packed_dir):
     assert unpacked.packing_factor == 1.0 and unpacked.checksum is None and len(packed.checksum) == 16
 
 
-def test_release_0_1_packed_data_still_loads_verifies_and_counts_as_done(unpacked_dir, packed_dir, tmp_path):
-    copy = tmp_path / "packed"
-    shutil.copytree(packed_dir, copy)
-    current = read_dataset_info(packed_dir)
-    with open(metadata_path(str(copy)), "w") as f:
-        json.dump(packed_v1(current), f)
-    old = read_dataset_info(str(copy))
-    assert (old.packed, old.shapes, old.num_sequences, old.num_records, old.file_names, old.checksum) == (
-        True, PACKED, current.num_sequences, current.num_records, current.file_names, current.checksum)
-    assert old.details["algorithm"] == "lp" and "max_predictions" not in old.details
-    assert verify_packed_dataset(str(copy))["num_sequences"] == 122
-    again = pack_pretraining_dataset(tfrecords(unpacked_dir), str(copy), PackSettings(PACKED, "lp", num_shards=2),
-                                     num_workers=1)
-    assert again["num_packs"] == current.num_records  # recognised as finished: nothing redone
-    assert json.load(open(metadata_path(str(copy)))) == packed_v1(current)  # and left as it was
-
-
-def test_release_0_1_unpacked_data_still_loads(unpacked_dir, tmp_path):
-    current = read_dataset_info(unpacked_dir)
-    (tmp_path / "metadata.json").write_text(json.dumps(unpacked_v1(current)))
-    old = read_dataset_info(str(tmp_path))
-    assert (old.packed, old.shapes, old.num_sequences, old.num_records, old.file_names) == (
-        False, current.shapes, 122, 122, current.file_names)
-    assert old.details["settings"] == current.details["settings"]
-
-
 @pytest.mark.parametrize("content, message", [
     ("{not json", "cannot read it as JSON"),
     ("[1, 2]", "expected a JSON object"),
     ('{"format_version": 99}', "format_version 99; expected 3"),
-    ('{"format_version": 2, "packed": true}', "missing or malformed entry 'max_seq_length'"),
+    ('{"format_version": 3, "packed": true}', "missing or malformed entry 'max_seq_length'"),
 ])
 def test_an_unreadable_description_is_named(tmp_path, content, message):
     (tmp_path / "metadata.json").write_text(content)

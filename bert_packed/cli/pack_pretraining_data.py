@@ -15,10 +15,10 @@ import logging
 from absl import flags
 
 from bert_packed.cli.common import expand_globs, run
-from bert_packed.dataset_info import MAX_SEQ_LENGTH_LIMIT
+from bert_packed.dataset_info import MAX_SEQ_LENGTH_LIMIT, MIN_SEQ_LENGTH
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
-from bert_packed.packing import ALGORITHMS
+from bert_packed.packing import ALGORITHMS, DEFAULT_ALGORITHM
 from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset, verify_packed_dataset
 
 FLAGS = flags.FLAGS
@@ -27,10 +27,10 @@ flags.DEFINE_string("output_dir", None, "Where the packed shards, histogram.json
 flags.DEFINE_integer("max_seq_length", 512, "L of the input records and of the packs.")
 flags.DEFINE_integer("max_predictions_per_seq", 76, "P of the input records; packs hold P + S.")
 flags.DEFINE_integer("max_sequences_per_pack", 3, "S: at most this many sequences share a pack.")
-flags.DEFINE_enum("algorithm", "lp", list(ALGORITHMS), "Packing algorithm (see python -m bert_packed.packing).")
-flags.DEFINE_integer("seed", 12345, "Decides which sequences share a pack and the order of the packs.")
-flags.DEFINE_integer("num_shards", 1, "Output files at least (more when the data is large).")
-flags.DEFINE_integer("bucket_mb", 256, "Memory for one bucket of sequences in the writing pass.")
+flags.DEFINE_enum("algorithm", DEFAULT_ALGORITHM, list(ALGORITHMS), "Packing algorithm (see python -m bert_packed.packing).")
+flags.DEFINE_integer("seed", PackSettings.seed, "Decides which sequences share a pack and the order of the packs.")
+flags.DEFINE_integer("num_shards", PackSettings.num_shards, "Output files at least (more when the data is large).")
+flags.DEFINE_integer("bucket_mb", PackSettings.bucket_bytes >> 20, "Memory for one bucket of sequences in the writing pass.")
 flags.DEFINE_integer("num_workers", 0, "Threads for every pass and for --verify (0: one per core).")
 flags.DEFINE_bool("verify", False, "Re-read the output and decode every pack back into its sequences.")
 flags.mark_flags_as_required(["input_files", "output_dir"])
@@ -42,8 +42,9 @@ def main(argv):
     del argv
     if FLAGS.max_sequences_per_pack < 1 or FLAGS.max_predictions_per_seq < 1:
         raise SettingsError("--max_sequences_per_pack and --max_predictions_per_seq must be >= 1")
-    if not 8 <= FLAGS.max_seq_length <= MAX_SEQ_LENGTH_LIMIT:
-        raise SettingsError(f"--max_seq_length={FLAGS.max_seq_length}: must be in [8, {MAX_SEQ_LENGTH_LIMIT:,}]")
+    if not MIN_SEQ_LENGTH <= FLAGS.max_seq_length <= MAX_SEQ_LENGTH_LIMIT:
+        raise SettingsError(f"--max_seq_length={FLAGS.max_seq_length}: must be in [{MIN_SEQ_LENGTH}, "
+                            f"{MAX_SEQ_LENGTH_LIMIT:,}]")
     if FLAGS.num_shards < 1 or FLAGS.bucket_mb < 1:
         raise SettingsError("--num_shards and --bucket_mb must be >= 1")
     if FLAGS.seed < 0 or FLAGS.num_workers < 0:

@@ -3,8 +3,8 @@
     python -m bert_packed.packing --histogram H.json --algorithm lp --max_sequences_per_pack 3
     bert-packed-plan --histogram H.json --algorithm all --json
 
-The hyphenated spellings of earlier releases (--max-sequences-per-pack, --max-sequence-length)
-still work. Exit status 2 with a one-line message on bad input.
+--max-sequences-per-pack and --max-sequence-length are aliases of the underscored flags. Exit
+status 2 with a one-line message on bad input.
 """
 
 from __future__ import annotations

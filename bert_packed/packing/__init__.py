@@ -19,12 +19,12 @@ from bert_packed.packing.histogram import (
     save_histogram,
 )
 from bert_packed.packing.online import OnlinePacker
-from bert_packed.packing.plan import ALGORITHMS, PackingPlan, PlanError, check_strategies, plan
+from bert_packed.packing.plan import ALGORITHMS, DEFAULT_ALGORITHM, PackingPlan, PlanError, check_strategies, plan
 from bert_packed.packing.synthetic import wikipedia_like_histogram
 
 __all__ = [
-    "ALGORITHMS", "HistogramError", "HistogramStats", "OnlinePacker", "PackingPlan", "PlanError", "check_histogram",
-    "check_strategies", "histogram_from_lengths", "histogram_stats", "load_histogram",
+    "ALGORITHMS", "DEFAULT_ALGORITHM", "HistogramError", "HistogramStats", "OnlinePacker", "PackingPlan", "PlanError",
+    "check_histogram", "check_strategies", "histogram_from_lengths", "histogram_stats", "load_histogram",
     "lower_bound_packs", "lp_packing", "lpfhp", "merge_histograms", "nnlshp", "plan",
     "save_histogram", "solve_packing_lp", "spfhp", "wikipedia_like_histogram",
 ]

@@ -17,11 +17,9 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from bert_packed.dataset_info import MAX_SEQ_LENGTH_LIMIT
 from bert_packed.errors import UserError
 from bert_packed.files import write_text_atomically
-
-# The longest sequence the planner and the packer take: a compact row keeps positions as uint16.
-MAX_SEQUENCE_LENGTH = 1 << 16
 
 
 class HistogramError(UserError, ValueError):
@@ -51,9 +49,9 @@ def check_histogram(counts, max_sequence_length: int | None = None, source: str 
         if max_sequence_length < 1:
             raise HistogramError(f"{source}: max_sequence_length must be >= 1, got {max_sequence_length}")
     length = len(counts) if max_sequence_length is None else int(max_sequence_length)
-    if length > MAX_SEQUENCE_LENGTH:
+    if length > MAX_SEQ_LENGTH_LIMIT:
         raise HistogramError(f"{source}: max_sequence_length {length:,} is beyond any BERT; this planner takes up to "
-                             f"{MAX_SEQUENCE_LENGTH:,} (BERT uses 512; the longest variants 4,096 to 8,192)")
+                             f"{MAX_SEQ_LENGTH_LIMIT:,} (BERT uses 512; the longest variants 4,096 to 8,192)")
     if len(counts) > length:
         raise HistogramError(
             f"{source}: has counts for lengths up to {len(counts)}, longer than the maximum "

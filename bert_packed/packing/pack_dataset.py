@@ -51,7 +51,7 @@ from bert_packed.features import Shapes
 from bert_packed.files import write_text_atomically
 from bert_packed.packing import packer
 from bert_packed.packing.histogram import HISTOGRAM_FILE, histogram_from_lengths, merge_histograms, save_histogram
-from bert_packed.packing.plan import plan
+from bert_packed.packing.plan import DEFAULT_ALGORITHM, plan
 from bert_packed.progress import Progress
 from bert_packed.records import TFRecordWriter, read_packed, read_unpacked
 
@@ -81,7 +81,7 @@ class PackSettings:
     """
 
     shapes: Shapes
-    algorithm: str = "lpfhp"
+    algorithm: str = DEFAULT_ALGORITHM
     seed: int = 12345
     num_shards: int = 1
     bucket_bytes: int = 256 << 20
@@ -202,7 +202,7 @@ def _finished_run(output_dir: str, digest: str, inputs_digest: str) -> dict | No
     if info.details.get("run_digest") != digest:
         raise OutputDirectoryError(f"{output_dir}: already holds packed data made with other settings or "
                                    f"inputs; use a new --output_dir or remove it")
-    if info.details.get("inputs_digest", inputs_digest) != inputs_digest:  # earlier releases recorded none
+    if info.details.get("inputs_digest") != inputs_digest:
         logging.warning("%s: the input files changed since they were packed here; packing them again", output_dir)
         _remove_outputs(output_dir)
         return None

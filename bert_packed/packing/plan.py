@@ -19,6 +19,8 @@ ALGORITHMS = {
     "nnlshp": nnlshp,
     "lp": lp_packing,
 }
+# The algorithm when none is named: plan(), PackSettings and pack_pretraining_data's --algorithm.
+DEFAULT_ALGORITHM = "lp"
 
 
 class PlanError(RuntimeError):
@@ -67,9 +69,9 @@ class PackingPlan:
         """Sequences per pack."""
         return self.num_sequences / self.num_packs
 
-    def to_dict(self, with_strategies: bool = True) -> dict:
-        """The plan's figures as plain JSON-able values."""
-        result = {
+    def to_dict(self) -> dict:
+        """The plan's figures and strategies as plain JSON-able values."""
+        return {
             "algorithm": self.algorithm,
             "max_sequence_length": self.max_sequence_length,
             "max_sequences_per_pack": self.max_sequences_per_pack,
@@ -80,13 +82,11 @@ class PackingPlan:
             "packing_factor": self.packing_factor,
             "lower_bound_packs": self.lower_bound_packs,
             "seconds": self.seconds,
+            "strategies": [[list(lengths), count] for lengths, count in self.strategies],
         }
-        if with_strategies:
-            result["strategies"] = [[list(lengths), count] for lengths, count in self.strategies]
-        return result
 
 
-def plan(histogram, max_sequence_length: int | None = None, algorithm: str = "lpfhp",
+def plan(histogram, max_sequence_length: int | None = None, algorithm: str = DEFAULT_ALGORITHM,
          max_sequences_per_pack: int | None = 3) -> PackingPlan:
     """Plans how to pack the sequences counted by a histogram.
 
@@ -97,7 +97,7 @@ def plan(histogram, max_sequence_length: int | None = None, algorithm: str = "lp
     Args:
       histogram: counts; histogram[i] = number of sequences of length i + 1.
       max_sequence_length: L (None: len(histogram)). A shorter histogram is padded with zeros.
-      algorithm: one of ALGORITHMS.
+      algorithm: one of ALGORITHMS (default DEFAULT_ALGORITHM).
       max_sequences_per_pack: depth, at least 1; None for unlimited (greedy algorithms only).
 
     Returns:

@@ -225,11 +225,8 @@ def _check_previous_run(output_dir: str, settings: DatasetSettings, sources: lis
         made_from = previous.get("source_identity")
         before = dict(previous.get("settings") or {})
         now = dict(expected)
-        if made_from is None:  # written by an earlier release: its settings and the input's path
-            now.pop("vocab_identity", None)
-        else:  # the vocabulary by its content, whatever its name
-            before.pop("vocab_file", None)
-            now.pop("vocab_file", None)
+        before.pop("vocab_file", None)  # the vocabulary by its content, whatever its name
+        now.pop("vocab_file", None)
         differ = sorted(key for key in before.keys() | now.keys() if before.get(key) != now.get(key))
         if differ:
             raise OutputDirectoryError(f"{output_dir}: holds {name}, made with other settings "
@@ -238,12 +235,10 @@ def _check_previous_run(output_dir: str, settings: DatasetSettings, sources: lis
         if not 0 <= index < len(sources):
             raise OutputDirectoryError(f"{output_dir}: holds {name}, made from input file {index + 1}, but "
                                        f"{len(sources)} are given; use a new --output_dir or remove the old one")
-        if made_from is None:
-            same = previous.get("source") == sources[index]
-        else:
-            if index not in identities:
-                identities[index] = _source_identity(sources[index])
-            same = all(identities[index].get(key) == value for key, value in made_from.items())
+        if index not in identities:
+            identities[index] = _source_identity(sources[index])
+        same = isinstance(made_from, dict) and all(identities[index].get(key) == value
+                                                   for key, value in made_from.items())
         if not same:
             raise OutputDirectoryError(f"{output_dir}: holds {name}, made from other content than input file "
                                        f"{index + 1}, {sources[index]} (edited or replaced since); use a new "
@@ -350,7 +345,7 @@ def _run_pass(file_index: int, dupe_pass: int, source: tuple[str, dict], documen
         with open(settings.vocab_file, encoding="utf-8") as f:
             continuation = np.array([line.startswith("##") for line in f])
     rng = np.random.default_rng([settings.seed, file_index, dupe_pass if dupe_pass != EVAL_PASS else 2**31 - 2])
-    instances = create_instances(documents, config, 1, tokenizer.vocab_size,
+    instances = create_instances(documents, config, tokenizer.vocab_size,
                                  (tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id), rng, continuation)
     shapes = Shapes(config.max_seq_length, config.max_predictions_per_seq)
     name = shard_name(file_index, dupe_pass)

@@ -52,15 +52,15 @@ class Instance:
     is_random_next: bool
 
 
-def create_instances(documents: list[list[np.ndarray]], config: MaskingConfig, dupe_factor: int,
-                     vocab_size: int, special_ids: tuple[int, int, int], rng: np.random.Generator,
+def create_instances(documents: list[list[np.ndarray]], config: MaskingConfig, vocab_size: int,
+                     special_ids: tuple[int, int, int], rng: np.random.Generator,
                      continuation_ids: np.ndarray | None = None) -> list[Instance]:
-    """All instances of a set of documents, `dupe_factor` times with fresh masks, shuffled.
+    """All instances of a set of documents (one pass over them: create_dataset runs a pass per
+    dupe), shuffled.
 
     Args:
       documents: tokenized documents; each a list of int32 arrays (sentences), empty ones skipped.
       config: lengths and probabilities.
-      dupe_factor: passes over the documents.
       vocab_size: ids for random replacement are drawn from [0, vocab_size).
       special_ids: ([CLS], [SEP], [MASK]) ids.
       rng: the only source of randomness.
@@ -72,10 +72,9 @@ def create_instances(documents: list[list[np.ndarray]], config: MaskingConfig, d
     documents = [doc for doc in documents if any(len(s) for s in doc)]
     documents = [[s for s in doc if len(s)] for doc in documents]
     instances = []
-    for _ in range(dupe_factor):
-        for index in range(len(documents)):
-            instances.extend(_instances_from_document(documents, index, config, vocab_size, special_ids,
-                                                      rng, continuation_ids))
+    for index in range(len(documents)):
+        instances.extend(_instances_from_document(documents, index, config, vocab_size, special_ids, rng,
+                                                  continuation_ids))
     order = rng.permutation(len(instances))
     return [instances[i] for i in order]
 
