@@ -171,7 +171,18 @@ def _pack(input_files: list[str], output_dir: str, settings: PackSettings, num_w
     if num_out != int(histogram.sum()) or checksum_out != checksum_in:
         raise PackingError(f"packed output holds {num_out} sequences (checksum {checksum_out:016x}), the input "
                            f"{int(histogram.sum())} (checksum {checksum_in:016x}); nothing published")
-    info = DatasetInfo(
+    info = _description(settings, packing_plan, shards, sources, checksum_in, seconds, digest, inputs_digest)
+    metadata = write_dataset_info(output_dir, info)
+    shutil.rmtree(work, ignore_errors=True)
+    return metadata
+
+
+def _description(settings: PackSettings, packing_plan, shards: list[dict], sources: list[str], checksum_in: int,
+                 seconds: dict, digest: str, inputs_digest: str) -> DatasetInfo:
+    """The packed dataset's metadata.json: its shards, what the plan made of the inputs, and the
+    digests a rerun compares."""
+    shapes = settings.shapes
+    return DatasetInfo(
         packed=True, shapes=shapes, num_sequences=packing_plan.num_sequences, num_records=packing_plan.num_packs,
         files=tuple(DataFile(s["file"], s["bytes"], s["num_packs"], s["num_sequences"], s["checksum"], s["head"])
                     for s in shards),
@@ -188,9 +199,6 @@ def _pack(input_files: list[str], output_dir: str, settings: PackSettings, num_w
             "run_digest": digest,  # settings and sources' paths: another run's directory is refused
             "inputs_digest": inputs_digest,  # the sources' content: when it changed, the run is done again
         })
-    metadata = write_dataset_info(output_dir, info)
-    shutil.rmtree(work, ignore_errors=True)
-    return metadata
 
 
 def _finished_run(output_dir: str, digest: str, inputs_digest: str) -> dict | None:

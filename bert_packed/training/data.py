@@ -169,7 +169,7 @@ def describe(paths: list[str], flag: str, shapes: Shapes, input_mode: str | None
             records += sum(f.records for f in chosen)
         elif whole:
             sequences, records = sequences + info.num_sequences, records + info.num_records
-        else:  # a part of a dataset an earlier release described (no counts per file)
+        else:  # a part of a dataset whose metadata.json has no counts per file: unknown
             unknown = True
     if unknown:
         sequences = records = 0
