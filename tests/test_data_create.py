@@ -6,7 +6,16 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, SAMPLE, dataset_settings, tfrecords, write_corpus
+from conftest import (
+    MAX_PREDICTIONS,
+    MAX_SEQ_LENGTH,
+    REPO,
+    SAMPLE,
+    dataset_settings,
+    run_command,
+    tfrecords,
+    write_corpus,
+)
 
 from bert_packed.dataset_info import read_dataset_info
 from bert_packed.features import Shapes
@@ -176,16 +185,15 @@ def run_cli(*args):
                           capture_output=True, text=True, timeout=300, cwd=REPO)
 
 
-@pytest.mark.slow
 def test_cli_glob_matching_nothing_is_one_line_and_exit_2(tmp_path):
-    result = run_cli(f"--input_file={tmp_path}/nothing*", f"--output_dir={tmp_path}/out")
+    result = run_command("create_pretraining_data", f"--input_file={tmp_path}/nothing*", f"--output_dir={tmp_path}/out")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
         f"create_pretraining_data: error: --input_file: '{tmp_path}/nothing*' matches no file")
     assert "Traceback" not in result.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # the command for real, in a subprocess, once
 def test_cli_writes_the_dataset(tmp_path):
     paths = write_corpus(str(tmp_path), num_files=1, docs_per_file=2)
     result = run_cli(f"--input_file={paths[0]}", f"--output_dir={tmp_path}/out", "--max_seq_length=64",

@@ -191,17 +191,11 @@ def test_flags_that_disagree_with_the_data_are_named(unpacked_dir, tmp_path):
         pack_pretraining_dataset(tfrecords(unpacked_dir)[:1], str(tmp_path), wrong, num_workers=1)
 
 
-@pytest.mark.slow
 def test_cli_error_is_one_line_naming_the_record(unpacked_dir, tmp_path):
-    import subprocess
-    import sys
+    from conftest import run_command
 
-    from conftest import REPO
-
-    result = subprocess.run(
-        [sys.executable, os.path.join(REPO, "scripts", "pack_pretraining_data.py"),
-         f"--input_files={tfrecords(unpacked_dir)[0]}", f"--output_dir={tmp_path}", "--max_seq_length=256"],
-        capture_output=True, text=True, timeout=300, cwd=REPO)
+    result = run_command("pack_pretraining_data", f"--input_files={tfrecords(unpacked_dir)[0]}",
+                         f"--output_dir={tmp_path}", "--max_seq_length=256")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
         f"pack_pretraining_data: error: {tfrecords(unpacked_dir)[0]}: record 0: feature 'input_ids' has 128 "
