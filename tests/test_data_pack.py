@@ -4,7 +4,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, tfrecords
+from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, VOCAB_TOKENS, tfrecords
 
 from bert_packed.dataset_info import DatasetFilesError, file_identity, read_dataset_info
 from bert_packed.features import Shapes
@@ -22,7 +22,7 @@ from bert_packed.records import CorruptRecordError, RecordError, TFRecordWriter,
 
 PACKED = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK)
 UNPACKED = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS)
-CLS = 101
+CLS = VOCAB_TOKENS.index("[CLS]")  # the test vocabulary's
 
 
 def input_rows_of(path):
