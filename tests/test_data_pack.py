@@ -203,6 +203,24 @@ def test_cli_error_is_one_line_naming_the_record(unpacked_dir, tmp_path):
     assert "Traceback" not in result.stderr and not os.path.exists(tmp_path / "metadata.json")
 
 
+def test_cli_says_what_it_made_and_the_planner_plans_the_same_packs(unpacked_dir, tmp_path):
+    from conftest import run_command
+
+    packed = run_command("pack_pretraining_data", f"--input_files={unpacked_dir}/part-*.tfrecord", "--output_dir=packed",
+                         f"--max_seq_length={MAX_SEQ_LENGTH}", f"--max_predictions_per_seq={MAX_PREDICTIONS}", "--verify",
+                         cwd=tmp_path)
+    assert packed.returncode == 0, packed.stderr[-3000:]
+    # It ends on one line that says what it made; metadata.json holds the figures.
+    assert packed.stdout.startswith("pack_pretraining_data: ") and "verified -> packed" in packed.stdout
+    metadata = json.loads((tmp_path / "packed" / "metadata.json").read_text())
+    made = json.loads(open(os.path.join(unpacked_dir, "metadata.json")).read())
+    assert metadata["packed"] and metadata["num_sequences"] == made["num_sequences"] > 0
+    assert f"{made['num_sequences']} sequences in {metadata['num_records']} packs" in packed.stdout
+    planned = run_command("plan_packing", f"--histogram={unpacked_dir}/histogram.json", "--algorithm=lp", "--json")
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    assert json.loads(planned.stdout)["num_packs"] == metadata["num_records"]
+
+
 def unpacked_features(rows, shapes=UNPACKED):
     """The unpacked features (DESIGN schema) of `rows`."""
     seq, pred = shapes.max_seq_length, shapes.max_predictions_per_seq
