@@ -104,7 +104,7 @@ ablation: experiments
 
 test: $(STAMP)
 	$(PYTHON) -m ruff check .
-	$(PYTHON) -m pytest -q tests
+	$(PYTHON) -m pytest -q --durations=25 tests
 
 # Every figure in the README.
 benchmarks: $(STAMP)

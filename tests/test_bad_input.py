@@ -1,22 +1,22 @@
-"""Bad input of every kind: one line naming the file, flag or record, exit status 2, nothing written."""
+"""Bad input of every kind: one line naming the file, flag or record, exit status 2, nothing written.
+
+Every case runs its command in this process (conftest.run_command): what a subprocess would
+return, without starting one.
+"""
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, VOCAB, tfrecords
+from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, VOCAB, command_in_this_process, run_command, tfrecords
 
 from bert_packed.records import TFRecordWriter
 
-pytestmark = pytest.mark.slow  # every case runs a command in a subprocess
-
 
 def command(script, *args):
-    return subprocess.run([sys.executable, os.path.join(REPO, script), *args], capture_output=True, text=True,
-                          timeout=600, cwd=REPO)
+    """Runs scripts/<name>.py, bert_packed/cli/<name>.py or run_pretraining.py with `args`."""
+    return run_command(os.path.splitext(os.path.basename(script))[0], *args)
 
 
 def assert_one_line(result, message):
@@ -175,34 +175,29 @@ def test_pack_refuses_a_symlink_loop_its_glob_matches_and_an_unwritable_director
     assert_one_line(result, "/sys/bert_packed_cannot_write_here: Operation not permitted")
 
 
-CHECKS = r"""
-import sys
-from absl import flags
-from bert_packed.cli import run_pretraining
-from bert_packed.errors import UserError
-base = sys.argv[1:]
-cases = ["--eval_batch_size=0", "--eval_batch_size=-3", "--learning_rate=-1", "--lamb_weight_decay_rate=-0.1",
+CASES = ["--eval_batch_size=0", "--eval_batch_size=-3", "--learning_rate=-1", "--lamb_weight_decay_rate=-0.1",
          "--poly_power=-1", "--log_every_steps=0", "--lamb_beta_1=1.5", "--target_mlm_accuracy=2",
          "--max_sequences_per_pack=0"]
-for case in cases:
-    flags.FLAGS.unparse_flags()
-    flags.FLAGS(["run_pretraining", *base, case])
-    try:
-        run_pretraining.build_config()
-        print(case, "->", "accepted")
-    except UserError as e:
-        print(case, "->", e)
-"""
 
 
 def test_train_checks_every_value_before_any_work(packed_dir, unpacked_dir, bert_config_file, tmp_path):
-    result = subprocess.run([sys.executable, "-c", CHECKS, f"--bert_config_file={bert_config_file}",
-                             f"--input_file={packed_dir}/packed-*.tfrecord", f"--eval_files={unpacked_dir}/part-*.tfrecord",
-                             f"--output_dir={tmp_path / 'run'}", f"--max_seq_length={MAX_SEQ_LENGTH}",
-                             f"--max_predictions_per_seq={MAX_PREDICTIONS}"],
-                            capture_output=True, text=True, timeout=600, cwd=REPO)
-    assert result.returncode == 0, result.stderr[-3000:]
-    said = dict(line.split(" -> ", 1) for line in result.stdout.strip().splitlines())
+    from absl import flags
+
+    from bert_packed.errors import UserError
+
+    base = [f"--bert_config_file={bert_config_file}", f"--input_file={packed_dir}/packed-*.tfrecord",
+            f"--eval_files={unpacked_dir}/part-*.tfrecord", f"--output_dir={tmp_path / 'run'}",
+            f"--max_seq_length={MAX_SEQ_LENGTH}", f"--max_predictions_per_seq={MAX_PREDICTIONS}"]
+    said = {}
+    with command_in_this_process("run_pretraining") as run_pretraining:
+        for case in CASES:
+            flags.FLAGS.unparse_flags()
+            flags.FLAGS(["run_pretraining", *base, case])
+            try:
+                run_pretraining.build_config()
+                said[case] = "accepted"
+            except UserError as e:
+                said[case] = str(e)
     assert said == {
         "--eval_batch_size=0": "--eval_batch_size=0: must be >= 1",
         "--eval_batch_size=-3": "--eval_batch_size=-3: must be >= 1",

@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+from conftest import REPO, run_command
 
 from bert_packed.curves import (
     RunError,
@@ -123,7 +123,7 @@ def test_the_alternated_throughput_is_quoted_with_its_range(tmp_path):
         throughput_lines(str(path))
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # the command for real, in a subprocess, once
 def test_cli_writes_a_png_and_a_table(tmp_path):
     padded = write_run(tmp_path / "padded", "padded", 1.0, 2.0, 8, [0.2, 0.4])
     packed = write_run(tmp_path / "packed", "packed", 2.0, 2.0, 16, [0.4, 0.5])
@@ -135,20 +135,17 @@ def test_cli_writes_a_png_and_a_table(tmp_path):
     assert output.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and output.stat().st_size > 20_000
     rows = [line for line in result.stdout.splitlines() if line.startswith("| packed")]
     assert rows and "| 2.00 |" in rows[0]
-    auto = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "compare_curves.py"), padded, packed,
-                           "--output", str(output), "--accuracy", "auto"], capture_output=True, text=True, timeout=120)
+    auto = run_command("compare_curves", padded, packed, "--output", str(output), "--accuracy", "auto")
     # 90% of the way from the lowest first evaluation (0.2) to the lowest final one (0.4).
     assert auto.returncode == 0 and "sequences to 0.380" in auto.stdout
 
 
-@pytest.mark.slow
 def test_bad_run_directories_are_named(tmp_path):
     with pytest.raises(RunError, match="no such run directory"):
         load_run(str(tmp_path / "missing"))
     os.makedirs(tmp_path / "empty")
     with pytest.raises(RunError, match="empty: no train_log.jsonl records"):
         load_run(str(tmp_path / "empty"))
-    result = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "compare_curves.py"),
-                             str(tmp_path / "missing")], capture_output=True, text=True, timeout=120)
+    result = run_command("compare_curves", str(tmp_path / "missing"))
     assert result.returncode == 2 and result.stderr.strip() == (
         f"compare_curves: error: {tmp_path / 'missing'}: no such run directory")

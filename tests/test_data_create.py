@@ -6,7 +6,18 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, SAMPLE, dataset_settings, tfrecords, write_corpus
+from conftest import (
+    MAX_PREDICTIONS,
+    MAX_SEQ_LENGTH,
+    REAL_VOCAB,
+    REPO,
+    SAMPLE,
+    VOCAB_TOKENS,
+    dataset_settings,
+    run_command,
+    tfrecords,
+    write_corpus,
+)
 
 from bert_packed.dataset_info import read_dataset_info
 from bert_packed.features import Shapes
@@ -16,7 +27,7 @@ from bert_packed.pretraining_data.create_dataset import OutputDirectoryError, cr
 from bert_packed.pretraining_data.tokenization import VocabularyError
 from bert_packed.records import read_unpacked
 
-CLS, SEP, MASK = 101, 102, 103
+CLS, SEP, MASK = (VOCAB_TOKENS.index(token) for token in ("[CLS]", "[SEP]", "[MASK]"))  # the test vocabulary's
 
 
 UNPACKED = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS)
@@ -27,14 +38,14 @@ def read_all(directory, shapes=UNPACKED):
     return {name: np.concatenate([b[name] for b in batches]) for name in batches[0]}
 
 
-def masking_statistics(records):
+def masking_statistics(records, mask):
     weights = records["masked_lm_weights"] > 0
     rows, columns = np.nonzero(weights)
     positions = records["masked_lm_positions"][rows, columns]
     shown = records["input_ids"][rows, positions]
     original = records["masked_lm_ids"][rows, columns]
-    return {"mask": np.mean(shown == MASK), "same": np.mean(shown == original),
-            "random": np.mean((shown != MASK) & (shown != original))}
+    return {"mask": np.mean(shown == mask), "same": np.mean(shown == original),
+            "random": np.mean((shown != mask) & (shown != original))}
 
 
 def test_records_follow_the_mlperf_layout(unpacked_dir):
@@ -111,19 +122,22 @@ def test_a_rerun_knows_its_input_files_by_content_not_by_path(corpus, unpacked_d
                                                    r"file 2, .*wiki_01 \(edited or replaced since\)"):
         create_pretraining_dataset(moved, str(tmp_path / "out"), dataset_settings(), num_workers=1)
     # The vocabulary by its content: the same under another name is the same; two tokens swapped
-    # past its first 64 KiB is another.
-    lines = open(dataset_settings().vocab_file, encoding="utf-8").read().splitlines()
+    # past its first 64 KiB is another. The real vocabulary, in a dataset of its own: the test
+    # vocabulary is smaller than 64 KiB.
+    lines = open(REAL_VOCAB, encoding="utf-8").read().splitlines()
     (tmp_path / "vocab").mkdir()
     renamed, swapped = tmp_path / "vocab" / "my_vocab.txt", tmp_path / "vocab" / "bert_uncased_vocab.txt"
     renamed.write_text("\n".join(lines) + "\n")
     swapped.write_text("\n".join(lines[:20000] + [lines[20001], lines[20000]] + lines[20002:]) + "\n")
-    out = str(tmp_path / "out")  # made from the corpus' content
-    create_pretraining_dataset(corpus, out, dataclasses.replace(dataset_settings(), vocab_file=str(renamed)),
-                               num_workers=1)
+    assert len("\n".join(lines[:20000]).encode()) > 64 << 10
+    real = dataclasses.replace(dataset_settings(), vocab_file=REAL_VOCAB)
+    out = str(tmp_path / "real")
+    create_pretraining_dataset(corpus, out, real, num_workers=1)
+    before = {path: os.path.getmtime(path) for path in tfrecords(out)}
+    create_pretraining_dataset(corpus, out, dataclasses.replace(real, vocab_file=str(renamed)), num_workers=1)
     assert {path: os.path.getmtime(path) for path in tfrecords(out)} == before  # nothing made again
     with pytest.raises(OutputDirectoryError, match=r"made with other settings \(vocab_file content differ\)"):
-        create_pretraining_dataset(corpus, out, dataclasses.replace(dataset_settings(), vocab_file=str(swapped)),
-                                   num_workers=1)
+        create_pretraining_dataset(corpus, out, dataclasses.replace(real, vocab_file=str(swapped)), num_workers=1)
 
 
 def test_empty_documents_warn_by_default_and_can_be_errors(tmp_path):
@@ -152,10 +166,10 @@ def test_masking_statistics_match_mlperf_on_the_sample(tmp_path):
     from bert_packed.pretraining_data.instances import MaskingConfig
 
     samples = sorted(os.path.join(os.path.dirname(SAMPLE), n) for n in os.listdir(os.path.dirname(SAMPLE)))
-    settings = DatasetSettings(os.path.join(REPO, "data", "bert_uncased_vocab.txt"), True, MaskingConfig(), 1, 12345)
+    settings = DatasetSettings(REAL_VOCAB, True, MaskingConfig(), 1, 12345)
     metadata = create_pretraining_dataset(samples, str(tmp_path), settings, num_workers=2)
     records = read_all(str(tmp_path), Shapes(512, 76))
-    stats = masking_statistics(records)
+    stats = masking_statistics(records, mask=open(REAL_VOCAB, encoding="utf-8").read().splitlines().index("[MASK]"))
     assert stats["mask"] == pytest.approx(0.8, abs=0.01)
     assert stats["same"] == pytest.approx(0.1, abs=0.01)
     assert stats["random"] == pytest.approx(0.1, abs=0.01)
@@ -176,16 +190,15 @@ def run_cli(*args):
                           capture_output=True, text=True, timeout=300, cwd=REPO)
 
 
-@pytest.mark.slow
 def test_cli_glob_matching_nothing_is_one_line_and_exit_2(tmp_path):
-    result = run_cli(f"--input_file={tmp_path}/nothing*", f"--output_dir={tmp_path}/out")
+    result = run_command("create_pretraining_data", f"--input_file={tmp_path}/nothing*", f"--output_dir={tmp_path}/out")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
         f"create_pretraining_data: error: --input_file: '{tmp_path}/nothing*' matches no file")
     assert "Traceback" not in result.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # the command for real, in a subprocess, once
 def test_cli_writes_the_dataset(tmp_path):
     paths = write_corpus(str(tmp_path), num_files=1, docs_per_file=2)
     result = run_cli(f"--input_file={paths[0]}", f"--output_dir={tmp_path}/out", "--max_seq_length=64",
@@ -263,7 +276,7 @@ def test_eval_split_holds_out_whole_documents(corpus, unpacked_dir, tmp_path):
         for path in paths:
             for _, batch in read_unpacked(path, Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS)):
                 for ids, mask in zip(batch["input_ids"], batch["input_mask"]):
-                    ids = [t for t in ids[mask > 0] if t > 103]
+                    ids = [t for t in ids[mask > 0] if t > MASK]  # the special tokens come first
                     grams.update(tuple(ids[i:i + 8]) for i in range(len(ids) - 8))
         return grams
     train = ngrams([p for p in tfrecords(str(tmp_path)) if "part-" in p])

@@ -4,7 +4,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, tfrecords
+from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, VOCAB_TOKENS, tfrecords
 
 from bert_packed.dataset_info import DatasetFilesError, file_identity, read_dataset_info
 from bert_packed.features import Shapes
@@ -22,7 +22,7 @@ from bert_packed.records import CorruptRecordError, RecordError, TFRecordWriter,
 
 PACKED = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK)
 UNPACKED = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS)
-CLS = 101
+CLS = VOCAB_TOKENS.index("[CLS]")  # the test vocabulary's
 
 
 def input_rows_of(path):
@@ -191,22 +191,34 @@ def test_flags_that_disagree_with_the_data_are_named(unpacked_dir, tmp_path):
         pack_pretraining_dataset(tfrecords(unpacked_dir)[:1], str(tmp_path), wrong, num_workers=1)
 
 
-@pytest.mark.slow
 def test_cli_error_is_one_line_naming_the_record(unpacked_dir, tmp_path):
-    import subprocess
-    import sys
+    from conftest import run_command
 
-    from conftest import REPO
-
-    result = subprocess.run(
-        [sys.executable, os.path.join(REPO, "scripts", "pack_pretraining_data.py"),
-         f"--input_files={tfrecords(unpacked_dir)[0]}", f"--output_dir={tmp_path}", "--max_seq_length=256"],
-        capture_output=True, text=True, timeout=300, cwd=REPO)
+    result = run_command("pack_pretraining_data", f"--input_files={tfrecords(unpacked_dir)[0]}",
+                         f"--output_dir={tmp_path}", "--max_seq_length=256")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
         f"pack_pretraining_data: error: {tfrecords(unpacked_dir)[0]}: record 0: feature 'input_ids' has 128 "
         f"values, expected 256 (--max_seq_length=256, --max_predictions_per_seq=76)")
     assert "Traceback" not in result.stderr and not os.path.exists(tmp_path / "metadata.json")
+
+
+def test_cli_says_what_it_made_and_the_planner_plans_the_same_packs(unpacked_dir, tmp_path):
+    from conftest import run_command
+
+    packed = run_command("pack_pretraining_data", f"--input_files={unpacked_dir}/part-*.tfrecord", "--output_dir=packed",
+                         f"--max_seq_length={MAX_SEQ_LENGTH}", f"--max_predictions_per_seq={MAX_PREDICTIONS}", "--verify",
+                         cwd=tmp_path)
+    assert packed.returncode == 0, packed.stderr[-3000:]
+    # It ends on one line that says what it made; metadata.json holds the figures.
+    assert packed.stdout.startswith("pack_pretraining_data: ") and "verified -> packed" in packed.stdout
+    metadata = json.loads((tmp_path / "packed" / "metadata.json").read_text())
+    made = json.loads(open(os.path.join(unpacked_dir, "metadata.json")).read())
+    assert metadata["packed"] and metadata["num_sequences"] == made["num_sequences"] > 0
+    assert f"{made['num_sequences']} sequences in {metadata['num_records']} packs" in packed.stdout
+    planned = run_command("plan_packing", f"--histogram={unpacked_dir}/histogram.json", "--algorithm=lp", "--json")
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    assert json.loads(planned.stdout)["num_packs"] == metadata["num_records"]
 
 
 def unpacked_features(rows, shapes=UNPACKED):

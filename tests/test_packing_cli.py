@@ -3,11 +3,15 @@ import subprocess
 import sys
 
 import pytest
-
-pytestmark = pytest.mark.slow  # every test here runs a command in a subprocess
+from conftest import run_command
 
 
 def run_cli(*args):
+    """The planner in this process (conftest.run_command), as `python -m bert_packed.packing` runs it."""
+    return run_command("plan_packing", *args)
+
+
+def run_cli_in_a_subprocess(*args):
     return subprocess.run([sys.executable, "-m", "bert_packed.packing", *args],
                           capture_output=True, text=True, timeout=120)
 
@@ -19,8 +23,10 @@ def histogram_file(tmp_path):
     return str(path)
 
 
+@pytest.mark.slow  # the command for real, through `python -m bert_packed.packing`, once
 def test_json_report(histogram_file):
-    result = run_cli("--histogram", histogram_file, "--algorithm", "lp", "--max-sequences-per-pack", "3", "--json")
+    result = run_cli_in_a_subprocess("--histogram", histogram_file, "--algorithm", "lp", "--max-sequences-per-pack", "3",
+                                     "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     for key in ("num_packs", "num_sequences", "efficiency", "packing_factor", "lower_bound_packs", "seconds",

@@ -14,12 +14,10 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import REPO, run_command
 
 from bert_packed.model import BertConfig, BertPretrainingModel, export_google_checkpoint
 from bert_packed.records import read_records
-
-pytestmark = pytest.mark.slow  # every test here runs commands in subprocesses
 
 WORDS = "the cat sat on a mat and dog ran to park with red ball big small house tree is".split()
 SENTENCES = ["the cat sat on a mat.", "a dog ran to the park.", "the red ball is big.", "a small house with a tree."]
@@ -37,9 +35,20 @@ def command(script, *args, cwd=REPO):
                           timeout=600, cwd=cwd)
 
 
+def create_args(root):
+    """The reference's create_pretraining_data flags, tiny sizes substituted, and one worker: the
+    records are the same whatever the number (tests/test_data_create.py), and starting a pool of
+    workers takes seconds."""
+    return [f"--vocab_file={root}/vocab.txt", "--do_lower_case=True", f"--max_seq_length={L}",
+            f"--max_predictions_per_seq={P}", "--masked_lm_prob=0.15", "--random_seed=12345", "--dupe_factor=10",
+            "--num_workers=1"]
+
+
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """The reference's data preparation, command by command: 2 parts, the eval intermediate, eval_10k."""
+def reference_inputs(tmp_path_factory):
+    """The reference's text and vocabulary, its data preparation of the 2 parts, and a tiny
+    bert_config.json. The commands run in this process (conftest.run_command), as they run in
+    their own: create_pretraining_data runs in a subprocess in tests/test_data_create.py."""
     root = tmp_path_factory.mktemp("reference")
     (root / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "."] + WORDS) + "\n")
     (root / "results").mkdir()
@@ -47,31 +56,37 @@ def reference(tmp_path_factory):
     for part in range(2):
         write_text(root / "results" / f"part-0000{part}-of-00002", 30, offset=part)
     write_text(root / "results" / "eval.txt", 12, offset=2)
-    common = [f"--vocab_file={root}/vocab.txt", "--do_lower_case=True", f"--max_seq_length={L}",
-              f"--max_predictions_per_seq={P}", "--masked_lm_prob=0.15", "--random_seed=12345", "--dupe_factor=10"]
     for part in range(2):
-        result = command("scripts/create_pretraining_data.py",
-                         f"--input_file={root}/results/part-0000{part}-of-00002",
-                         f"--output_file={root}/tfrecords/part-0000{part}-of-00002", *common)
+        result = run_command("create_pretraining_data", f"--input_file={root}/results/part-0000{part}-of-00002",
+                             f"--output_file={root}/tfrecords/part-0000{part}-of-00002", *create_args(root))
         assert result.returncode == 0, result.stderr[-3000:]
-    result = command("scripts/create_pretraining_data.py", f"--input_file={root}/results/eval.txt",
-                     f"--output_file={root}/eval_intermediate", *common)
-    assert result.returncode == 0, result.stderr[-3000:]
-    result = command("scripts/pick_eval_samples.py", f"--input_tfrecord={root}/eval_intermediate",
-                     f"--output_tfrecord={root}/eval_10k", "--num_examples_to_pick=40",
-                     f"--max_seq_length={L}", f"--max_predictions_per_seq={P}")
-    assert result.returncode == 0, result.stderr[-3000:]
     config = dict(vocab_size=len(WORDS) + 6, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
                   intermediate_size=128, hidden_act="gelu", hidden_dropout_prob=0.0,
                   attention_probs_dropout_prob=0.0, max_position_embeddings=L, type_vocab_size=2,
                   initializer_range=0.02)
     (root / "bert_config.json").write_text(json.dumps(config))
-    model = BertPretrainingModel(BertConfig(**config))
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference(reference_inputs):
+    """The rest of the reference's data preparation: the eval intermediate, then eval_10k
+    (pick_eval_samples, in a subprocess: the command for real, once), and the init checkpoint."""
+    root = reference_inputs
+    result = run_command("create_pretraining_data", f"--input_file={root}/results/eval.txt",
+                         f"--output_file={root}/eval_intermediate", *create_args(root))
+    assert result.returncode == 0, result.stderr[-3000:]
+    result = command("scripts/pick_eval_samples.py", f"--input_tfrecord={root}/eval_intermediate",
+                     f"--output_tfrecord={root}/eval_10k", "--num_examples_to_pick=40",
+                     f"--max_seq_length={L}", f"--max_predictions_per_seq={P}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    model = BertPretrainingModel(BertConfig(**json.loads((root / "bert_config.json").read_text())))
     model.build()
     export_google_checkpoint(model, str(root / "checkpoint" / "model.ckpt-28252"))
     return root
 
 
+@pytest.mark.slow  # eval_10k comes from pick_eval_samples in a subprocess
 def test_the_data_commands_write_plain_tfrecords_and_pick_evenly(reference):
     assert sorted(os.listdir(reference / "tfrecords")) == ["part-00000-of-00002", "part-00001-of-00002"]
     intermediate = list(read_records(str(reference / "eval_intermediate")))
@@ -85,6 +100,7 @@ def flagfile(path, lines):
     return f"--flagfile={path}"
 
 
+@pytest.mark.slow  # trains or evaluates in a subprocess
 def test_the_gpu_training_command_runs_as_a_flagfile(reference, tmp_path):
     """The README's V100 command; tiny sizes, and --num_gpus=0 for a machine without GPUs."""
     result = command("run_pretraining.py", flagfile(tmp_path / "train.cfg", [
@@ -113,6 +129,7 @@ def test_the_gpu_training_command_runs_as_a_flagfile(reference, tmp_path):
                                               "with eval files")
 
 
+@pytest.mark.slow  # trains or evaluates in a subprocess
 def test_the_eval_command_evaluates_the_init_checkpoint(reference, tmp_path):
     result = command("run_pretraining.py", flagfile(tmp_path / "eval.cfg", [
         f"--bert_config_file={reference}/bert_config.json", f"--output_dir={tmp_path}/output/",
@@ -134,6 +151,7 @@ def test_the_eval_command_evaluates_the_init_checkpoint(reference, tmp_path):
                                      f"over 32 sequences -> {tmp_path}/output/eval_results.txt")
 
 
+@pytest.mark.slow  # trains or evaluates in a subprocess
 def test_a_run_that_reaches_the_target_passes_the_compliance_checker(reference, tmp_path):
     out = tmp_path / "run"
     result = command("run_pretraining.py", f"--bert_config_file={reference}/bert_config.json",
@@ -169,18 +187,19 @@ def test_a_run_that_reaches_the_target_passes_the_compliance_checker(reference, 
     (["--use_tpu"], "--use_tpu (--distribution_strategy=tpu) needs --tpu_name"),
     (["--input_file=nosuchfs://bucket/part-*"], "--input_file: 'nosuchfs://bucket/part-*'"),
 ])
-def test_reference_flags_that_cannot_work_stop_before_anything_is_written(reference, tmp_path, flags, message):
+def test_reference_flags_that_cannot_work_stop_before_anything_is_written(reference_inputs, tmp_path, flags, message):
     out = tmp_path / "run"
-    base = [f"--bert_config_file={reference}/bert_config.json", f"--output_dir={out}", f"--max_seq_length={L}",
+    base = [f"--bert_config_file={reference_inputs}/bert_config.json", f"--output_dir={out}", f"--max_seq_length={L}",
             f"--max_predictions_per_seq={P}"]
     if not any(flag.startswith("--input_file") for flag in flags):
-        base.append(f"--input_file={reference}/tfrecords/part*")
-    result = command("run_pretraining.py", *base, *flags)
+        base.append(f"--input_file={reference_inputs}/tfrecords/part*")
+    result = run_command("run_pretraining", *base, *flags)
     assert result.returncode == 2, result.stderr[-3000:]
     assert message in result.stderr.strip().splitlines()[-1] and "Traceback" not in result.stderr
     assert not out.exists()
 
 
+@pytest.mark.slow  # trains or evaluates in a subprocess
 def test_a_micro_step_count_is_the_reference_s(reference, tmp_path):
     """--steps_per_update=2: num_train_steps, warmup and the checkpoint cadence count micro-steps."""
     out = tmp_path / "run"
