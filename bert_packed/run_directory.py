@@ -115,6 +115,11 @@ class RunDirectory:
                 raise RunError(f"{self.path}: the {key.replace('_', ' ')} changed since this run started "
                                f"({_first_difference(before, now)}); resuming would go on with other data. Start a new "
                                f"run with a new --output_dir, or restore the data")
+        missing = sorted(k for k in identity if k not in previous)
+        if missing and any(k in previous for k in identity):
+            raise RunError(f"{self.path}: holds a run whose run.json records no {', '.join(missing[:3])}"
+                           f"{', ...' if len(missing) > 3 else ''} (made by another version of bert-packed): it cannot "
+                           f"be told apart from another run; use a new --output_dir")
         changed = sorted(k for k in identity if k in previous and previous[k] != identity[k])
         if changed:
             raise RunError(f"{self.path}: holds another run ({', '.join(changed)} differ); use a new --output_dir, "

@@ -123,9 +123,9 @@ def packed_dir(unpacked_dir, tmp_path_factory):
 @pytest.fixture(autouse=True)
 def _release_compiled_steps():
     """After each test, the compiled steps it held may serve the next test of their graph shape
-    (tests/runs.py; loaded only by the tests that train)."""
+    (tests/training_runs.py; loaded only by the tests that train)."""
     yield
-    runs = sys.modules.get("runs")
+    runs = sys.modules.get("training_runs")
     if runs is not None:
         runs.release()
 

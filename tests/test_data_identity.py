@@ -190,7 +190,7 @@ def test_held_out_files_never_train_unless_the_user_says_so(corpus, tmp_path):
 
 
 def test_a_run_refuses_to_resume_on_data_made_again_since_it_started(packed_copy, tmp_path):
-    from runs import config, make_trainer
+    from training_runs import config, make_trainer
 
     from bert_packed.run_directory import RunError
     from bert_packed.training import data
@@ -235,6 +235,12 @@ def test_data_made_again_is_named_before_the_settings_it_changes(tmp_path):
         run.claim({"packing_factor": 2.1, "seed": 1}, {"train_files": [["/data/part-0.tfrecord", 120, "bb"]]})
     with pytest.raises(RunError, match=r"holds another run \(seed differ\)"):
         run.claim({"packing_factor": 1.9, "seed": 2}, {"train_files": [["/moved/part-0.tfrecord", 100, "aa"]]})
+    # A run.json that records fewer settings (another version wrote it) cannot be told apart.
+    other = RunDirectory(str(tmp_path / "other"))
+    other.claim({"seed": 1}, {"train_files": []})
+    with pytest.raises(RunError, match=r"holds a run whose run.json records no packing_factor \(made by another "
+                                       r"version of bert-packed\)"):
+        other.claim({"packing_factor": 1.9, "seed": 1}, {"train_files": []})
 
 
 def train_settings(input_mode):

@@ -121,7 +121,7 @@ def test_the_input_pipeline_feeds_packs_on_the_fly_and_shares_files_among_pipeli
 
 
 def test_an_evaluation_packed_on_the_fly_gives_the_unpacked_figures(unpacked_dir, packed_dir, tmp_path):
-    from runs import assert_same_evaluation, config, make_trainer
+    from training_runs import assert_same_evaluation, config, make_trainer
 
     from bert_packed.training import data
 
@@ -146,7 +146,7 @@ def test_training_packed_on_the_fly_resumes_exactly_and_counts_the_plan_once(unp
     import shutil
     import signal
 
-    from runs import config, make_trainer, read_log
+    from training_runs import config, make_trainer, read_log
 
     from bert_packed.run_directory import RunDirectory
     from bert_packed.training import data

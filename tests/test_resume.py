@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 from conftest import REPO, tfrecords
-from runs import config, make_trainer, weights
+from training_runs import config, make_trainer, weights
 
 from bert_packed import files
 from bert_packed.run_directory import MLLOG
@@ -153,7 +153,7 @@ devices = int(devices)
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * devices)
 sys.path.insert(0, tests)
-from runs import config, make_trainer, read_log, weights
+from training_runs import config, make_trainer, read_log, weights
 strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(devices)])
 results = {}
 for mode in modes.split(","):
@@ -327,7 +327,7 @@ def test_odd_characters_and_a_relative_output_dir_resume_without_a_word(packed_d
     """A run under `g [1]/ü *?{x}` (its init_checkpoint too), given as a relative path: killed after
     a checkpoint and resumed, it continues from that checkpoint, says nothing is damaged, and a
     glob over that directory finds its files."""
-    from runs import TINY
+    from conftest import TINY
 
     from bert_packed.model import BertConfig, BertPretrainingModel, export_google_checkpoint
 

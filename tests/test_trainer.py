@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, TINY, tfrecords
-from runs import assert_same_evaluation, config, make_trainer, read_log, weights
+from training_runs import assert_same_evaluation, config, make_trainer, read_log, weights
 
 from bert_packed.dataset_info import read_dataset_info
 from bert_packed.errors import TrainingError
@@ -46,7 +46,7 @@ import sys, numpy as np, tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 sys.path.insert(0, sys.argv[3])
-from runs import config, make_trainer, weights
+from training_runs import config, make_trainer, weights
 files = sys.argv[2].split(",")
 single = make_trainer(config(sys.argv[1] + "/single", files, dropout=0.0, train_batch_size=8, num_train_steps=1,
                         clip_by_global_norm_after_gradient_allreduce=True))
@@ -208,6 +208,18 @@ def test_batch_correction_divides_by_the_packing_factor_in_whole_replicas():
     assert corrected_batch_size(8, 1.203) == 7  # 8.4 sequences a micro-batch on average
     assert corrected_batch_size(448, 2.012, num_replicas=8) == 224  # 222.7 packs, in multiples of 8
     assert corrected_batch_size(3, 2.0, num_replicas=4) == 4  # never below one pack a replica
+
+
+def test_bucket_boundaries_are_for_the_bucketed_mode_whatever_the_mode_comes_from():
+    from bert_packed.errors import SettingsError
+    from bert_packed.training.config import batching, make_config
+
+    for given in (None, "packed"):  # None: the data's metadata.json says packed
+        settings = make_config(bert=BertConfig(**TINY), output_dir="x", input_mode=given, bucket_boundaries=(64,))
+        with pytest.raises(SettingsError, match="--bucket_boundaries is for --input_mode=bucketed"):
+            batching(settings, "packed", 1.2, 3)
+    settings = make_config(bert=BertConfig(**TINY), output_dir="x", input_mode="bucketed", bucket_boundaries=(64,))
+    assert batching(settings, "bucketed", 1.0, 1).rows_per_micro_batch == 8
 
 
 def test_the_online_packing_window_is_bounded_for_training_and_evaluation():
@@ -487,7 +499,7 @@ def test_an_output_dir_holding_another_run_is_refused_and_left_intact(packed_dir
     before = (tmp_path / "train_log.jsonl").read_text()
     from bert_packed.run_directory import RunError
 
-    with pytest.raises(RunError, match=r"holds another run \(seed, train_batch_size differ\)"):
+    with pytest.raises(RunError, match=r"holds another run \(rows_per_micro_batch, seed, train_batch_size differ\)"):
         make_trainer(config(tmp_path, tfrecords(packed_dir), num_train_steps=2, seed=7, train_batch_size=2,
                        flags_text="--seed=7\n")).train()
     assert (tmp_path / "train_log.jsonl").read_text() == before

@@ -5,7 +5,7 @@ order, with the same loss normalisers and the same clip) ends with the packed ru
 import numpy as np
 import pytest
 from conftest import tfrecords
-from runs import config, make_trainer, read_log, weights
+from training_runs import config, make_trainer, read_log, weights
 
 
 @pytest.mark.parametrize("loss_averaging, clip_after_allreduce", [("token", False), ("sequence", True)])

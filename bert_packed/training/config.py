@@ -148,7 +148,8 @@ class BatchConfig:
         train_batch_size unpacked rows' sequences on average.
       steps_per_update: micro-batches accumulated into one update.
       bucket_boundaries: with "bucketed", the lengths batches are trimmed to.
-      online_packing_window: with "packed_online", sequences the packer may hold at once.
+      online_packing_window: with "packed_online", sequences the packer may hold at once (part of
+        the run's identity then: training.loop adds it; for other modes it reads nothing).
     """
 
     input_mode: str | None = None
@@ -156,17 +157,13 @@ class BatchConfig:
     adjust_batch_for_packing: bool = False
     steps_per_update: int = 1
     bucket_boundaries: tuple[int, ...] = ()
-    online_packing_window: int = ONLINE_PACKING_WINDOW
+    online_packing_window: int = changeable(ONLINE_PACKING_WINDOW)
 
     def __post_init__(self):
         require(self.input_mode is None or self.input_mode in INPUT_MODES,
                 f"--input_mode={self.input_mode}: expected one of {', '.join(INPUT_MODES)}")
         require(self.train_batch_size >= 1, f"--train_batch_size={self.train_batch_size}: must be >= 1")
         require(self.steps_per_update >= 1, f"--steps_per_update={self.steps_per_update}: must be >= 1")
-        if self.input_mode is not None:
-            require_packed_for(self.input_mode, adjust_batch_for_packing=self.adjust_batch_for_packing)
-            require(not self.bucket_boundaries or self.input_mode == "bucketed",
-                    "--bucket_boundaries is for --input_mode=bucketed")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -232,8 +229,8 @@ class EvalConfig:
       max_eval_steps: evaluate at most this many batches (None: the whole set).
     """
 
-    eval_input_mode: str | None = None
-    eval_batch_size: int = changeable(8)
+    eval_input_mode: str | None = changeable(None)  # packed or unpacked eval records give the same figures
+    eval_batch_size: int = 8
     eval_every_samples: int = -1
     target_mlm_accuracy: float = 0.720
     max_eval_steps: int | None = None
@@ -272,7 +269,7 @@ class RunConfig:
 
     output_dir: str = changeable("")
     seed: int = 12345
-    deterministic: bool = False
+    deterministic: bool = changeable(False)
     save_checkpoints_steps: int = changeable(1000)
     keep_checkpoint_max: int = changeable(5)
     iterations_per_loop: int = changeable(1)
@@ -312,8 +309,6 @@ class TrainConfig:
     def __post_init__(self):
         n, steps = self.batch.steps_per_update, self.optimizer.num_train_steps
         require(steps >= n, f"--num_train_steps={steps} is less than one update of --steps_per_update={n} micro-steps")
-        if self.batch.input_mode is not None:
-            require_packed_for(self.batch.input_mode, adjust_betas_for_packing=self.optimizer.adjust_betas_for_packing)
 
     def identity(self) -> dict:
         """The settings a resumed run must share with the run it resumes, by name: every field of
@@ -400,8 +395,6 @@ class Batching:
       steps_per_update: micro-batches an update accumulates.
       packing_factor: sequences per row of the data.
       betas: LAMB's betas as used (raised to the packing factor with adjust_betas_for_packing).
-      eval_every_samples: sequences between evaluations (0: only at the end), the MLPerf cadence
-        resolved.
     """
 
     input_mode: str
@@ -409,7 +402,6 @@ class Batching:
     steps_per_update: int
     packing_factor: float
     betas: tuple[float, float]
-    eval_every_samples: int
 
     @property
     def sequences_per_update(self) -> float:
@@ -428,6 +420,7 @@ def batching(config: TrainConfig, input_mode: str, packing_factor: float, max_se
     data, optimizer = config.batch, config.optimizer
     require_packed_for(input_mode, adjust_betas_for_packing=optimizer.adjust_betas_for_packing,
                        adjust_batch_for_packing=data.adjust_batch_for_packing)
+    require(not data.bucket_boundaries or input_mode == "bucketed", "--bucket_boundaries is for --input_mode=bucketed")
     require(_finite(packing_factor) and 1.0 <= packing_factor <= max_sequences_per_pack,
             f"a packing factor of {packing_factor} with at most {max_sequences_per_pack} sequences a row: it lies in "
             f"[1, {max_sequences_per_pack}]")
@@ -441,13 +434,16 @@ def batching(config: TrainConfig, input_mode: str, packing_factor: float, max_se
     betas = (optimizer.lamb_beta_1, optimizer.lamb_beta_2)
     if optimizer.adjust_betas_for_packing:
         betas = adjusted_betas(*betas, packing_factor)
+    return Batching(input_mode, rows, data.steps_per_update, packing_factor, betas)
+
+
+def eval_every_samples(config: TrainConfig, batch: Batching) -> int:
+    """Sequences between evaluations (0: only at the end), the MLPerf cadence resolved."""
     every = config.eval.eval_every_samples
-    if every < 0:
-        every = mlperf_eval_every_samples(rows * data.steps_per_update * packing_factor)
-    return Batching(input_mode, rows, data.steps_per_update, packing_factor, betas, every)
+    return mlperf_eval_every_samples(batch.sequences_per_update) if every < 0 else every
 
 
-def describe(config: TrainConfig, batch: Batching) -> list[str]:
+def describe_run(config: TrainConfig, batch: Batching) -> list[str]:
     """What the run does, in a line or two for its start."""
     data, o, (beta_1, beta_2) = config.batch, config.optimizer, batch.betas
     lines = []

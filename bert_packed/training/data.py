@@ -75,8 +75,8 @@ class TrainData:
       input_mode: how the run reads them (config.INPUT_MODES).
       packing_factor: sequences per row (1.0 unpacked; packed on the fly, what the plan predicts).
       num_sequences: sequences in the files (0 when unknown).
-      histogram: the files' length histogram when it was counted here (no metadata.json counts
-        them): the run directory caches it.
+      histogram: the files' length histogram, when the run needs it (packed on the fly, or no
+        metadata.json counts the files): the run directory caches it.
       strategies: with "packed_online", the strategies of the plan the packer fills.
     """
 

@@ -39,7 +39,7 @@ from bert_packed.model import export_google_checkpoint, load_google_checkpoint
 from bert_packed.model.checkpoint import checkpoint_step
 from bert_packed.run_directory import RunDirectory
 from bert_packed.training.checkpoints import Checkpoints
-from bert_packed.training.config import TrainConfig, describe
+from bert_packed.training.config import TrainConfig, describe_run, eval_every_samples
 from bert_packed.training.data import EvalData, TrainData, eval_pipeline, train_pipeline
 from bert_packed.training.distribution import chief, common_step, on_any_worker
 from bert_packed.training.logs import RunLogs
@@ -79,14 +79,14 @@ def train_and_evaluate(config: TrainConfig, train_data: TrainData, eval_data: Ev
     checkpoints = Checkpoints(directory.checkpoints, step.state, config.run.keep_checkpoint_max)
     files.makedirs(directory.path)
     with files.exclusive(os.path.join(directory.path, ".lock"), "run_pretraining"):
-        previous = _claim(directory, config, train_data, eval_data)
+        previous = _claim(directory, config, train_data, eval_data, step)
         if _resume(directory, config, step, checkpoints, previous):
             logging.info("%s: finished at step %d; nothing to do", config.run.output_dir, int(step.step.numpy()))
             return RunResult(RunLogs.last_train_record(directory), int(step.step.numpy()), None, directory)
         logs = RunLogs(directory)
         try:
             _start(logs, config, train_data, eval_data, step)
-            n, every = step.batching.steps_per_update, step.batching.eval_every_samples
+            n, every = config.batch.steps_per_update, eval_every_samples(config, step.batching)
             current, sequences = int(step.step.numpy()), int(step.sequences.numpy())
             last = logs.last_eval
             reached = last.get("step") == current and last.get("mlm_accuracy", 0.0) >= config.eval.target_mlm_accuracy
@@ -99,9 +99,14 @@ def train_and_evaluate(config: TrainConfig, train_data: TrainData, eval_data: Ev
                     logs.mlperf.block_start(sequences)
                     iterator = step.train_iterator(pipeline)
                 while training and current < config.last_step and not stop.by:
+                    if current == first_step:
+                        logging.debug("compiling the training step and running the first %d micro-steps",
+                                      min(config.loop_steps, config.last_step - current))
                     with reading_errors_named(pipeline):
                         results = step.run_updates(iterator, min(config.loop_steps, config.last_step - current) // n)
                     seconds = logs.seconds_before + time.perf_counter() - start
+                    if current == first_step:
+                        logging.debug("compiled and ran the first loop in %.1f s", seconds - logs.seconds_before)
                     for row in results:
                         current += n
                         logs.train(_train_record(row, current, sequences, seconds, logs, config, checkpoints))
@@ -119,6 +124,7 @@ def train_and_evaluate(config: TrainConfig, train_data: TrainData, eval_data: Ev
                     if current % config.save_steps == 0 or stop.by:
                         _save(directory, checkpoints, step)
             if stop.by and not reached:
+                logging.debug("%s: saved step %d", stop.by, current)  # the command says so, with its status
                 return RunResult(logs.last_record, current, stop.by, directory)
             _finish(directory, logs, config, eval_data, step, checkpoints, reached)
             if stop.by:  # it came during the evaluation that reached the target: nothing to resume
@@ -176,11 +182,15 @@ class Stop:
                 signal.signal(number, handler)
 
 
-def _claim(directory: RunDirectory, config: TrainConfig, train_data: TrainData, eval_data: EvalData) -> dict:
+def _claim(directory: RunDirectory, config: TrainConfig, train_data: TrainData, eval_data: EvalData,
+           step: CompiledStep) -> dict:
     """Refuses a directory that holds another run, or this run on other data; records this one.
     Returns run.json as found."""
     refuse_other_output(directory.path, "a training run")
-    identity = {**config.identity(), **train_data.identity_settings()}
+    identity = {**config.identity(), **train_data.identity_settings(),
+                "rows_per_micro_batch": step.batching.rows_per_micro_batch}  # corrected on these replicas
+    if train_data.input_mode == "packed_online":  # another window makes other packs
+        identity["online_packing_window"] = config.batch.online_packing_window
     previous = directory.claim(identity, {"train_files": train_data.identity, "eval_files": eval_data.identity})
     if config.run.flags_text:
         directory.write_flags(config.run.flags_text)
@@ -219,7 +229,7 @@ def _start(logs: RunLogs, config: TrainConfig, train_data: TrainData, eval_data:
         logs.mlperf.run_parameters(config, step.batching, train_data.num_sequences)
     for note in config.rounding_notes(bool(eval_data.files)):
         logging.warning("%s", note)
-    for line in describe(config, step.batching):
+    for line in describe_run(config, step.batching):
         logging.info("%s", line)
     if not eval_data.files:
         logging.warning("this run does not evaluate (no eval files): its mllog.txt cannot pass the MLPerf "
