@@ -236,6 +236,7 @@ def test_data_made_again_is_named_before_the_settings_it_changes(tmp_path):
     with pytest.raises(RunError, match=r"holds another run \(seed differ\)"):
         run.claim({"packing_factor": 1.9, "seed": 2}, {"train_files": [["/moved/part-0.tfrecord", 100, "aa"]]})
     # A run.json that records fewer settings (another version wrote it) cannot be told apart.
+    (tmp_path / "other").mkdir()
     other = RunDirectory(str(tmp_path / "other"))
     other.claim({"seed": 1}, {"train_files": []})
     with pytest.raises(RunError, match=r"holds a run whose run.json records no packing_factor \(made by another "
