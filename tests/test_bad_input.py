@@ -217,3 +217,21 @@ def test_train_refuses_an_unwritable_output_dir(packed_dir, bert_config_file):
                      f"--input_file={packed_dir}/packed-*.tfrecord", f"--output_dir={UNWRITABLE}",
                      f"--max_seq_length={MAX_SEQ_LENGTH}", f"--max_predictions_per_seq={MAX_PREDICTIONS}")
     assert_one_line(result, "Operation not permitted")
+
+
+@pytest.mark.parametrize("script, flags", [
+    ("scripts/create_pretraining_data.py", ["--input_file", "--output_dir"]),
+    ("scripts/pack_pretraining_data.py", ["--input_files", "--output_dir"]),
+    ("run_pretraining.py", ["--input_files", "--output_dir", "--bert_config_file"]),
+    ("scripts/pick_eval_samples.py", ["--input_tfrecord", "--output_tfrecord"]),
+    ("bert_packed/cli/plan_packing.py", ["--histogram"]),
+])
+def test_an_unquoted_glob_the_shell_expanded_is_refused_with_a_hint(unpacked_dir, tmp_path, script, flags):
+    """`--input_files=DIR/part-*.tfrecord` unquoted: the shell gives the first file to the flag and
+    the others as arguments, which every command but compare_curves refuses, naming them."""
+    first, *others = tfrecords(unpacked_dir)
+    given = [f"{flags[0]}={first}", *(f"{flag}={tmp_path / 'out'}" for flag in flags[1:])]
+    result = command(script, *given, *others)
+    assert_one_line(result, f"unexpected argument {others[0]!r} ({len(others)} in all): this command takes flags "
+                            f"only. A glob the shell expanded? Quote it, as in --input_files='DIR/part-*.tfrecord'")
+    assert os.listdir(tmp_path) == []  # nothing written

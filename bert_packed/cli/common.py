@@ -54,7 +54,8 @@ _DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _DISK_FULL_TEXTS = ("No space left on device", "Disk quota exceeded", "File too large")
 
 
-def run(main: Callable[[list[str]], None], program: str, output_flag: str | tuple[str, ...], kept: str) -> None:
+def run(main: Callable[[list[str]], None], program: str, output_flag: str | tuple[str, ...], kept: str,
+        positional: bool = False) -> None:
     """Parses the flags and runs main(argv) (argv: the program and its positional arguments).
 
     Args:
@@ -63,6 +64,9 @@ def run(main: Callable[[list[str]], None], program: str, output_flag: str | tupl
       output_flag: the flag naming where the command writes (the first given, of several), for the
         full-disk message.
       kept: what survives a full disk, for the message ("Finished shards are kept", say).
+      positional: the command takes positional arguments; else one is refused, since it is most
+        often the rest of an unquoted glob the shell expanded (`--input_files=DIR/part-*` reads the
+        first file and leaves the others as arguments).
     """
 
     def parse(argv: list[str]) -> list[str]:
@@ -70,9 +74,13 @@ def run(main: Callable[[list[str]], None], program: str, output_flag: str | tupl
             print_help(main)
             sys.exit(0)
         try:
-            return flags.FLAGS(argv)
+            rest = flags.FLAGS(argv)
         except flags.Error as e:
             fail(program, e)
+        if len(rest) > 1 and not positional:
+            fail(program, f"unexpected argument {rest[1]!r} ({len(rest) - 1} in all): this command takes flags only. "
+                          f"A glob the shell expanded? Quote it, as in --input_files='DIR/part-*.tfrecord'")
+        return rest
 
     def guarded(argv: list[str]) -> None:
         counter = _configure_output(flags.FLAGS.verbosity)

@@ -74,7 +74,7 @@ def main(argv) -> None:
 
 
 def entry_point():
-    run(main, PROGRAM, "output", "The runs are untouched")
+    run(main, PROGRAM, "output", "The runs are untouched", positional=True)
 
 
 if __name__ == "__main__":
