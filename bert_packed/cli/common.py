@@ -69,19 +69,6 @@ def run(main: Callable[[list[str]], None], program: str, output_flag: str | tupl
         first file and leaves the others as arguments).
     """
 
-    def parse(argv: list[str]) -> list[str]:
-        if any(arg in ("-h", "--help", "--helpshort") for arg in argv[1:]):
-            print_help(main)
-            sys.exit(0)
-        try:
-            rest = flags.FLAGS(argv)
-        except flags.Error as e:
-            fail(program, e)
-        if len(rest) > 1 and not positional:
-            fail(program, f"unexpected argument {rest[1]!r} ({len(rest) - 1} in all): this command takes flags only. "
-                          f"A glob the shell expanded? Quote it, as in --input_files='DIR/part-*.tfrecord'")
-        return rest
-
     def guarded(argv: list[str]) -> None:
         counter = _configure_output(flags.FLAGS.verbosity)
         signal.signal(signal.SIGTERM, _terminated)  # the trainer's loop sets its own, and puts this back
@@ -113,12 +100,32 @@ def run(main: Callable[[list[str]], None], program: str, output_flag: str | tupl
                           f"space and run the same command again to continue")
 
     try:
-        app.run(guarded, flags_parser=parse)
+        app.run(guarded, flags_parser=_flags_parser(main, program, positional))
     except BrokenPipeError:
         # The reader went away (`| head`): nothing more to say. Python would report the pipe once
         # more when it flushes stdout at exit, so stdout goes to /dev/null first.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
+
+
+def _flags_parser(main: Callable[[list[str]], None], program: str, positional: bool) -> Callable:
+    """absl's flags parser for a command: --help prints its own flags; a bad flag, or an argument
+    where the command takes none, is one line."""
+
+    def parse(argv: list[str]) -> list[str]:
+        if any(arg in ("-h", "--help", "--helpshort") for arg in argv[1:]):
+            print_help(main)
+            sys.exit(0)
+        try:
+            rest = flags.FLAGS(argv)
+        except flags.Error as e:
+            fail(program, e)
+        if len(rest) > 1 and not positional:
+            fail(program, f"unexpected argument {rest[1]!r} ({len(rest) - 1} in all): this command takes flags only. "
+                          f"A glob the shell expanded? Quote it, as in --input_files='DIR/part-*.tfrecord'")
+        return rest
+
+    return parse
 
 
 class _Plain(logging.Formatter):
