@@ -79,7 +79,8 @@ def _graph_shape(setup: Setup, strategy) -> tuple:
     c, data = setup.config, setup.train_data
     shape = batching(c, data.input_mode, data.packing_factor, data.shapes.max_sequences_per_pack,
                      strategy.num_replicas_in_sync if strategy else 1)
-    return (repr(dataclasses.replace(c.model, init_checkpoint=None)), repr(c.optimizer), repr(shape), c.run.seed,
+    return (repr(dataclasses.replace(c.model, init_checkpoint=None)), repr(c.optimizer), repr(shape), data.input_mode,
+            c.run.seed,
             c.run.deterministic, id(strategy))
 
 

@@ -386,7 +386,6 @@ class Batching:
     """What one update holds, from the settings and the data together.
 
     Attributes:
-      input_mode: how the training data is read (resolved from the data when not given).
       rows_per_micro_batch: rows of one micro-batch, all replicas: train_batch_size, or with batch
         correction the packs that hold on average as many sequences as train_batch_size unpacked
         rows, a multiple of the replicas (which share it evenly). For example, 8 unpacked rows at
@@ -397,7 +396,6 @@ class Batching:
       betas: LAMB's betas as used (raised to the packing factor with adjust_betas_for_packing).
     """
 
-    input_mode: str
     rows_per_micro_batch: int
     steps_per_update: int
     packing_factor: float
@@ -434,7 +432,7 @@ def batching(config: TrainConfig, input_mode: str, packing_factor: float, max_se
     betas = (optimizer.lamb_beta_1, optimizer.lamb_beta_2)
     if optimizer.adjust_betas_for_packing:
         betas = adjusted_betas(*betas, packing_factor)
-    return Batching(input_mode, rows, data.steps_per_update, packing_factor, betas)
+    return Batching(rows, data.steps_per_update, packing_factor, betas)
 
 
 def eval_every_samples(config: TrainConfig, batch: Batching) -> int:
