@@ -120,6 +120,24 @@ def test_schedule_without_warmup_and_with_power():
         adjusted_betas(0.9, 0.999, 0.5)
 
 
+def test_a_compiled_schedule_takes_the_numbers_it_is_set_to():
+    """One traced graph serves any peak and length (what lets one compiled step serve any run)."""
+    import tensorflow as tf
+
+    schedule = PolynomialWarmup(1e-3, num_train_steps=1000, num_warmup_steps=100, steps_per_update=2)
+    rate = tf.function(schedule)
+    steps = (0, 20, 49, 50, 300, 600)
+    assert [float(rate(tf.constant(s))) for s in steps] == pytest.approx(
+        [0.0, 0.4e-3, 0.98e-3, 0.9e-3, 0.4e-3, 0.0], abs=1e-9)
+    schedule.set(2e-3, num_train_steps=400, num_warmup_steps=0, start_warmup_step=0)
+    fresh = PolynomialWarmup(2e-3, num_train_steps=400, steps_per_update=2)
+    assert [float(rate(tf.constant(s))) for s in steps] == [float(fresh(s)) for s in steps]
+    assert float(rate(tf.constant(50))) == pytest.approx(2e-3 * 0.75, abs=1e-9)
+    assert rate.experimental_get_tracing_count() == 1
+    with pytest.raises(ValueError, match="num_train_steps must be >= 1"):
+        schedule.set(1e-3, num_train_steps=0)
+
+
 def test_on_the_model_layernorm_and_biases_are_excluded_and_the_rest_decayed():
     from bert_packed.model import BertConfig, BertPretrainingModel
 

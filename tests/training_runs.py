@@ -16,13 +16,15 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import keras
 import pytest
+import tensorflow as tf
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, TINY
 
 from bert_packed.features import Shapes
 from bert_packed.model import BertConfig
 from bert_packed.training.checkpoints import Checkpoints
-from bert_packed.training.config import TrainConfig, batching, make_config, setting_names
+from bert_packed.training.config import PRECISIONS, TrainConfig, batching, make_config, setting_names
 from bert_packed.training.data import EvalData, TrainData, eval_pipeline
 from bert_packed.training.loop import evaluate_only, run_directory, train_and_evaluate
 from bert_packed.training.process import set_up_process
@@ -79,22 +81,41 @@ def _graph_shape(setup: Setup, strategy) -> tuple:
     c, data = setup.config, setup.train_data
     shape = batching(c, data.input_mode, data.packing_factor, data.shapes.max_sequences_per_pack,
                      strategy.num_replicas_in_sync if strategy else 1)
-    return (repr(dataclasses.replace(c.model, init_checkpoint=None)), repr(c.optimizer), repr(shape), data.input_mode,
-            c.run.seed,
-            c.run.deterministic, id(strategy))
+    schedule = dataclasses.replace(c.optimizer, learning_rate=0.0, num_train_steps=1, num_warmup_steps=0,
+                                   start_warmup_step=0)  # variables of the step (set_schedule)
+    return (repr(dataclasses.replace(c.model, init_checkpoint=None)), repr(schedule), repr(shape), data.input_mode,
+            c.run.seed, c.run.deterministic, id(strategy))
+
+
+def _set_up_unless_in_place(config: TrainConfig) -> None:
+    """The process set-up of `config` for a step built before, unless the process has it already.
+
+    Setting TensorFlow's seed clears its kernel cache, and each compiled function of every step
+    then costs about a second to instantiate again. A step built before needs no seed (its weights
+    and dropout's state come back from memory, and no graph of the package draws from a stateful
+    random op), only the same seed for the datasets' shuffles, determinism and precision.
+    """
+    # Only set_up_process sets the seed, and it enables op determinism with it, for good.
+    seeded = tf.compat.v1.random.get_seed(0)[0] == config.run.seed
+    in_place = ((seeded or not config.run.deterministic)
+                and keras.mixed_precision.global_policy().name == PRECISIONS[config.model.precision])
+    if not in_place:
+        set_up_process(config)
 
 
 def compiled_step(setup: Setup, strategy=None) -> CompiledStep:
     """A compiled step for `setup`, as new: one this process built before for its graph shape and
     no running test holds (put back as new), else a new one."""
-    set_up_process(setup.config)
     key = _graph_shape(setup, strategy)
     if _FREE.get(key):
+        _set_up_unless_in_place(setup.config)
         entry = _FREE[key].pop()
         step, state, loop = entry
         step.reset(state)
+        step.set_schedule(setup.config)
         step.update.loop = loop  # a test may have wrapped it
     else:
+        set_up_process(setup.config)
         step = CompiledStep(setup.config, setup.train_data, strategy)
         entry = (step, step.initial_state(), step.update.loop)
     _HELD.append((key, entry))

@@ -116,35 +116,53 @@ class PolynomialWarmup(keras.optimizers.schedules.LearningRateSchedule):
     start_warmup_step starts partway through warmup. Steps are the reference's micro-steps: called
     with the optimizer's update count u, the schedule is evaluated at u * steps_per_update.
 
+    init_lr and the three step counts are variables (`set` changes them), so one compiled update
+    serves runs of any length; power and steps_per_update are part of the graph.
+
     >>> schedule = PolynomialWarmup(1e-3, num_train_steps=100, num_warmup_steps=10)
     >>> [round(float(schedule(s)), 6) for s in (0, 5, 10, 55, 100)]
     [0.0, 0.0005, 0.0009, 0.00045, 0.0]
+    >>> schedule.set(1e-3, num_train_steps=50)
+    >>> [round(float(schedule(s)), 6) for s in (0, 5, 10, 55, 100)]
+    [0.001, 0.0009, 0.0008, 0.0, 0.0]
     """
 
     def __init__(self, init_lr, num_train_steps, num_warmup_steps=0, start_warmup_step=0, power=1.0,
                  steps_per_update=1):
         super().__init__()
-        if num_train_steps < 1 or num_warmup_steps < 0 or steps_per_update < 1:
-            raise SettingsError(f"num_train_steps and steps_per_update must be >= 1 and num_warmup_steps >= 0, "
-                                f"got {num_train_steps}, {steps_per_update} and {num_warmup_steps}")
-        self.init_lr = init_lr
-        self.num_train_steps = num_train_steps
-        self.num_warmup_steps = num_warmup_steps
-        self.start_warmup_step = start_warmup_step
+        if steps_per_update < 1:
+            raise SettingsError(f"steps_per_update must be >= 1, got {steps_per_update}")
         self.power = power
         self.steps_per_update = steps_per_update
+        self._values = {name: keras.Variable(0.0, dtype="float32", trainable=False, name=name)
+                        for name in ("init_lr", "num_train_steps", "num_warmup_steps", "start_warmup_step")}
+        self.set(init_lr, num_train_steps, num_warmup_steps, start_warmup_step)
+
+    def set(self, init_lr, num_train_steps, num_warmup_steps=0, start_warmup_step=0) -> None:
+        """Sets the peak learning rate and the step counts (raises SettingsError on impossible ones)."""
+        if num_train_steps < 1 or num_warmup_steps < 0:
+            raise SettingsError(f"num_train_steps must be >= 1 and num_warmup_steps >= 0, "
+                                f"got {num_train_steps} and {num_warmup_steps}")
+        values = dict(init_lr=init_lr, num_train_steps=num_train_steps, num_warmup_steps=num_warmup_steps,
+                      start_warmup_step=start_warmup_step)
+        for name, value in values.items():
+            self._values[name].assign(float(value))
 
     def __call__(self, step):
+        init_lr, total, warmup, start = (self._values[name] for name in (
+            "init_lr", "num_train_steps", "num_warmup_steps", "start_warmup_step"))
         step = ops.cast(step, "float32") * float(self.steps_per_update)
-        done = ops.minimum(step, float(self.num_train_steps)) / float(self.num_train_steps)
-        learning_rate = self.init_lr * ops.power(1.0 - done, self.power)
-        if self.num_warmup_steps:
-            warm = step - float(self.start_warmup_step)
-            warmup_rate = ops.maximum(self.init_lr * warm / float(self.num_warmup_steps), 0.0)
-            learning_rate = ops.where(warm < float(self.num_warmup_steps), warmup_rate, learning_rate)
-        return learning_rate
+        # Times the reciprocal: TensorFlow's graph optimizer computed a division by a constant so,
+        # and the rates stay those of the schedule's constants to the bit.
+        done = ops.minimum(step, total) * ops.reciprocal(total)
+        learning_rate = init_lr * ops.power(1.0 - done, self.power)
+        warm = step - start
+        # max(warmup, 1): without warmup the ratio is not selected, and stays finite.
+        warmup_rate = ops.maximum(init_lr * warm * ops.reciprocal(ops.maximum(warmup, 1.0)), 0.0)
+        return ops.where((warm < warmup) & (warmup > 0), warmup_rate, learning_rate)
 
     def get_config(self):
-        return {"init_lr": self.init_lr, "num_train_steps": self.num_train_steps,
-                "num_warmup_steps": self.num_warmup_steps, "start_warmup_step": self.start_warmup_step,
-                "power": self.power, "steps_per_update": self.steps_per_update}
+        values = {name: float(ops.convert_to_numpy(v)) for name, v in self._values.items()}
+        for name in ("num_train_steps", "num_warmup_steps", "start_warmup_step"):
+            values[name] = int(values[name])
+        return {**values, "power": self.power, "steps_per_update": self.steps_per_update}

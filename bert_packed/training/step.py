@@ -1,12 +1,13 @@
 """The compiled step: what is built once per graph shape and reused by every run of that shape.
 
 A graph shape is the model (its BERT config, precision, XLA, loss basis), the optimizer (its
-settings, schedule and betas), the tf.distribute strategy, and the micro-batch (rows, the
-micro-batches an update accumulates, the clip order). What a run adds (its data files, output
-directory, resume point, logs and cadences) is not part of it: bert_packed.training.loop runs
-a CompiledStep on them. So a run, an evaluation alone, a throughput benchmark and a test share
-one way of building and calling the compiled update, and a step built once serves several runs
-of one shape (`initial_state` and `reset` put it back as new).
+kind, betas, decay, epsilon and the schedule's power), the tf.distribute strategy, and the
+micro-batch (rows, the micro-batches an update accumulates, the clip order). What a run adds
+(its data files, output directory, resume point, logs and cadences, and the schedule's peak and
+lengths, which are variables) is not part of it: bert_packed.training.loop runs a CompiledStep
+on them. So a run, an evaluation alone, a throughput benchmark and a test share one way of
+building and calling the compiled update, and a step built once serves several runs of one
+shape (`initial_state` and `reset` put it back as new, `set_schedule` gives it a run's schedule).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from bert_packed.training.config import TrainConfig, batching
 from bert_packed.training.data import TrainData
 from bert_packed.training.losses import metrics_from_sums, pretraining_sums
 from bert_packed.training.process import check_process_set_up
-from bert_packed.training.update import Update, make_optimizer
+from bert_packed.training.update import Update, make_optimizer, make_schedule
 
 
 class CompiledStep:
@@ -38,6 +39,7 @@ class CompiledStep:
       batching: what one update holds (config.Batching: rows, accumulation, betas, eval cadence).
       strategy: the tf.distribute strategy.
       model: the BertPretrainingModel.
+      schedule: the learning-rate schedule (optimizers.PolynomialWarmup).
       optimizer: its optimizer (a LossScaleOptimizer with fp16).
       update: the compiled update (update.loop).
       step, sequences: micro-steps done and sequences seen (checkpointed).
@@ -54,7 +56,8 @@ class CompiledStep:
         with strategy.scope():
             self.model = BertPretrainingModel(config.model.bert)
             self.model.build()
-            self.optimizer = make_optimizer(config, self.batching)
+            self.schedule = make_schedule(config, self.batching)
+            self.optimizer = make_optimizer(config, self.batching, self.schedule)
             self.optimizer.build(self.model.trainable_variables)
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
             self.sequences = tf.Variable(0, dtype=tf.int64, trainable=False, name="sequences")
@@ -108,6 +111,11 @@ class CompiledStep:
     def initial_state(self) -> list[np.ndarray]:
         """Every variable's value now (weights, optimizer slots, dropout's state, counters)."""
         return [v.numpy() for v in self._variables()]
+
+    def set_schedule(self, config: TrainConfig) -> None:
+        """Gives the step the learning-rate schedule of `config` (its peak and step counts)."""
+        o = config.optimizer
+        self.schedule.set(o.learning_rate, o.num_train_steps, o.num_warmup_steps, o.start_warmup_step)
 
     def reset(self, state: list[np.ndarray]) -> None:
         """Puts back every variable's value of `state` (from initial_state): the step is then as

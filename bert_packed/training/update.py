@@ -30,13 +30,18 @@ SUM_KEYS = ("mlm_nll", "mlm_predictions", "mlm_correct", "mlm_sequence_nll", "ml
 CLIP_NORM = 1.0
 
 
-def make_optimizer(config: TrainConfig, batching: Batching):
-    """LAMB or AdamW with the reference schedule and the run's betas (adjusted for packing if
-    asked), without a clip of its own; inside a LossScaleOptimizer with fp16."""
+def make_schedule(config: TrainConfig, batching: Batching) -> PolynomialWarmup:
+    """The reference learning-rate schedule of the run, in micro-steps."""
+    o = config.optimizer
+    return PolynomialWarmup(o.learning_rate, o.num_train_steps, o.num_warmup_steps, o.start_warmup_step,
+                            o.poly_power, batching.steps_per_update)
+
+
+def make_optimizer(config: TrainConfig, batching: Batching, schedule: PolynomialWarmup):
+    """LAMB or AdamW on `schedule` with the run's betas (adjusted for packing if asked), without a
+    clip of its own; inside a LossScaleOptimizer with fp16."""
     o = config.optimizer
     beta_1, beta_2 = batching.betas
-    schedule = PolynomialWarmup(o.learning_rate, o.num_train_steps, o.num_warmup_steps, o.start_warmup_step,
-                                o.poly_power, batching.steps_per_update)
     kind = {"lamb": Lamb, "adamw": AdamWeightDecay}[o.optimizer]
     optimizer = kind(schedule, beta_1=beta_1, beta_2=beta_2, epsilon=o.epsilon,
                      weight_decay_rate=o.lamb_weight_decay_rate)
