@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, TINY, tfrecords
+from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, TINY, run_command, tfrecords
 from training_runs import assert_same_evaluation, config, make_trainer, read_log, weights
 
 from bert_packed.dataset_info import read_dataset_info
@@ -175,6 +175,7 @@ def test_reaching_the_target_stops_the_run_and_logs_it(packed_dir, unpacked_dir,
 
 
 def run_cli(*args):
+    """run_pretraining.py in a subprocess: the command's smoke test."""
     return subprocess.run([sys.executable, os.path.join(REPO, "run_pretraining.py"), *args],
                           capture_output=True, text=True, timeout=600, cwd=REPO)
 
@@ -244,13 +245,12 @@ def test_the_online_packing_window_is_bounded_for_training_and_evaluation():
             part(window)
 
 
-@pytest.mark.slow
 def test_cli_batch_correction_takes_packs_for_the_unpacked_rows(packed_dir, bert_config_file, tmp_path):
     out = tmp_path / "run"
-    result = run_cli(f"--bert_config_file={bert_config_file}", f"--input_files={packed_dir}/packed-*.tfrecord",
-                     f"--output_dir={out}", "--max_seq_length=128", "--max_predictions_per_seq=20",
-                     "--train_batch_size=12", "--steps_per_update=2", "--num_train_steps=2",
-                     "--adjust_batch_for_packing")
+    result = run_command("run_pretraining", f"--bert_config_file={bert_config_file}",
+                         f"--input_files={packed_dir}/packed-*.tfrecord", f"--output_dir={out}", "--max_seq_length=128",
+                         "--max_predictions_per_seq=20", "--train_batch_size=12", "--steps_per_update=2",
+                         "--num_train_steps=2", "--adjust_batch_for_packing")
     assert result.returncode == 0, result.stderr[-3000:]
     packing_factor = read_dataset_info(packed_dir).packing_factor
     packs = round(12 / packing_factor)
@@ -274,12 +274,11 @@ def test_cli_batch_correction_takes_packs_for_the_unpacked_rows(packed_dir, bert
     (["--adjust_batch_for_packing", "--input_mode=bucketed"], "--adjust_batch_for_packing needs packed data"),
     (["--num_warmup_steps=50"], "--num_warmup_steps=50 exceeds --num_train_steps=2"),
 ])
-@pytest.mark.slow
 def test_cli_flags_that_disagree_stop_before_any_work(packed_dir, bert_config_file, tmp_path, flags, message):
     out = tmp_path / "run"
-    result = run_cli(f"--bert_config_file={bert_config_file}", f"--input_files={packed_dir}/packed-*.tfrecord",
-                     f"--output_dir={out}", "--max_seq_length=128", "--max_predictions_per_seq=20",
-                     "--num_train_steps=2", *flags)
+    result = run_command("run_pretraining", f"--bert_config_file={bert_config_file}",
+                         f"--input_files={packed_dir}/packed-*.tfrecord", f"--output_dir={out}", "--max_seq_length=128",
+                         "--max_predictions_per_seq=20", "--num_train_steps=2", *flags)
     assert result.returncode == 2
     assert message in result.stderr.strip().splitlines()[-1]
     assert not out.exists()
