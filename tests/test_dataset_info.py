@@ -3,11 +3,9 @@
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
-from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, REPO, tfrecords
+from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, run_command, tfrecords
 
 from bert_packed.dataset_info import (
     DataFile,
@@ -61,7 +59,6 @@ def test_write_is_atomic_and_round_trips(tmp_path):
     assert read_dataset_info(str(tmp_path / "missing")) is None
 
 
-@pytest.mark.slow
 def test_a_packed_eval_set_of_one_sequence_per_pack_is_read_as_packed(unpacked_dir, packed_dir, bert_config_file,
                                                                        tmp_path):
     """Depth 1 does not make packed data unpacked: the eval set is parsed with the packed keys."""
@@ -70,12 +67,10 @@ def test_a_packed_eval_set_of_one_sequence_per_pack_is_read_as_packed(unpacked_d
                              PackSettings(Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, 1), "lpfhp"), num_workers=1)
     assert read_dataset_info(str(eval_dir)).packed and read_dataset_info(str(eval_dir)).packing_factor == 1.0
     out = tmp_path / "run"
-    result = subprocess.run(
-        [sys.executable, os.path.join(REPO, "run_pretraining.py"), f"--bert_config_file={bert_config_file}",
-         f"--input_files={packed_dir}/packed-*.tfrecord", f"--eval_files={eval_dir}/packed-*.tfrecord",
-         f"--output_dir={out}", "--max_seq_length=128", "--max_predictions_per_seq=20", "--train_batch_size=4",
-         "--num_train_steps=1", "--eval_every_samples=0"],
-        capture_output=True, text=True, timeout=600, cwd=REPO)
+    result = run_command("run_pretraining", f"--bert_config_file={bert_config_file}",
+                         f"--input_files={packed_dir}/packed-*.tfrecord", f"--eval_files={eval_dir}/packed-*.tfrecord",
+                         f"--output_dir={out}", "--max_seq_length=128", "--max_predictions_per_seq=20",
+                         "--train_batch_size=4", "--num_train_steps=1", "--eval_every_samples=0")
     assert result.returncode == 0, result.stderr[-3000:]
     [evaluation] = [json.loads(line) for line in open(out / "eval_log.jsonl")]
     assert evaluation["num_sequences"] == read_dataset_info(str(eval_dir)).num_sequences

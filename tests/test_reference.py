@@ -199,14 +199,14 @@ def test_reference_flags_that_cannot_work_stop_before_anything_is_written(refere
     assert not out.exists()
 
 
-@pytest.mark.slow  # trains or evaluates in a subprocess
-def test_a_micro_step_count_is_the_reference_s(reference, tmp_path):
+def test_a_micro_step_count_is_the_reference_s(reference_inputs, tmp_path):
     """--steps_per_update=2: num_train_steps, warmup and the checkpoint cadence count micro-steps."""
     out = tmp_path / "run"
-    result = command("run_pretraining.py", f"--bert_config_file={reference}/bert_config.json",
-                     f"--input_file={reference}/tfrecords/part*", f"--output_dir={out}", f"--max_seq_length={L}",
-                     f"--max_predictions_per_seq={P}", "--train_batch_size=4", "--steps_per_update=2",
-                     "--num_train_steps=8", "--num_warmup_steps=4", "--learning_rate=1e-3", "--save_checkpoints_steps=4")
+    result = run_command("run_pretraining", f"--bert_config_file={reference_inputs}/bert_config.json",
+                         f"--input_file={reference_inputs}/tfrecords/part*", f"--output_dir={out}",
+                         f"--max_seq_length={L}", f"--max_predictions_per_seq={P}", "--train_batch_size=4",
+                         "--steps_per_update=2", "--num_train_steps=8", "--num_warmup_steps=4", "--learning_rate=1e-3",
+                         "--save_checkpoints_steps=4")
     assert result.returncode == 0, result.stderr[-3000:]
     log = [json.loads(line) for line in open(out / "train_log.jsonl")]
     assert [r["step"] for r in log] == [2, 4, 6, 8]  # 4 updates of 2 micro-steps
