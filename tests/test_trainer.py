@@ -380,16 +380,24 @@ def test_init_checkpoint_and_a_corrupt_checkpoint(packed_dir, tmp_path, caplog):
                                   source.embeddings.word_embeddings.numpy())
     data_file = next(p for p in (tmp_path / "run" / "checkpoints").iterdir() if ".data-" in p.name)
     data_file.write_bytes(data_file.read_bytes()[:100])
-    # The only checkpoint does not restore: the run starts over (from init_checkpoint), saying so.
-    restarted = make_trainer(config(tmp_path / "run", tfrecords(packed_dir), init_checkpoint=path, num_train_steps=2,
-                                    learning_rate=0.0))
-    restarted.train()
+    # The only checkpoint does not restore: the run stops, naming it, and leaves its logs as they are.
+    with pytest.raises(TrainingError, match=rf"^{tmp_path}/run/checkpoints: no checkpoint restores: ckpt-1 \(.+\)\. "
+                                            r"Stopped rather than start over .* give "
+                                            r"--start_over_if_no_checkpoint_restores to train from step 0$"):
+        make_trainer(config(tmp_path / "run", tfrecords(packed_dir), init_checkpoint=path, num_train_steps=2,
+                            learning_rate=0.0)).train()
     assert re.search(r"checkpoints/ckpt-1: cannot restore this checkpoint \(.*\); trying an older one", caplog.text)
-    assert "no checkpoint of " in caplog.text and "restores (ckpt-1): starting over from step 0" in caplog.text
+    assert [r["step"] for r in read_log(tmp_path / "run" / "train_log.jsonl")] == [1]
+    # Asked to, it starts over (from init_checkpoint), saying so.
+    restarted = make_trainer(config(tmp_path / "run", tfrecords(packed_dir), init_checkpoint=path, num_train_steps=2,
+                                    learning_rate=0.0, start_over_if_no_checkpoint_restores=True))
+    restarted.train()
+    assert re.search(r"no checkpoint of \S+ restores \(ckpt-1 \(.+\)\): starting over from step 0, as "
+                     r"--start_over_if_no_checkpoint_restores asks", caplog.text)
     assert [r["step"] for r in read_log(tmp_path / "run" / "train_log.jsonl")] == [1, 2]
     np.testing.assert_array_equal(restarted.model.embeddings.word_embeddings.numpy(),
                                   source.embeddings.word_embeddings.numpy())
-    # Step 2's checkpoint damaged too: the run starts over again and writes it anew, whole.
+    # Step 2's checkpoint damaged too: the run, asked to, starts over again and writes it anew, whole.
     from bert_packed.training.checkpoints import _unreadable
 
     newest = tmp_path / "run" / "checkpoints" / "ckpt-2"
@@ -397,7 +405,7 @@ def test_init_checkpoint_and_a_corrupt_checkpoint(packed_dir, tmp_path, caplog):
     data_file.write_bytes(data_file.read_bytes()[:100])
     assert _unreadable(str(newest)) is not None
     make_trainer(config(tmp_path / "run", tfrecords(packed_dir), init_checkpoint=path, num_train_steps=2,
-                        learning_rate=0.0)).train()
+                        learning_rate=0.0, start_over_if_no_checkpoint_restores=True)).train()
     assert _unreadable(str(newest)) is None
     assert [r["step"] for r in read_log(tmp_path / "run" / "train_log.jsonl")] == [1, 2]
 

@@ -87,6 +87,9 @@ flags.DEFINE_integer("num_gpus", 0, "GPUs: more than 1 mirrors over that many (-
                                     "checked against the GPUs visible.")
 flags.DEFINE_integer("steps_per_update", BatchConfig.steps_per_update, "Micro-batches accumulated into one update.")
 flags.DEFINE_integer("keep_checkpoint_max", RunConfig.keep_checkpoint_max, "Checkpoints kept.")
+flags.DEFINE_bool("start_over_if_no_checkpoint_restores", RunConfig.start_over_if_no_checkpoint_restores,
+                  "When --output_dir holds checkpoints and none restores, train from step 0, emptying the run's "
+                  "logs; without it the run stops, naming them (a storage error may pass: run again first).")
 flags.DEFINE_float("lamb_weight_decay_rate", OptimizerConfig.lamb_weight_decay_rate, "Weight decay inside the update.")
 flags.DEFINE_float("lamb_beta_1", OptimizerConfig.lamb_beta_1, "beta_1 (before any packing adjustment).")
 flags.DEFINE_float("lamb_beta_2", OptimizerConfig.lamb_beta_2, "beta_2 (before any packing adjustment).")
@@ -154,7 +157,8 @@ HELP_GROUPS = {
     "evaluation": ["do_train", "do_eval", "eval_batch_size", "eval_every_samples", "max_eval_steps",
                    "target_mlm_accuracy"],
     "run, checkpoints and logs": ["output_dir", "seed", "deterministic", "save_checkpoints_steps",
-                                  "keep_checkpoint_max", "iterations_per_loop", "log_every_steps"],
+                                  "keep_checkpoint_max", "iterations_per_loop", "log_every_steps",
+                                  "start_over_if_no_checkpoint_restores"],
     "distribution": ["distribution_strategy", "num_gpus", "use_tpu", "tpu_name", "tpu", "tpu_zone", "gcp_project",
                      "master", "num_tpu_cores"],
     "MLPerf logging": ["submission_division", "submission_org", "submission_platform", "submission_status"],

@@ -14,7 +14,9 @@ and checkpoints beyond keep_checkpoint_max are deleted, oldest first.
 Restoring lists the directory (never a pattern, so any path works) and tries the checkpoints
 newest first. Each is read whole before anything is assigned (every tensor's checksum is
 checked), so a damaged one, say a torn .index, is passed over with one line and leaves the model
-untouched; when none restores, the run starts over, said in one line.
+untouched. When checkpoints are there and none restores, the run stops with one line naming them:
+on a bucket a read can fail and succeed when tried again, and starting over would empty the
+run's logs. Starting over is then the user's call (--start_over_if_no_checkpoint_restores).
 """
 
 from __future__ import annotations
@@ -121,7 +123,8 @@ class Checkpoints:
             f'all_model_checkpoint_paths: "ckpt-{step}"' for step in reversed(steps)]
         files.write_text_atomically(os.path.join(self.directory, "checkpoint"), "\n".join(lines) + "\n")
 
-    def restore(self, agree=lambda newest, can_restore: newest) -> str | None:
+    def restore(self, agree=lambda newest, can_restore: newest, any_worker=lambda flag: flag,
+                start_over: bool = False) -> str | None:
         """Restores the newest checkpoint that reads whole; returns its path, or None when there is
         none (then nothing is assigned: the run starts from its initial weights).
 
@@ -129,16 +132,20 @@ class Checkpoints:
           agree: (this process's newest readable step, 0 for none; can_restore(step) -> bool) ->
             the step to restore. Several workers each read their own checkpoints, and a kill can
             come between two workers' saves: they agree on a step all of them can restore (0:
-            start over).
+            none).
+          any_worker: whether a flag holds on any worker (distribution.on_any_worker).
+          start_over: when checkpoints are there and none restores, return None (start over)
+            instead of raising.
 
         Raises:
-          TrainingError: a checkpoint read whole does not fit the run's objects.
+          TrainingError: checkpoints are there (on any worker) and none restores, unless
+            `start_over`; or a checkpoint read whole does not fit the run's objects.
         """
         problems, readable = [], []
         for step in self.steps():
             problem = _unreadable(self.path(step))
             if problem:
-                problems.append(self.path(step))
+                problems.append(f"{os.path.basename(self.path(step))} ({problem})")
                 logging.warning("%s: cannot restore this checkpoint (%s); trying an older one", self.path(step),
                                 problem)
                 continue
@@ -148,9 +155,15 @@ class Checkpoints:
         step = agree(newest, lambda step: step == newest or (step in self.steps()
                                                               and _unreadable(self.path(step)) is None))
         if not step:
-            if problems:
-                logging.warning("no checkpoint of %s restores (%s): starting over from step 0", self.directory,
-                                ", ".join(os.path.basename(p) for p in problems))
+            if any_worker(bool(self.steps())):
+                why = ", ".join(problems) or "the workers hold no checkpoint in common"
+                if not start_over:
+                    raise TrainingError(
+                        f"{self.directory}: no checkpoint restores: {why}. Stopped rather than start over and "
+                        f"empty the run's logs: run again if the cause may pass (a storage error), or give "
+                        f"--start_over_if_no_checkpoint_restores to train from step 0")
+                logging.warning("no checkpoint of %s restores (%s): starting over from step 0, as "
+                                "--start_over_if_no_checkpoint_restores asks", self.directory, why)
             return None
         path = self.path(step)
         try:

@@ -261,6 +261,8 @@ class RunConfig:
       iterations_per_loop: micro-steps run in one compiled call, without host reads; logs,
         checkpoints and evaluations happen between calls.
       log_every_steps: a progress line every this many micro-steps.
+      start_over_if_no_checkpoint_restores: when the run's checkpoints are there and none
+        restores, train from step 0 (emptying the logs) instead of stopping.
       submission_org, submission_platform, submission_division, submission_status: the MLPerf
         submission fields of mllog.txt.
       flags_text: the command line that started the run, recorded in flags.txt once the output
@@ -274,6 +276,7 @@ class RunConfig:
     keep_checkpoint_max: int = changeable(5)
     iterations_per_loop: int = changeable(1)
     log_every_steps: int = changeable(10)
+    start_over_if_no_checkpoint_restores: bool = changeable(False)
     submission_org: str = changeable("unsubmitted")
     submission_platform: str = changeable("unsubmitted")
     submission_division: str = changeable("closed")

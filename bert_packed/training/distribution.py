@@ -36,7 +36,7 @@ def common_step(strategy: tf.distribute.Strategy, newest: int, can_restore) -> i
         return strategy.gather(strategy.run(lambda: tf.reshape(tf.identity(value), [1])), axis=0)
 
     step = int(gather(tf.constant(newest, tf.int64)).numpy().min())
-    # Every worker must hold that step (one ahead may have deleted an old one): else all start over.
+    # Every worker must hold that step (one ahead may have deleted an old one): else none (0).
     held = step == 0 or can_restore(step)
     return step if all(gather(tf.constant(int(held), tf.int64)).numpy()) else 0
 

@@ -205,7 +205,9 @@ def _resume(directory: RunDirectory, config: TrainConfig, step: CompiledStep, ch
     to it; returns whether the run had finished (then nothing changes)."""
     checkpoints.clean_up()
     files.remove_leftovers(directory.path)
-    resumed = checkpoints.restore(lambda newest, can_restore: common_step(step.strategy, newest, can_restore))
+    resumed = checkpoints.restore(lambda newest, can_restore: common_step(step.strategy, newest, can_restore),
+                                  lambda flag: on_any_worker(step.strategy, flag),
+                                  config.run.start_over_if_no_checkpoint_restores)
     current = int(step.step.numpy())
     if resumed:
         logging.info("resumed from %s at step %d", resumed, current)
