@@ -235,3 +235,43 @@ def test_an_unquoted_glob_the_shell_expanded_is_refused_with_a_hint(unpacked_dir
     assert_one_line(result, f"unexpected argument {others[0]!r} ({len(others)} in all): this command takes flags "
                             f"only. A glob the shell expanded? Quote it, as in --input_files='DIR/part-*.tfrecord'")
     assert os.listdir(tmp_path) == []  # nothing written
+
+
+def test_every_command_reads_a_set_of_files_once(corpus, create_args, unpacked_dir, packed_dir, bert_config_file,
+                                                 tmp_path):
+    """A file matched by two globs or spelled two ways, a copy of a file, an empty file: refused
+    by every command before any work; and no training file is an eval file, by path or content."""
+    import shutil
+
+    shard = tfrecords(packed_dir)[0]
+    copy = tmp_path / "copy.tfrecord"
+    shutil.copy(shard, copy)
+    empty = tmp_path / "empty.tfrecord"
+    empty.write_bytes(b"")
+    run = ["run_pretraining.py", f"--bert_config_file={bert_config_file}", f"--output_dir={tmp_path / 'run'}",
+           f"--max_seq_length={MAX_SEQ_LENGTH}", f"--max_predictions_per_seq={MAX_PREDICTIONS}", "--num_train_steps=1"]
+    for given, message in [
+        (f"{packed_dir}/packed-*.tfrecord,{shard}", f"--input_file: {shard} is matched twice ('{packed_dir}/packed-*"
+                                                    f".tfrecord' gives {shard}, '{shard}' gives it again)"),
+        (f"{shard},{os.path.dirname(shard)}/../{os.path.basename(packed_dir)}/{os.path.basename(shard)}",
+         "is matched twice"),
+        (f"{shard},{copy}", f"--input_file: {shard} and {copy} hold the same bytes (a copy?)"),
+        (f"{shard},{empty}", f"--input_file: {empty} is empty"),
+    ]:
+        assert_one_line(command(*run, f"--input_files={given}"), message)
+    assert_one_line(command(*run, f"--input_files={packed_dir}/packed-*.tfrecord", f"--eval_files={shard}"),
+                    f"--eval_files: {shard} is given by --input_file too; the eval set is never training input")
+    assert_one_line(command(*run, f"--input_files={packed_dir}/packed-*.tfrecord", f"--eval_files={copy}"),
+                    f"--eval_files: {copy} holds the same bytes as {shard}, given by --input_file too")
+    assert not (tmp_path / "run").exists()
+    # The data tools: the same text file twice would hold out different documents in each copy.
+    text = corpus[0]
+    result = command("scripts/create_pretraining_data.py", *[a for a in create_args if "input_file" not in a],
+                     f"--input_file={text},{text}", f"--output_dir={tmp_path / 'created'}")
+    assert_one_line(result, f"--input_file: {text} is matched twice")
+    part = tfrecords(unpacked_dir)[0]
+    result = command("scripts/pack_pretraining_data.py", f"--input_files={part},{unpacked_dir}/part-*.tfrecord",
+                     f"--output_dir={tmp_path / 'packed'}", f"--max_seq_length={MAX_SEQ_LENGTH}",
+                     f"--max_predictions_per_seq={MAX_PREDICTIONS}")
+    assert_one_line(result, f"--input_files: {part} is matched twice")
+    assert not (tmp_path / "created").exists() and not (tmp_path / "packed").exists()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import hashlib
 import logging
 import os
 import re
@@ -31,6 +32,7 @@ from typing import NoReturn
 from absl import app, flags
 
 from bert_packed import files
+from bert_packed.dataset_info import file_identity
 from bert_packed.errors import InputFilesError, UserError
 
 # Interrupted by SIGINT (Ctrl-C): the shell's 128 + 2.
@@ -231,16 +233,20 @@ def is_disk_full(error: BaseException) -> bool:
 
 
 def expand_globs(patterns: str | list[str], what: str) -> list[str]:
-    """Comma-separated globs (or a list of them) -> sorted files; every pattern must match.
+    """Comma-separated globs (or a list of them) -> the files they name, as a set: each pattern's
+    matches sorted, in the patterns' order. Every datum is read once: a file matched twice (by
+    two patterns, or spelled two ways), two files of the same content (a copy), and an empty file
+    are refused before any work.
 
     Raises:
-      InputFilesError: naming the pattern that matches nothing.
+      InputFilesError: naming the pattern that matches nothing, the file matched twice and both
+        patterns, the two files of one content, or the empty file.
     """
     if isinstance(patterns, str):
         patterns = [p for p in patterns.split(",") if p.strip()]
     if not patterns:
         raise InputFilesError(f"{what}: no files given")
-    found = []
+    found, matched_by = [], {}
     for pattern in patterns:
         try:
             matches = files.glob(pattern.strip())
@@ -248,5 +254,62 @@ def expand_globs(patterns: str | list[str], what: str) -> list[str]:
             raise InputFilesError(f"{what}: {pattern!r}: {str(e).splitlines()[0]}") from None
         if not matches:
             raise InputFilesError(f"{what}: {pattern!r} matches no file")
-        found.extend(matches)
+        for path in matches:
+            key = _same_file_key(path)
+            if key in matched_by:
+                first_path, first_pattern = matched_by[key]
+                raise InputFilesError(f"{what}: {path} is matched twice ({first_pattern!r} gives {first_path}, "
+                                      f"{pattern!r} gives it again); every file is read once: give it once")
+            matched_by[key] = (path, pattern)
+            found.append(path)
+    by_content = {}
+    for path in found:
+        if "://" not in path and not os.path.isfile(path):
+            continue  # a device or a broken link: the command that reads it names what it is
+        key = _content_key(path)
+        if key[0] == 0:
+            raise InputFilesError(f"{what}: {path} is empty")
+        if key in by_content and _same_bytes(by_content[key], path):
+            raise InputFilesError(f"{what}: {by_content[key]} and {path} hold the same bytes (a copy?); every datum "
+                                  f"is read once: give one of them")
+        by_content.setdefault(key, path)
     return found
+
+
+def require_disjoint(first: list[str], first_what: str, second: list[str], second_what: str) -> None:
+    """Raises InputFilesError when a file of `second` is one of `first` (by path or content): the
+    eval set is never training input."""
+    by_path = {_same_file_key(path): path for path in first}
+    by_content = {_content_key(path): path for path in first if "://" in path or os.path.isfile(path)}
+    for path in second:
+        other = by_path.get(_same_file_key(path))
+        key = _content_key(path) if "://" in path or os.path.isfile(path) else None
+        if other is None and key in by_content and _same_bytes(by_content[key], path):
+            other = by_content[key]
+        if other is not None:
+            same = "is" if _same_file_key(other) == _same_file_key(path) else f"holds the same bytes as {other},"
+            raise InputFilesError(f"{second_what}: {path} {same} given by {first_what} too; the eval set is never "
+                                  f"training input: give disjoint files")
+
+
+def _same_file_key(path: str) -> str:
+    """One spelling of a file (local paths resolved: links, `..`, a relative path)."""
+    return path if "://" in path else os.path.realpath(path)
+
+
+def _content_key(path: str) -> tuple[int, str]:
+    """(size, hash of the first 64 KiB): files whose keys differ differ."""
+    identity = file_identity(path)
+    return identity["bytes"], identity["head"]
+
+
+def _same_bytes(first: str, second: str) -> bool:
+    """Whether two files of one content key hold the same bytes (all of them read)."""
+    def whole(path):
+        digest = hashlib.sha256()
+        with files.open_file(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        return digest.digest()
+
+    return whole(first) == whole(second)

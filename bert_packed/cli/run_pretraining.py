@@ -17,7 +17,14 @@ import math
 
 from absl import flags
 
-from bert_packed.cli.common import EXIT_INTERRUPTED, command_flags_text, exit_with, expand_globs, run
+from bert_packed.cli.common import (
+    EXIT_INTERRUPTED,
+    command_flags_text,
+    exit_with,
+    expand_globs,
+    require_disjoint,
+    run,
+)
 from bert_packed.errors import SettingsError
 from bert_packed.features import EVAL_INPUT_MODES, INPUT_MODES, Shapes
 from bert_packed.run_directory import EVAL_RESULTS, RunDirectory
@@ -269,7 +276,10 @@ def build_config():
     eval_data = data.EvalData()
     if eval_pattern:
         flag = "--eval_files" if FLAGS.eval_files else "--input_file"
-        eval_data = data.eval_data(expand_globs(eval_pattern, flag), flag, shapes, config)
+        eval_files = expand_globs(eval_pattern, flag)
+        if FLAGS.do_train and FLAGS.eval_files:
+            require_disjoint(input_files, "--input_file", eval_files, flag)
+        eval_data = data.eval_data(eval_files, flag, shapes, config)
     return config, train_data, eval_data
 
 
