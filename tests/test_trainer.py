@@ -408,6 +408,14 @@ def test_init_checkpoint_and_a_corrupt_checkpoint(packed_dir, tmp_path, caplog):
                         learning_rate=0.0, start_over_if_no_checkpoint_restores=True)).train()
     assert _unreadable(str(newest)) is None
     assert [r["step"] for r in read_log(tmp_path / "run" / "train_log.jsonl")] == [1, 2]
+    # Every .index gone: the state file says a checkpoint was whole once, so the run stops too.
+    for index in newest.parent.glob("*.index"):
+        index.unlink()
+    with pytest.raises(TrainingError, match=r"no checkpoint restores: the state file `checkpoint` is there, but no "
+                                            r"ckpt-N.index beside it\. Stopped"):
+        make_trainer(config(tmp_path / "run", tfrecords(packed_dir), init_checkpoint=path, num_train_steps=2,
+                            learning_rate=0.0)).train()
+    assert [r["step"] for r in read_log(tmp_path / "run" / "train_log.jsonl")] == [1, 2]
 
 
 def test_the_end_of_a_run_evaluates_at_the_last_step_and_exports_its_weights(packed_dir, unpacked_dir, tmp_path):

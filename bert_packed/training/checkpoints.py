@@ -155,8 +155,12 @@ class Checkpoints:
         step = agree(newest, lambda step: step == newest or (step in self.steps()
                                                               and _unreadable(self.path(step)) is None))
         if not step:
-            if any_worker(bool(self.steps())):
-                why = ", ".join(problems) or "the workers hold no checkpoint in common"
+            # The state file is written once a save is complete: with it, a checkpoint was whole once.
+            if any_worker(bool(self.steps()) or files.exists(os.path.join(self.directory, "checkpoint"))):
+                why = ", ".join(problems) or (
+                    f"{os.path.basename(self.path(newest))} restores here, but not on every worker (another worker's "
+                    f"are damaged or of other steps: its own line names them)" if newest else
+                    "the state file `checkpoint` is there, but no ckpt-N.index beside it")
                 if not start_over:
                     raise TrainingError(
                         f"{self.directory}: no checkpoint restores: {why}. Stopped rather than start over and "
