@@ -6,6 +6,7 @@ return, without starting one.
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -255,7 +256,8 @@ def test_every_command_reads_a_set_of_files_once(corpus, create_args, unpacked_d
                                                     f".tfrecord' gives {shard}, '{shard}' gives it again)"),
         (f"{shard},{os.path.dirname(shard)}/../{os.path.basename(packed_dir)}/{os.path.basename(shard)}",
          "is matched twice"),
-        (f"{shard},{copy}", f"--input_file: {shard} and {copy} hold the same bytes (a copy?)"),
+        (f"{shard},{copy}", f"--input_file: {shard} and {copy} hold the same bytes (a copy, or one file linked "
+                            f"twice)"),
         (f"{shard},{empty}", f"--input_file: {empty} is empty"),
     ]:
         assert_one_line(command(*run, f"--input_files={given}"), message)
@@ -275,3 +277,29 @@ def test_every_command_reads_a_set_of_files_once(corpus, create_args, unpacked_d
                      f"--max_predictions_per_seq={MAX_PREDICTIONS}")
     assert_one_line(result, f"--input_files: {part} is matched twice")
     assert not (tmp_path / "created").exists() and not (tmp_path / "packed").exists()
+
+
+def test_a_set_of_files_tells_copies_from_files_that_only_begin_alike(tmp_path):
+    """Size and the first 64 KiB only point at a copy: it is confirmed whole, against every file
+    that begins alike; devices and directories are refused before any work."""
+    from bert_packed.cli.common import expand_globs, require_disjoint
+    from bert_packed.errors import InputFilesError
+
+    a = np.random.default_rng(0).integers(0, 256, 100_000, dtype=np.uint8).tobytes()
+    b = a[:-1] + bytes([a[-1] ^ 1])  # the same size and first 64 KiB, another last byte
+    for name, content in (("a", a), ("b", b), ("c", b)):
+        (tmp_path / name).write_bytes(content)
+    assert expand_globs(f"{tmp_path}/a,{tmp_path}/b", "--x") == [f"{tmp_path}/a", f"{tmp_path}/b"]
+    with pytest.raises(InputFilesError, match=rf"^--x: {tmp_path}/b and {tmp_path}/c hold the same bytes"):
+        expand_globs(f"{tmp_path}/[abc]", "--x")
+    require_disjoint([f"{tmp_path}/a"], "--input_file", [f"{tmp_path}/b"], "--eval_files")
+    with pytest.raises(InputFilesError, match=rf"^--eval_files: {tmp_path}/c holds the same bytes as {tmp_path}/b, "
+                                              r"given by --input_file too"):
+        require_disjoint([f"{tmp_path}/a", f"{tmp_path}/b"], "--input_file", [f"{tmp_path}/c"], "--eval_files")
+    (tmp_path / "d" / "sub").mkdir(parents=True)
+    (tmp_path / "d" / "a").write_bytes(a)
+    for given, message in ((f"{tmp_path}/a,/dev/null", "/dev/null: not a regular file"),
+                           (f"{tmp_path}/d/*", f"{tmp_path}/d/sub: not a regular file"),
+                           (f"file://{tmp_path}/d/*", f"file://{tmp_path}/d/sub: not a regular file")):
+        with pytest.raises(InputFilesError, match=re.escape(message)):
+            expand_globs(given, "--x")

@@ -230,7 +230,7 @@ def test_workers_exit_when_the_command_is_killed(tmp_path, name):
     import signal
     import time
 
-    paths = write_corpus(str(tmp_path), num_files=16, docs_per_file=60)
+    paths = write_corpus(str(tmp_path), num_files=4, docs_per_file=9)  # 36 of the sample file's 37 documents
     process = subprocess.Popen([sys.executable, os.path.join(REPO, "scripts", "create_pretraining_data.py"),
                                 f"--input_file={','.join(paths)}", f"--output_dir={tmp_path}/out",
                                 "--max_seq_length=64", "--max_predictions_per_seq=10", "--num_workers=2"],

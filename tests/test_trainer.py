@@ -589,13 +589,14 @@ def test_clipping_before_the_allreduce_averages_each_micro_batch_s_clipped_gradi
 RAM = r"""
 import glob, json, os, sys
 import tensorflow as tf
-data, bert = sys.argv[1], sys.argv[2]
-for path in glob.glob(data + "/*"):
-    tf.io.gfile.copy(path, "ram://data/" + os.path.basename(path))
+data, bert, evaluation = sys.argv[1], sys.argv[2], sys.argv[3]
+for directory, to in ((data, "ram://data/"), (evaluation, "ram://eval/")):
+    for path in glob.glob(directory + "/*"):
+        tf.io.gfile.copy(path, to + os.path.basename(path))
 tf.io.gfile.copy(bert, "ram://config/bert_config.json")
 from bert_packed.cli import run_pretraining
 sys.argv = ["run_pretraining", "--bert_config_file=ram://config/bert_config.json", "--output_dir=ram://run",
-            "--input_file=ram://data/packed-*.tfrecord", "--eval_files=ram://data/packed-*.tfrecord",
+            "--input_file=ram://data/packed-*.tfrecord", "--eval_files=ram://eval/part-*.tfrecord",
             "--max_seq_length=128", "--max_predictions_per_seq=20", "--max_sequences_per_pack=3",
             "--train_batch_size=4", "--num_train_steps=4", "--save_checkpoints_steps=2", "--eval_every_samples=0"]
 try:
@@ -611,10 +612,11 @@ print(json.dumps({"files": sorted(tf.io.gfile.listdir("ram://run")), "train": le
 
 
 @pytest.mark.slow
-def test_any_tensorflow_filesystem_holds_inputs_metadata_logs_and_checkpoints(packed_dir, bert_config_file):
+def test_any_tensorflow_filesystem_holds_inputs_metadata_logs_and_checkpoints(packed_dir, unpacked_dir,
+                                                                              bert_config_file):
     """TensorFlow's in-memory ram:// filesystem: globbing, metadata.json, logs and checkpoints."""
-    result = subprocess.run([sys.executable, "-c", RAM, packed_dir, bert_config_file], capture_output=True, text=True,
-                            timeout=600, cwd=REPO)
+    result = subprocess.run([sys.executable, "-c", RAM, packed_dir, bert_config_file, unpacked_dir],
+                            capture_output=True, text=True, timeout=600, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     found = json.loads(result.stdout.strip().splitlines()[-1])
     assert {"checkpoints", "eval_log.jsonl", "flags.txt", "mllog.txt", "run.json", "tensorboard",

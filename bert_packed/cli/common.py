@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import signal
+import stat
 import sys
 import textwrap
 from collections.abc import Callable
@@ -262,30 +263,33 @@ def expand_globs(patterns: str | list[str], what: str) -> list[str]:
                                       f"{pattern!r} gives it again); every file is read once: give it once")
             matched_by[key] = (path, pattern)
             found.append(path)
-    by_content = {}
+    by_content: dict[tuple[int, str], list[str]] = {}
     for path in found:
-        if "://" not in path and not os.path.isfile(path):
-            continue  # a device or a broken link: the command that reads it names what it is
+        if not _regular_file(path, what):
+            continue  # unreadable (a symlink loop, say): the command that reads it names why
         key = _content_key(path)
         if key[0] == 0:
             raise InputFilesError(f"{what}: {path} is empty")
-        if key in by_content and _same_bytes(by_content[key], path):
-            raise InputFilesError(f"{what}: {by_content[key]} and {path} hold the same bytes (a copy?); every datum "
-                                  f"is read once: give one of them")
-        by_content.setdefault(key, path)
+        for other in by_content.get(key, []):
+            if _same_bytes(other, path):
+                raise InputFilesError(f"{what}: {other} and {path} hold the same bytes (a copy, or one file linked "
+                                      f"twice); every datum is read once: give one of them")
+        by_content.setdefault(key, []).append(path)
     return found
 
 
 def require_disjoint(first: list[str], first_what: str, second: list[str], second_what: str) -> None:
     """Raises InputFilesError when a file of `second` is one of `first` (by path or content): the
-    eval set is never training input."""
+    eval set is never training input. Both lists come from expand_globs."""
     by_path = {_same_file_key(path): path for path in first}
-    by_content = {_content_key(path): path for path in first if "://" in path or os.path.isfile(path)}
+    by_content: dict[tuple[int, str], list[str]] = {}
+    for path in first:
+        if _regular_file(path, first_what):
+            by_content.setdefault(_content_key(path), []).append(path)
     for path in second:
         other = by_path.get(_same_file_key(path))
-        key = _content_key(path) if "://" in path or os.path.isfile(path) else None
-        if other is None and key in by_content and _same_bytes(by_content[key], path):
-            other = by_content[key]
+        if other is None and _regular_file(path, second_what):
+            other = next((o for o in by_content.get(_content_key(path), []) if _same_bytes(o, path)), None)
         if other is not None:
             same = "is" if _same_file_key(other) == _same_file_key(path) else f"holds the same bytes as {other},"
             raise InputFilesError(f"{second_what}: {path} {same} given by {first_what} too; the eval set is never "
@@ -295,6 +299,25 @@ def require_disjoint(first: list[str], first_what: str, second: list[str], secon
 def _same_file_key(path: str) -> str:
     """One spelling of a file (local paths resolved: links, `..`, a relative path)."""
     return path if "://" in path else os.path.realpath(path)
+
+
+def _regular_file(path: str, what: str) -> bool:
+    """Whether `path` is a file to read (False when it cannot be looked at: the reader says why).
+
+    Raises:
+      InputFilesError: it is a directory or a device (/dev/null reads as empty, /dev/zero never ends).
+    """
+    if "://" in path:
+        if files.isdir(path):
+            raise InputFilesError(f"{what}: {path}: not a regular file (a directory)")
+        return True
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    if not stat.S_ISREG(mode):
+        raise InputFilesError(f"{what}: {path}: not a regular file (a directory or a device)")
+    return True
 
 
 def _content_key(path: str) -> tuple[int, str]:
