@@ -106,6 +106,15 @@ def file_identity(path: str) -> dict:
     return {"bytes": files.size(path), "head": hashlib.sha256(head).hexdigest()}
 
 
+def file_sha256(path: str) -> str:
+    """The SHA-256 of all of the file at `path` (hex): read in blocks of 1 MiB."""
+    digest = hashlib.sha256()
+    with files.open_file(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 @dataclasses.dataclass(frozen=True)
 class DatasetInfo:
     """What a dataset directory holds; checks that it can be true when built.

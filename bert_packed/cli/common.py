@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import collections
 import errno
-import hashlib
 import logging
 import os
 import re
@@ -33,7 +32,7 @@ from typing import NoReturn
 from absl import app, flags
 
 from bert_packed import files
-from bert_packed.dataset_info import file_identity
+from bert_packed.dataset_info import file_identity, file_sha256
 from bert_packed.errors import InputFilesError, UserError
 
 # Interrupted by SIGINT (Ctrl-C): the shell's 128 + 2.
@@ -328,11 +327,4 @@ def _content_key(path: str) -> tuple[int, str]:
 
 def _same_bytes(first: str, second: str) -> bool:
     """Whether two files of one content key hold the same bytes (all of them read)."""
-    def whole(path):
-        digest = hashlib.sha256()
-        with files.open_file(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-        return digest.digest()
-
-    return whole(first) == whole(second)
+    return file_sha256(first) == file_sha256(second)

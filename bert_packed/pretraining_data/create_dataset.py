@@ -25,7 +25,6 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import functools
-import hashlib
 import itertools
 import json
 import logging
@@ -43,6 +42,7 @@ from bert_packed.dataset_info import (
     DataFile,
     DatasetInfo,
     file_identity,
+    file_sha256,
     read_dataset_info,
     refuse_other_output,
     write_dataset_info,
@@ -252,11 +252,7 @@ def _source_identity(path: str) -> dict:
     try:
         if "://" not in path and not os.path.isfile(path):  # a device (/dev/zero) never ends: the reader refuses it
             return file_identity(path)
-        whole = hashlib.sha256()
-        with files.open_file(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                whole.update(block)
-        return {**file_identity(path), "sha256": whole.hexdigest()}
+        return {**file_identity(path), "sha256": file_sha256(path)}
     except OSError as e:  # as reading it would say (a symlink loop, say)
         raise CorpusError(f"{path}: cannot read: {e.strerror or e}") from None
 

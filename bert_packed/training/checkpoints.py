@@ -47,6 +47,7 @@ class Checkpoints:
         self.keep = keep
         self._checkpoint = checkpoint
         self._saving = os.path.join(directory, ".saving")
+        self._state_file = os.path.join(directory, "checkpoint")  # TensorFlow's tools read it
         self._whole: set[int] = set()  # steps this process saved or restored: known to read whole
 
     def clean_up(self) -> None:
@@ -121,7 +122,7 @@ class Checkpoints:
             return
         lines = [f'model_checkpoint_path: "ckpt-{steps[0]}"'] + [
             f'all_model_checkpoint_paths: "ckpt-{step}"' for step in reversed(steps)]
-        files.write_text_atomically(os.path.join(self.directory, "checkpoint"), "\n".join(lines) + "\n")
+        files.write_text_atomically(self._state_file, "\n".join(lines) + "\n")
 
     def restore(self, agree=lambda newest, can_restore: newest, any_worker=lambda flag: flag,
                 start_over: bool = False) -> str | None:
@@ -156,7 +157,7 @@ class Checkpoints:
                                                               and _unreadable(self.path(step)) is None))
         if not step:
             # The state file is written once a save is complete: with it, a checkpoint was whole once.
-            if any_worker(bool(self.steps()) or files.exists(os.path.join(self.directory, "checkpoint"))):
+            if any_worker(bool(self.steps()) or files.exists(self._state_file)):
                 why = ", ".join(problems) or (
                     f"{os.path.basename(self.path(newest))} restores here, but not on every worker (another worker's "
                     f"are damaged or of other steps: its own line names them)" if newest else
@@ -185,7 +186,7 @@ class Checkpoints:
     def _repair_state_file(self, step: int) -> None:
         """Rewrites the state file when it does not name the newest checkpoint (damaged, or left by
         a save cut short), so that TensorFlow's tools find what the run resumed from."""
-        path = os.path.join(self.directory, "checkpoint")
+        path = self._state_file
         if files.exists(path):
             with files.open_file(path, "rb") as f:
                 text = f.read().decode("utf-8", "replace")
