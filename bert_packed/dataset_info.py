@@ -36,6 +36,7 @@ import dataclasses
 import hashlib
 import json
 import os
+from typing import NamedTuple
 
 from bert_packed import files
 from bert_packed.errors import OutputDirectoryError, UserError
@@ -90,20 +91,65 @@ class DataFile:
     def of(cls, path: str, records: int | None = None, sequences: int | None = None,
            checksum: str | None = None) -> DataFile:
         """The entry of the file at `path` (its name, size and head read from the disk)."""
-        identity = file_identity(path)
-        return cls(os.path.basename(path), identity["bytes"], records, sequences, checksum, identity["head"])
+        identity = FileIdentity.of(path)
+        return cls(os.path.basename(path), identity.bytes, records, sequences, checksum, identity.head)
 
     @classmethod
     def from_json(cls, value) -> DataFile:
         return cls(**{field.name: value.get(field.name) for field in dataclasses.fields(cls)})
 
 
-def file_identity(path: str) -> dict:
-    """{"bytes": size, "head": SHA-256 of the first 64 KiB}: what tells one file's content from
-    another's without reading it all."""
-    with files.open_file(path, "rb") as f:
-        head = f.read(HEAD_BYTES)
-    return {"bytes": files.size(path), "head": hashlib.sha256(head).hexdigest()}
+class FileIdentity(NamedTuple):
+    """A file and what tells its content from another's without reading it all: its size and the
+    SHA-256 of its first 64 KiB. JSON writes it as [path, bytes, head] (run.json's data files).
+
+    Attributes:
+      path: where it is.
+      bytes: its size.
+      head: SHA-256 of its first 64 KiB (hex).
+    """
+
+    path: str
+    bytes: int
+    head: str
+
+    @classmethod
+    def of(cls, path: str) -> FileIdentity:
+        """The identity of the file at `path` now (its size, and its first 64 KiB read)."""
+        with files.open_file(path, "rb") as f:
+            head = f.read(HEAD_BYTES)
+        return cls(path, files.size(path), hashlib.sha256(head).hexdigest())
+
+    @property
+    def content(self) -> dict:
+        """{"bytes", "head"}: the content's part, as metadata.json and the data tools' digests spell it."""
+        return {"bytes": self.bytes, "head": self.head}
+
+    def difference(self) -> str | None:
+        """How the file on disk differs from this identity now (None: it does not)."""
+        if not files.exists(self.path):
+            return "it is gone"
+        now = FileIdentity.of(self.path)
+        if now.bytes != self.bytes:
+            return f"{now.bytes:,} bytes, was {self.bytes:,}"
+        if now.head != self.head:
+            return f"its first {HEAD_BYTES // 1024} KiB are others"
+        return None
+
+
+class DataChangedError(UserError, ValueError):
+    """A file a run reads is not the one it started with."""
+
+
+def check_unchanged(identities, what: str) -> None:
+    """Raises DataChangedError naming the first of `identities` (FileIdentity) that differs on
+    disk from what it was; `what` says when it was recorded, for the message."""
+    for identity in identities:
+        difference = identity.difference()
+        if difference is not None:
+            raise DataChangedError(f"{identity.path}: changed since {what} ({difference}); stopped before reading "
+                                   f"it, the checkpoints are intact: restore the file to resume with the same "
+                                   f"command, or start a new run in another --output_dir on the new data")
 
 
 def file_sha256(path: str) -> str:
@@ -268,11 +314,11 @@ def check_identity(path: str, entry: DataFile) -> None:
     and the hash of its first 64 KiB)."""
     if entry.bytes is None:
         return
-    found = file_identity(path)
-    if found["bytes"] != entry.bytes:
-        raise DatasetFilesError(f"{path}: {found['bytes']:,} bytes, but {METADATA_FILE} says {entry.bytes:,}: cut "
+    found = FileIdentity.of(path)
+    if found.bytes != entry.bytes:
+        raise DatasetFilesError(f"{path}: {found.bytes:,} bytes, but {METADATA_FILE} says {entry.bytes:,}: cut "
                                 f"short or replaced since the dataset was made")
-    if entry.head is not None and found["head"] != entry.head:
+    if entry.head is not None and found.head != entry.head:
         raise DatasetFilesError(f"{path}: its first {HEAD_BYTES // 1024} KiB are not those {METADATA_FILE} "
                                 f"recorded: another dataset's file, or rewritten since")
 

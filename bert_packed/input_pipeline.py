@@ -36,6 +36,7 @@ import functools
 import numpy as np
 import tensorflow as tf
 
+from bert_packed.dataset_info import check_unchanged
 from bert_packed.errors import SettingsError, TrainingError
 from bert_packed.features import INPUT_MODES, PACKED_RECORD_MODES, Shapes, float_features, model_features, tf_feature_spec
 from bert_packed.packing.stream import StreamSettings, packed_batches
@@ -65,6 +66,9 @@ class PipelineConfig:
       type_vocab_size: when given, the same for segment ids.
       strategies: with "packed_online", the strategies of the plan the packer fills.
       online_packing_window: with "packed_online", sequences the packer may hold at once.
+      identity: when given, each file's FileIdentity as the run started: a file is checked against
+        it whenever it is opened (each epoch, each evaluation), and one that changed stops the
+        pipeline before any of its records is read.
     """
 
     files: tuple[str, ...]
@@ -83,6 +87,10 @@ class PipelineConfig:
     type_vocab_size: int | None = None
     strategies: tuple = ()
     online_packing_window: int | None = None
+    identity: tuple = ()
+
+
+WATCHED_SINCE = "the run started"
 
 
 def make_dataset(config: PipelineConfig, input_context: tf.distribute.InputContext | None = None) -> tf.data.Dataset:
@@ -103,6 +111,8 @@ def make_dataset(config: PipelineConfig, input_context: tf.distribute.InputConte
         raise SettingsError(f"unknown input mode {config.mode!r}; expected one of {', '.join(INPUT_MODES)}")
     if not config.files:
         raise SettingsError("no input files")
+    if not config.is_training:  # read once, from here: checked now
+        check_unchanged(config.identity, WATCHED_SINCE)
     shapes = config.shapes
     batch_size = config.batch_size
     skip = config.skip_steps
@@ -124,7 +134,8 @@ def make_dataset(config: PipelineConfig, input_context: tf.distribute.InputConte
     if config.mode == "packed_online":
         return _packed_online(config, batch_size, skip, None)
     if config.is_training:
-        files = files.shuffle(len(config.files), seed=config.seed, reshuffle_each_iteration=True).repeat()
+        files = _checked_when_opened(files.shuffle(len(config.files), seed=config.seed,
+                                                   reshuffle_each_iteration=True).repeat(), config.identity)
     records = files.interleave(tf.data.TFRecordDataset, cycle_length=config.cycle_length,
                                num_parallel_calls=tf.data.AUTOTUNE, deterministic=config.deterministic or None)
     if config.is_training:
@@ -136,6 +147,19 @@ def make_dataset(config: PipelineConfig, input_context: tf.distribute.InputConte
         batches = records.batch(batch_size, drop_remainder=config.is_training).skip(skip)
         dataset = _parsed(batches, config)
     return _finished(dataset, config)
+
+
+def _checked_when_opened(files: tf.data.Dataset, identity: tuple) -> tf.data.Dataset:
+    """The file names, each checked against its identity as it is handed on to be opened."""
+    if not identity:
+        return files
+    by_path = {entry.path: entry for entry in identity}
+
+    def check(path):
+        check_unchanged([by_path[path.numpy().decode()]], WATCHED_SINCE)
+        return path
+
+    return files.map(lambda path: tf.ensure_shape(tf.py_function(check, [path], tf.string), []))
 
 
 def _parsed(batches: tf.data.Dataset, config: PipelineConfig) -> tf.data.Dataset:
@@ -199,9 +223,15 @@ def _packed_online(config: PipelineConfig, batch_size: int, skip: int,
     signature = {name: tf.TensorSpec([batch_size, length], tf.int32)
                  for name, length in config.shapes.model_lengths().items()}
 
+    by_path = {entry.path: entry for entry in config.identity}
+
+    def opened(path):
+        if path in by_path:
+            check_unchanged([by_path[path]], WATCHED_SINCE)
+
     def batches():
         # The stream's packs are the offline packer's, under the record keys: renamed for the model here.
-        stream = map(model_features, packed_batches(files, settings))
+        stream = map(model_features, packed_batches(files, settings, opened if config.is_training else None))
         if config.is_training or pipelines == 1:
             yield from stream
             return
@@ -330,6 +360,7 @@ def reading_errors_named(config: PipelineConfig):
     try:
         yield
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
+        check_unchanged(config.identity, WATCHED_SINCE)  # a file changed: say that, not what its reading met
         diagnose_input_error(config)
         raise TrainingError(f"reading {', '.join(config.files[:3])}...: {tensorflow_reason(e)}") from None
 

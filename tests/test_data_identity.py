@@ -12,7 +12,7 @@ from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, TI
 from bert_packed.dataset_info import (
     DatasetFilesError,
     DatasetInfoError,
-    file_identity,
+    FileIdentity,
     metadata_path,
     read_dataset_info,
 )
@@ -215,7 +215,7 @@ def test_a_run_refuses_to_resume_on_data_made_again_since_it_started(packed_copy
     content[20] ^= 1  # made again, the same size: another first 64 KiB
     shard.write_bytes(bytes(content))
     metadata = json.loads(open(metadata_path(str(packed_copy))).read())
-    metadata["files"][0]["head"] = file_identity(str(shard))["head"]
+    metadata["files"][0]["head"] = FileIdentity.of(str(shard)).head
     open(metadata_path(str(packed_copy)), "w").write(json.dumps(metadata))
     before = (tmp_path / "run" / "train_log.jsonl").read_text()
     with pytest.raises(RunError, match=r"the train files changed since this run started \(.*packed-00000-of-00002"

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, VOCAB_TOKENS, tfrecords
 
-from bert_packed.dataset_info import DatasetFilesError, file_identity, read_dataset_info
+from bert_packed.dataset_info import DatasetFilesError, FileIdentity, read_dataset_info
 from bert_packed.features import Shapes
 from bert_packed.packing import pack_dataset as pack_module
 from bert_packed.packing import packer
@@ -287,7 +287,7 @@ def test_verify_finds_a_changed_pack(packed_dir, tmp_path):
     metadata = json.load(open(copy / "metadata.json"))  # its size and head recorded anew: the decode finds it
     name = os.path.basename(shard)
     entry = next(f for f in metadata["files"] if f["name"] == name)
-    entry.update(file_identity(shard))
+    entry.update(FileIdentity.of(shard).content)
     json.dump(metadata, open(copy / "metadata.json", "w"))
     with pytest.raises(VerifyError, match=rf"{shard}: read back .*'checksum'.*metadata.json says"):
         verify_packed_dataset(str(copy))

@@ -3,8 +3,9 @@ import pytest
 import tensorflow as tf
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, tfrecords
 
+from bert_packed.dataset_info import DataChangedError, FileIdentity
 from bert_packed.features import Shapes, record_features
-from bert_packed.input_pipeline import PipelineConfig, diagnose_input_error, make_dataset
+from bert_packed.input_pipeline import PipelineConfig, diagnose_input_error, make_dataset, reading_errors_named
 from bert_packed.packing import packer
 from bert_packed.records import CorruptRecordError, read_packed, read_unpacked
 
@@ -132,6 +133,51 @@ def test_a_corrupt_file_is_named_after_tf_data_fails(configs, tmp_path):
         list(make_dataset(config))
     with pytest.raises(CorruptRecordError, match=rf"{broken}: record 0: data checksum mismatch"):
         diagnose_input_error(config)
+
+
+def test_a_file_changed_under_a_running_pipeline_stops_it_when_opened_again(configs, tmp_path):
+    copies = []
+    for path in configs["padded"].files:
+        copies.append(str(tmp_path / path.rsplit("/", 1)[1]))
+        with open(copies[-1], "wb") as f:
+            f.write(open(path, "rb").read())
+    identity = tuple(FileIdentity.of(path) for path in copies)
+    config = PipelineConfig(**{**configs["padded"].__dict__, "files": tuple(copies), "identity": identity,
+                               "shuffle_buffer": 4, "cycle_length": 1})
+    iterator = iter(make_dataset(config))
+    next(iterator)  # the first epoch's files are open: what they were is read
+    with open(copies[-1], "wb") as f:  # made again in place: records as good, others
+        f.write(open(copies[0], "rb").read())
+    with pytest.raises(DataChangedError, match=rf"{copies[-1]}: changed since the run started \(.* bytes, was .*\); "
+                                               r"stopped before reading it"):
+        with reading_errors_named(config):
+            for _ in range(200):  # over 3 epochs of 30 batches
+                next(iterator)
+    with pytest.raises(DataChangedError, match=rf"{copies[-1]}: changed since the run started"):
+        make_dataset(PipelineConfig(**{**config.__dict__, "is_training": False}))  # an evaluation, before reading
+
+
+def test_a_file_changed_under_packing_on_the_fly_stops_the_stream_at_its_next_epoch(unpacked_dir, tmp_path):
+    from bert_packed.dataset_info import check_unchanged
+    from bert_packed.packing import plan
+    from bert_packed.packing.stream import StreamSettings, length_histogram, packed_batches
+
+    path = str(tmp_path / "one.tfrecord")
+    with open(path, "wb") as f:
+        f.write(open(tfrecords(unpacked_dir)[0], "rb").read())
+    identity = FileIdentity.of(path)
+    strategies = plan(length_histogram([path], UNPACKED), MAX_SEQ_LENGTH, "lp", MAX_SEQUENCES_PER_PACK).strategies
+    settings = StreamSettings(PACKED, strategies, 64, batch_size=4, shuffle_buffer=8)
+    opened = []
+    stream = packed_batches([path], settings, lambda p: (opened.append(p), check_unchanged([identity], "then")))
+    next(stream)
+    assert opened == [path]
+    with open(path, "r+b") as f:  # the same size, its first bytes others
+        f.write(b"\xff")
+    with pytest.raises(DataChangedError, match=rf"{path}: changed since then \(its first 64 KiB are others\)"):
+        for _ in range(200):
+            next(stream)
+    assert opened == [path, path]
 
 
 def test_unknown_mode_is_refused(configs):

@@ -32,7 +32,7 @@ from typing import NoReturn
 from absl import app, flags
 
 from bert_packed import files
-from bert_packed.dataset_info import file_identity, file_sha256
+from bert_packed.dataset_info import FileIdentity, file_sha256
 from bert_packed.errors import InputFilesError, UserError
 
 # Interrupted by SIGINT (Ctrl-C): the shell's 128 + 2.
@@ -321,8 +321,8 @@ def _regular_file(path: str, what: str) -> bool:
 
 def _content_key(path: str) -> tuple[int, str]:
     """(size, hash of the first 64 KiB): files whose keys differ differ."""
-    identity = file_identity(path)
-    return identity["bytes"], identity["head"]
+    identity = FileIdentity.of(path)
+    return identity.bytes, identity.head
 
 
 def _same_bytes(first: str, second: str) -> bool:

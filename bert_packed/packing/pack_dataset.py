@@ -41,7 +41,7 @@ from bert_packed.dataset_info import (
     METADATA_FILE,
     DataFile,
     DatasetInfo,
-    file_identity,
+    FileIdentity,
     read_dataset_info,
     refuse_other_output,
     write_dataset_info,
@@ -117,7 +117,7 @@ def _already_packed(input_files: list[str], output_dir: str, settings: PackSetti
         return None
     sources = [os.path.abspath(path) for path in input_files]
     same = info.details.get("run_digest") == _digest({"settings": settings.to_dict(), "sources": sources}) and \
-        info.details.get("inputs_digest") == _digest([file_identity(path) for path in sources])
+        info.details.get("inputs_digest") == _digest([FileIdentity.of(path).content for path in sources])
     if not same:
         return None
     logging.info("%s: already packed with these settings and inputs; nothing to do", output_dir)
@@ -133,7 +133,7 @@ def _pack(input_files: list[str], output_dir: str, settings: PackSettings, num_w
     identity = {"settings": settings.to_dict(), "sources": sources}
     # A run is its settings and inputs' paths (another is refused) and their content (when that
     # changed, the run is done again): each input's size and the hash of its beginning, cheap.
-    digest, inputs_digest = _digest(identity), _digest([file_identity(path) for path in sources])
+    digest, inputs_digest = _digest(identity), _digest([FileIdentity.of(path).content for path in sources])
     work = os.path.join(output_dir, ".work")
     finished = _finished_run(output_dir, digest, inputs_digest)
     if finished is not None:
@@ -417,7 +417,7 @@ def _write_bucket(output_dir: str, work: str, settings: PackSettings, num_packs:
             total = packer.combine_checksums(total, packer.checksum(decoded))
             writer.write_examples(packs)
     summary = {"file": name, "num_packs": last - first, "num_sequences": num_sequences, "checksum": f"{total:016x}",
-               **file_identity(os.path.join(output_dir, name))}
+               **FileIdentity.of(os.path.join(output_dir, name)).content}
     write_text_atomically(os.path.join(work, f"shard-{bucket:05d}.json"), json.dumps(summary) + "\n")
     if os.path.exists(bucket_path):
         os.remove(bucket_path)

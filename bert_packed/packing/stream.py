@@ -76,7 +76,7 @@ def length_histogram(paths: list[str], shapes: Shapes, label: str | None = None)
     return histogram
 
 
-def packed_batches(paths: list[str], settings: StreamSettings):
+def packed_batches(paths: list[str], settings: StreamSettings, opened=None):
     """Yields batches of packs, {name: int32 [batch_size, length]}, under the packed record keys
     (Shapes.packed_lengths), as the offline packer writes them; the input pipeline's packed_online
     mode renames them for the model (features.model_features).
@@ -84,6 +84,8 @@ def packed_batches(paths: list[str], settings: StreamSettings):
     Args:
       paths: unpacked TFRecord files (this input pipeline's share).
       settings: see StreamSettings.
+      opened: when given, called with each file's path before it is read (each epoch): it may
+        raise to stop the stream (a file changed under a running run).
 
     Raises:
       CorruptRecordError / RecordError: a bad record, its file and index named.
@@ -99,7 +101,7 @@ def packed_batches(paths: list[str], settings: StreamSettings):
     for epoch in epochs:
         rng = np.random.default_rng([s.seed, epoch])
         order = rng.permutation(len(paths)) if s.training else range(len(paths))
-        chunks = _rows(paths, order, s.shapes, s.read_batch)
+        chunks = _rows(paths, order, s.shapes, s.read_batch, opened)
         if s.training:
             chunks = _shuffled(chunks, rng, s.shuffle_buffer)
         for rows in itertools.chain(chunks, [None]):
@@ -119,9 +121,11 @@ def packed_batches(paths: list[str], settings: StreamSettings):
         yield pending.assemble(np.concatenate(ready), s.batch_size)
 
 
-def _rows(paths: list[str], order, shapes: Shapes, read_batch: int):
+def _rows(paths: list[str], order, shapes: Shapes, read_batch: int, opened=None):
     """The records of the files, in `order`, as compact rows (packer.row_dtype), a batch at a time."""
     for index in order:
+        if opened is not None:
+            opened(paths[index])
         for first, batch in read_unpacked(paths[index], shapes.unpacked(), read_batch):
             yield packer.rows_from_unpacked(batch, shapes.unpacked(), int(index), first)
 

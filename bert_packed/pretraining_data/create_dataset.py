@@ -41,7 +41,7 @@ from bert_packed import files
 from bert_packed.dataset_info import (
     DataFile,
     DatasetInfo,
-    file_identity,
+    FileIdentity,
     file_sha256,
     read_dataset_info,
     refuse_other_output,
@@ -251,8 +251,8 @@ def _source_identity(path: str) -> dict:
     all of it is read anyway, so an edit that keeps the size is noticed wherever it is."""
     try:
         if "://" not in path and not os.path.isfile(path):  # a device (/dev/zero) never ends: the reader refuses it
-            return file_identity(path)
-        return {**file_identity(path), "sha256": file_sha256(path)}
+            return FileIdentity.of(path).content
+        return {**FileIdentity.of(path).content, "sha256": file_sha256(path)}
     except OSError as e:  # as reading it would say (a symlink loop, say)
         raise CorpusError(f"{path}: cannot read: {e.strerror or e}") from None
 
@@ -331,7 +331,7 @@ def _run_pass(file_index: int, dupe_pass: int, source: tuple[str, dict], documen
     """One dupe pass (or the eval pass) over one file's documents -> one shard; returns its instances.
 
     Args:
-      source: the input file's path and identity (bert_packed.dataset_info.file_identity).
+      source: the input file's path and identity (its size and hashes).
     """
     config = settings.config
     documents = _unflatten(*documents)

@@ -20,7 +20,7 @@ import os
 
 import numpy as np
 
-from bert_packed.dataset_info import DatasetInfo, file_identity, read_dataset_info
+from bert_packed.dataset_info import DatasetInfo, FileIdentity, read_dataset_info
 from bert_packed.errors import SettingsError
 from bert_packed.features import PACKED_RECORD_MODES, Shapes
 from bert_packed.input_pipeline import PipelineConfig
@@ -46,7 +46,7 @@ class Described:
       packed: whether the records are packs.
       shapes: L, P and S of the records.
       num_sequences, num_records: in the files given (0 when unknown: no metadata.json).
-      identity: (path, bytes, head) of each file, in order.
+      identity: each file's FileIdentity, in order.
       histogram: the length histogram of the files given, when a dataset's histogram.json is
         theirs (every training file of one dataset), else None.
     """
@@ -55,7 +55,7 @@ class Described:
     shapes: Shapes
     num_sequences: int
     num_records: int
-    identity: tuple[tuple[str, int, str], ...]
+    identity: tuple[FileIdentity, ...]
     histogram: np.ndarray | None = None
 
     @property
@@ -69,8 +69,8 @@ class TrainData:
 
     Attributes:
       files: the TFRecord files, in order.
-      identity: (path, bytes, hash of the first 64 KiB) of each file: a resumed run refuses data
-        made again since it started.
+      identity: each file's FileIdentity: a resumed run refuses data made again since it
+        started, and a running one data changed when it reads the files again.
       shapes: L, P and S of what the model is fed (S = 1 unless rows hold several sequences).
       input_mode: how the run reads them (config.INPUT_MODES).
       packing_factor: sequences per row (1.0 unpacked; packed on the fly, what the plan predicts).
@@ -81,7 +81,7 @@ class TrainData:
     """
 
     files: tuple[str, ...]
-    identity: tuple[tuple[str, int, str], ...]
+    identity: tuple[FileIdentity, ...]
     shapes: Shapes
     input_mode: str
     packing_factor: float = 1.0
@@ -111,7 +111,7 @@ class EvalData:
     """
 
     files: tuple[str, ...] = ()
-    identity: tuple[tuple[str, int, str], ...] = ()
+    identity: tuple[FileIdentity, ...] = ()
     shapes: Shapes | None = None
     input_mode: str = "padded"
     strategies: tuple = ()
@@ -142,7 +142,7 @@ def describe(paths: list[str], flag: str, shapes: Shapes, input_mode: str | None
     if not described:
         logging.warning("%s: no metadata.json beside the files; cannot check them against the flags", flag)
         packed = input_mode in PACKED_RECORD_MODES
-        identity = tuple((path, *file_identity(path).values()) for path in paths)
+        identity = tuple(FileIdentity.of(path) for path in paths)
         return Described(packed, shapes if packed else shapes.unpacked(), 0, 0, identity)
     if len(described) < len(groups):
         bare = sorted(d for d, info in infos.items() if info is None)
@@ -159,7 +159,7 @@ def describe(paths: list[str], flag: str, shapes: Shapes, input_mode: str | None
     dataset_histogram = None
     for directory, info in infos.items():
         chosen = info.select(directory, groups[directory], flag, training, held_out_allowed)
-        identity += [(os.path.join(directory, f.name), f.bytes, f.head) for f in chosen]
+        identity += [FileIdentity(os.path.join(directory, f.name), f.bytes, f.head) for f in chosen]
         whole = len(chosen) == len(info.files) and {f.name for f in chosen} == set(info.file_names)
         path = os.path.join(directory, HISTOGRAM_FILE)
         if whole and len(infos) == 1 and os.path.exists(path):
@@ -296,7 +296,8 @@ def train_pipeline(data: TrainData, config: TrainConfig, batching: Batching, ski
                           config.run.seed,
                           deterministic=config.run.deterministic, bucket_boundaries=config.batch.bucket_boundaries,
                           skip_steps=skip_steps, vocab_size=bert.vocab_size, type_vocab_size=bert.type_vocab_size,
-                          strategies=data.strategies, online_packing_window=config.batch.online_packing_window)
+                          strategies=data.strategies, online_packing_window=config.batch.online_packing_window,
+                          identity=data.identity)
 
 
 def eval_pipeline(data: EvalData, config: TrainConfig) -> PipelineConfig:
@@ -306,4 +307,4 @@ def eval_pipeline(data: EvalData, config: TrainConfig) -> PipelineConfig:
                           config.run.seed, deterministic=config.run.deterministic,
                           max_batches=config.eval.max_eval_steps, vocab_size=bert.vocab_size,
                           type_vocab_size=bert.type_vocab_size, strategies=data.strategies,
-                          online_packing_window=config.batch.online_packing_window)
+                          online_packing_window=config.batch.online_packing_window, identity=data.identity)
