@@ -18,6 +18,8 @@ pack_pretraining_data) holds one metadata.json, in one layout for both kinds:
                            64 KiB)}: what identifies its content
   eval_files               files held out for evaluation, the same way (never training input)
   sources                  the input files the data was made from
+  histogram_sha256         SHA-256 of the dataset's histogram.json (its lengths' counts), or null:
+                           what pins that side file to this dataset
   ...                      what the producer adds (the packer: algorithm, efficiency, seconds...;
                            create_pretraining_data: settings, document counts...)
 
@@ -56,7 +58,7 @@ HEAD_BYTES = 1 << 16
 # The keys this module owns; every other key of the file is the producer's (DatasetInfo.details).
 _OWN_KEYS = ("format_version", "packed", "max_seq_length", "max_predictions_per_seq", "max_sequences_per_pack",
              "num_sequences", "num_records", "packing_factor", "checksum", "files", "eval_files", "sources",
-             "num_packs", "num_instances")
+             "num_packs", "num_instances", "histogram_sha256")
 
 
 class DatasetInfoError(UserError, ValueError):
@@ -175,6 +177,7 @@ class DatasetInfo:
       checksum: order-independent checksum of the sequences (hex), None when not computed.
       details: what the producer recorded besides (algorithm, settings, statistics...).
       eval_files: files held out for evaluation (DataFile), never training input.
+      histogram_sha256: SHA-256 of the dataset's histogram.json, None when not recorded.
     """
 
     packed: bool
@@ -186,6 +189,7 @@ class DatasetInfo:
     checksum: str | None = None
     details: dict = dataclasses.field(default_factory=dict)
     eval_files: tuple[DataFile, ...] = ()
+    histogram_sha256: str | None = None
 
     def __post_init__(self):
         s = self.shapes
@@ -237,6 +241,7 @@ class DatasetInfo:
             "files": [dataclasses.asdict(f) for f in self.files],
             "eval_files": [dataclasses.asdict(f) for f in self.eval_files],
             "sources": list(self.sources),
+            "histogram_sha256": self.histogram_sha256,
         }
         if self.packed:
             result["num_packs"] = self.num_records
@@ -262,7 +267,8 @@ class DatasetInfo:
                        files=tuple(DataFile.from_json(f) for f in metadata["files"]),
                        sources=tuple(metadata.get("sources", ())), checksum=metadata.get("checksum"),
                        details={k: v for k, v in metadata.items() if k not in _OWN_KEYS},
-                       eval_files=tuple(DataFile.from_json(f) for f in metadata.get("eval_files", ())))
+                       eval_files=tuple(DataFile.from_json(f) for f in metadata.get("eval_files", ())),
+                       histogram_sha256=metadata.get("histogram_sha256"))
         except (KeyError, TypeError, AttributeError) as e:
             raise DatasetInfoError(f"{source}: missing or malformed entry {e}") from None
         except DatasetInfoError as e:

@@ -4,6 +4,7 @@ checked before work, and one line for every problem."""
 import dataclasses
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -16,6 +17,7 @@ from bert_packed.dataset_info import (
     metadata_path,
     read_dataset_info,
 )
+from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
 from bert_packed.packing import pack_dataset
 from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset, verify_packed_dataset
@@ -55,7 +57,9 @@ def test_metadata_lists_each_file_with_what_identifies_it(unpacked_dir, packed_d
 def test_a_pack_stopped_then_fed_another_shard_ends(unpacked_copy, corpus, tmp_path, monkeypatch):
     """The packer hung forever: stopped after its first pass, an input replaced by a shard made
     with another seed, the same command looped in keyed_permutation. Now it packs what the
-    inputs hold."""
+    inputs hold. (The files without their metadata.json, as the reference's come: with it, the
+    replaced shard is refused before any work.)"""
+    os.remove(metadata_path(str(unpacked_copy)))
     out = tmp_path / "out"
     with monkeypatch.context() as patch:
         patch.setattr(pack_dataset, "_distribute", lambda *args: (_ for _ in ()).throw(OSError(28, "No space")))
@@ -97,7 +101,7 @@ def test_packed_output_of_regenerated_inputs_is_made_again(unpacked_copy, corpus
     create_pretraining_dataset(corpus, str(regenerated), dataset_settings(seed=7), num_workers=1)
     for path in tfrecords(str(unpacked_copy)):
         os.remove(path)
-    for path in tfrecords(str(regenerated)):
+    for path in tfrecords(str(regenerated)) + [metadata_path(str(regenerated))]:
         shutil.copy(path, unpacked_copy)
     again = pack_pretraining_dataset(tfrecords(str(unpacked_copy)), str(out), SETTINGS, num_workers=1)
     assert "the input files changed since they were packed here; packing them again" in caplog.text
@@ -163,6 +167,67 @@ def test_training_data_is_checked_against_its_metadata_before_any_work(packed_co
     if damage in ("delete", "cut", "foreign"):
         with pytest.raises(error, match=message):
             verify_packed_dataset(str(packed_copy))  # one line, no traceback, at the command line
+
+
+def test_a_side_histogram_that_is_not_the_dataset_s_is_recounted_with_one_line(unpacked_copy, packed_dir, caplog):
+    from bert_packed.packing.histogram import load_histogram, save_histogram
+    from bert_packed.training import data
+
+    shapes = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK)
+    paths = tfrecords(str(unpacked_copy))
+    own = load_histogram(str(unpacked_copy / "histogram.json"))
+    info = read_dataset_info(str(unpacked_copy))
+    assert len(info.histogram_sha256) == 64 and len(read_dataset_info(packed_dir).histogram_sha256) == 64
+    assert data.describe(paths, "--input_file", shapes, "packed_online").histogram.tolist() == own.tolist()
+    foreign = own.copy()
+    foreign[:] = 0
+    foreign[-1] = 1  # another dataset's: one full-length sequence (a packing factor of 1.0, train_samples 1)
+    edits = [
+        (lambda: save_histogram(str(unpacked_copy / "histogram.json"), foreign),
+         r"histogram.json: not the histogram metadata.json recorded \(edited, or another dataset's\)"),
+        (lambda: _unpin(unpacked_copy), r"histogram.json: counts 1 sequences, metadata.json 122"),
+        (lambda: (unpacked_copy / "histogram.json").write_text("[1, 2"),
+         r"histogram.json: not valid JSON: .*; counting the lengths again"),
+    ]
+    for edit, line in edits:
+        edit()
+        caplog.clear()
+        assert data.describe(paths, "--input_file", shapes, "packed_online").histogram is None
+        assert any(re.search(line, r.getMessage()) for r in caplog.records), [r.getMessage() for r in caplog.records]
+        counted = data.train_data(paths, shapes, train_settings("packed_online"))
+        assert counted.histogram == tuple(own.tolist()) and counted.num_sequences == 122
+        assert counted.packing_factor > 1.2  # the foreign histogram gives 1.0
+
+
+def _unpin(directory) -> None:
+    metadata = json.loads(open(metadata_path(str(directory))).read())
+    metadata["histogram_sha256"] = None
+    open(metadata_path(str(directory)), "w").write(json.dumps(metadata))
+
+
+def test_the_packer_compares_its_inputs_with_their_metadata(unpacked_copy, packed_dir, tmp_path):
+    paths = tfrecords(str(unpacked_copy))
+    metadata = json.loads(open(metadata_path(str(unpacked_copy))).read())
+    for entry in metadata["files"][:1]:
+        entry["sequences"] += 1
+        entry["records"] += 1
+    metadata["num_sequences"] += 1
+    metadata["num_records"] += 1
+    metadata["num_instances"] += 1
+    open(metadata_path(str(unpacked_copy)), "w").write(json.dumps(metadata))
+    with pytest.raises(DatasetFilesError, match=rf"{paths[0]}: holds (\d+) sequences, but its metadata.json counts "
+                                                rf"(\d+): the file or the description was changed"):
+        pack_pretraining_dataset(paths, str(tmp_path / "a"), SETTINGS, num_workers=1)
+    shutil.copy(paths[1], paths[0])  # a shard replaced by another
+    with pytest.raises(DatasetFilesError, match=rf"{paths[0]}: .* bytes, but metadata.json says|first 64 KiB"):
+        pack_pretraining_dataset(paths, str(tmp_path / "b"), SETTINGS, num_workers=1)
+    with pytest.raises(DatasetFilesError, match=r"packed0/metadata.json describes packed data; the packer reads "
+                                                r"unpacked records"):
+        pack_pretraining_dataset(tfrecords(packed_dir), str(tmp_path / "c"), SETTINGS, num_workers=1)
+    wrong = PackSettings(Shapes(64, MAX_PREDICTIONS, 3))
+    with pytest.raises(SettingsError, match=r"unpacked/metadata.json says max_seq_length=128, but --max_seq_length=64"):
+        pack_pretraining_dataset(paths, str(tmp_path / "d"), wrong, num_workers=1)
+    assert not os.path.exists(tmp_path / "b" / ".work") and not os.path.exists(tmp_path / "d" / ".work")
 
 
 def test_held_out_files_never_train_unless_the_user_says_so(corpus, tmp_path):

@@ -184,23 +184,30 @@ def test_truncated_input_is_named_with_its_record(unpacked_dir, tmp_path):
     assert not os.path.exists(tmp_path / "out" / "metadata.json")
 
 
+def bare_copy(unpacked_dir, tmp_path) -> str:
+    """A shard without its metadata.json (as the reference's own files come)."""
+    os.makedirs(tmp_path / "bare", exist_ok=True)
+    return shutil.copy(tfrecords(unpacked_dir)[0], tmp_path / "bare")
+
+
 def test_flags_that_disagree_with_the_data_are_named(unpacked_dir, tmp_path):
     wrong = PackSettings(Shapes(64, MAX_PREDICTIONS, 3))
     with pytest.raises(RecordError, match=r"record 0: feature 'input_ids' has 128 values, expected 64 "
                                           r"\(--max_seq_length=64"):
-        pack_pretraining_dataset(tfrecords(unpacked_dir)[:1], str(tmp_path), wrong, num_workers=1)
+        pack_pretraining_dataset([bare_copy(unpacked_dir, tmp_path)], str(tmp_path / "out"), wrong, num_workers=1)
 
 
 def test_cli_error_is_one_line_naming_the_record(unpacked_dir, tmp_path):
     from conftest import run_command
 
-    result = run_command("pack_pretraining_data", f"--input_files={tfrecords(unpacked_dir)[0]}",
-                         f"--output_dir={tmp_path}", "--max_seq_length=256")
+    bare = bare_copy(unpacked_dir, tmp_path)
+    result = run_command("pack_pretraining_data", f"--input_files={bare}", f"--output_dir={tmp_path}/out",
+                         "--max_seq_length=256")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
-        f"pack_pretraining_data: error: {tfrecords(unpacked_dir)[0]}: record 0: feature 'input_ids' has 128 "
+        f"pack_pretraining_data: error: {bare}: record 0: feature 'input_ids' has 128 "
         f"values, expected 256 (--max_seq_length=256, --max_predictions_per_seq=76)")
-    assert "Traceback" not in result.stderr and not os.path.exists(tmp_path / "metadata.json")
+    assert "Traceback" not in result.stderr and not os.path.exists(tmp_path / "out" / "metadata.json")
 
 
 def test_cli_says_what_it_made_and_the_planner_plans_the_same_packs(unpacked_dir, tmp_path):

@@ -40,13 +40,16 @@ from bert_packed import files
 from bert_packed.dataset_info import (
     METADATA_FILE,
     DataFile,
+    DatasetFilesError,
     DatasetInfo,
     FileIdentity,
+    file_sha256,
+    metadata_path,
     read_dataset_info,
     refuse_other_output,
     write_dataset_info,
 )
-from bert_packed.errors import OutputDirectoryError, UserError
+from bert_packed.errors import OutputDirectoryError, SettingsError, UserError
 from bert_packed.features import Shapes
 from bert_packed.files import write_text_atomically
 from bert_packed.packing import packer
@@ -124,6 +127,34 @@ def _already_packed(input_files: list[str], output_dir: str, settings: PackSetti
     return info.to_dict()
 
 
+def _described_inputs(sources: list[str], shapes: Shapes) -> dict[str, DataFile]:
+    """The inputs' entries in their datasets' metadata.json, by path, once checked against it:
+    unpacked records of the packer's L and P, each a file the description lists, of its recorded
+    size and beginning (DatasetInfo.select). Inputs without a metadata.json (the reference's own
+    files) have no entry.
+
+    Raises:
+      DatasetFilesError / SettingsError: naming the file or metadata.json and what differs.
+    """
+    groups: dict[str, list[str]] = {}
+    for path in sources:
+        groups.setdefault(os.path.dirname(path), []).append(path)
+    entries = {}
+    for directory, paths in groups.items():
+        info = read_dataset_info(directory)
+        if info is None:
+            continue
+        if info.packed:
+            raise DatasetFilesError(f"--input_files: {metadata_path(directory)} describes packed data; the packer "
+                                    f"reads unpacked records (create_pretraining_data's)")
+        for name in ("max_seq_length", "max_predictions_per_seq"):
+            if getattr(info.shapes, name) != getattr(shapes, name):
+                raise SettingsError(f"--input_files: {metadata_path(directory)} says {name}="
+                                    f"{getattr(info.shapes, name)}, but --{name}={getattr(shapes, name)}")
+        entries.update(zip(paths, info.select(directory, paths, "--input_files", training=False)))
+    return entries
+
+
 def _digest(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
 
@@ -139,6 +170,7 @@ def _pack(input_files: list[str], output_dir: str, settings: PackSettings, num_w
     if finished is not None:
         shutil.rmtree(work, ignore_errors=True)  # a kill between metadata.json and the clean-up left it
         return finished
+    described = _described_inputs(sources, settings.shapes)
     os.makedirs(work, exist_ok=True)
     _claim(output_dir, work, identity, digest, inputs_digest)
 
@@ -146,10 +178,12 @@ def _pack(input_files: list[str], output_dir: str, settings: PackSettings, num_w
     unpacked_shapes = shapes.unpacked()
     seconds = {}
     start = time.perf_counter()
-    summaries = _read_inputs(sources, work, unpacked_shapes, num_workers)
+    summaries = _read_inputs(sources, work, unpacked_shapes, num_workers,
+                             [described[path].sequences if path in described else None for path in sources])
     seconds["read"] = time.perf_counter() - start
     histogram = merge_histograms(*[s["histogram"] for s in summaries])
-    save_histogram(os.path.join(output_dir, HISTOGRAM_FILE), histogram)
+    histogram_path = os.path.join(output_dir, HISTOGRAM_FILE)
+    save_histogram(histogram_path, histogram)
     checksum_in = packer.combine_checksums(*[int(s["checksum"], 16) for s in summaries])
     start = time.perf_counter()
     packing_plan = plan(histogram, shapes.max_seq_length, settings.algorithm, shapes.max_sequences_per_pack)
@@ -171,14 +205,15 @@ def _pack(input_files: list[str], output_dir: str, settings: PackSettings, num_w
     if num_out != int(histogram.sum()) or checksum_out != checksum_in:
         raise PackingError(f"packed output holds {num_out} sequences (checksum {checksum_out:016x}), the input "
                            f"{int(histogram.sum())} (checksum {checksum_in:016x}); nothing published")
-    info = _description(settings, packing_plan, shards, sources, checksum_in, seconds, digest, inputs_digest)
+    info = _description(settings, packing_plan, shards, sources, checksum_in, seconds, digest, inputs_digest,
+                        file_sha256(histogram_path))
     metadata = write_dataset_info(output_dir, info)
     shutil.rmtree(work, ignore_errors=True)
     return metadata
 
 
 def _description(settings: PackSettings, packing_plan, shards: list[dict], sources: list[str], checksum_in: int,
-                 seconds: dict, digest: str, inputs_digest: str) -> DatasetInfo:
+                 seconds: dict, digest: str, inputs_digest: str, histogram_sha256: str) -> DatasetInfo:
     """The packed dataset's metadata.json: its shards, what the plan made of the inputs, and the
     digests a rerun compares."""
     shapes = settings.shapes
@@ -186,7 +221,7 @@ def _description(settings: PackSettings, packing_plan, shards: list[dict], sourc
         packed=True, shapes=shapes, num_sequences=packing_plan.num_sequences, num_records=packing_plan.num_packs,
         files=tuple(DataFile(s["file"], s["bytes"], s["num_packs"], s["num_sequences"], s["checksum"], s["head"])
                     for s in shards),
-        sources=tuple(sources), checksum=f"{checksum_in:016x}",
+        sources=tuple(sources), checksum=f"{checksum_in:016x}", histogram_sha256=histogram_sha256,
         details={
             "algorithm": settings.algorithm,
             "num_tokens": packing_plan.num_tokens,
@@ -252,9 +287,11 @@ def _claim(output_dir: str, work: str, identity: dict, digest: str, inputs_diges
                                               "work_format": WORK_FORMAT, **identity}) + "\n")
 
 
-def _read_inputs(sources: list[str], work: str, shapes: Shapes, num_workers: int) -> list[dict]:
-    """Pass 1: every input file's histogram and checksum (files in parallel)."""
-    return _each_once(_read_input, [(index, path, work, shapes) for index, path in enumerate(sources)],
+def _read_inputs(sources: list[str], work: str, shapes: Shapes, num_workers: int, expected: list) -> list[dict]:
+    """Pass 1: every input file's histogram and checksum (files in parallel), each file's sequences
+    checked against the count its metadata.json gives (`expected`, None where none)."""
+    return _each_once(_read_input, [(index, path, work, shapes, count)
+                                    for index, (path, count) in enumerate(zip(sources, expected))],
                       [os.path.join(work, f"input-{index:05d}.json") for index in range(len(sources))],
                       num_workers, Progress("pack: reading", total=len(sources), unit="files"))
 
@@ -272,7 +309,7 @@ def _each_once(function, jobs: list[tuple], summaries: list[str], num_workers: i
     return loaded
 
 
-def _read_input(index: int, path: str, work: str, shapes: Shapes) -> None:
+def _read_input(index: int, path: str, work: str, shapes: Shapes, expected: int | None) -> None:
     histogram = np.zeros(shapes.max_seq_length, dtype=np.int64)
     total, max_token_id = 0, 0
     for first, batch in read_unpacked(path, shapes):
@@ -280,6 +317,9 @@ def _read_input(index: int, path: str, work: str, shapes: Shapes) -> None:
         histogram += histogram_from_lengths(rows["length"], shapes.max_seq_length)
         total = packer.combine_checksums(total, packer.checksum(rows))
         max_token_id = max(max_token_id, int(rows["input_ids"].max()), int(rows["masked_lm_ids"].max()))
+    if expected is not None and int(histogram.sum()) != expected:
+        raise DatasetFilesError(f"{path}: holds {int(histogram.sum()):,} sequences, but its {METADATA_FILE} counts "
+                                f"{expected:,}: the file or the description was changed; make the dataset again")
     summary = {"source": path, "histogram": histogram.tolist(), "checksum": f"{total:016x}",
                "max_token_id": max_token_id}
     write_text_atomically(os.path.join(work, f"input-{index:05d}.json"), json.dumps(summary) + "\n")

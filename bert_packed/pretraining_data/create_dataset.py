@@ -387,7 +387,8 @@ def _write_summary(sources: list[str], output_dir: str, settings: DatasetSetting
                           + (f": --eval_fraction={settings.eval_fraction} held out every document"
                              if settings.eval_fraction and any(s["num_instances"] for s in evals) else ""))
     histogram = merge_histograms(*[s["histogram"] for s in shards])
-    save_histogram(os.path.join(output_dir, HISTOGRAM_FILE), histogram)
+    histogram_path = os.path.join(output_dir, HISTOGRAM_FILE)
+    save_histogram(histogram_path, histogram)
     lengths = np.arange(1, len(histogram) + 1)
     num_instances = int(histogram.sum())
     first_pass = [s for s in shards if s["dupe_pass"] == 0]
@@ -400,7 +401,7 @@ def _write_summary(sources: list[str], output_dir: str, settings: DatasetSetting
     info = DatasetInfo(
         packed=False, shapes=Shapes(config.max_seq_length, config.max_predictions_per_seq),
         num_sequences=num_instances, num_records=num_instances, files=entries(shards), eval_files=entries(evals),
-        sources=tuple(sources),
+        sources=tuple(sources), histogram_sha256=file_sha256(histogram_path),
         details={
             "settings": settings.to_dict(),
             "num_documents": sum(s["num_documents"] for s in first_pass),

@@ -20,12 +20,13 @@ import os
 
 import numpy as np
 
-from bert_packed.dataset_info import DatasetInfo, FileIdentity, read_dataset_info
+from bert_packed import files
+from bert_packed.dataset_info import METADATA_FILE, DatasetInfo, FileIdentity, file_sha256, read_dataset_info
 from bert_packed.errors import SettingsError
 from bert_packed.features import PACKED_RECORD_MODES, Shapes
 from bert_packed.input_pipeline import PipelineConfig
 from bert_packed.packing import plan
-from bert_packed.packing.histogram import HISTOGRAM_FILE, load_histogram
+from bert_packed.packing.histogram import HISTOGRAM_FILE, HistogramError, load_histogram
 from bert_packed.packing.stream import length_histogram
 from bert_packed.run_directory import RunDirectory
 from bert_packed.training.config import (
@@ -161,9 +162,8 @@ def describe(paths: list[str], flag: str, shapes: Shapes, input_mode: str | None
         chosen = info.select(directory, groups[directory], flag, training, held_out_allowed)
         identity += [FileIdentity(os.path.join(directory, f.name), f.bytes, f.head) for f in chosen]
         whole = len(chosen) == len(info.files) and {f.name for f in chosen} == set(info.file_names)
-        path = os.path.join(directory, HISTOGRAM_FILE)
-        if whole and len(infos) == 1 and os.path.exists(path):
-            dataset_histogram = load_histogram(path, info.shapes.max_seq_length)
+        if whole and len(infos) == 1:
+            dataset_histogram = _dataset_histogram(directory, info)
         if all(f.sequences is not None and f.records is not None for f in chosen):
             sequences += sum(f.sequences for f in chosen)
             records += sum(f.records for f in chosen)
@@ -174,6 +174,29 @@ def describe(paths: list[str], flag: str, shapes: Shapes, input_mode: str | None
     if unknown:
         sequences = records = 0
     return Described(first.packed, first.shapes, sequences, records, tuple(identity), dataset_histogram)
+
+
+def _dataset_histogram(directory: str, info: DatasetInfo) -> np.ndarray | None:
+    """The dataset's histogram.json when it is the dataset's own: the file metadata.json pinned (its
+    SHA-256, when recorded), of the dataset's L, counting the sequences metadata.json counts. Else
+    None, after one line: the run counts the lengths itself."""
+    path = os.path.join(directory, HISTOGRAM_FILE)
+    if not files.exists(path):
+        return None
+    if info.histogram_sha256 is not None and file_sha256(path) != info.histogram_sha256:
+        logging.warning("%s: not the histogram %s recorded (edited, or another dataset's); counting the lengths "
+                        "again", path, METADATA_FILE)
+        return None
+    try:
+        counted = load_histogram(path, info.shapes.max_seq_length)
+    except HistogramError as e:
+        logging.warning("%s; counting the lengths again", e)
+        return None
+    if int(counted.sum()) != info.num_sequences:
+        logging.warning("%s: counts %d sequences, %s %d (another dataset's?); counting the lengths again", path,
+                        int(counted.sum()), METADATA_FILE, info.num_sequences)
+        return None
+    return counted
 
 
 def _check_against_settings(info: DatasetInfo, flag: str, shapes: Shapes, input_mode: str | None,
