@@ -1,5 +1,6 @@
 """The training loop: accumulation, distribution, resume, NaN, evaluation and logs."""
 
+import dataclasses
 import json
 import os
 import re
@@ -65,6 +66,14 @@ try:
     raise AssertionError("3 rows on 2 replicas were taken")
 except SettingsError as e:
     assert str(e) == "--train_batch_size=3 rows do not divide among the 2 replicas: use a multiple of 2", e
+try:  # the eval batch too, before any training (it crashed in tf.distribute at the first evaluation)
+    make_trainer(config(sys.argv[1] + "/odd_eval", files, eval_files=files, eval_packed=True, eval_batch_size=3),
+                 strategy).train()
+    raise AssertionError("an eval batch of 3 rows on 2 replicas was taken")
+except SettingsError as e:
+    assert str(e) == "--eval_batch_size=3 rows do not divide among the 2 replicas: use a multiple of 2", e
+import os
+assert not os.path.exists(sys.argv[1] + "/odd_eval/train_log.jsonl")
 print(max(float(np.abs(a - b).max()) for a, b in zip(weights(single), weights(mirrored))))
 """
 
@@ -147,6 +156,20 @@ def test_packed_and_unpacked_eval_files_give_the_same_metrics(packed_dir, unpack
                             eval_packed=True))
     unpacked = make_trainer(config(tmp_path / "u", tfrecords(packed_dir), eval_files=tuple(tfrecords(unpacked_dir))))
     assert_same_evaluation(packed, unpacked, num_sequences=122)
+
+
+def test_an_evaluation_that_does_not_count_every_eval_sequence_once_is_not_logged(packed_dir, unpacked_dir,
+                                                                                   tmp_path):
+    setup = config(tmp_path, tfrecords(packed_dir), num_train_steps=5, eval_files=tuple(tfrecords(unpacked_dir)),
+                   eval_every_samples=1, target_mlm_accuracy=0.0)
+    miscounted = dataclasses.replace(setup, eval_data=dataclasses.replace(setup.eval_data, num_sequences=121))
+    with pytest.raises(TrainingError, match=r"^the evaluation counted 122 sequences, but the eval files hold 121 "
+                                            r"\(their metadata.json\): each must count once; nothing of it was logged"):
+        make_trainer(miscounted).train()
+    assert read_log(tmp_path / "eval_log.jsonl") == [] and "eval_accuracy" not in open(tmp_path / "mllog.txt").read()
+    counted = dataclasses.replace(setup, eval_data=dataclasses.replace(setup.eval_data, num_sequences=122))
+    make_trainer(counted).train()
+    assert [r["num_sequences"] for r in read_log(tmp_path / "eval_log.jsonl")] == [122]
 
 
 def test_reaching_the_target_stops_the_run_and_logs_it(packed_dir, unpacked_dir, tmp_path):

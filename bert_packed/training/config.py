@@ -71,6 +71,12 @@ def require_fits(max_seq_length: int, bert: BertConfig) -> None:
                                                             f"of the BERT config")
 
 
+def require_divides(flag: str, rows: int, num_replicas: int) -> None:
+    """Raises SettingsError unless `rows` (given by `flag`) share evenly among the replicas."""
+    require(rows % num_replicas == 0, f"{flag}={rows} rows do not divide among the {num_replicas} replicas: use a "
+                                      f"multiple of {num_replicas}")
+
+
 def require_window(window: int, depth: int) -> None:
     require(depth <= window <= MAX_ONLINE_PACKING_WINDOW,
             f"--online_packing_window={window}: at least --max_sequences_per_pack={depth} and at most "
@@ -430,8 +436,7 @@ def batching(config: TrainConfig, input_mode: str, packing_factor: float, max_se
     rows = data.train_batch_size
     if data.adjust_batch_for_packing:
         rows = max(1, round(rows / packing_factor / num_replicas)) * num_replicas
-    require(rows % num_replicas == 0, f"--train_batch_size={rows} rows do not divide among the {num_replicas} "
-                                      f"replicas: use a multiple of {num_replicas}")
+    require_divides("--train_batch_size", rows, num_replicas)
     betas = (optimizer.lamb_beta_1, optimizer.lamb_beta_2)
     if optimizer.adjust_betas_for_packing:
         betas = adjusted_betas(*betas, packing_factor)

@@ -109,6 +109,7 @@ class EvalData:
       input_mode: "padded" (unpacked records), "packed" (packed records) or "packed_online"
         (unpacked records packed as they are read).
       strategies: with "packed_online", as for TrainData.
+      num_sequences: sequences in the files (0 when unknown): what a whole evaluation counts.
     """
 
     files: tuple[str, ...] = ()
@@ -116,6 +117,7 @@ class EvalData:
     shapes: Shapes | None = None
     input_mode: str = "padded"
     strategies: tuple = ()
+    num_sequences: int = 0
 
 
 def describe(paths: list[str], flag: str, shapes: Shapes, input_mode: str | None = None, depth_given: bool = False,
@@ -306,10 +308,10 @@ def eval_data(paths: list[str], flag: str, shapes: Shapes, config: TrainConfig) 
     described = describe(paths, flag, shapes, input_mode)
     if input_mode != "packed_online":
         return EvalData(files=tuple(paths), identity=described.identity, shapes=described.shapes,
-                        input_mode="packed" if described.packed else "padded")
-    _, packing_plan = online_plan(paths, described, shapes)
+                        input_mode="packed" if described.packed else "padded", num_sequences=described.num_sequences)
+    counted, packing_plan = online_plan(paths, described, shapes)
     return EvalData(files=tuple(paths), identity=described.identity, shapes=shapes, input_mode=input_mode,
-                    strategies=packing_plan.strategies)
+                    strategies=packing_plan.strategies, num_sequences=int(counted.sum()))
 
 
 def train_pipeline(data: TrainData, config: TrainConfig, batching: Batching, skip_steps: int = 0) -> PipelineConfig:

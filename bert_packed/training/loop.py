@@ -32,14 +32,14 @@ import time
 import numpy as np
 
 from bert_packed import files
-from bert_packed.dataset_info import refuse_other_output
+from bert_packed.dataset_info import METADATA_FILE, refuse_other_output
 from bert_packed.errors import TrainingError
 from bert_packed.input_pipeline import reading_errors_named
 from bert_packed.model import export_google_checkpoint, load_google_checkpoint
 from bert_packed.model.checkpoint import checkpoint_step
 from bert_packed.run_directory import RunDirectory
 from bert_packed.training.checkpoints import Checkpoints
-from bert_packed.training.config import TrainConfig, describe_run, eval_every_samples
+from bert_packed.training.config import TrainConfig, describe_run, eval_every_samples, require_divides
 from bert_packed.training.data import EvalData, TrainData, eval_pipeline, train_pipeline
 from bert_packed.training.distribution import chief, common_step, on_any_worker
 from bert_packed.training.logs import RunLogs
@@ -140,6 +140,7 @@ def evaluate_only(config: TrainConfig, eval_data: EvalData, step: CompiledStep) 
     evaluates beside a running training job)."""
     directory = run_directory(config, step)
     checkpoints = Checkpoints(directory.checkpoints, step.state, config.run.keep_checkpoint_max)
+    require_divides("--eval_batch_size", config.eval.eval_batch_size, step.strategy.num_replicas_in_sync)
     source = checkpoints.restore()
     if source is None:
         if not config.model.init_checkpoint:
@@ -148,7 +149,7 @@ def evaluate_only(config: TrainConfig, eval_data: EvalData, step: CompiledStep) 
         source = config.model.init_checkpoint
         load_google_checkpoint(step.model, source)
         step.step.assign(checkpoint_step(source))
-    metrics = step.evaluate(eval_pipeline(eval_data, config))
+    metrics = _checked(step.evaluate(eval_pipeline(eval_data, config)), eval_data, config)
     record = {"step": int(step.step.numpy()), "sequences": int(step.sequences.numpy()), "checkpoint": source, **metrics}
     if chief(step.strategy)[0]:  # eval_results.txt only: a training run may be logging here meanwhile
         files.makedirs(directory.path)
@@ -186,6 +187,8 @@ def _claim(directory: RunDirectory, config: TrainConfig, train_data: TrainData, 
            step: CompiledStep) -> dict:
     """Refuses a directory that holds another run, or this run on other data; records this one.
     Returns run.json as found."""
+    if eval_data.files:  # what the training batch is held to, here, not at the first evaluation
+        require_divides("--eval_batch_size", config.eval.eval_batch_size, step.strategy.num_replicas_in_sync)
     refuse_other_output(directory.path, "a training run")
     identity = {**config.identity(), **train_data.identity_settings(),
                 "rows_per_micro_batch": step.batching.rows_per_micro_batch}  # corrected on these replicas
@@ -261,7 +264,7 @@ def _evaluate_and_log(logs: RunLogs, config: TrainConfig, eval_data: EvalData, s
     current, sequences = int(step.step.numpy()), int(step.sequences.numpy())
     logging.debug("evaluating at step %d (%d sequences trained)", current, sequences)
     start = time.perf_counter()
-    metrics = step.evaluate(eval_pipeline(eval_data, config))
+    metrics = _checked(step.evaluate(eval_pipeline(eval_data, config)), eval_data, config)
     logs.eval_seconds += time.perf_counter() - start
     logs.eval({"step": current, "sequences": sequences, "seconds": seconds, **metrics})
     accuracy = metrics.get("mlm_accuracy", 0.0)
@@ -273,6 +276,21 @@ def _evaluate_and_log(logs: RunLogs, config: TrainConfig, eval_data: EvalData, s
     if accuracy >= target:
         logging.info("target mlm accuracy %.3f reached at step %d after %d sequences", target, current, sequences)
     return accuracy >= target
+
+
+def _checked(metrics: dict, eval_data: EvalData, config: TrainConfig) -> dict:
+    """An evaluation's metrics, once it is known to have counted every eval sequence once (a figure
+    over no sequences, or over others, would reach the logs and mllog.txt)."""
+    evaluated = int(metrics.get("num_sequences", 0))
+    if not evaluated:
+        raise TrainingError(f"the evaluation counted no sequence of {', '.join(eval_data.files[:3])}: nothing to "
+                            f"measure accuracy on; give eval files that hold sequences")
+    whole = config.eval.max_eval_steps is None
+    if whole and eval_data.num_sequences and evaluated != eval_data.num_sequences:
+        raise TrainingError(f"the evaluation counted {evaluated:,} sequences, but the eval files hold "
+                            f"{eval_data.num_sequences:,} (their {METADATA_FILE}): each must count once; nothing of "
+                            f"it was logged (a bug: please report it)")
+    return metrics
 
 
 def _finish(directory: RunDirectory, logs: RunLogs, config: TrainConfig, eval_data: EvalData, step: CompiledStep,
