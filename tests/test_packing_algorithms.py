@@ -1,4 +1,5 @@
 import collections
+import re
 
 import numpy as np
 import pytest
@@ -147,11 +148,46 @@ def test_plan_rejects_bad_arguments(kwargs, message):
         plan([1, 2, 3], **kwargs)
 
 
-def test_enumerating_solvers_refuse_huge_depths():
+def test_nnlshp_refuses_huge_depths():
     with pytest.raises(ValueError, match="nnlshp at L=512 and depth 5"):
         plan([1] * 512, 512, "nnlshp", 5)
-    with pytest.raises(ValueError, match="lp at L=512 and depth 6"):
-        plan([1] * 512, 512, "lp", 6)
+
+
+def test_the_lp_never_fails_in_the_solver_it_falls_back_saying_what_it_did(monkeypatch, caplog):
+    """Beyond its column limit it solves a shallower LP (its packs are valid deeper) and keeps
+    that or LPFHP's plan, the fewer packs; when HiGHS fails, its other method, then LPFHP."""
+    import scipy.optimize
+
+    from bert_packed.packing import exact_fill
+
+    histogram = wikipedia_like_histogram(5_000, 64, seed=1)
+    counts = [exact_fill.count_exact_fill_strategies(64, d) for d in (3, 4, 5)]
+    assert counts == [374, 2_280, 9_027]
+    monkeypatch.setattr(exact_fill, "MAX_LP_STRATEGIES", 3_000)
+    deep = plan(histogram, 64, "lp", 5)
+    assert "lp at L=64 and depth 5 would have 9,027 strategies (limit 3,000): solved at depth 4 instead" in caplog.text
+    at_four = plan(histogram, 64, "lp", 4)
+    assert deep.num_packs == min(at_four.num_packs, plan(histogram, 64, "lpfhp", 5).num_packs)
+    assert deep.max_sequences_per_pack == 5 and max(len(lengths) for lengths, _ in deep.strategies) <= 5
+
+    solve = scipy.optimize.linprog
+    methods = []
+
+    def failing(*args, method, **kwargs):
+        methods.append(method)
+        result = solve(*args, method=method, **kwargs)
+        result.status, result.message = 4, "HiGHS Status 4: Solve error"
+        return result
+
+    monkeypatch.setattr(scipy.optimize, "linprog", failing)
+    caplog.clear()
+    fallen = plan(histogram, 64, "lp", 3)
+    assert methods == ["highs-ipm", "highs-ds"]
+    assert re.search(r"HiGHS's highs-ipm stopped \(HiGHS Status 4: Solve error\); solving it with highs-ds",
+                     caplog.text)
+    assert "the packing LP at depth 3 did not solve (HiGHS Status 4: Solve error); packed with lpfhp at depth 3 " \
+           "instead" in caplog.text
+    assert fallen.strategies == plan(histogram, 64, "lpfhp", 3).strategies
 
 
 def test_check_strategies_catches_lost_duplicated_and_oversized_sequences():

@@ -17,6 +17,7 @@ See docs/packing.md.
 from __future__ import annotations
 
 import collections
+import logging
 
 import numpy as np
 import scipy.optimize
@@ -27,7 +28,12 @@ from bert_packed.packing.greedy import Strategies, lpfhp
 
 # Dense NNLS needs an L x S float matrix; this caps it at ~400 MB.
 MAX_NNLS_MATRIX_ENTRIES = 50_000_000
-MAX_LP_STRATEGIES = 2_000_000
+# The LP's columns: HiGHS held 1.2-1.5 GB for the 959,631 of L=512 at depth 4 (docs/packing.md).
+MAX_LP_STRATEGIES = 1_000_000
+# HiGHS's interior point (with its crossover to a vertex) is 2-5x faster than its dual simplex at
+# L=512, depth 3 (22,102 strategies); at depth 4 (959,631) its crossover failed after 50 s, where
+# the dual simplex solved in 29 s.
+SIMPLEX_FIRST_STRATEGIES = 200_000
 
 
 def count_exact_fill_strategies(max_sequence_length: int, depth: int) -> int:
@@ -36,13 +42,18 @@ def count_exact_fill_strategies(max_sequence_length: int, depth: int) -> int:
     >>> count_exact_fill_strategies(512, 3)
     22102
     """
+    return _strategies_by_depth(max_sequence_length, depth)[depth]
+
+
+def _strategies_by_depth(max_sequence_length: int, depth: int) -> list[int]:
+    """The number of exact-fill strategies at each depth 0..`depth`."""
     # ways[n][k]: partitions of n into at most k parts = ways[n][k-1] + ways[n-k][k].
     ways = np.zeros((max_sequence_length + 1, depth + 1), dtype=object)
     ways[0, :] = 1
     for k in range(1, depth + 1):
         for n in range(1, max_sequence_length + 1):
             ways[n, k] = ways[n, k - 1] + (ways[n - k, k] if n >= k else 0)
-    return int(ways[max_sequence_length, depth])
+    return [int(count) for count in ways[max_sequence_length]]
 
 
 def exact_fill_strategies(max_sequence_length: int, depth: int) -> list[tuple[int, ...]]:
@@ -136,6 +147,11 @@ def lp_packing(histogram, max_sequences_per_pack: int = 3) -> Strategies:
     one (4, 3, 1). The 3s take the 3- and 4-slot of the latter; the 1s take the three 1-slots
     and one 2-slot; the other 2-slot stays empty.
 
+    It never fails in the solver: a depth with more than MAX_LP_STRATEGIES strategies is solved
+    at the deepest depth that has fewer (its packs are valid at the depth asked for) and the plan
+    with fewer packs of that and LPFHP's at the full depth is kept; an LP HiGHS cannot solve is
+    packed by LPFHP. Each says so in one line (logging).
+
     Args:
       histogram: int array [L]; histogram[i] = number of sequences of length i + 1.
       max_sequences_per_pack: depth of the enumerated strategies.
@@ -144,17 +160,43 @@ def lp_packing(histogram, max_sequences_per_pack: int = 3) -> Strategies:
       Strategies, sorted by their lengths.
     """
     histogram = np.asarray(histogram, dtype=np.int64)
-    counts, strategies = solve_packing_lp(histogram, max_sequences_per_pack)
+    max_length = len(histogram)
+    counts_by_depth = _strategies_by_depth(max_length, max_sequences_per_pack)
+    depth = max(d for d in range(1, max_sequences_per_pack + 1) if counts_by_depth[d] <= MAX_LP_STRATEGIES)
+    if depth < max_sequences_per_pack:
+        logging.warning("lp at L=%d and depth %d would have %s strategies (limit %s): solved at depth %d instead, "
+                        "the better of that plan and lpfhp's at depth %d kept", max_length, max_sequences_per_pack,
+                        f"{counts_by_depth[-1]:,}", f"{MAX_LP_STRATEGIES:,}", depth, max_sequences_per_pack)
+    try:
+        counts, strategies = solve_packing_lp(histogram, depth)
+    except (PackingLPError, MemoryError) as e:
+        logging.warning("%s; packed with lpfhp at depth %d instead", str(e) or "out of memory in the packing LP",
+                        max_sequences_per_pack)
+        return sorted(lpfhp(histogram, max_sequences_per_pack))
     packs, leftover = fill_slots(strategies, np.rint(counts).astype(np.int64), histogram, allow_shorter=True)
-    for lengths, count in lpfhp(leftover, max_sequences_per_pack) if leftover.any() else []:
+    for lengths, count in lpfhp(leftover, depth) if leftover.any() else []:
         packs[lengths] += count
+    if depth < max_sequences_per_pack:
+        greedy = lpfhp(histogram, max_sequences_per_pack)
+        if sum(count for _, count in greedy) < sum(packs.values()):
+            return sorted(greedy)
     return sorted(packs.items())
+
+
+class PackingLPError(RuntimeError):
+    """HiGHS did not solve the packing LP (lp_packing then packs with LPFHP)."""
 
 
 def solve_packing_lp(histogram, max_sequences_per_pack: int) -> tuple[np.ndarray, list[tuple[int, ...]]]:
     """Solves the LP relaxation of lp_packing; returns (fractional counts, strategies).
 
-    sum(counts) is a lower bound on the packs of any packing at this depth.
+    sum(counts) is a lower bound on the packs of any packing at this depth. Solved by HiGHS: its
+    interior point method (with crossover) up to SIMPLEX_FIRST_STRATEGIES strategies, its dual
+    simplex above; when one method fails, the other.
+
+    Raises:
+      SettingsError: more than MAX_LP_STRATEGIES strategies.
+      PackingLPError: neither method solved it.
     """
     histogram = np.asarray(histogram, dtype=np.int64)
     max_length = len(histogram)
@@ -173,11 +215,18 @@ def solve_packing_lp(histogram, max_sequences_per_pack: int) -> tuple[np.ndarray
         shape=(max_length, max_length - 1))
     constraints = scipy.sparse.hstack([strategy_matrix(strategies, max_length), flow]).tocsc()
     cost = np.concatenate([np.ones(len(strategies)), np.zeros(max_length - 1)])
-    # HiGHS's interior point (with its crossover to a vertex) is 2-5x faster here than its simplex.
-    result = scipy.optimize.linprog(cost, A_ub=-constraints, b_ub=-histogram.astype(float),
-                                    bounds=(0, None), method="highs-ipm")
+    methods = ["highs-ipm", "highs-ds"]
+    if len(strategies) > SIMPLEX_FIRST_STRATEGIES:
+        methods.reverse()
+    result = scipy.optimize.linprog(cost, A_ub=-constraints, b_ub=-histogram.astype(float), bounds=(0, None),
+                                    method=methods[0])
     if result.status != 0:
-        raise RuntimeError(f"the packing LP did not solve: {result.message}")
+        logging.warning("the packing LP at depth %d: HiGHS's %s stopped (%s); solving it with %s",
+                        max_sequences_per_pack, methods[0], result.message, methods[1])
+        result = scipy.optimize.linprog(cost, A_ub=-constraints, b_ub=-histogram.astype(float), bounds=(0, None),
+                                        method=methods[1])
+    if result.status != 0:
+        raise PackingLPError(f"the packing LP at depth {max_sequences_per_pack} did not solve ({result.message})")
     return result.x[:len(strategies)], strategies
 
 
