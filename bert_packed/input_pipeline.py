@@ -351,15 +351,20 @@ def _bucketed(records, shapes: Shapes, batch_size: int, config: PipelineConfig, 
 
 @contextlib.contextmanager
 def reading_errors_named(config: PipelineConfig):
-    """TensorFlow's reading errors name no file: in this block, one finds the bad record and
-    raises an error naming it (or, when the files read cleanly, one line with TensorFlow's reason).
+    """TensorFlow's reading errors name no file: in this block, one that the input raised (its
+    iterator, not the model: a shape error there is a bug, and goes on as it is) is replaced by an
+    error naming the changed file or the bad record (or, when the files read cleanly, one line
+    with TensorFlow's reason).
 
     Raises:
-      CorruptRecordError / RecordError / TrainingError: one line.
+      DataChangedError / CorruptRecordError / RecordError / TrainingError: one line.
     """
     try:
         yield
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
+        if not isinstance(e, tf.errors.DataLossError) and not any(op in str(e) for op in ("IteratorGetNext",
+                                                                                          "Iterator::")):
+            raise
         check_unchanged(config.identity, WATCHED_SINCE)  # a file changed: say that, not what its reading met
         diagnose_input_error(config)
         raise TrainingError(f"reading {', '.join(config.files[:3])}...: {tensorflow_reason(e)}") from None

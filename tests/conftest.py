@@ -247,8 +247,7 @@ def run_command(command, *args, cwd=REPO):
 
     A new process that imports TensorFlow costs 3-4 s; this costs milliseconds, so the bad-input
     cases run here (each command still runs for real in a subprocess in some test marked slow).
-    An exception the command does not turn into an exit status (a bug) propagates, as the
-    traceback a subprocess would print.
+    A bug is what the command makes of it: its traceback and a last line, exit status 1.
     """
     stdout, stderr = io.StringIO(), io.StringIO()
     with command_in_this_process(command, cwd) as module:

@@ -105,6 +105,25 @@ def test_plan_refuses_a_length_beyond_any_bert(tmp_path):
     assert_one_line(result, "count for length 1 is 9223372036854775808; counts must be below 2**62")
 
 
+def test_verbosity_1_shows_the_traceback_of_an_error_and_a_bug_is_never_taken_for_bad_input(tmp_path, monkeypatch):
+    from bert_packed.packing.plan import ALGORITHMS
+
+    path = tmp_path / "h.json"
+    path.write_text("[1, 2, 3]")
+    quiet = run_command("plan_packing", f"--histogram={tmp_path}/missing.json")
+    verbose = run_command("plan_packing", f"--histogram={tmp_path}/missing.json", "--verbosity=1")
+    assert quiet.returncode == verbose.returncode == 2 and "Traceback" not in quiet.stderr
+    assert "Traceback (most recent call last)" in verbose.stderr
+    assert verbose.stderr.strip().splitlines()[-1] == quiet.stderr.strip().splitlines()[-1]
+    # A bug (here a KeyError in the planner): the traceback, then one line that says it is one.
+    monkeypatch.setitem(ALGORITHMS, "lp", lambda histogram, depth: {}["strategies"])
+    bug = run_command("plan_packing", f"--histogram={path}", "--algorithm=lp")
+    assert bug.returncode == 1 and "Traceback (most recent call last)" in bug.stderr
+    assert bug.stderr.strip().splitlines()[-1] == (
+        "plan_packing: internal error: KeyError: 'strategies' (a bug, not your input: please report it with the "
+        "traceback above; exit status 1)")
+
+
 @pytest.mark.parametrize("change, message", [
     ({"hidden_dropout_prob": "0.1"}, "hidden_dropout_prob must be a number, got '0.1'"),
     ({"vocab_size": 2**40}, "vocab_size must be a positive integer below 2**31"),

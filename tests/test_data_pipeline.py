@@ -4,6 +4,7 @@ import tensorflow as tf
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, tfrecords
 
 from bert_packed.dataset_info import DataChangedError, FileIdentity
+from bert_packed.errors import TrainingError
 from bert_packed.features import Shapes, record_features
 from bert_packed.input_pipeline import PipelineConfig, diagnose_input_error, make_dataset, reading_errors_named
 from bert_packed.packing import packer
@@ -178,6 +179,24 @@ def test_a_file_changed_under_packing_on_the_fly_stops_the_stream_at_its_next_ep
         for _ in range(200):
             next(stream)
     assert opened == [path, path]
+
+
+def test_only_errors_of_the_input_are_taken_for_bad_data(configs, monkeypatch):
+    from bert_packed import input_pipeline
+
+    scanned = []
+    monkeypatch.setattr(input_pipeline, "diagnose_input_error", scanned.append)
+    model = tf.errors.InvalidArgumentError(None, None, "Incompatible shapes: [2,3] vs. [2,4]\n\t [[{{node add}}]]")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="Incompatible shapes"):  # a bug: as it is, no scan
+        with reading_errors_named(configs["padded"]):
+            raise model
+    assert scanned == []
+    reading = tf.errors.InvalidArgumentError(None, None, "Key: input_ids.  Can't parse serialized Example.\n\t "
+                                                         "[[{{node IteratorGetNext}}]]")
+    with pytest.raises(TrainingError, match=r"reading .*part-00000-000.tfrecord.*: Key: input_ids.  Can't parse"):
+        with reading_errors_named(configs["padded"]):
+            raise reading
+    assert scanned == [configs["padded"]]
 
 
 def test_unknown_mode_is_refused(configs):

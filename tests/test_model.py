@@ -279,6 +279,19 @@ def test_a_checkpoint_that_does_not_fit_lists_every_problem(tmp_path):
         load_google_checkpoint(model, str(tmp_path / "nothing"))
 
 
+def test_a_torn_checkpoint_is_one_line_and_changes_no_weight(tmp_path):
+    model = BertPretrainingModel(CONFIG)
+    path = write_tf1_checkpoint(str(tmp_path / "model.ckpt"), google_values(model, seed=1))
+    before = [w.numpy() for w in model.weights]
+    assert len(before) == len(google_variable_names(model))
+    data = next(p for p in tmp_path.iterdir() if ".data-" in p.name)
+    data.write_bytes(data.read_bytes()[:data.stat().st_size // 2])  # a copy cut short (it was an IndexError)
+    with pytest.raises(CheckpointError, match=rf"^{path}: cannot read bert/\S+ \(Read less bytes than requested\): "
+                                              r"the checkpoint is cut short or damaged$"):
+        load_google_checkpoint(model, path)
+    assert all(np.array_equal(w.numpy(), b) for w, b in zip(model.weights, before))
+
+
 def test_export_then_import_round_trips(model, data, tmp_path):
     _, _, packed, _ = data
     path = export_google_checkpoint(model, str(tmp_path / "exported"))

@@ -26,6 +26,7 @@ import signal
 import stat
 import sys
 import textwrap
+import traceback
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -36,6 +37,7 @@ from bert_packed.dataset_info import FileIdentity, file_sha256
 from bert_packed.errors import InputFilesError, UserError
 
 # Interrupted by SIGINT (Ctrl-C): the shell's 128 + 2.
+EXIT_BUG = 1  # what Python gives an uncaught exception
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143  # the shell's 128 + 15, as if SIGTERM had not been caught
 
@@ -86,14 +88,20 @@ def run(main: Callable[[list[str]], None], program: str, output_flag: str | tupl
             exit_with(EXIT_TERMINATED, f"{program}: stopped (SIGTERM). {kept}; run the same command again to "
                                        f"continue (exit status {EXIT_TERMINATED})")
         except UserError as e:
+            _traceback_when_verbose()
             fail(program, e)
         except Exception as e:  # noqa: BLE001 - TensorFlow reports a full disk as its own error types
+            _traceback_when_verbose()
             if refused_by_the_filesystem(e):
                 where = getattr(e, "filename", None)
                 reason = getattr(e, "strerror", None) or str(e).strip().splitlines()[0]
                 fail(program, f"{where}: {reason}" if where else reason)
             if not is_disk_full(e):
-                raise
+                if flags.FLAGS.verbosity < 1:
+                    traceback.print_exc()
+                reason = (str(e).strip().splitlines() or [""])[0]
+                exit_with(EXIT_BUG, f"{program}: internal error: {type(e).__name__}: {reason} (a bug, not your "
+                                    f"input: please report it with the traceback above; exit status {EXIT_BUG})")
             names = (output_flag,) if isinstance(output_flag, str) else output_flag
             where = getattr(e, "filename", None) or next(
                 (getattr(flags.FLAGS, name) for name in names if getattr(flags.FLAGS, name)), names[0])
@@ -204,6 +212,12 @@ def command_flags_text() -> str:
     """The command's own flags as a flagfile (flags.txt), one a line, sorted."""
     own = [flag for module in _command_modules() for flag in flags.FLAGS.get_flags_for_module(module)]
     return "".join(f"{text}\n" for text in sorted(flag.serialize() for flag in own) if text)
+
+
+def _traceback_when_verbose() -> None:
+    """With --verbosity=1 (or more), the traceback of the error being handled, above its line."""
+    if flags.FLAGS.verbosity >= 1:
+        traceback.print_exc()
 
 
 def fail(program: str, error: Exception | str) -> NoReturn:

@@ -118,8 +118,14 @@ def _load(model: BertPretrainingModel, path: str, reader) -> int:
             problems.append(f"{name} has shape {list(shapes[name])}, the model needs {list(expected)}")
     if problems:
         raise CheckpointError(f"{path}: does not fit the model ({len(problems)} problems): " + "; ".join(problems))
-    for name, weight, transposed in names:
-        value = reader.get_tensor(name)
+    values = []
+    for name, _, _ in names:  # every value read before any is assigned: a torn file changes nothing
+        try:
+            values.append(reader.get_tensor(name))
+        except (tf.errors.OpError, IndexError) as e:  # TensorFlow's reader says "Read less bytes" by IndexError
+            raise CheckpointError(f"{path}: cannot read {name} ({str(e).splitlines()[0]}): the checkpoint is cut "
+                                  f"short or damaged") from None
+    for (_, weight, transposed), value in zip(names, values):
         weight.assign(value.T if transposed else value)
     return len(names)
 
