@@ -230,6 +230,33 @@ def test_the_packer_compares_its_inputs_with_their_metadata(unpacked_copy, packe
     assert not os.path.exists(tmp_path / "b" / ".work") and not os.path.exists(tmp_path / "d" / ".work")
 
 
+def test_an_eval_set_made_from_the_training_text_is_refused(corpus, unpacked_dir, packed_dir, tmp_path):
+    from bert_packed.training import data
+
+    again = tmp_path / "eval"  # the same text made again under another seed: other instances, the same documents
+    create_pretraining_dataset(corpus, str(again), dataclasses.replace(dataset_settings(seed=7), eval_fraction=0.3),
+                               num_workers=1)
+    assert len(read_dataset_info(unpacked_dir).details["source_sha256"]) == len(corpus)
+    held_out = sorted(str(p) for p in again.glob("eval-*.tfrecord"))
+    parts = sorted(str(p) for p in again.glob("part-*.tfrecord"))
+    assert held_out and parts
+    for train in (tfrecords(unpacked_dir), tfrecords(packed_dir)):  # packed: by way of the records it packed
+        with pytest.raises(SettingsError, match=rf"^--eval_files: the eval data in {again} was made from a text file "
+                                                rf"the training data in \S+ was made from too"):
+            data.require_other_text(train, held_out, "--eval_files")
+    data.require_other_text(parts, held_out, "--eval_files")  # its own held-out documents
+    packed_again = tmp_path / "packed"
+    pack_pretraining_dataset(parts, str(packed_again), SETTINGS, num_workers=1)
+    data.require_other_text(tfrecords(str(packed_again)), held_out, "--eval_files")  # those of what it packed
+    with pytest.raises(SettingsError, match=rf"{parts[0]} is a training file of {again}, which the "
+                                            rf"training data was packed from"):
+        data.require_other_text(tfrecords(str(packed_again)), parts[:1], "--eval_files")
+    text = tmp_path / "other.txt"  # other text: the first file's lines in the reverse order
+    text.write_text("".join(reversed(open(corpus[0]).read().splitlines(keepends=True))))
+    create_pretraining_dataset([str(text)], str(tmp_path / "other"), dataset_settings(), num_workers=1)
+    data.require_other_text(tfrecords(unpacked_dir), tfrecords(str(tmp_path / "other")), "--eval_files")
+
+
 def test_held_out_files_never_train_unless_the_user_says_so(corpus, tmp_path):
     from bert_packed.training import data
 

@@ -63,7 +63,11 @@ def test_a_packed_eval_set_of_one_sequence_per_pack_is_read_as_packed(unpacked_d
                                                                        tmp_path):
     """Depth 1 does not make packed data unpacked: the eval set is parsed with the packed keys."""
     eval_dir = tmp_path / "eval_packed_1"
-    pack_pretraining_dataset(tfrecords(unpacked_dir)[:1], str(eval_dir),
+    # A shard as the reference's files come, with no description of the text it was made from: a
+    # shard of the training data's own dataset would be refused as trained-on text.
+    (tmp_path / "bare").mkdir()
+    bare = shutil.copy(tfrecords(unpacked_dir)[0], tmp_path / "bare")
+    pack_pretraining_dataset([str(bare)], str(eval_dir),
                              PackSettings(Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, 1), "lpfhp"), num_workers=1)
     assert read_dataset_info(str(eval_dir)).packed and read_dataset_info(str(eval_dir)).packing_factor == 1.0
     out = tmp_path / "run"

@@ -279,6 +279,7 @@ def build_config():
         eval_files = expand_globs(eval_pattern, flag)
         if FLAGS.do_train and FLAGS.eval_files:
             require_disjoint(input_files, "--input_file", eval_files, flag)
+            data.require_other_text(input_files, eval_files, flag)
         eval_data = data.eval_data(eval_files, flag, shapes, config)
     return config, train_data, eval_data
 

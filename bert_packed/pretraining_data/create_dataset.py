@@ -413,6 +413,9 @@ def _write_summary(sources: list[str], output_dir: str, settings: DatasetSetting
             "random_next_fraction": sum(s["num_random_next"] for s in shards) / num_instances,
             "num_eval_documents": sum(s["num_documents"] for s in evals),
             "num_eval_instances": sum(s["num_instances"] for s in evals),
+            # The text's content, whatever its path: another dataset made from it is not an eval set.
+            "source_sha256": [s["source_identity"].get("sha256") for s in sorted(first_pass,
+                                                                                  key=lambda s: s["file_index"])],
         })
     return write_dataset_info(output_dir, info)
 

@@ -21,7 +21,14 @@ import os
 import numpy as np
 
 from bert_packed import files
-from bert_packed.dataset_info import METADATA_FILE, DatasetInfo, FileIdentity, file_sha256, read_dataset_info
+from bert_packed.dataset_info import (
+    METADATA_FILE,
+    DatasetInfo,
+    DatasetInfoError,
+    FileIdentity,
+    file_sha256,
+    read_dataset_info,
+)
 from bert_packed.errors import SettingsError
 from bert_packed.features import PACKED_RECORD_MODES, Shapes
 from bert_packed.input_pipeline import PipelineConfig
@@ -176,6 +183,56 @@ def describe(paths: list[str], flag: str, shapes: Shapes, input_mode: str | None
     if unknown:
         sequences = records = 0
     return Described(first.packed, first.shapes, sequences, records, tuple(identity), dataset_histogram)
+
+
+def require_other_text(train_paths: list[str], eval_paths: list[str], eval_flag: str) -> None:
+    """Raises SettingsError when the eval data was made from a text file the training data was made
+    from too (by content, as create_pretraining_data records it: `source_sha256`; packed data by
+    way of the records it packed). The held-out files of a dataset the training data is, or was
+    packed from, are made from other documents of the same text, and pass; its training shards do
+    not (packed data trains on them).
+    """
+    train_dirs = {os.path.dirname(path) for path in train_paths}
+    lineage = {directory: info for directory in train_dirs for directory, info in _lineage(directory)}
+    trained = {digest: directory for directory in train_dirs for digest in _text_digests(directory)}
+    for directory in sorted({os.path.dirname(path) for path in eval_paths} - train_dirs):
+        if directory in lineage:
+            held_out = {f.name for f in lineage[directory].eval_files}
+            shard = next((p for p in eval_paths if os.path.dirname(p) == directory
+                          and os.path.basename(p) not in held_out), None)
+            if shard is not None:
+                raise SettingsError(f"{eval_flag}: {shard} is a training file of {directory}, which the training "
+                                    f"data was packed from: its sequences are trained on; evaluate on the held-out "
+                                    f"files (eval-*.tfrecord) or other data")
+            continue
+        for digest in _text_digests(directory):
+            if digest in trained:
+                raise SettingsError(f"{eval_flag}: the eval data in {directory} was made from a text file the "
+                                    f"training data in {trained[digest]} was made from too: its documents would be "
+                                    f"trained on; make the eval set from other text, or hold it out with "
+                                    f"create_pretraining_data --eval_fraction")
+
+
+def _lineage(directory: str) -> list[tuple[str, DatasetInfo]]:
+    """A dataset and the datasets its sources are in (one level: the unpacked data of packed data)."""
+    info = read_dataset_info(directory)
+    if info is None:
+        return []
+    found = [(directory, info)]
+    for source in {os.path.dirname(path) for path in info.sources if os.path.isabs(path) or "://" in path}:
+        try:
+            made_from = read_dataset_info(source)
+        except DatasetInfoError:  # a damaged description of the data this was made from: not this run's
+            continue
+        if made_from is not None:
+            found.append((source, made_from))
+    return found
+
+
+def _text_digests(directory: str) -> set[str]:
+    """The SHA-256s of the text files a dataset was made from: its own (create_pretraining_data's),
+    or those of the datasets its sources are in (pack_pretraining_data's)."""
+    return {d for _, info in _lineage(directory) for d in info.details.get("source_sha256", ()) if d}
 
 
 def _dataset_histogram(directory: str, info: DatasetInfo) -> np.ndarray | None:
