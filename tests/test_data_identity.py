@@ -242,7 +242,7 @@ def test_an_eval_set_made_from_the_training_text_is_refused(corpus, unpacked_dir
     assert held_out and parts
     for train in (tfrecords(unpacked_dir), tfrecords(packed_dir)):  # packed: by way of the records it packed
         with pytest.raises(SettingsError, match=rf"^--eval_files: the eval data in {again} was made from a text file "
-                                                rf"the training data in \S+ was made from too"):
+                                                rf"the training data \(\S+\) was made from too"):
             data.require_other_text(train, held_out, "--eval_files")
     data.require_other_text(parts, held_out, "--eval_files")  # its own held-out documents
     packed_again = tmp_path / "packed"

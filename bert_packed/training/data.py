@@ -193,8 +193,8 @@ def require_other_text(train_paths: list[str], eval_paths: list[str], eval_flag:
     not (packed data trains on them).
     """
     train_dirs = {os.path.dirname(path) for path in train_paths}
-    lineage = {directory: info for directory in train_dirs for directory, info in _lineage(directory)}
-    trained = {digest: directory for directory in train_dirs for digest in _text_digests(directory)}
+    lineage = {made: info for train_dir in train_dirs for made, info in _lineage(train_dir)}
+    trained = {digest: made for made, info in lineage.items() for digest in _text_digests(info)}
     for directory in sorted({os.path.dirname(path) for path in eval_paths} - train_dirs):
         if directory in lineage:
             held_out = {f.name for f in lineage[directory].eval_files}
@@ -205,10 +205,10 @@ def require_other_text(train_paths: list[str], eval_paths: list[str], eval_flag:
                                     f"data was packed from: its sequences are trained on; evaluate on the held-out "
                                     f"files (eval-*.tfrecord) or other data")
             continue
-        for digest in _text_digests(directory):
+        for digest in {d for _, info in _lineage(directory) for d in _text_digests(info)}:
             if digest in trained:
                 raise SettingsError(f"{eval_flag}: the eval data in {directory} was made from a text file the "
-                                    f"training data in {trained[digest]} was made from too: its documents would be "
+                                    f"training data ({trained[digest]}) was made from too: its documents would be "
                                     f"trained on; make the eval set from other text, or hold it out with "
                                     f"create_pretraining_data --eval_fraction")
 
@@ -229,10 +229,9 @@ def _lineage(directory: str) -> list[tuple[str, DatasetInfo]]:
     return found
 
 
-def _text_digests(directory: str) -> set[str]:
-    """The SHA-256s of the text files a dataset was made from: its own (create_pretraining_data's),
-    or those of the datasets its sources are in (pack_pretraining_data's)."""
-    return {d for _, info in _lineage(directory) for d in info.details.get("source_sha256", ()) if d}
+def _text_digests(info: DatasetInfo) -> set[str]:
+    """The SHA-256s of the text files a dataset was made from (create_pretraining_data's record)."""
+    return {digest for digest in info.details.get("source_sha256", ()) if digest}
 
 
 def _dataset_histogram(directory: str, info: DatasetInfo) -> np.ndarray | None:
