@@ -125,6 +125,20 @@ def unpacked_dir(corpus, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def other_text_dir(corpus, tmp_path_factory):
+    """Unpacked records of other text than the training data's (the first corpus file's lines in
+    the reverse order): an eval set run_pretraining takes beside training on the corpus."""
+    from bert_packed.pretraining_data.create_dataset import create_pretraining_dataset
+
+    root = tmp_path_factory.mktemp("other_text")
+    text = root / "text.txt"
+    text.write_text("".join(reversed(open(corpus[0]).read().splitlines(keepends=True))))
+    directory = str(root / "records")
+    create_pretraining_dataset([str(text)], directory, dataset_settings(), num_workers=1)
+    return directory
+
+
+@pytest.fixture(scope="session")
 def packed_dir(unpacked_dir, tmp_path_factory):
     from bert_packed.features import Shapes
     from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset

@@ -237,7 +237,7 @@ def kill_when(process, path, lines, delay):
 
 
 @pytest.mark.slow
-def test_kill_9_at_random_moments_then_the_same_command(packed_dir, unpacked_dir, bert_config_file, tmp_path):
+def test_kill_9_at_random_moments_then_the_same_command(packed_dir, other_text_dir, bert_config_file, tmp_path):
     """kill -9 twice, at moments drawn at random after a few log lines, then the same command:
     the run ends with the weights and logs of the uninterrupted one, and its mllog.txt passes."""
     import random
@@ -245,7 +245,7 @@ def test_kill_9_at_random_moments_then_the_same_command(packed_dir, unpacked_dir
     from bert_packed.model import BertConfig, BertPretrainingModel, load_google_checkpoint
 
     data = [f"--bert_config_file={bert_config_file}", f"--input_files={packed_dir}/packed-*.tfrecord",
-            f"--eval_files={unpacked_dir}/part-*.tfrecord"]
+            f"--eval_files={other_text_dir}/part-*.tfrecord"]
     straight = subprocess.run(run_command(tmp_path / "straight", *data), capture_output=True, text=True, timeout=600,
                               cwd=REPO)
     assert straight.returncode == 0, straight.stderr[-3000:]

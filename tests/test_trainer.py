@@ -204,10 +204,10 @@ def run_cli(*args):
 
 
 @pytest.mark.slow
-def test_cli_trains_logs_and_records_its_flags(packed_dir, unpacked_dir, bert_config_file, tmp_path):
+def test_cli_trains_logs_and_records_its_flags(packed_dir, other_text_dir, bert_config_file, tmp_path):
     out = tmp_path / "run"
     result = run_cli(f"--bert_config_file={bert_config_file}", f"--input_files={packed_dir}/packed-*.tfrecord",
-                     f"--eval_files={unpacked_dir}/part-*.tfrecord", f"--output_dir={out}", "--max_seq_length=128",
+                     f"--eval_files={other_text_dir}/part-*.tfrecord", f"--output_dir={out}", "--max_seq_length=128",
                      "--max_predictions_per_seq=20", "--max_sequences_per_pack=3", "--train_batch_size=4",
                      "--num_train_steps=2", "--eval_every_samples=0", "--adjust_betas_for_packing")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -320,12 +320,12 @@ def free_ports(count):
 
 
 @pytest.mark.slow
-def test_two_local_workers_train_together_and_hold_the_same_weights(packed_dir, unpacked_dir, bert_config_file,
+def test_two_local_workers_train_together_and_hold_the_same_weights(packed_dir, other_text_dir, bert_config_file,
                                                                     tmp_path):
     """...and evaluate one eval file together, each a share of its records, to the single-process figure."""
     import tensorflow as tf
 
-    eval_file = tfrecords(unpacked_dir)[0]
+    eval_file = tfrecords(other_text_dir)[0]
 
     cluster = {"worker": [f"127.0.0.1:{port}" for port in free_ports(2)]}
     out = tmp_path / "run"
@@ -635,17 +635,17 @@ print(json.dumps({"files": sorted(tf.io.gfile.listdir("ram://run")), "train": le
 
 
 @pytest.mark.slow
-def test_any_tensorflow_filesystem_holds_inputs_metadata_logs_and_checkpoints(packed_dir, unpacked_dir,
+def test_any_tensorflow_filesystem_holds_inputs_metadata_logs_and_checkpoints(packed_dir, other_text_dir,
                                                                               bert_config_file):
     """TensorFlow's in-memory ram:// filesystem: globbing, metadata.json, logs and checkpoints."""
-    result = subprocess.run([sys.executable, "-c", RAM, packed_dir, bert_config_file, unpacked_dir],
+    result = subprocess.run([sys.executable, "-c", RAM, packed_dir, bert_config_file, other_text_dir],
                             capture_output=True, text=True, timeout=600, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     found = json.loads(result.stdout.strip().splitlines()[-1])
     assert {"checkpoints", "eval_log.jsonl", "flags.txt", "mllog.txt", "run.json", "tensorboard",
             "train_log.jsonl"} <= set(found["files"])
     assert found["train"] == 4 and found["checkpoint"] == "ram://run/checkpoints/ckpt-4"
-    assert found["eval"]["num_sequences"] == read_dataset_info(packed_dir).num_sequences
+    assert found["eval"]["num_sequences"] == read_dataset_info(other_text_dir).num_sequences
     assert found["run"]["packing_factor"] == pytest.approx(read_dataset_info(packed_dir).packing_factor)
     assert found["mllog"] > 20 and "--output_dir=ram://run" in found["flags"]
 

@@ -192,13 +192,13 @@ def require_other_text(train_paths: list[str], eval_paths: list[str], eval_flag:
     packed from, are made from other documents of the same text, and pass; its training shards do
     not (packed data trains on them).
     """
-    train_dirs = {os.path.dirname(path) for path in train_paths}
+    train_dirs = {_directory(path) for path in train_paths}
     lineage = {made: info for train_dir in train_dirs for made, info in _lineage(train_dir)}
     trained = {digest: made for made, info in lineage.items() for digest in _text_digests(info)}
-    for directory in sorted({os.path.dirname(path) for path in eval_paths} - train_dirs):
+    for directory in sorted({_directory(path) for path in eval_paths} - train_dirs):
         if directory in lineage:
             held_out = {f.name for f in lineage[directory].eval_files}
-            shard = next((p for p in eval_paths if os.path.dirname(p) == directory
+            shard = next((p for p in eval_paths if _directory(p) == directory
                           and os.path.basename(p) not in held_out), None)
             if shard is not None:
                 raise SettingsError(f"{eval_flag}: {shard} is a training file of {directory}, which the training "
@@ -211,6 +211,12 @@ def require_other_text(train_paths: list[str], eval_paths: list[str], eval_flag:
                                     f"training data ({trained[digest]}) was made from too: its documents would be "
                                     f"trained on; make the eval set from other text, or hold it out with "
                                     f"create_pretraining_data --eval_fraction")
+
+
+def _directory(path: str) -> str:
+    """A file's directory, one spelling of it (a relative path made absolute, as the packer records
+    its sources)."""
+    return os.path.dirname(path if "://" in path else os.path.abspath(path))
 
 
 def _lineage(directory: str) -> list[tuple[str, DatasetInfo]]:
