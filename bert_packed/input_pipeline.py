@@ -66,9 +66,9 @@ class PipelineConfig:
       type_vocab_size: when given, the same for segment ids.
       strategies: with "packed_online", the strategies of the plan the packer fills.
       online_packing_window: with "packed_online", sequences the packer may hold at once.
-      identity: when given, each file's FileIdentity as the run started: a file is checked against
-        it whenever it is opened (each epoch, each evaluation), and one that changed stops the
-        pipeline before any of its records is read.
+      identity: when given, each file's FileIdentity as the run started: checked before each
+        evaluation and, packed on the fly, before each file is read; a reading error is traced to a
+        changed file first.
     """
 
     files: tuple[str, ...]
@@ -134,8 +134,7 @@ def make_dataset(config: PipelineConfig, input_context: tf.distribute.InputConte
     if config.mode == "packed_online":
         return _packed_online(config, batch_size, skip, None)
     if config.is_training:
-        files = _checked_when_opened(files.shuffle(len(config.files), seed=config.seed,
-                                                   reshuffle_each_iteration=True).repeat(), config.identity)
+        files = files.shuffle(len(config.files), seed=config.seed, reshuffle_each_iteration=True).repeat()
     records = files.interleave(tf.data.TFRecordDataset, cycle_length=config.cycle_length,
                                num_parallel_calls=tf.data.AUTOTUNE, deterministic=config.deterministic or None)
     if config.is_training:
@@ -147,19 +146,6 @@ def make_dataset(config: PipelineConfig, input_context: tf.distribute.InputConte
         batches = records.batch(batch_size, drop_remainder=config.is_training).skip(skip)
         dataset = _parsed(batches, config)
     return _finished(dataset, config)
-
-
-def _checked_when_opened(files: tf.data.Dataset, identity: tuple) -> tf.data.Dataset:
-    """The file names, each checked against its identity as it is handed on to be opened."""
-    if not identity:
-        return files
-    by_path = {entry.path: entry for entry in identity}
-
-    def check(path):
-        check_unchanged([by_path[path.numpy().decode()]], WATCHED_SINCE)
-        return path
-
-    return files.map(lambda path: tf.ensure_shape(tf.py_function(check, [path], tf.string), []))
 
 
 def _parsed(batches: tf.data.Dataset, config: PipelineConfig) -> tf.data.Dataset:
