@@ -221,6 +221,12 @@ class DatasetInfo:
         """Sequences per record (1.0 for unpacked data)."""
         return self.num_sequences / self.num_records if self.num_records else 1.0
 
+    def differing_lengths(self, shapes: Shapes) -> list[str]:
+        """The names of L and P ("max_seq_length", "max_predictions_per_seq") whose values in
+        `shapes` are not the data's, in that order."""
+        return [name for name in ("max_seq_length", "max_predictions_per_seq")
+                if getattr(self.shapes, name) != getattr(shapes, name)]
+
     @property
     def file_names(self) -> tuple[str, ...]:
         return tuple(f.name for f in self.files)

@@ -147,10 +147,11 @@ def _described_inputs(sources: list[str], shapes: Shapes) -> dict[str, DataFile]
         if info.packed:
             raise DatasetFilesError(f"--input_files: {metadata_path(directory)} describes packed data; the packer "
                                     f"reads unpacked records (create_pretraining_data's)")
-        for name in ("max_seq_length", "max_predictions_per_seq"):
-            if getattr(info.shapes, name) != getattr(shapes, name):
-                raise SettingsError(f"--input_files: {metadata_path(directory)} says {name}="
-                                    f"{getattr(info.shapes, name)}, but --{name}={getattr(shapes, name)}")
+        differing = info.differing_lengths(shapes)
+        if differing:
+            name = differing[0]
+            raise SettingsError(f"--input_files: {metadata_path(directory)} says {name}={getattr(info.shapes, name)}, "
+                                f"but --{name}={getattr(shapes, name)}")
         entries.update(zip(paths, info.select(directory, paths, "--input_files", training=False)))
     return entries
 

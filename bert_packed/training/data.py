@@ -276,10 +276,11 @@ def _check_against_settings(info: DatasetInfo, flag: str, shapes: Shapes, input_
     if packed and depth_given and depth != shapes.max_sequences_per_pack:
         raise SettingsError(f"{flag}: packed with max_sequences_per_pack={depth}, but --max_sequences_per_pack="
                             f"{shapes.max_sequences_per_pack}")
-    for name in ("max_seq_length", "max_predictions_per_seq"):
-        if getattr(info.shapes, name) != getattr(shapes, name):
-            raise SettingsError(f"{flag}: the data has {name}={getattr(info.shapes, name)}, but --{name}="
-                                f"{getattr(shapes, name)}")
+    differing = info.differing_lengths(shapes)
+    if differing:
+        name = differing[0]
+        raise SettingsError(f"{flag}: the data has {name}={getattr(info.shapes, name)}, but --{name}="
+                            f"{getattr(shapes, name)}")
 
 
 def default_input_mode(paths: list[str], given: str | None) -> str:
