@@ -1,5 +1,6 @@
 import dataclasses
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from conftest import (
     write_corpus,
 )
 
+from bert_packed.cli.common import expand_globs
 from bert_packed.dataset_info import read_dataset_info
 from bert_packed.features import Shapes
 from bert_packed.packing import load_histogram
@@ -284,6 +286,21 @@ def test_eval_split_holds_out_whole_documents(corpus, unpacked_dir, tmp_path):
     assert held_out and len(train & held_out) < 0.01 * len(held_out)
     histogram = load_histogram(os.path.join(tmp_path, "histogram.json"))
     assert histogram.sum() == metadata["num_instances"]  # training records only
+
+
+def test_a_held_out_share_that_holds_out_nothing_writes_no_empty_eval_file(corpus, tmp_path, caplog):
+    # 16 documents at 1%: the seeded draws hold none out. An empty eval-*.tfrecord listed in
+    # metadata.json made every command refuse the dataset's own eval glob as "empty".
+    settings = dataclasses.replace(dataset_settings(), eval_fraction=0.01)
+    metadata = create_pretraining_dataset(corpus, str(tmp_path), settings, num_workers=1)
+    assert metadata["num_eval_instances"] == 0 and metadata["eval_files"] == []
+    assert sorted(n for n in os.listdir(tmp_path) if n.startswith("eval-")) == ["eval-00000.json", "eval-00001.json"]
+    assert "--eval_fraction=0.01 held out no document of 2 input files" in caplog.text
+    assert len(expand_globs(str(tmp_path / "*.tfrecord"), "--input_files")) == len(metadata["files"]) == 4
+    # The jobs are done (their .json alone): the same call again redoes nothing.
+    with caplog.at_level(logging.INFO):
+        assert create_pretraining_dataset(corpus, str(tmp_path), settings, num_workers=1) == metadata
+    assert "already made with these settings and inputs; nothing to do" in caplog.text
 
 
 def test_a_huge_line_without_a_boundary_is_cut_into_pieces_and_fills_instances(tmp_path, caplog):

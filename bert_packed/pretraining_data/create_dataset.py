@@ -10,6 +10,8 @@ a job whose .json exists is done: an interrupted run resumes where it stopped.
 
 With eval_fraction > 0, a seeded share of each file's documents is held out: they never reach
 the training shards, and one more job per file writes them once as `eval-{i:05d}.tfrecord`.
+A shard with no instance (a small file that holds nothing out, say) is not written: its .json
+alone marks the job done.
 
 Output directory:
   part-00000-000.tfrecord ...   unpacked training records
@@ -345,9 +347,10 @@ def _run_pass(file_index: int, dupe_pass: int, source: tuple[str, dict], documen
                                  (tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id), rng, continuation)
     shapes = Shapes(config.max_seq_length, config.max_predictions_per_seq)
     name = shard_name(file_index, dupe_pass)
-    with TFRecordWriter(os.path.join(output_dir, name + ".tfrecord")) as writer:
-        for start in range(0, len(instances), 4096):  # padded int64 features a chunk at a time: bounded memory
-            writer.write_examples(instance_features(instances[start:start + 4096], shapes))
+    if instances:  # no empty shard: every reader refuses an empty file, the dataset's own glob included
+        with TFRecordWriter(os.path.join(output_dir, name + ".tfrecord")) as writer:
+            for start in range(0, len(instances), 4096):  # padded int64 features a chunk at a time: bounded memory
+                writer.write_examples(instance_features(instances[start:start + 4096], shapes))
     summary = {
         "source": source[0],
         "source_identity": source[1],
@@ -396,7 +399,12 @@ def _write_summary(sources: list[str], output_dir: str, settings: DatasetSetting
 
     def entries(summaries):
         return tuple(DataFile.of(os.path.join(output_dir, shard_name(s["file_index"], s["dupe_pass"]) + ".tfrecord"),
-                                 records=s["num_instances"], sequences=s["num_instances"]) for s in summaries)
+                                 records=s["num_instances"], sequences=s["num_instances"])
+                     for s in summaries if s["num_instances"])
+
+    if settings.eval_fraction and not any(s["num_instances"] for s in evals):
+        logging.warning("--eval_fraction=%s held out no document of %d input files: no eval-*.tfrecord written",
+                        settings.eval_fraction, len(sources))
 
     info = DatasetInfo(
         packed=False, shapes=Shapes(config.max_seq_length, config.max_predictions_per_seq),
