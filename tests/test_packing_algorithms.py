@@ -153,6 +153,18 @@ def test_nnlshp_refuses_huge_depths():
         plan([1] * 512, 512, "nnlshp", 5)
 
 
+def test_strategies_are_counted_exactly_and_counting_stops_past_a_limit():
+    from bert_packed.packing import exact_fill
+
+    for length in range(1, 13):
+        for depth in range(1, 15):
+            assert exact_fill.count_exact_fill_strategies(length, depth) == len(
+                exact_fill.exact_fill_strategies(length, depth))
+    # Partitions of L into at most 3 parts: round((L + 3)^2 / 12). Counting stops at depth 3, the
+    # first past the limit: an (L + 1) x (depth + 1) table had taken 32 GiB here.
+    assert exact_fill.count_exact_fill_strategies(65_536, 65_536, limit=1_000_000) == round(65_539**2 / 12)
+
+
 def test_the_lp_never_fails_in_the_solver_it_falls_back_saying_what_it_did(monkeypatch, caplog):
     """Beyond its column limit it solves a shallower LP (its packs are valid deeper) and keeps
     that or LPFHP's plan, the fewer packs; when HiGHS fails, its other method, then LPFHP."""
@@ -165,7 +177,8 @@ def test_the_lp_never_fails_in_the_solver_it_falls_back_saying_what_it_did(monke
     assert counts == [374, 2_280, 9_027]
     monkeypatch.setattr(exact_fill, "MAX_LP_STRATEGIES", 3_000)
     deep = plan(histogram, 64, "lp", 5)
-    assert "lp at L=64 and depth 5 would have 9,027 strategies (limit 3,000): solved at depth 4 instead" in caplog.text
+    assert ("lp at L=64 and depth 5 would have over 3,000 strategies (9,027 at depth 5): solved at depth 4 instead"
+            in caplog.text)
     at_four = plan(histogram, 64, "lp", 4)
     assert deep.num_packs == min(at_four.num_packs, plan(histogram, 64, "lpfhp", 5).num_packs)
     assert deep.max_sequences_per_pack == 5 and max(len(lengths) for lengths, _ in deep.strategies) <= 5

@@ -17,6 +17,7 @@ See docs/packing.md.
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 
 import numpy as np
@@ -36,24 +37,32 @@ MAX_LP_STRATEGIES = 1_000_000
 SIMPLEX_FIRST_STRATEGIES = 200_000
 
 
-def count_exact_fill_strategies(max_sequence_length: int, depth: int) -> int:
+def count_exact_fill_strategies(max_sequence_length: int, depth: int, limit: int | None = None) -> int:
     """Number of multisets of at most `depth` lengths summing to L (partitions of L).
+
+    With `limit`, counting stops at the first depth with more than `limit`: then the result is
+    only known to exceed `limit` (time and memory stay bounded at any L and depth).
 
     >>> count_exact_fill_strategies(512, 3)
     22102
     """
-    return _strategies_by_depth(max_sequence_length, depth)[depth]
+    return _strategies_by_depth(max_sequence_length, depth, limit)[-1]
 
 
-def _strategies_by_depth(max_sequence_length: int, depth: int) -> list[int]:
-    """The number of exact-fill strategies at each depth 0..`depth`."""
-    # ways[n][k]: partitions of n into at most k parts = ways[n][k-1] + ways[n-k][k].
-    ways = np.zeros((max_sequence_length + 1, depth + 1), dtype=object)
-    ways[0, :] = 1
-    for k in range(1, depth + 1):
-        for n in range(1, max_sequence_length + 1):
-            ways[n, k] = ways[n, k - 1] + (ways[n - k, k] if n >= k else 0)
-    return [int(count) for count in ways[max_sequence_length]]
+def _strategies_by_depth(max_sequence_length: int, depth: int, limit: int | None = None) -> list[int]:
+    """The number of exact-fill strategies at each depth 0..min(`depth`, L), or up to the first
+    depth with more than `limit`."""
+    # ways[n]: partitions of n into at most k parts. From k - 1 to k, ways[n] += ways[n - k] for
+    # n ascending: a running sum over each residue of n modulo k. One row, O(L) memory.
+    ways = [1] + [0] * max_sequence_length
+    counts = [ways[-1]]
+    for k in range(1, min(depth, max_sequence_length) + 1):  # deeper adds none: L has at most L parts
+        for residue in range(k):
+            ways[residue::k] = itertools.accumulate(ways[residue::k])
+        counts.append(ways[-1])
+        if limit is not None and ways[-1] > limit:
+            break
+    return counts
 
 
 def exact_fill_strategies(max_sequence_length: int, depth: int) -> list[tuple[int, ...]]:
@@ -110,11 +119,11 @@ def nnlshp(histogram, max_sequences_per_pack: int = 3) -> Strategies:
     """
     histogram = np.asarray(histogram, dtype=np.int64)
     max_length = len(histogram)
-    num_strategies = count_exact_fill_strategies(max_length, max_sequences_per_pack)
-    if num_strategies * max_length > MAX_NNLS_MATRIX_ENTRIES:
+    limit = MAX_NNLS_MATRIX_ENTRIES // max_length
+    if count_exact_fill_strategies(max_length, max_sequences_per_pack, limit) > limit:
         raise SettingsError(
             f"nnlshp at L={max_length} and depth {max_sequences_per_pack} needs a dense "
-            f"{max_length} x {num_strategies} matrix; use a smaller --max-sequences-per-pack, "
+            f"{max_length} x (over {limit:,}) matrix; use a smaller --max-sequences-per-pack, "
             f"or the lp or lpfhp algorithm")
     strategies = exact_fill_strategies(max_length, max_sequences_per_pack)
     matrix = strategy_matrix(strategies, max_length).toarray()
@@ -161,12 +170,14 @@ def lp_packing(histogram, max_sequences_per_pack: int = 3) -> Strategies:
     """
     histogram = np.asarray(histogram, dtype=np.int64)
     max_length = len(histogram)
-    counts_by_depth = _strategies_by_depth(max_length, max_sequences_per_pack)
-    depth = max(d for d in range(1, max_sequences_per_pack + 1) if counts_by_depth[d] <= MAX_LP_STRATEGIES)
-    if depth < max_sequences_per_pack:
-        logging.warning("lp at L=%d and depth %d would have %s strategies (limit %s): solved at depth %d instead, "
-                        "the better of that plan and lpfhp's at depth %d kept", max_length, max_sequences_per_pack,
-                        f"{counts_by_depth[-1]:,}", f"{MAX_LP_STRATEGIES:,}", depth, max_sequences_per_pack)
+    counts_by_depth = _strategies_by_depth(max_length, max_sequences_per_pack, MAX_LP_STRATEGIES)
+    shallower = counts_by_depth[-1] > MAX_LP_STRATEGIES
+    depth = len(counts_by_depth) - (2 if shallower else 1)
+    if shallower:
+        logging.warning("lp at L=%d and depth %d would have over %s strategies (%s at depth %d): solved at depth "
+                        "%d instead, the better of that plan and lpfhp's at depth %d kept", max_length,
+                        max_sequences_per_pack, f"{MAX_LP_STRATEGIES:,}", f"{counts_by_depth[-1]:,}", depth + 1,
+                        depth, max_sequences_per_pack)
     try:
         counts, strategies = solve_packing_lp(histogram, depth)
     except (PackingLPError, MemoryError) as e:
@@ -176,7 +187,7 @@ def lp_packing(histogram, max_sequences_per_pack: int = 3) -> Strategies:
     packs, leftover = fill_slots(strategies, np.rint(counts).astype(np.int64), histogram, allow_shorter=True)
     for lengths, count in lpfhp(leftover, depth) if leftover.any() else []:
         packs[lengths] += count
-    if depth < max_sequences_per_pack:
+    if shallower:
         greedy = lpfhp(histogram, max_sequences_per_pack)
         if sum(count for _, count in greedy) < sum(packs.values()):
             return sorted(greedy)
@@ -200,12 +211,10 @@ def solve_packing_lp(histogram, max_sequences_per_pack: int) -> tuple[np.ndarray
     """
     histogram = np.asarray(histogram, dtype=np.int64)
     max_length = len(histogram)
-    num_strategies = count_exact_fill_strategies(max_length, max_sequences_per_pack)
-    if num_strategies > MAX_LP_STRATEGIES:
+    if count_exact_fill_strategies(max_length, max_sequences_per_pack, MAX_LP_STRATEGIES) > MAX_LP_STRATEGIES:
         raise SettingsError(
-            f"lp at L={max_length} and depth {max_sequences_per_pack} has {num_strategies} "
-            f"strategies (limit {MAX_LP_STRATEGIES}); use a smaller --max-sequences-per-pack "
-            f"or the lpfhp algorithm")
+            f"lp at L={max_length} and depth {max_sequences_per_pack} has over {MAX_LP_STRATEGIES:,} "
+            f"strategies; use a smaller --max-sequences-per-pack or the lpfhp algorithm")
     strategies = exact_fill_strategies(max_length, max_sequences_per_pack)
     # Hand-down flow f_l for l = 2..L: leaves row l (-1), arrives at row l - 1 (+1).
     lengths = np.arange(2, max_length + 1)
