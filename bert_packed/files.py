@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 import time
 
@@ -75,6 +76,18 @@ def makedirs(path: str) -> None:
 def isdir(path: str) -> bool:
     gfile = _gfile(path)
     return gfile.isdir(path) if gfile is not None else os.path.isdir(path)
+
+
+def isfile(path: str) -> bool:
+    """Whether `path` is a regular file: not a directory, nor a device or a pipe (which never end,
+    or block the reader)."""
+    gfile = _gfile(path)
+    if gfile is not None:
+        return gfile.exists(path) and not gfile.isdir(path)
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 def listdir(path: str) -> list[str]:

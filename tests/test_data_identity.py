@@ -182,7 +182,11 @@ def test_a_side_histogram_that_is_not_the_dataset_s_is_recounted_with_one_line(u
     foreign = own.copy()
     foreign[:] = 0
     foreign[-1] = 1  # another dataset's: one full-length sequence (a packing factor of 1.0, train_samples 1)
+    side = unpacked_copy / "histogram.json"
     edits = [
+        (lambda: (side.unlink(), side.mkdir()), r"histogram.json: not a regular file; counting the lengths again"),
+        (lambda: (side.rmdir(), os.mkfifo(side)), r"histogram.json: not a regular file"),  # read, it would block
+        (lambda: side.unlink(), r"histogram.json: missing, though metadata.json records it; counting the lengths"),
         (lambda: save_histogram(str(unpacked_copy / "histogram.json"), foreign),
          r"histogram.json: not the histogram metadata.json recorded \(edited, or another dataset's\)"),
         (lambda: _unpin(unpacked_copy), r"histogram.json: counts 1 sequences, metadata.json 122"),

@@ -164,7 +164,7 @@ def test_training_packed_on_the_fly_resumes_exactly_and_counts_the_plan_once(unp
         return make_trainer(dataclass_replace(setup, train_data=train))
 
     straight = trainer(tmp_path / "straight")
-    assert "counting the sequences of 4 files (once; no counts in a metadata.json): 4/4 files" in capsys.readouterr().err
+    assert "counting the sequences of 4 files (once: the run directory keeps their lengths): 4/4 files" in capsys.readouterr().err
     assert straight.compiled.batching.rows_per_micro_batch == 3  # 4 rows at the plan's packing factor
     straight.train()
     stopped = trainer(tmp_path / "resumed")

@@ -23,7 +23,6 @@ import logging
 import os
 import re
 import signal
-import stat
 import sys
 import textwrap
 import traceback
@@ -315,20 +314,14 @@ def _same_file_key(path: str) -> str:
 
 
 def _regular_file(path: str, what: str) -> bool:
-    """Whether `path` is a file to read (False when it cannot be looked at: the reader says why).
+    """Whether `path` is a file to read (False when it is not there: the reader says why).
 
     Raises:
       InputFilesError: it is a directory or a device (/dev/null reads as empty, /dev/zero never ends).
     """
-    if "://" in path:
-        if files.isdir(path):
-            raise InputFilesError(f"{what}: {path}: not a regular file (a directory)")
-        return True
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
+    if not files.exists(path):
         return False
-    if not stat.S_ISREG(mode):
+    if not files.isfile(path):
         raise InputFilesError(f"{what}: {path}: not a regular file (a directory or a device)")
     return True
 

@@ -245,7 +245,10 @@ def _dataset_histogram(directory: str, info: DatasetInfo) -> np.ndarray | None:
     SHA-256, when recorded), of the dataset's L, counting the sequences metadata.json counts. Else
     None, after one line: the run counts the lengths itself."""
     path = os.path.join(directory, HISTOGRAM_FILE)
-    if not files.exists(path):
+    if not files.isfile(path):  # a directory or a pipe is not read (a pipe would block the run)
+        if files.exists(path) or info.histogram_sha256 is not None:
+            logging.warning("%s: %s; counting the lengths again", path, "not a regular file" if files.exists(path)
+                            else f"missing, though {METADATA_FILE} records it")
         return None
     if info.histogram_sha256 is not None and file_sha256(path) != info.histogram_sha256:
         logging.warning("%s: not the histogram %s recorded (edited, or another dataset's); counting the lengths "
@@ -312,8 +315,8 @@ def histogram(paths: list[str], described: Described, shapes: Shapes, run: RunDi
     if counted is None and run is not None:
         counted = run.read_histogram("train", described.identity)
     if counted is None:
-        counted = length_histogram(paths, shapes, f"counting the sequences of {len(paths)} files (once; no counts "
-                                                  f"in a metadata.json)")
+        counted = length_histogram(paths, shapes, f"counting the sequences of {len(paths)} files (once: the run "
+                                                  f"directory keeps their lengths)")
     return np.asarray(counted)
 
 
