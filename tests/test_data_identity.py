@@ -234,31 +234,54 @@ def test_the_packer_compares_its_inputs_with_their_metadata(unpacked_copy, packe
     assert not os.path.exists(tmp_path / "b" / ".work") and not os.path.exists(tmp_path / "d" / ".work")
 
 
-def test_an_eval_set_made_from_the_training_text_is_refused(corpus, unpacked_dir, packed_dir, tmp_path):
-    from bert_packed.training import data
+def test_eval_records_are_never_trained_on_whatever_way_they_take(corpus, unpacked_dir, packed_dir, tmp_path):
+    from bert_packed.training.provenance import require_apart, require_no_held_out_packs
 
-    again = tmp_path / "eval"  # the same text made again under another seed: other instances, the same documents
-    create_pretraining_dataset(corpus, str(again), dataclasses.replace(dataset_settings(seed=7), eval_fraction=0.3),
+    split = tmp_path / "split"  # the corpus under another seed, 30% held out
+    create_pretraining_dataset(corpus, str(split), dataclasses.replace(dataset_settings(seed=7), eval_fraction=0.3),
                                num_workers=1)
     assert len(read_dataset_info(unpacked_dir).details["source_sha256"]) == len(corpus)
-    held_out = sorted(str(p) for p in again.glob("eval-*.tfrecord"))
-    parts = sorted(str(p) for p in again.glob("part-*.tfrecord"))
-    assert held_out and parts
-    for train in (tfrecords(unpacked_dir), tfrecords(packed_dir)):  # packed: by way of the records it packed
-        with pytest.raises(SettingsError, match=rf"^--eval_files: the eval data in {again} was made from a text file "
-                                                rf"the training data \(\S+\) was made from too"):
-            data.require_other_text(train, held_out, "--eval_files")
-    data.require_other_text(parts, held_out, "--eval_files")  # its own held-out documents
-    packed_again = tmp_path / "packed"
-    pack_pretraining_dataset(parts, str(packed_again), SETTINGS, num_workers=1)
-    data.require_other_text(tfrecords(str(packed_again)), held_out, "--eval_files")  # those of what it packed
-    with pytest.raises(SettingsError, match=rf"{parts[0]} is a training file of {again}, which the "
-                                            rf"training data was packed from"):
-        data.require_other_text(tfrecords(str(packed_again)), parts[:1], "--eval_files")
+    held_out = sorted(str(p) for p in split.glob("eval-*.tfrecord"))
+    parts = sorted(str(p) for p in split.glob("part-*.tfrecord"))
+    assert len(held_out) == 2 and len(parts) == 4
+    packed_parts = tmp_path / "packed_parts"
+    pack_pretraining_dataset(parts, str(packed_parts), SETTINGS, num_workers=1)
+    copy = tmp_path / "copy"  # the same run's files elsewhere: the same split
+    shutil.copytree(split, copy)
+    for train in (parts, tfrecords(str(packed_parts)), [p for p in parts if "-000." in p]):
+        require_apart(train, held_out, "--eval_files")  # the run's own held-out documents, packed or not
+        require_apart(train, sorted(str(p) for p in copy.glob("eval-*.tfrecord")), "--eval_files")
     text = tmp_path / "other.txt"  # other text: the first file's lines in the reverse order
     text.write_text("".join(reversed(open(corpus[0]).read().splitlines(keepends=True))))
     create_pretraining_dataset([str(text)], str(tmp_path / "other"), dataset_settings(), num_workers=1)
-    data.require_other_text(tfrecords(unpacked_dir), tfrecords(str(tmp_path / "other")), "--eval_files")
+    require_apart(tfrecords(unpacked_dir), tfrecords(str(tmp_path / "other")), "--eval_files")
+
+    another_split = (rf"^--eval_files: {held_out[0]} holds documents held out from {split}, but the training data "
+                     rf"\(\S+\) was made from the same text by another run \(another seed or split\)")
+    for train in (tfrecords(unpacked_dir), tfrecords(packed_dir), parts + tfrecords(unpacked_dir)):
+        with pytest.raises(SettingsError, match=another_split):
+            require_apart(train, held_out, "--eval_files")
+    # Another dupe pass of the same documents, masked again: in the same directory too.
+    with pytest.raises(SettingsError, match=rf"{parts[1]} holds training records \({parts[1]}\) of a text file the "
+                                            rf"training data \({parts[0]}\) was made from too"):
+        require_apart(parts[:1], parts[1:2], "--eval_files")
+    with pytest.raises(SettingsError, match=rf"{parts[0]} holds the records of {parts[0]}, which the training data "
+                                            rf"holds too \({packed_parts}/\S+\)"):
+        require_apart(tfrecords(str(packed_parts)), parts[:1], "--eval_files")
+
+    # The held-out documents packed: not training data, unless the user says so; never beside the eval set.
+    packed_held_out = tmp_path / "packed_held_out"
+    pack_pretraining_dataset(held_out, str(packed_held_out), SETTINGS, num_workers=1)
+    with pytest.raises(DatasetFilesError, match=rf"--input_file: {packed_held_out}/\S+ was packed from held-out "
+                                                rf"evaluation documents \({held_out[0]}\)"):
+        require_no_held_out_packs(tfrecords(str(packed_held_out)), held_out_allowed=False)
+    require_no_held_out_packs(tfrecords(str(packed_held_out)), held_out_allowed=True)
+    with pytest.raises(SettingsError, match=rf"{held_out[0]} holds the records of {held_out[0]}, which the training "
+                                            rf"data holds too"):
+        require_apart(tfrecords(str(packed_held_out)), held_out, "--eval_files")
+    with pytest.raises(DatasetFilesError, match=rf"--input_files: {held_out[0]} is a held-out file and {parts[0]} a "
+                                                rf"training shard: their packs would be neither training nor eval data"):
+        pack_pretraining_dataset(held_out + parts, str(tmp_path / "mixed"), SETTINGS, num_workers=1)
 
 
 def test_held_out_files_never_train_unless_the_user_says_so(corpus, tmp_path):
@@ -280,9 +303,16 @@ def test_held_out_files_never_train_unless_the_user_says_so(corpus, tmp_path):
     assert data.train_data(parts, shapes, train_settings("padded")).num_sequences == info.num_sequences
     part = data.train_data(parts[:1], shapes, train_settings("padded"))  # a subset: its own count
     assert part.num_sequences == info.files[0].sequences < info.num_sequences
-    evaluation = data.eval_data(sorted(str(p) for p in directory.glob("eval-*.tfrecord")), "--eval_files", shapes,
-                                train_settings("padded"))
+    held_out = sorted(str(p) for p in directory.glob("eval-*.tfrecord"))
+    evaluation = data.eval_data(held_out, "--eval_files", shapes, train_settings("padded"))
     assert evaluation.files and evaluation.input_mode == "padded"
+    packed = tmp_path / "packed"  # packs of them: the same documents, the same rule
+    pack_pretraining_dataset(held_out, str(packed), SETTINGS, num_workers=1)
+    packed_shapes = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK)
+    with pytest.raises(DatasetFilesError, match=r"packed-\S+ was packed from held-out evaluation documents"):
+        data.train_data(tfrecords(str(packed)), packed_shapes, train_settings("packed"))
+    allowed = data.train_data(tfrecords(str(packed)), packed_shapes, train_settings("packed"), held_out_allowed=True)
+    assert allowed.num_sequences == sum(f.sequences for f in info.eval_files)
 
 
 def test_a_run_refuses_to_resume_on_data_made_again_since_it_started(packed_copy, tmp_path):

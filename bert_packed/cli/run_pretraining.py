@@ -253,7 +253,7 @@ def build_config():
     parts check themselves), then the data described and checked against the settings (no device
     is touched)."""
     from bert_packed.model import BertConfig
-    from bert_packed.training import data
+    from bert_packed.training import data, provenance
 
     check_reference_flags()
     input_pattern = one_of_two_spellings("input_files", "input_file")
@@ -279,7 +279,7 @@ def build_config():
         eval_files = expand_globs(eval_pattern, flag)
         if FLAGS.do_train and FLAGS.eval_files:
             require_disjoint(input_files, "--input_file", eval_files, flag)
-            data.require_other_text(input_files, eval_files, flag)
+            provenance.require_apart(input_files, eval_files, flag)
         eval_data = data.eval_data(eval_files, flag, shapes, config)
     return config, train_data, eval_data
 

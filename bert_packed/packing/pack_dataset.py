@@ -130,8 +130,8 @@ def _already_packed(input_files: list[str], output_dir: str, settings: PackSetti
 def _described_inputs(sources: list[str], shapes: Shapes) -> dict[str, DataFile]:
     """The inputs' entries in their datasets' metadata.json, by path, once checked against it:
     unpacked records of the packer's L and P, each a file the description lists, of its recorded
-    size and beginning (DatasetInfo.select). Inputs without a metadata.json (the reference's own
-    files) have no entry.
+    size and beginning (DatasetInfo.select), either all training shards or all held-out files.
+    Inputs without a metadata.json (the reference's own files) have no entry.
 
     Raises:
       DatasetFilesError / SettingsError: naming the file or metadata.json and what differs.
@@ -140,6 +140,7 @@ def _described_inputs(sources: list[str], shapes: Shapes) -> dict[str, DataFile]
     for path in sources:
         groups.setdefault(os.path.dirname(path), []).append(path)
     entries = {}
+    held_out = {}  # whether each described input is a held-out file (eval-*), by path
     for directory, paths in groups.items():
         info = read_dataset_info(directory)
         if info is None:
@@ -153,6 +154,13 @@ def _described_inputs(sources: list[str], shapes: Shapes) -> dict[str, DataFile]
             raise SettingsError(f"--input_files: {metadata_path(directory)} says {name}={getattr(info.shapes, name)}, "
                                 f"but --{name}={getattr(shapes, name)}")
         entries.update(zip(paths, info.select(directory, paths, "--input_files", training=False)))
+        held_out_names = {f.name for f in info.eval_files}
+        held_out.update((path, os.path.basename(path) in held_out_names) for path in paths)
+    if len(set(held_out.values())) > 1:
+        raise DatasetFilesError(f"--input_files: {next(p for p, h in held_out.items() if h)} is a held-out file and "
+                                f"{next(p for p, h in held_out.items() if not h)} a training shard: their packs would "
+                                f"be neither training nor eval data (MLPerf never trains on the eval set); pack each "
+                                f"set on its own")
     return entries
 
 

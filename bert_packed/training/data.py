@@ -24,7 +24,6 @@ from bert_packed import files
 from bert_packed.dataset_info import (
     METADATA_FILE,
     DatasetInfo,
-    DatasetInfoError,
     FileIdentity,
     file_sha256,
     read_dataset_info,
@@ -44,6 +43,7 @@ from bert_packed.training.config import (
     require_packed_for,
     require_window,
 )
+from bert_packed.training.provenance import require_no_held_out_packs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,61 +185,6 @@ def describe(paths: list[str], flag: str, shapes: Shapes, input_mode: str | None
     return Described(first.packed, first.shapes, sequences, records, tuple(identity), dataset_histogram)
 
 
-def require_other_text(train_paths: list[str], eval_paths: list[str], eval_flag: str) -> None:
-    """Raises SettingsError when the eval data was made from a text file the training data was made
-    from too (by content, as create_pretraining_data records it: `source_sha256`; packed data by
-    way of the records it packed). The held-out files of a dataset the training data is, or was
-    packed from, are made from other documents of the same text, and pass; its training shards do
-    not (packed data trains on them).
-    """
-    train_dirs = {_directory(path) for path in train_paths}
-    lineage = {made: info for train_dir in train_dirs for made, info in _lineage(train_dir)}
-    trained = {digest: made for made, info in lineage.items() for digest in _text_digests(info)}
-    for directory in sorted({_directory(path) for path in eval_paths} - train_dirs):
-        if directory in lineage:
-            held_out = {f.name for f in lineage[directory].eval_files}
-            shard = next((p for p in eval_paths if _directory(p) == directory
-                          and os.path.basename(p) not in held_out), None)
-            if shard is not None:
-                raise SettingsError(f"{eval_flag}: {shard} is a training file of {directory}, which the training "
-                                    f"data was packed from: its sequences are trained on; evaluate on the held-out "
-                                    f"files (eval-*.tfrecord) or other data")
-            continue
-        for digest in {d for _, info in _lineage(directory) for d in _text_digests(info)}:
-            if digest in trained:
-                raise SettingsError(f"{eval_flag}: the eval data in {directory} was made from a text file the "
-                                    f"training data ({trained[digest]}) was made from too: its documents would be "
-                                    f"trained on; make the eval set from other text, or hold it out with "
-                                    f"create_pretraining_data --eval_fraction")
-
-
-def _directory(path: str) -> str:
-    """A file's directory, one spelling of it (a relative path made absolute, as the packer records
-    its sources)."""
-    return os.path.dirname(path if "://" in path else os.path.abspath(path))
-
-
-def _lineage(directory: str) -> list[tuple[str, DatasetInfo]]:
-    """A dataset and the datasets its sources are in (one level: the unpacked data of packed data)."""
-    info = read_dataset_info(directory)
-    if info is None:
-        return []
-    found = [(directory, info)]
-    for source in {os.path.dirname(path) for path in info.sources if os.path.isabs(path) or "://" in path}:
-        try:
-            made_from = read_dataset_info(source)
-        except DatasetInfoError:  # a damaged description of the data this was made from: not this run's
-            continue
-        if made_from is not None:
-            found.append((source, made_from))
-    return found
-
-
-def _text_digests(info: DatasetInfo) -> set[str]:
-    """The SHA-256s of the text files a dataset was made from (create_pretraining_data's record)."""
-    return {digest for digest in info.details.get("source_sha256", ()) if digest}
-
-
 def _dataset_histogram(directory: str, info: DatasetInfo) -> np.ndarray | None:
     """The dataset's histogram.json when it is the dataset's own: the file metadata.json pinned (its
     SHA-256, when recorded), of the dataset's L, counting the sequences metadata.json counts. Else
@@ -345,6 +290,7 @@ def train_data(paths: list[str], shapes: Shapes, config: TrainConfig, depth_give
             f"--bucket_boundaries={','.join(map(str, batch.bucket_boundaries))}: each in [1, {shapes.max_seq_length}]")
     described = describe(paths, "--input_file", shapes, input_mode, depth_given, training=True,
                          held_out_allowed=held_out_allowed)
+    require_no_held_out_packs(paths, held_out_allowed)
     facts = dict(files=tuple(paths), identity=described.identity, input_mode=input_mode)
     if input_mode != "packed_online" and described.num_sequences:
         return TrainData(shapes=described.shapes, packing_factor=described.packing_factor,
