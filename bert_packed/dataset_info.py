@@ -100,6 +100,14 @@ class DataFile:
     def from_json(cls, value) -> DataFile:
         return cls(**{field.name: value.get(field.name) for field in dataclasses.fields(cls)})
 
+    def require_sequences(self, path: str, counted: int) -> None:
+        """Raises DatasetFilesError when the file at `path` holds another number of sequences than
+        this entry records (read by whoever reads the file anyway)."""
+        if self.sequences is not None and counted != self.sequences:
+            raise DatasetFilesError(f"{path}: holds {counted:,} sequences, but its {METADATA_FILE} counts "
+                                    f"{self.sequences:,}: the file or the description was changed; make the dataset "
+                                    f"again")
+
 
 class FileIdentity(NamedTuple):
     """A file and what tells its content from another's without reading it all: its size and the

@@ -234,6 +234,26 @@ def test_the_packer_compares_its_inputs_with_their_metadata(unpacked_copy, packe
     assert not os.path.exists(tmp_path / "b" / ".work") and not os.path.exists(tmp_path / "d" / ".work")
 
 
+def test_eval_files_are_counted_against_their_metadata_before_training(unpacked_copy, packed_copy):
+    """Counts moved between two files (the totals kept) were caught by the first evaluation, after
+    training, and reported as a bug."""
+    from bert_packed.training import data
+
+    for directory, shapes in ((unpacked_copy, Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS)),
+                              (packed_copy, Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK))):
+        paths = tfrecords(str(directory))
+        counted = data.eval_data(paths, "--eval_files", shapes, train_settings("padded"))
+        metadata = json.loads(open(metadata_path(str(directory))).read())
+        assert counted.num_sequences == metadata["num_sequences"] == sum(f["sequences"] for f in metadata["files"])
+        first = metadata["files"][0]["sequences"]
+        metadata["files"][0]["sequences"] += 1
+        metadata["files"][1]["sequences"] -= 1
+        open(metadata_path(str(directory)), "w").write(json.dumps(metadata))
+        with pytest.raises(DatasetFilesError, match=rf"^{paths[0]}: holds {first} sequences, but its metadata.json "
+                                                    rf"counts {first + 1}: the file or the description was changed"):
+            data.eval_data(paths, "--eval_files", shapes, train_settings("padded"))
+
+
 def test_eval_records_are_never_trained_on_whatever_way_they_take(corpus, unpacked_dir, packed_dir, tmp_path):
     from bert_packed.training.provenance import require_apart, require_no_held_out_packs
 

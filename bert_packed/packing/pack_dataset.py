@@ -187,8 +187,7 @@ def _pack(input_files: list[str], output_dir: str, settings: PackSettings, num_w
     unpacked_shapes = shapes.unpacked()
     seconds = {}
     start = time.perf_counter()
-    summaries = _read_inputs(sources, work, unpacked_shapes, num_workers,
-                             [described[path].sequences if path in described else None for path in sources])
+    summaries = _read_inputs(sources, work, unpacked_shapes, num_workers, [described.get(path) for path in sources])
     seconds["read"] = time.perf_counter() - start
     histogram = merge_histograms(*[s["histogram"] for s in summaries])
     histogram_path = os.path.join(output_dir, HISTOGRAM_FILE)
@@ -298,9 +297,9 @@ def _claim(output_dir: str, work: str, identity: dict, digest: str, inputs_diges
 
 def _read_inputs(sources: list[str], work: str, shapes: Shapes, num_workers: int, expected: list) -> list[dict]:
     """Pass 1: every input file's histogram and checksum (files in parallel), each file's sequences
-    checked against the count its metadata.json gives (`expected`, None where none)."""
-    return _each_once(_read_input, [(index, path, work, shapes, count)
-                                    for index, (path, count) in enumerate(zip(sources, expected))],
+    checked against its entry in its metadata.json (`expected`, None where none)."""
+    return _each_once(_read_input, [(index, path, work, shapes, entry)
+                                    for index, (path, entry) in enumerate(zip(sources, expected))],
                       [os.path.join(work, f"input-{index:05d}.json") for index in range(len(sources))],
                       num_workers, Progress("pack: reading", total=len(sources), unit="files"))
 
@@ -318,7 +317,7 @@ def _each_once(function, jobs: list[tuple], summaries: list[str], num_workers: i
     return loaded
 
 
-def _read_input(index: int, path: str, work: str, shapes: Shapes, expected: int | None) -> None:
+def _read_input(index: int, path: str, work: str, shapes: Shapes, expected: DataFile | None) -> None:
     histogram = np.zeros(shapes.max_seq_length, dtype=np.int64)
     total, max_token_id = 0, 0
     for first, batch in read_unpacked(path, shapes):
@@ -326,9 +325,8 @@ def _read_input(index: int, path: str, work: str, shapes: Shapes, expected: int 
         histogram += histogram_from_lengths(rows["length"], shapes.max_seq_length)
         total = packer.combine_checksums(total, packer.checksum(rows))
         max_token_id = max(max_token_id, int(rows["input_ids"].max()), int(rows["masked_lm_ids"].max()))
-    if expected is not None and int(histogram.sum()) != expected:
-        raise DatasetFilesError(f"{path}: holds {int(histogram.sum()):,} sequences, but its {METADATA_FILE} counts "
-                                f"{expected:,}: the file or the description was changed; make the dataset again")
+    if expected is not None:
+        expected.require_sequences(path, int(histogram.sum()))
     summary = {"source": path, "histogram": histogram.tolist(), "checksum": f"{total:016x}",
                "max_token_id": max_token_id}
     write_text_atomically(os.path.join(work, f"input-{index:05d}.json"), json.dumps(summary) + "\n")

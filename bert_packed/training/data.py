@@ -23,6 +23,7 @@ import numpy as np
 from bert_packed import files
 from bert_packed.dataset_info import (
     METADATA_FILE,
+    DataFile,
     DatasetInfo,
     FileIdentity,
     file_sha256,
@@ -33,7 +34,9 @@ from bert_packed.features import PACKED_RECORD_MODES, Shapes
 from bert_packed.input_pipeline import PipelineConfig
 from bert_packed.packing import plan
 from bert_packed.packing.histogram import HISTOGRAM_FILE, HistogramError, load_histogram
+from bert_packed.packing.packer import unpack
 from bert_packed.packing.stream import length_histogram
+from bert_packed.records import read_packed, read_unpacked
 from bert_packed.run_directory import RunDirectory
 from bert_packed.training.config import (
     Batching,
@@ -57,6 +60,7 @@ class Described:
       identity: each file's FileIdentity, in order.
       histogram: the length histogram of the files given, when a dataset's histogram.json is
         theirs (every training file of one dataset), else None.
+      entries: each file's entry in its metadata.json, in order (none without a metadata.json).
     """
 
     packed: bool
@@ -65,6 +69,7 @@ class Described:
     num_records: int
     identity: tuple[FileIdentity, ...]
     histogram: np.ndarray | None = None
+    entries: tuple[DataFile, ...] = ()
 
     @property
     def packing_factor(self) -> float:
@@ -166,9 +171,11 @@ def describe(paths: list[str], flag: str, shapes: Shapes, input_mode: str | None
     sequences = records = 0
     unknown = False
     identity = []
+    entries = []
     dataset_histogram = None
     for directory, info in infos.items():
         chosen = info.select(directory, groups[directory], flag, training, held_out_allowed)
+        entries += chosen
         identity += [FileIdentity(os.path.join(directory, f.name), f.bytes, f.head) for f in chosen]
         whole = len(chosen) == len(info.files) and {f.name for f in chosen} == set(info.file_names)
         if whole and len(infos) == 1:
@@ -182,7 +189,8 @@ def describe(paths: list[str], flag: str, shapes: Shapes, input_mode: str | None
             unknown = True
     if unknown:
         sequences = records = 0
-    return Described(first.packed, first.shapes, sequences, records, tuple(identity), dataset_histogram)
+    return Described(first.packed, first.shapes, sequences, records, tuple(identity), dataset_histogram,
+                     tuple(entries))
 
 
 def _dataset_histogram(directory: str, info: DatasetInfo) -> np.ndarray | None:
@@ -319,11 +327,25 @@ def eval_data(paths: list[str], flag: str, shapes: Shapes, config: TrainConfig) 
         require_window(config.batch.online_packing_window, shapes.max_sequences_per_pack)
     described = describe(paths, flag, shapes, input_mode)
     if input_mode != "packed_online":
+        _require_counts(described)
         return EvalData(files=tuple(paths), identity=described.identity, shapes=described.shapes,
                         input_mode="packed" if described.packed else "padded", num_sequences=described.num_sequences)
     counted, packing_plan = online_plan(paths, described, shapes)
     return EvalData(files=tuple(paths), identity=described.identity, shapes=shapes, input_mode=input_mode,
                     strategies=packing_plan.strategies, num_sequences=int(counted.sum()))
+
+
+def _require_counts(described: Described) -> None:
+    """Each eval file holds the sequences its metadata.json counts: read once before any training
+    (an eval set is small), so that a changed file or description is named now, not after
+    training by the first evaluation's count."""
+    shapes = described.shapes
+    for identity, entry in zip(described.identity, described.entries):
+        if described.packed:
+            counted = sum(len(unpack(batch, shapes.unpacked())) for _, batch in read_packed(identity.path, shapes))
+        else:
+            counted = sum(len(batch["input_ids"]) for _, batch in read_unpacked(identity.path, shapes))
+        entry.require_sequences(identity.path, counted)
 
 
 def train_pipeline(data: TrainData, config: TrainConfig, batching: Batching, skip_steps: int = 0) -> PipelineConfig:
