@@ -157,9 +157,9 @@ def check_unchanged(identities, what: str) -> None:
     for identity in identities:
         difference = identity.difference()
         if difference is not None:
-            raise DataChangedError(f"{identity.path}: changed since {what} ({difference}); stopped before reading "
-                                   f"it, the checkpoints are intact: restore the file to resume with the same "
-                                   f"command, or start a new run in another --output_dir on the new data")
+            raise DataChangedError(f"{identity.path}: changed since {what} ({difference}); the run stopped, and no "
+                                   f"checkpoint holds what was read from the new content: restore the file to resume "
+                                   f"with the same command, or start a new run in another --output_dir on the new data")
 
 
 def file_sha256(path: str) -> str:

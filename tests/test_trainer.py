@@ -4,6 +4,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, TINY, run_command, tfrecords
 from training_runs import assert_same_evaluation, config, make_trainer, read_log, weights
 
-from bert_packed.dataset_info import read_dataset_info
+from bert_packed.dataset_info import DataChangedError, FileIdentity, read_dataset_info
 from bert_packed.errors import TrainingError
 from bert_packed.features import Shapes
 from bert_packed.model import BertConfig
@@ -132,6 +133,39 @@ def test_a_crash_after_the_checkpoint_resumes_without_repeated_log_lines(packed_
     assert [r["loss"] for r in resumed] == [r["loss"] for r in read_log(tmp_path / "straight" / "train_log.jsonl")]
     assert np.all(np.diff([r["seconds"] for r in resumed]) > 0)  # the clock continues from the checkpoint
     assert np.all(np.diff([r["train_seconds"] for r in resumed]) > 0)
+
+
+def test_a_training_file_changed_under_a_run_stops_it_before_its_next_checkpoint(packed_dir, tmp_path):
+    """tf.data opens each file again every epoch, unwatched: every checkpoint is saved only while the
+    files are what the run started with, so none holds what was read from new content."""
+    data_dir = tmp_path / "data"
+    shutil.copytree(packed_dir, data_dir)
+    files = tfrecords(str(data_dir))
+    identity = tuple(FileIdentity.of(path) for path in files)
+
+    def run():
+        return make_trainer(config(tmp_path / "run", files, num_train_steps=4, save_checkpoints_steps=2,
+                                   identity=identity))
+
+    trainer = run()
+    update = trainer.update.loop
+    original = open(files[-1], "rb").read()
+
+    def update_then_regenerate(iterator, num_updates):
+        if int(trainer.step) == 2:  # checkpoint 2 is saved: the data is made again in place, records as good
+            with open(files[-1], "wb") as f:
+                f.write(open(files[0], "rb").read())
+        return update(iterator, num_updates)
+
+    trainer.update.loop = update_then_regenerate
+    with pytest.raises(DataChangedError, match=rf"^{files[-1]}: changed since the run started \(.*\); the run "
+                                               rf"stopped, and no checkpoint holds what was read from the new content"):
+        trainer.train()
+    assert trainer.checkpoints.latest.endswith("ckpt-2")
+    with open(files[-1], "wb") as f:  # restored: the same command goes on from step 2
+        f.write(original)
+    run().train()
+    assert [r["step"] for r in read_log(tmp_path / "run" / "train_log.jsonl")] == [1, 2, 3, 4]
 
 
 def test_a_nan_loss_stops_and_keeps_the_last_good_checkpoint(packed_dir, tmp_path):

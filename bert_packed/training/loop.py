@@ -32,9 +32,9 @@ import time
 import numpy as np
 
 from bert_packed import files
-from bert_packed.dataset_info import METADATA_FILE, refuse_other_output
+from bert_packed.dataset_info import METADATA_FILE, DataChangedError, check_unchanged, refuse_other_output
 from bert_packed.errors import TrainingError
-from bert_packed.input_pipeline import reading_errors_named
+from bert_packed.input_pipeline import WATCHED_SINCE, reading_errors_named
 from bert_packed.model import export_google_checkpoint, load_google_checkpoint
 from bert_packed.model.checkpoint import checkpoint_step
 from bert_packed.run_directory import RunDirectory
@@ -122,11 +122,11 @@ def train_and_evaluate(config: TrainConfig, train_data: TrainData, eval_data: Ev
                         if current < config.last_step:
                             logs.mlperf.block_start(sequences)
                     if current % config.save_steps == 0 or stop.by:
-                        _save(directory, checkpoints, step)
+                        _save(directory, checkpoints, step, train_data)
             if stop.by and not reached:
                 logging.debug("%s: saved step %d", stop.by, current)  # the command says so, with its status
                 return RunResult(logs.last_record, current, stop.by, directory)
-            _finish(directory, logs, config, eval_data, step, checkpoints, reached)
+            _finish(directory, logs, config, train_data, eval_data, step, checkpoints, reached)
             if stop.by:  # it came during the evaluation that reached the target: nothing to resume
                 logging.info("%s came as the run finished; it is complete", stop.by)
             return RunResult(logs.last_record, current, None, directory)
@@ -293,11 +293,11 @@ def _checked(metrics: dict, eval_data: EvalData, config: TrainConfig) -> dict:
     return metrics
 
 
-def _finish(directory: RunDirectory, logs: RunLogs, config: TrainConfig, eval_data: EvalData, step: CompiledStep,
-            checkpoints: Checkpoints, reached: bool) -> None:
+def _finish(directory: RunDirectory, logs: RunLogs, config: TrainConfig, train_data: TrainData, eval_data: EvalData,
+            step: CompiledStep, checkpoints: Checkpoints, reached: bool) -> None:
     """The end of the run: the last checkpoint, an evaluation at the last step (so that every run's
     final figure is at its last step), the weights as a TF1 checkpoint, and run_stop."""
-    _save(directory, checkpoints, step)
+    _save(directory, checkpoints, step, train_data)
     current, sequences = int(step.step.numpy()), int(step.sequences.numpy())
     if eval_data.files and on_any_worker(step.strategy, logs.last_eval.get("step") != current):
         reached = _evaluate_and_log(logs, config, eval_data, step, logs.last_record.get("seconds", 0.0)) or reached
@@ -308,7 +308,17 @@ def _finish(directory: RunDirectory, logs: RunLogs, config: TrainConfig, eval_da
     directory.write_info({**directory.read_info(), "finished": {"step": current, "reached": reached}})
 
 
-def _save(directory: RunDirectory, checkpoints: Checkpoints, step: CompiledStep) -> None:
-    """A checkpoint of the current step (unless there is one), with the logs' sizes now."""
+def _save(directory: RunDirectory, checkpoints: Checkpoints, step: CompiledStep, train_data: TrainData) -> None:
+    """A checkpoint of the current step (unless there is one), with the logs' sizes now; only while
+    every training file is what the run started with, so that no checkpoint holds what was read
+    from a file changed under the run (tf.data opens each file again every epoch, unwatched)."""
+    try:
+        check_unchanged(train_data.identity, WATCHED_SINCE)
+        changed = None
+    except DataChangedError as e:
+        changed = e
+    if on_any_worker(step.strategy, changed is not None):  # each worker reads its own share: stop together
+        raise changed or DataChangedError(f"a training file changed since {WATCHED_SINCE}, as another worker "
+                                          f"found (its log names it); the run stopped without saving")
     step.log_sizes.assign(directory.log_sizes())
     checkpoints.save(int(step.step.numpy()), step.model.trainable_variables)
