@@ -116,12 +116,12 @@ class FileIdentity(NamedTuple):
     Attributes:
       path: where it is.
       bytes: its size.
-      head: SHA-256 of its first 64 KiB (hex).
+      head: SHA-256 of its first 64 KiB (hex; None where a description did not record it).
     """
 
     path: str
     bytes: int
-    head: str
+    head: str | None
 
     @classmethod
     def of(cls, path: str) -> FileIdentity:
@@ -142,7 +142,7 @@ class FileIdentity(NamedTuple):
         now = FileIdentity.of(self.path)
         if now.bytes != self.bytes:
             return f"{now.bytes:,} bytes, was {self.bytes:,}"
-        if now.head != self.head:
+        if self.head is not None and now.head != self.head:  # None: not recorded
             return f"its first {HEAD_BYTES // 1024} KiB are others"
         return None
 
@@ -334,13 +334,10 @@ def check_identity(path: str, entry: DataFile) -> None:
     and the hash of its first 64 KiB)."""
     if entry.bytes is None:
         return
-    found = FileIdentity.of(path)
-    if found.bytes != entry.bytes:
-        raise DatasetFilesError(f"{path}: {found.bytes:,} bytes, but {METADATA_FILE} says {entry.bytes:,}: cut "
-                                f"short or replaced since the dataset was made")
-    if entry.head is not None and found.head != entry.head:
-        raise DatasetFilesError(f"{path}: its first {HEAD_BYTES // 1024} KiB are not those {METADATA_FILE} "
-                                f"recorded: another dataset's file, or rewritten since")
+    difference = FileIdentity(path, entry.bytes, entry.head).difference()
+    if difference is not None:
+        raise DatasetFilesError(f"{path}: not the file {METADATA_FILE} describes ({difference}): cut short, replaced "
+                                f"or rewritten since the dataset was made")
 
 
 def metadata_path(directory: str) -> str:

@@ -27,9 +27,10 @@ import_tensorflow(verbosity=0)  # first: TensorFlow's start-up notices stay out 
 
 from bert_packed.curves import describe_speedup, median_and_range, summary
 from bert_packed.dataset_info import read_dataset_info
+from bert_packed.features import PACK_MODES
 from bert_packed.files import write_text_atomically
 from bert_packed.model import BertConfig
-from bert_packed.packing import plan
+from bert_packed.packing import DEFAULT_ALGORITHM, plan
 from bert_packed.packing.stream import length_histogram
 from bert_packed.training.process import set_up_process
 from bert_packed.training.throughput import Measured, benchmark_run, measure_alternately
@@ -68,14 +69,15 @@ def main() -> int:
           "speed-up / packing factor |")
     print("|---|---|---|---|---|---|---|")
     results, met, notes = {}, True, []
-    online = plan(length_histogram(unpacked, shapes), shapes.max_seq_length, "lp", shapes.max_sequences_per_pack)
+    online = plan(length_histogram(unpacked, shapes), shapes.max_seq_length, DEFAULT_ALGORITHM,
+                  shapes.max_sequences_per_pack)
     factors = {"padded": 1.0, "bucketed": 1.0, "packed": factor, "packed_online": online.packing_factor}
     with tempfile.TemporaryDirectory() as work:
         for name in args.configs.split(","):
             bert = BertConfig.from_json_file(os.path.join(ROOT, "configs", f"bert_config_{name}.json"))
             runs = {mode: benchmark_run(
                 bert, packed if mode == "packed" else unpacked,
-                shapes if mode in ("packed", "packed_online") else shapes.unpacked(),
+                shapes if mode in PACK_MODES else shapes.unpacked(),
                 mode, args.batch_size, os.path.join(work, f"{name}-{mode}"),
                 bucket_boundaries=(128, 256, 384) if mode == "bucketed" else (),
                 plan=online if mode == "packed_online" else None) for mode in modes}

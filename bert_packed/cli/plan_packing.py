@@ -16,7 +16,7 @@ import sys
 from absl import flags
 
 from bert_packed.cli.common import run
-from bert_packed.packing import ALGORITHMS, histogram_stats, load_histogram, plan
+from bert_packed.packing import ALGORITHMS, DEFAULT_ALGORITHM, histogram_stats, load_histogram, plan
 
 
 class _DepthParser(flags.ArgumentParser):
@@ -40,7 +40,7 @@ class _DepthParser(flags.ArgumentParser):
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("histogram", None, "Histogram JSON: {'max_sequence_length': L, 'histogram': [c_1..c_L]} or a list.")
-flags.DEFINE_enum("algorithm", "lpfhp", [*ALGORITHMS, "all"],
+flags.DEFINE_enum("algorithm", DEFAULT_ALGORITHM, [*ALGORITHMS, "all"],
                   "Packing algorithm, or 'all' to compare them side by side.")
 flags.DEFINE(_DepthParser(), "max_sequences_per_pack", "3",
              "Depth: at most this many sequences per pack, or 'unlimited'.")

@@ -1,5 +1,5 @@
 """What a run reads: its training and eval data as values of their own (TrainData, EvalData: the
-files and their identity, shapes, packing factor, histogram and plan), described by their
+files and their identity, shapes, packing factor, histogram and the plan's strategies), described by their
 metadata.json and checked against the disk and the run's settings before any work. They are
 facts, not settings: the command line makes them once, and the run is handed them.
 
@@ -32,7 +32,7 @@ from bert_packed.dataset_info import (
 from bert_packed.errors import SettingsError
 from bert_packed.features import PACKED_RECORD_MODES, Shapes
 from bert_packed.input_pipeline import PipelineConfig
-from bert_packed.packing import plan
+from bert_packed.packing import DEFAULT_ALGORITHM, plan
 from bert_packed.packing.histogram import HISTOGRAM_FILE, HistogramError, load_histogram
 from bert_packed.packing.packer import unpack
 from bert_packed.packing.stream import length_histogram
@@ -250,14 +250,14 @@ def default_input_mode(paths: list[str], given: str | None) -> str:
 
 def online_plan(paths: list[str], described: Described, shapes: Shapes,
                 run: RunDirectory | None = None) -> tuple[np.ndarray, object]:
-    """The length histogram of the files (histogram) and the `lp` plan the on-the-fly packer
-    fills (at depth S).
+    """The length histogram of the files (histogram) and the plan the on-the-fly packer fills (at
+    depth S, by DEFAULT_ALGORITHM: `lp`).
 
     Returns:
       (histogram, PackingPlan).
     """
     counted = histogram(paths, described, shapes, run)
-    return counted, plan(counted, shapes.max_seq_length, "lp", shapes.max_sequences_per_pack)
+    return counted, plan(counted, shapes.max_seq_length, DEFAULT_ALGORITHM, shapes.max_sequences_per_pack)
 
 
 def histogram(paths: list[str], described: Described, shapes: Shapes, run: RunDirectory | None = None) -> np.ndarray:
