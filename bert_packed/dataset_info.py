@@ -41,7 +41,7 @@ import os
 from typing import NamedTuple
 
 from bert_packed import files
-from bert_packed.errors import OutputDirectoryError, UserError
+from bert_packed.errors import OutputDirectoryError, SettingsError, UserError
 from bert_packed.features import Shapes
 from bert_packed.run_directory import RunDirectory
 
@@ -52,6 +52,14 @@ FORMAT_VERSION = 3
 MAX_SEQ_LENGTH_LIMIT = 65_536
 # The shortest --max_seq_length the data commands take.
 MIN_SEQ_LENGTH = 8
+
+
+def require_seq_length(max_seq_length: int) -> None:
+    """Raises SettingsError unless the data commands take `max_seq_length` (--max_seq_length)."""
+    if not MIN_SEQ_LENGTH <= max_seq_length <= MAX_SEQ_LENGTH_LIMIT:
+        raise SettingsError(f"--max_seq_length={max_seq_length}: must be in [{MIN_SEQ_LENGTH}, "
+                            f"{MAX_SEQ_LENGTH_LIMIT:,}] (BERT uses 512; the longest variants 4,096 to 8,192)")
+
 # What identifies a file cheaply: the hash of this much of its beginning, and its size.
 HEAD_BYTES = 1 << 16
 

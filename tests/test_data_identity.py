@@ -130,8 +130,10 @@ def test_a_finished_dataset_on_read_only_storage_packs_as_nothing_to_do_and_veri
 
 @pytest.mark.parametrize("damage, error, message", [
     ("delete", DatasetFilesError, r"packed-00001-of-00002.tfrecord: listed in metadata.json but missing"),
-    ("cut", DatasetFilesError, r"packed-00001-of-00002.tfrecord: not the file metadata.json describes \([\d,]+ bytes, was [\d,]+\): cut short"),
-    ("foreign", DatasetFilesError, r"packed-00001-of-00002.tfrecord: not the file metadata.json describes \((.* bytes, was|its first 64 KiB)"),
+    ("cut", DatasetFilesError, r"packed-00001-of-00002.tfrecord: not the file metadata.json describes "
+              r"\([\d,]+ bytes, was [\d,]+\): cut short"),
+    ("foreign", DatasetFilesError, r"packed-00001-of-00002.tfrecord: not the file metadata.json describes "
+                r"\((.* bytes, was|its first 64 KiB)"),
     ("extra", DatasetFilesError, r"stray.tfrecord is not a file of the dataset"),
     ("sequences x 10", DatasetInfoError, r"cannot be \(a packing factor of [\d.]+ at depth 3\)"),
     ("no sequences", DatasetInfoError, r"0 sequences in \d+ records"),
@@ -223,7 +225,8 @@ def test_the_packer_compares_its_inputs_with_their_metadata(unpacked_copy, packe
                                                 rf"(\d+): the file or the description was changed"):
         pack_pretraining_dataset(paths, str(tmp_path / "a"), SETTINGS, num_workers=1)
     shutil.copy(paths[1], paths[0])  # a shard replaced by another
-    with pytest.raises(DatasetFilesError, match=rf"{paths[0]}: not the file metadata.json describes \((.* bytes, was|its first 64 KiB)"):
+    with pytest.raises(DatasetFilesError,
+                       match=rf"{paths[0]}: not the file metadata.json describes \((.* bytes, was|its first 64 KiB)"):
         pack_pretraining_dataset(paths, str(tmp_path / "b"), SETTINGS, num_workers=1)
     with pytest.raises(DatasetFilesError, match=r"packed0/metadata.json describes packed data; the packer reads "
                                                 r"unpacked records"):

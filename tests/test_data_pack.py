@@ -289,7 +289,8 @@ def test_verify_finds_a_changed_pack(packed_dir, tmp_path):
     batch["input_ids"][5, 1] += 1
     with TFRecordWriter(shard) as writer:
         writer.write_examples(batch)
-    with pytest.raises(DatasetFilesError, match=rf"{shard}: not the file metadata.json describes \(its first 64 KiB are others\)"):
+    with pytest.raises(DatasetFilesError,
+                       match=rf"{shard}: not the file metadata.json describes \(its first 64 KiB are others\)"):
         verify_packed_dataset(str(copy))
     metadata = json.load(open(copy / "metadata.json"))  # its size and head recorded anew: the decode finds it
     name = os.path.basename(shard)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from absl import flags
 
 from bert_packed.cli.common import expand_globs, run
-from bert_packed.dataset_info import MAX_SEQ_LENGTH_LIMIT, MIN_SEQ_LENGTH
+from bert_packed.dataset_info import require_seq_length
 from bert_packed.errors import SettingsError
 from bert_packed.pretraining_data.create_dataset import (
     DatasetSettings,
@@ -49,9 +49,7 @@ PROGRAM = "create_pretraining_data"
 
 def main(argv):
     del argv
-    if not MIN_SEQ_LENGTH <= FLAGS.max_seq_length <= MAX_SEQ_LENGTH_LIMIT:
-        raise SettingsError(f"--max_seq_length={FLAGS.max_seq_length}: must be in [{MIN_SEQ_LENGTH}, "
-                            f"{MAX_SEQ_LENGTH_LIMIT:,}] (BERT uses 512; the longest variants 4,096 to 8,192)")
+    require_seq_length(FLAGS.max_seq_length)
     if FLAGS.max_predictions_per_seq > FLAGS.max_seq_length:
         raise SettingsError(f"--max_predictions_per_seq={FLAGS.max_predictions_per_seq}: more than the "
                             f"--max_seq_length={FLAGS.max_seq_length} tokens of an instance")

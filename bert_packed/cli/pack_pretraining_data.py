@@ -15,7 +15,7 @@ import logging
 from absl import flags
 
 from bert_packed.cli.common import expand_globs, run
-from bert_packed.dataset_info import MAX_SEQ_LENGTH_LIMIT, MIN_SEQ_LENGTH
+from bert_packed.dataset_info import require_seq_length
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
 from bert_packed.packing import ALGORITHMS, DEFAULT_ALGORITHM
@@ -42,9 +42,7 @@ def main(argv):
     del argv
     if FLAGS.max_sequences_per_pack < 1 or FLAGS.max_predictions_per_seq < 1:
         raise SettingsError("--max_sequences_per_pack and --max_predictions_per_seq must be >= 1")
-    if not MIN_SEQ_LENGTH <= FLAGS.max_seq_length <= MAX_SEQ_LENGTH_LIMIT:
-        raise SettingsError(f"--max_seq_length={FLAGS.max_seq_length}: must be in [{MIN_SEQ_LENGTH}, "
-                            f"{MAX_SEQ_LENGTH_LIMIT:,}]")
+    require_seq_length(FLAGS.max_seq_length)
     if FLAGS.num_shards < 1 or FLAGS.bucket_mb < 1:
         raise SettingsError("--num_shards and --bucket_mb must be >= 1")
     if FLAGS.seed < 0 or FLAGS.num_workers < 0:
