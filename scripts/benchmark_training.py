@@ -38,8 +38,7 @@ from bert_packed.training.throughput import Measured, benchmark_run, measure_alt
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # as laid out, not resolved
 
 
-def main() -> int:
-    """Returns the exit status: 1 when the target is missed."""
+def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sample_dir", default=os.path.join(ROOT, "runs", "sample"),
                         help="Holds unpacked/ and packed/ at L=512, as `make run` builds them.")
@@ -54,7 +53,12 @@ def main() -> int:
     parser.add_argument("--target", type=float, default=0.95,
                         help="Exit status 1 when packed's speed-up is below this share of the packing factor "
                              "(0: report only, as `make run` does).")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> int:
+    """Returns the exit status: 1 when the target is missed."""
+    args = _parse_args()
     packed = sorted(glob.glob(os.path.join(args.sample_dir, "packed", "packed-*.tfrecord")))
     unpacked = sorted(glob.glob(os.path.join(args.sample_dir, "unpacked", "part-*.tfrecord")))
     if not packed or not unpacked:

@@ -182,22 +182,58 @@ def command_in_this_process(command, cwd=REPO):
 
     What is put back: absl's flags (their values, parsed or not, and which are defined: the
     commands define flags of the same names, which cannot be defined twice, so those of the other
-    commands are taken out meanwhile), absl's run-once state, the logging set-up (levels,
-    handlers, and the absl handler's stream, formatter and filters), the SIGINT and SIGTERM
-    handlers, sys.argv, sys.stdout and sys.stderr, the environment and the working directory.
+    commands are taken out meanwhile), absl's run-once state, and what _process_state_kept keeps.
     """
     FLAGS = flags.FLAGS
     module_name = f"bert_packed.cli.{command}"
     app.define_help_flags()  # once per process: part of what is saved below, not defined by the command
+    with _process_state_kept():  # put back last: restoring --verbosity sets the absl logger's level
+        registries = (FLAGS.flags_by_module_dict(), FLAGS.flags_by_module_id_dict(), FLAGS.key_flags_by_module_dict())
+        saved_flags = {name: FLAGS[name] for name in FLAGS}
+        saved_registries = [{key: list(value) for key, value in registry.items()} for registry in registries]
+        saved_values = flagsaver.save_flag_values(FLAGS)
+        was_parsed = FLAGS.is_parsed()
+        was_imported = module_name in sys.modules
+        run_once = (app._run_init.done, app._register_and_parse_flags_with_usage.done)
+        process_name = command_name.make_process_name_useful
+        try:
+            # The other commands' flags out of the way; every flag at its default and unparsed, as in
+            # a new process; absl's one-time set-up (in app.run) to be done again.
+            for name in list(FLAGS):
+                defined_by = FLAGS.find_module_defining_flag(name, "")
+                if defined_by.startswith("bert_packed.cli.") and defined_by != module_name:
+                    delattr(FLAGS, name)
+            FLAGS.unparse_flags()
+            app._run_init.done = app._register_and_parse_flags_with_usage.done = False
+            command_name.make_process_name_useful = lambda: None  # the test process keeps its name
+            os.chdir(cwd)
+            yield importlib.import_module(module_name)
+        finally:
+            # The flags as they were: the command's own taken out (unless defined before), the others back.
+            if not was_imported:
+                sys.modules.pop(module_name, None)
+            for name in list(FLAGS):
+                if saved_flags.get(name) is not FLAGS[name]:
+                    delattr(FLAGS, name)
+            for name, flag in saved_flags.items():
+                if name not in FLAGS:
+                    FLAGS[name] = flag
+            for registry, saved in zip(registries, saved_registries):
+                registry.clear()
+                registry.update(saved)
+            FLAGS.unparse_flags()
+            flagsaver.restore_flag_values(saved_values, FLAGS)
+            if was_parsed:
+                FLAGS.mark_as_parsed()
+            app._run_init.done, app._register_and_parse_flags_with_usage.done = run_once
+            command_name.make_process_name_useful = process_name
 
-    registries = (FLAGS.flags_by_module_dict(), FLAGS.flags_by_module_id_dict(), FLAGS.key_flags_by_module_dict())
-    saved_flags = {name: FLAGS[name] for name in FLAGS}
-    saved_registries = [{key: list(value) for key, value in registry.items()} for registry in registries]
-    saved_values = flagsaver.save_flag_values(FLAGS)
-    was_parsed = FLAGS.is_parsed()
-    was_imported = module_name in sys.modules
-    run_once = (app._run_init.done, app._register_and_parse_flags_with_usage.done)
-    process_name = command_name.make_process_name_useful
+
+@contextlib.contextmanager
+def _process_state_kept():
+    """Puts back the logging set-up (levels, handlers, and the absl handler's stream, formatter and
+    filters), the SIGINT and SIGTERM handlers, sys.argv, sys.stdout and sys.stderr, the environment
+    and the working directory."""
     handler = absl_logging.get_absl_handler()
     saved_handler = (handler.python_handler.stream, handler.python_handler.formatter, list(handler.filters))
     loggers = [logging.getLogger()] + [logger for logger in logging.Logger.manager.loggerDict.values()
@@ -208,17 +244,7 @@ def command_in_this_process(command, cwd=REPO):
     saved_environment = dict(os.environ)
     saved_directory = os.getcwd()
     try:
-        # The other commands' flags out of the way; every flag at its default and unparsed, as in
-        # a new process; absl's one-time set-up (in app.run) to be done again.
-        for name in list(FLAGS):
-            defined_by = FLAGS.find_module_defining_flag(name, "")
-            if defined_by.startswith("bert_packed.cli.") and defined_by != module_name:
-                delattr(FLAGS, name)
-        FLAGS.unparse_flags()
-        app._run_init.done = app._register_and_parse_flags_with_usage.done = False
-        command_name.make_process_name_useful = lambda: None  # the test process keeps its name
-        os.chdir(cwd)
-        yield importlib.import_module(module_name)
+        yield
     finally:
         os.chdir(saved_directory)
         os.environ.clear()
@@ -226,25 +252,6 @@ def command_in_this_process(command, cwd=REPO):
         sys.argv, sys.stdout, sys.stderr = saved_io
         for number, saved in saved_signals.items():
             signal.signal(number, saved)
-        # The flags as they were: the command's own taken out (unless defined before), the others back.
-        if not was_imported:
-            sys.modules.pop(module_name, None)
-        for name in list(FLAGS):
-            if saved_flags.get(name) is not FLAGS[name]:
-                delattr(FLAGS, name)
-        for name, flag in saved_flags.items():
-            if name not in FLAGS:
-                FLAGS[name] = flag
-        for registry, saved in zip(registries, saved_registries):
-            registry.clear()
-            registry.update(saved)
-        FLAGS.unparse_flags()
-        flagsaver.restore_flag_values(saved_values, FLAGS)
-        if was_parsed:
-            FLAGS.mark_as_parsed()
-        app._run_init.done, app._register_and_parse_flags_with_usage.done = run_once
-        command_name.make_process_name_useful = process_name
-        # Logging last: restoring --verbosity above sets the absl logger's level.
         stream, formatter, filters = saved_handler
         handler.python_handler.stream = stream
         handler.setFormatter(formatter)

@@ -54,7 +54,7 @@ def config(output_dir, files, dropout=0.1, eval_files=(), eval_packed=False, **v
       dropout: the BERT config's dropout rates.
       eval_files: the eval files (unpacked, or packed with `eval_packed`).
       values: settings by their flags' names; facts of the training data by their TrainData names
-        (packing_factor, plan, identity, ...).
+        (packing_factor, strategies, identity, ...).
     """
     bert = BertConfig(**TINY, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
     values = {**DEFAULTS, **values}

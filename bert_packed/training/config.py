@@ -12,9 +12,9 @@ A new setting is written once: a field here (with its check), and a flag of the 
 Each part checks its own values when it is built: a value that cannot work is a SettingsError
 naming its flag. The defaults are written once, here; the flags take theirs from these classes.
 
-What the data is (files, shapes, packing factor, plan) is not a setting: bert_packed.training.data
-describes it, and `batching()` combines the two into what one update holds (the corrected batch,
-the betas, the MLPerf cadence).
+What the data is (files, shapes, packing factor, the plan's strategies) is not a setting:
+bert_packed.training.data describes it, and `batching()` combines the two into what one update
+holds (the corrected batch, the betas); `eval_every_samples()` resolves the MLPerf eval cadence.
 
 Step counts are the MLPerf reference's: micro-steps. One update is `steps_per_update` micro-steps,
 each a micro-batch of `rows_per_micro_batch` rows (all replicas together), so a run of

@@ -36,7 +36,7 @@ class CompiledStep:
 
     Attributes:
       config: the settings it was built for.
-      batching: what one update holds (config.Batching: rows, accumulation, betas, eval cadence).
+      batching: what one update holds (config.Batching: rows, accumulation, betas).
       strategy: the tf.distribute strategy.
       model: the BertPretrainingModel.
       schedule: the learning-rate schedule (optimizers.PolynomialWarmup).
