@@ -503,8 +503,8 @@ def test_a_kill_before_the_end_of_a_run_is_completed_by_the_next_start(packed_di
     files, eval_files = tfrecords(packed_dir), tuple(tfrecords(unpacked_dir))
     settings = dict(num_train_steps=2, eval_files=eval_files, eval_every_samples=0, target_mlm_accuracy=1.0)
 
-    def killed(directory, logs, config, eval_data, step, checkpoints, reached):
-        loop._save(directory, checkpoints, step)
+    def killed(directory, logs, config, train_data, eval_data, step, checkpoints, reached):
+        loop._save(directory, checkpoints, step, train_data)
         raise RuntimeError("killed")
 
     monkeypatch.setattr(loop, "_finish", killed)
