@@ -403,7 +403,7 @@ def throughput_lines(path: str) -> list[str]:
       RunError: the file is missing or not such a measurement.
     """
     try:
-        with open(path, encoding="utf-8") as f:
+        with files.open_file(path) as f:
             measured = json.load(f)
         return [f"throughput speed-up, {name} config, measured alternately in one process (the figure to trust; "
                 f"scripts/benchmark_training.py): packed "

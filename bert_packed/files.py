@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import glob as local_glob
+import io
 import json
 import os
 import re
@@ -37,13 +38,27 @@ def _gfile(path: str):
 
 
 def open_file(path: str, mode: str = "r"):
-    """Opens `path` (text modes are UTF-8)."""
+    """Opens `path` (text modes are UTF-8).
+
+    A remote file opened to read text is read whole and decoded here: GFile's readline takes no
+    limit, and the text this package reads (corpus files of at most 32 MB, vocabularies,
+    descriptions, logs) fits in memory.
+    """
     gfile = _gfile(path)
     if gfile is not None:
         if "r" in mode and not gfile.exists(path):  # GFile would only fail at the first read
             raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+        if mode == "r":
+            with gfile.GFile(path, "rb") as f:
+                return io.StringIO(f.read().decode("utf-8"), newline=None)  # newlines as open() reads them
         return gfile.GFile(path, mode)
     return open(path, mode, encoding=None if "b" in mode else "utf-8")
+
+
+def absolute(path: str) -> str:
+    """One spelling of `path`: a local path made absolute (a URI is one already)."""
+    path = os.fspath(path)
+    return path if "://" in path else os.path.abspath(path)
 
 
 def exists(path: str) -> bool:

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from bert_packed import files
 from bert_packed.dataset_info import MAX_SEQ_LENGTH_LIMIT
 from bert_packed.errors import UserError
 from bert_packed.files import write_text_atomically
@@ -124,7 +125,7 @@ def load_histogram(path: str, max_sequence_length: int | None = None) -> np.ndar
       HistogramError: the file is unreadable, not JSON, or holds a bad histogram.
     """
     try:
-        with open(path, encoding="utf-8") as f:
+        with files.open_file(path) as f:
             payload = json.load(f)
     except OSError as e:
         raise HistogramError(f"{path}: cannot read the histogram file: {e.strerror or e}") from None

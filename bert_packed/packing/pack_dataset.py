@@ -19,7 +19,11 @@ Peak memory is one bucket (default 256 MB of rows, memory-mapped) per worker in 
 chunk (32,768 rows, ~120 MB at L=512 with its sorted copy) per worker in pass 2, whatever the
 input size. The run succeeds only if
 the sequences out (count and order-independent checksum, decoded from the packs written) equal
-the sequences in; then metadata.json is written and .work removed."""
+the sequences in; then metadata.json is written and .work removed.
+
+`.work` is in the output directory, or, for one on a remote filesystem (gs://: no appends, no
+memory maps), in a local directory named after it (_work_directory): the shards are written to
+the bucket under a temporary name then renamed, metadata.json last."""
 
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ import json
 import logging
 import math
 import os
-import shutil
+import tempfile
 import threading
 import time
 
@@ -107,18 +111,32 @@ def pack_pretraining_dataset(input_files: list[str], output_dir: str, settings: 
     if done is not None:  # read only, without the lock: a finished dataset on read-only storage is fine
         return done
     files.makedirs(output_dir)
-    with files.exclusive(os.path.join(output_dir, ".lock"), "pack_pretraining_data"):
+    work = _work_directory(output_dir)
+    # A bucket cannot lock: a remote output is locked through its local work directory's name,
+    # which keeps two packers on this machine apart (docs/reliability.md, on a bucket).
+    with files.exclusive(os.path.join(output_dir, ".lock") if "://" not in output_dir else work + ".lock",
+                         "pack_pretraining_data"):
         refuse_other_output(output_dir, "packed data")
         files.remove_leftovers(output_dir)
-        return _pack(input_files, output_dir, settings, num_workers)
+        return _pack(input_files, output_dir, work, settings, num_workers)
+
+
+def _work_directory(output_dir: str) -> str:
+    """Where the packer keeps its passes' work: output_dir/.work, or, for an output_dir on a remote
+    filesystem (which cannot append to a file or map one into memory), a local directory named
+    after it, so that the same command on this machine resumes it."""
+    if "://" not in output_dir:
+        return os.path.join(output_dir, ".work")
+    return os.path.join(tempfile.gettempdir(), "bert_packed-pack-" + hashlib.sha256(output_dir.encode()).hexdigest()[:16])
 
 
 def _already_packed(input_files: list[str], output_dir: str, settings: PackSettings) -> dict | None:
     """The metadata of this very run, finished and clean in `output_dir` (nothing to do), else None."""
-    info = read_dataset_info(output_dir) if os.path.isdir(output_dir) else None
-    if info is None or any(name == ".work" or ".tmp-" in name for name in os.listdir(output_dir)):
+    info = read_dataset_info(output_dir) if files.isdir(output_dir) else None
+    if (info is None or any(name == ".work" or ".tmp-" in name for name in files.listdir(output_dir))
+            or files.exists(_work_directory(output_dir))):
         return None
-    sources = [os.path.abspath(path) for path in input_files]
+    sources = [files.absolute(path) for path in input_files]
     same = info.details.get("run_digest") == _digest({"settings": settings.to_dict(), "sources": sources}) and \
         info.details.get("inputs_digest") == _digest([FileIdentity.of(path).content for path in sources])
     if not same:
@@ -168,19 +186,18 @@ def _digest(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
 
 
-def _pack(input_files: list[str], output_dir: str, settings: PackSettings, num_workers: int) -> dict:
-    sources = [os.path.abspath(path) for path in input_files]
+def _pack(input_files: list[str], output_dir: str, work: str, settings: PackSettings, num_workers: int) -> dict:
+    sources = [files.absolute(path) for path in input_files]
     identity = {"settings": settings.to_dict(), "sources": sources}
     # A run is its settings and inputs' paths (another is refused) and their content (when that
     # changed, the run is done again): each input's size and the hash of its beginning, cheap.
     digest, inputs_digest = _digest(identity), _digest([FileIdentity.of(path).content for path in sources])
-    work = os.path.join(output_dir, ".work")
-    finished = _finished_run(output_dir, digest, inputs_digest)
+    finished = _finished_run(output_dir, work, digest, inputs_digest)
     if finished is not None:
-        shutil.rmtree(work, ignore_errors=True)  # a kill between metadata.json and the clean-up left it
+        files.rmtree(work)  # a kill between metadata.json and the clean-up left it
         return finished
     described = _described_inputs(sources, settings.shapes)
-    os.makedirs(work, exist_ok=True)
+    files.makedirs(work)
     _claim(output_dir, work, identity, digest, inputs_digest)
 
     shapes = settings.shapes
@@ -200,7 +217,7 @@ def _pack(input_files: list[str], output_dir: str, settings: PackSettings, num_w
     row_bytes = packer.row_dtype(unpacked_shapes, max_token_id).itemsize
     num_buckets = max(settings.num_shards, math.ceil(int(histogram.sum()) * row_bytes / settings.bucket_bytes))
     num_buckets = min(num_buckets, packing_plan.num_packs)
-    if not os.path.exists(os.path.join(work, "buckets.json")):
+    if not files.exists(os.path.join(work, "buckets.json")):
         _distribute(summaries, histogram, work, unpacked_shapes, packing_plan, num_buckets, max_token_id,
                     settings.seed, num_workers)
     seconds["plan_and_assign"] = time.perf_counter() - start
@@ -216,7 +233,7 @@ def _pack(input_files: list[str], output_dir: str, settings: PackSettings, num_w
     info = _description(settings, packing_plan, shards, sources, checksum_in, seconds, digest, inputs_digest,
                         file_sha256(histogram_path))
     metadata = write_dataset_info(output_dir, info)
-    shutil.rmtree(work, ignore_errors=True)
+    files.rmtree(work)
     return metadata
 
 
@@ -244,7 +261,7 @@ def _description(settings: PackSettings, packing_plan, shards: list[dict], sourc
         })
 
 
-def _finished_run(output_dir: str, digest: str, inputs_digest: str) -> dict | None:
+def _finished_run(output_dir: str, work: str, digest: str, inputs_digest: str) -> dict | None:
     """The metadata of a finished run with the same settings and inputs in `output_dir`; None when
     there is none, or when its inputs' content has changed since (its output is then removed)."""
     info = read_dataset_info(output_dir)
@@ -255,19 +272,19 @@ def _finished_run(output_dir: str, digest: str, inputs_digest: str) -> dict | No
                                    f"inputs; use a new --output_dir or remove it")
     if info.details.get("inputs_digest") != inputs_digest:
         logging.warning("%s: the input files changed since they were packed here; packing them again", output_dir)
-        _remove_outputs(output_dir)
+        _remove_outputs(output_dir, work)
         return None
     logging.info("%s: already packed with these settings and inputs; nothing to do", output_dir)
     return info.to_dict()
 
 
-def _remove_outputs(output_dir: str) -> None:
+def _remove_outputs(output_dir: str, work: str) -> None:
     """Removes a packing run's outputs and work (its metadata.json first: nothing looks finished)."""
-    for name in [METADATA_FILE, HISTOGRAM_FILE] + sorted(os.listdir(output_dir)):
+    for name in [METADATA_FILE, HISTOGRAM_FILE] + files.listdir(output_dir):
         if name in (METADATA_FILE, HISTOGRAM_FILE) or name.startswith("packed-"):
-            if os.path.exists(os.path.join(output_dir, name)):
-                os.remove(os.path.join(output_dir, name))
-    shutil.rmtree(os.path.join(output_dir, ".work"), ignore_errors=True)
+            if files.exists(os.path.join(output_dir, name)):
+                files.remove(os.path.join(output_dir, name))
+    files.rmtree(work)
 
 
 # The layout of .work (its files and row format); an unfinished run of another layout starts over.
@@ -278,8 +295,8 @@ def _claim(output_dir: str, work: str, identity: dict, digest: str, inputs_diges
     """Refuses a directory that holds another run; records this run's identity for resuming. An
     unfinished run whose inputs changed since, or left by another version, starts over."""
     marker = os.path.join(work, "run.json")
-    if os.path.exists(marker):
-        with open(marker, encoding="utf-8") as f:
+    if files.exists(marker):
+        with files.open_file(marker) as f:
             previous = json.load(f)
         if previous.get("digest") != digest:
             raise OutputDirectoryError(f"{output_dir}: holds an unfinished packing run with other settings "
@@ -287,9 +304,9 @@ def _claim(output_dir: str, work: str, identity: dict, digest: str, inputs_diges
         if previous.get("work_format") != WORK_FORMAT or previous.get("inputs_digest") != inputs_digest:
             logging.warning("%s: the unfinished run was left by another version of the packer, or its input files "
                             "changed since; starting over", output_dir)
-            _remove_outputs(output_dir)
-            os.makedirs(work)
-    elif any(name.startswith("packed-") for name in os.listdir(output_dir)):
+            _remove_outputs(output_dir, work)
+            files.makedirs(work)
+    elif any(name.startswith("packed-") for name in files.listdir(output_dir)):
         raise OutputDirectoryError(f"{output_dir}: already holds packed data; use a new --output_dir or remove it")
     write_text_atomically(marker, json.dumps({"digest": digest, "inputs_digest": inputs_digest,
                                               "work_format": WORK_FORMAT, **identity}) + "\n")
@@ -307,12 +324,12 @@ def _read_inputs(sources: list[str], work: str, shapes: Shapes, num_workers: int
 def _each_once(function, jobs: list[tuple], summaries: list[str], num_workers: int, progress: Progress) -> list[dict]:
     """Runs function(*job) for every job whose summary file (which it writes last) is missing, on
     threads; returns every job's summary. A resumed pass so redoes only unfinished jobs."""
-    todo = [job for job, path in zip(jobs, summaries) if not os.path.exists(path)]
+    todo = [job for job, path in zip(jobs, summaries) if not files.exists(path)]
     progress.done = len(jobs) - len(todo)
     _in_parallel(function, todo, num_workers, progress)
     loaded = []
     for path in summaries:
-        with open(path, encoding="utf-8") as f:
+        with files.open_file(path) as f:
             loaded.append(json.load(f))
     return loaded
 
@@ -356,9 +373,9 @@ def _distribute(summaries: list[dict], histogram, work: str, shapes: Shapes, pac
                 max_token_id: int, seed: int, num_workers: int) -> None:
     """Pass 2: read the inputs again (files in parallel), give every sequence its pack and
     position, and append it to its pack's bucket."""
-    for name in os.listdir(work):
+    for name in files.listdir(work):
         if name.startswith("bucket-"):
-            os.remove(os.path.join(work, name))  # an interrupted pass 2 starts over
+            files.remove(os.path.join(work, name))  # an interrupted pass 2 starts over
     slots = packer.SlotTable(packing_plan.strategies, shapes.max_seq_length)
     # Sequences of each length in the files before each file: ranks continue across files.
     counts = np.zeros((len(summaries) + 1, shapes.max_seq_length + 1), dtype=np.int64)
@@ -395,7 +412,7 @@ def _distribute_file(index: int, summary: dict, seen: np.ndarray, histogram, wor
         rows, bucket = rows[order], bucket[order]
         bounds = np.searchsorted(bucket, np.arange(num_buckets + 1))
         for b in np.flatnonzero(np.diff(bounds)):
-            with locks[b], open(os.path.join(work, f"bucket-{b:05d}.bin"), "ab") as f:
+            with locks[b], files.open_file(os.path.join(work, f"bucket-{b:05d}.bin"), "ab") as f:
                 f.write(rows[bounds[b]:bounds[b + 1]])
     if f"{total:016x}" != summary["checksum"]:
         _input_changed(summary, work, index)
@@ -404,8 +421,8 @@ def _distribute_file(index: int, summary: dict, seen: np.ndarray, histogram, wor
 def _input_changed(summary: dict, work: str, index: int) -> None:
     """Raises InputsChangedError after forgetting the file's first reading, so that the same
     command reads it anew."""
-    os.remove(os.path.join(work, f"input-{index:05d}.json"))
-    os.remove(os.path.join(work, "run.json"))  # its identity was the old content's: the rerun starts over
+    files.remove(os.path.join(work, f"input-{index:05d}.json"))
+    files.remove(os.path.join(work, "run.json"))  # its identity was the old content's: the rerun starts over
     raise InputsChangedError(f"{summary['source']}: changed while being packed (its sequences differ from its first "
                              f"reading); nothing published. Run the same command again to pack what it holds now")
 
@@ -443,7 +460,7 @@ def _write_bucket(output_dir: str, work: str, settings: PackSettings, num_packs:
     bucket_path = os.path.join(work, f"bucket-{bucket:05d}.bin")
     dtype = packer.row_dtype(unpacked_shapes, max_token_id)
     # Mapped, not read: rows are gathered chunk by chunk straight from the page cache.
-    rows = (np.memmap(bucket_path, dtype=dtype, mode="r") if os.path.exists(bucket_path) and os.path.getsize(bucket_path)
+    rows = (np.memmap(bucket_path, dtype=dtype, mode="r") if files.exists(bucket_path) and files.size(bucket_path)
             else np.zeros(0, dtype=dtype))
     first = -(-bucket * num_packs // num_buckets)  # the first pack p with p * num_buckets // num_packs == bucket
     last = -(-(bucket + 1) * num_packs // num_buckets)
@@ -466,8 +483,8 @@ def _write_bucket(output_dir: str, work: str, settings: PackSettings, num_packs:
     summary = {"file": name, "num_packs": last - first, "num_sequences": num_sequences, "checksum": f"{total:016x}",
                **FileIdentity.of(os.path.join(output_dir, name)).content}
     write_text_atomically(os.path.join(work, f"shard-{bucket:05d}.json"), json.dumps(summary) + "\n")
-    if os.path.exists(bucket_path):
-        os.remove(bucket_path)
+    if files.exists(bucket_path):
+        files.remove(bucket_path)
 
 
 def verify_packed_dataset(output_dir: str, num_workers: int = 0) -> dict:

@@ -15,9 +15,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-import os
 import re
 
+from bert_packed import files
 from bert_packed.errors import UserError
 
 _ABBREVIATIONS = frozenset("""
@@ -104,17 +104,17 @@ def iter_documents(path: str):
       CorpusError: the file is missing, not a regular file, larger than MAX_INPUT_BYTES,
         unreadable, not UTF-8 text, has an unclosed `<doc>`, or holds no text at all.
     """
-    if os.path.isdir(path):
+    if files.isdir(path):
         raise CorpusError(f"{path}: is a directory, expected a text file")
-    if os.path.exists(path) and not os.path.isfile(path):
+    if files.exists(path) and not files.isfile(path):
         raise CorpusError(f"{path}: not a regular file (a device or a pipe?); expected a text file")
-    if os.path.isfile(path) and os.path.getsize(path) > MAX_INPUT_BYTES:
-        raise CorpusError(f"{path}: {os.path.getsize(path) / 2**20:,.0f} MB; one input file is one unit of work held in "
+    if files.isfile(path) and files.size(path) > MAX_INPUT_BYTES:
+        raise CorpusError(f"{path}: {files.size(path) / 2**20:,.0f} MB; one input file is one unit of work held in "
                           f"memory, at most {MAX_INPUT_BYTES >> 20} MB: split it (split -C {MAX_INPUT_BYTES >> 20}M, "
                           f"at line ends; MLPerf's shards are about 25 MB)")
     number = 0
     try:
-        with open(path, encoding="utf-8") as f:
+        with files.open_file(path) as f:
             lines = ((number, line) for number, line in enumerate(iter(lambda: f.readline(MAX_LINE_CHARACTERS), ""), 1))
             first = next(((n, line) for n, line in lines if line.strip()), None)
             if first is None:

@@ -32,7 +32,6 @@ import json
 import logging
 import multiprocessing
 import os
-import shutil
 import signal
 import threading
 import time
@@ -127,10 +126,10 @@ def create_pretraining_dataset(input_files: list[str], output_dir: str, settings
 
 def _already_created(input_files: list[str], output_dir: str, settings: DatasetSettings) -> dict | None:
     """The metadata of this very run, finished and clean in `output_dir` (nothing to do), else None."""
-    info = read_dataset_info(output_dir) if os.path.isdir(output_dir) else None
-    sources = [os.path.abspath(path) for path in input_files]
-    if (info is None or list(info.sources) != sources or any(".tmp-" in name for name in os.listdir(output_dir))
-            or not all(os.path.exists(os.path.join(output_dir, shard_name(i, p) + ".json"))
+    info = read_dataset_info(output_dir) if files.isdir(output_dir) else None
+    sources = [files.absolute(path) for path in input_files]
+    if (info is None or list(info.sources) != sources or any(".tmp-" in name for name in files.listdir(output_dir))
+            or not all(files.exists(os.path.join(output_dir, shard_name(i, p) + ".json"))
                        for i in range(len(sources)) for p in _passes(settings))):
         return None
     try:
@@ -143,11 +142,11 @@ def _already_created(input_files: list[str], output_dir: str, settings: DatasetS
 
 def _create(input_files: list[str], output_dir: str, settings: DatasetSettings, num_workers: int,
             tokenizer: Tokenizer) -> dict:
-    sources = [os.path.abspath(path) for path in input_files]
+    sources = [files.absolute(path) for path in input_files]
     identities = _check_previous_run(output_dir, settings, sources)
 
     def done(i, p):
-        return os.path.exists(os.path.join(output_dir, shard_name(i, p) + ".json"))
+        return files.exists(os.path.join(output_dir, shard_name(i, p) + ".json"))
 
     num_jobs = len(input_files) * len(_passes(settings))
     progress = Progress("create_pretraining_data", total=num_jobs, unit="shards")
@@ -218,10 +217,10 @@ def _check_previous_run(output_dir: str, settings: DatasetSettings, sources: lis
     """
     expected = settings.to_dict()
     identities: dict[int, dict] = {}
-    for name in sorted(os.listdir(output_dir)):
+    for name in files.listdir(output_dir):
         if not (name.startswith("part-") or name.startswith("eval-")) or not name.endswith(".json"):
             continue
-        with open(os.path.join(output_dir, name), encoding="utf-8") as f:
+        with files.open_file(os.path.join(output_dir, name)) as f:
             previous = json.load(f)
         index = previous.get("file_index", -1)
         made_from = previous.get("source_identity")
@@ -252,7 +251,7 @@ def _source_identity(path: str) -> dict:
     """The size and hashes of an input file (text, or the vocabulary): all of it is hashed, as
     all of it is read anyway, so an edit that keeps the size is noticed wherever it is."""
     try:
-        if "://" not in path and not os.path.isfile(path):  # a device (/dev/zero) never ends: the reader refuses it
+        if not files.isfile(path):  # a device (/dev/zero) never ends: the reader refuses it
             return FileIdentity.of(path).content
         return {**FileIdentity.of(path).content, "sha256": file_sha256(path)}
     except OSError as e:  # as reading it would say (a symlink loop, say)
@@ -340,7 +339,7 @@ def _run_pass(file_index: int, dupe_pass: int, source: tuple[str, dict], documen
     tokenizer = _worker_tokenizer(settings)
     continuation = None
     if config.do_whole_word_mask:
-        with open(settings.vocab_file, encoding="utf-8") as f:
+        with files.open_file(settings.vocab_file) as f:
             continuation = np.array([line.startswith("##") for line in f])
     rng = np.random.default_rng([settings.seed, file_index, dupe_pass if dupe_pass != EVAL_PASS else 2**31 - 2])
     instances = create_instances(documents, config, tokenizer.vocab_size,
@@ -383,7 +382,7 @@ def _write_summary(sources: list[str], output_dir: str, settings: DatasetSetting
     shards, evals = [], []
     for i in range(len(sources)):
         for p in _passes(settings):
-            with open(os.path.join(output_dir, shard_name(i, p) + ".json"), encoding="utf-8") as f:
+            with files.open_file(os.path.join(output_dir, shard_name(i, p) + ".json")) as f:
                 (evals if p == EVAL_PASS else shards).append(json.load(f))
     if not sum(s["num_instances"] for s in shards):
         raise CorpusError(f"no training instances from {len(sources)} input files"
@@ -450,5 +449,5 @@ def create_pretraining_files(input_files: list[str], output_files: list[str], se
                 for index, writer in enumerate(writers):
                     writer.write_all(records[(index - dealt) % len(writers)::len(writers)])
                 dealt += len(records)
-    shutil.rmtree(work)
+    files.rmtree(work)
     return {**metadata, "files": list(output_files)}

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
+from bert_packed import files
 from bert_packed.errors import UserError
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -28,11 +27,11 @@ class Tokenizer:
     def __init__(self, vocab_file: str, do_lower_case: bool = True):
         from tokenizers import BertWordPieceTokenizer  # imported here: worker processes import lazily
 
-        if not os.path.isfile(vocab_file):
+        if not files.isfile(vocab_file):
             raise VocabularyError(f"{vocab_file}: vocabulary file not found (expected a BERT vocab.txt, "
                                   f"e.g. data/bert_uncased_vocab.txt)")
         try:
-            with open(vocab_file, encoding="utf-8") as f:
+            with files.open_file(vocab_file) as f:
                 vocab = {line.rstrip("\n"): i for i, line in enumerate(f)}
         except UnicodeDecodeError as e:
             raise VocabularyError(f"{vocab_file}: not a text vocabulary (byte {e.start} is not UTF-8); expected "
@@ -45,8 +44,8 @@ class Tokenizer:
         self.vocab_size = len(vocab)
         self.pad_id, self.cls_id, self.sep_id, self.mask_id = (
             vocab["[PAD]"], vocab["[CLS]"], vocab["[SEP]"], vocab["[MASK]"])
-        self._tokenizer = BertWordPieceTokenizer(
-            vocab_file, lowercase=do_lower_case, strip_accents=do_lower_case, clean_text=True,
+        self._tokenizer = BertWordPieceTokenizer(  # the tokens, not the path: it may be a gs:// one
+            vocab, lowercase=do_lower_case, strip_accents=do_lower_case, clean_text=True,
             handle_chinese_chars=True)
 
     def encode(self, texts: list[str]) -> list[np.ndarray]:

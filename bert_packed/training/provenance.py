@@ -30,6 +30,7 @@ import json
 import os
 from typing import NamedTuple
 
+from bert_packed import files
 from bert_packed.dataset_info import DatasetFilesError, DatasetInfoError, read_dataset_info
 from bert_packed.errors import SettingsError
 
@@ -91,7 +92,7 @@ def _directory_origins(directory: str, known: dict) -> tuple[dict[str, Origin], 
 def directory_of(path: str) -> str:
     """A file's directory, one spelling of it (a relative path made absolute, as the packer records
     its sources)."""
-    return os.path.dirname(path if "://" in path else os.path.abspath(path))
+    return os.path.dirname(files.absolute(path))
 
 
 def require_no_held_out_packs(paths: list[str], held_out_allowed: bool) -> None:

@@ -24,7 +24,7 @@ def compliance_verdict(path: str) -> tuple[bool, str]:
     try:
         with tempfile.TemporaryDirectory() as local:
             if "://" in path:
-                with files.open_file(path, "rb") as source, open(os.path.join(local, MLLOG), "wb") as copy:
+                with files.open_file(path, "rb") as source, files.open_file(os.path.join(local, MLLOG), "wb") as copy:
                     copy.write(source.read())
                 path = os.path.join(local, MLLOG)
             passed = checker.check_file(path, f"training_{RULESET}/common.yaml")

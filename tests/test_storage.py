@@ -1,0 +1,108 @@
+"""The data tools on any filesystem tf.io.gfile knows: `file://` URIs go through it exactly as
+`gs://` does, so they test a bucket's code path without a bucket (docs/reliability.md)."""
+
+import ast
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, REPO, VOCAB, dataset_settings
+
+from bert_packed.dataset_info import read_dataset_info
+from bert_packed.features import Shapes
+from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset, verify_packed_dataset
+from bert_packed.pretraining_data.create_dataset import create_pretraining_dataset
+from bert_packed.records.tfrecord import read_records
+
+SETTINGS = PackSettings(Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK), "lp", num_shards=2)
+
+
+def uri(path) -> str:
+    return "file://" + os.fspath(path)
+
+
+def contents(directory) -> dict[str, bytes]:
+    return {name: open(os.path.join(directory, name), "rb").read()
+            for name in sorted(os.listdir(directory)) if name.endswith(".tfrecord")}
+
+
+def test_create_and_pack_through_tf_io_gfile_write_what_they_write_on_plain_paths(corpus, unpacked_dir, packed_dir,
+                                                                                  tmp_path, caplog):
+    unpacked, packed = tmp_path / "un packed [1]", tmp_path / "packed?"
+    created = create_pretraining_dataset([uri(path) for path in corpus], uri(unpacked), dataset_settings(),
+                                         num_workers=1)
+    assert contents(unpacked) == contents(unpacked_dir)
+    assert created["num_sequences"] == read_dataset_info(unpacked_dir).num_sequences
+    parts = [uri(unpacked / name) for name in contents(unpacked)]
+    metadata = pack_pretraining_dataset(parts, uri(packed), SETTINGS, num_workers=1)
+    assert contents(packed) == contents(packed_dir)
+    assert metadata["checksum"] == read_dataset_info(packed_dir).checksum
+    assert verify_packed_dataset(uri(packed))["num_sequences"] == metadata["num_sequences"]
+    assert not [name for name in os.listdir(packed) if name.startswith(".")]  # no work, no lock, no leftovers
+    # Done: the same calls again find it so and change nothing.
+    caplog.set_level("INFO")
+    assert create_pretraining_dataset([uri(path) for path in corpus], uri(unpacked), dataset_settings(),
+                                      num_workers=1) == created
+    assert pack_pretraining_dataset(parts, uri(packed), SETTINGS, num_workers=1) == metadata
+    assert caplog.text.count("nothing to do") == 2
+
+
+def script(name, *args):
+    """scripts/<name>.py (or the planner, `python -m bert_packed.packing`) in a process of its own."""
+    command = ["-m", "bert_packed.packing"] if name == "plan" else [os.path.join("scripts", f"{name}.py")]
+    return subprocess.run([sys.executable, *command, *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow  # the commands for real: spawned workers, the reference's output file, the planner
+def test_the_data_commands_take_uris_across_processes(corpus, tmp_path):
+    out = tmp_path / "out dir"
+    shapes = [f"--max_seq_length={MAX_SEQ_LENGTH}", f"--max_predictions_per_seq={MAX_PREDICTIONS}"]
+    create = [f"--input_file={','.join(uri(path) for path in corpus)}", f"--vocab_file={uri(VOCAB)}", "--dupe_factor=2",
+              *shapes]
+    created = script("create_pretraining_data", *create, f"--output_dir={uri(out / 'u')}", "--num_workers=2",
+                     "--eval_fraction=0.3")
+    assert created.returncode == 0, created.stderr
+    reference = script("create_pretraining_data", *create, f"--output_file={uri(out / 'ref.tfrecord')}")
+    assert reference.returncode == 0, reference.stderr
+    assert sorted(os.listdir(out)) == ["ref.tfrecord", "u"]  # its work (ref.tfrecord.parts) removed
+    packed = script("pack_pretraining_data", f"--input_files={uri(out / 'u')}/part-*.tfrecord",
+                    f"--output_dir={uri(out / 'p')}", "--max_sequences_per_pack=3", "--verify", *shapes)
+    assert packed.returncode == 0, packed.stderr
+    picked = script("pick_eval_samples", f"--input_tfrecord={uri(out / 'u')}/eval-00000.tfrecord",
+                    f"--output_tfrecord={uri(out / 'picked.tfrecord')}", "--num_examples_to_pick=2", *shapes)
+    assert picked.returncode == 0, picked.stderr
+    planned = script("plan", f"--histogram={uri(out / 'u' / 'histogram.json')}", "--json")
+    assert planned.returncode == 0, planned.stderr
+    info = read_dataset_info(str(out / "p"))
+    assert json.loads(planned.stdout)["num_packs"] == info.num_records
+    assert info.num_sequences == read_dataset_info(str(out / "u")).num_sequences
+    assert len(list(read_records(str(out / "picked.tfrecord")))) == 2
+
+
+# Calls that reach the filesystem. The package makes them only in files.py (the storage room,
+# which sends a path with a scheme through tf.io.gfile); os.path's string functions are free.
+FILESYSTEM_CALLS = {"open", "os.open", "os.stat", "os.lstat", "os.listdir", "os.scandir", "os.walk", "os.makedirs",
+                    "os.mkdir", "os.remove", "os.unlink", "os.rename", "os.replace", "os.rmdir", "os.link",
+                    "os.symlink", "os.path.exists", "os.path.isdir", "os.path.isfile", "os.path.getsize",
+                    "os.path.getmtime", "os.path.realpath", "glob.glob", "shutil"}
+# Where another call is right: (file, call, why).
+ALLOWED = {("bert_packed/cli/common.py", "os.open"): "stdout to os.devnull, not a user's path",
+           ("bert_packed/cli/common.py", "os.path.realpath"): "one spelling of a local path, for duplicates"}
+
+
+def test_only_the_storage_room_touches_the_filesystem():
+    found = []
+    for root, _, names in os.walk(os.path.join(REPO, "bert_packed")):
+        for name in names:
+            path = os.path.relpath(os.path.join(root, name), REPO)
+            if not name.endswith(".py") or path == os.path.join("bert_packed", "files.py"):
+                continue
+            for node in ast.walk(ast.parse(open(os.path.join(REPO, path), encoding="utf-8").read())):
+                if isinstance(node, ast.Call):
+                    called = ast.unparse(node.func)
+                    if (called in FILESYSTEM_CALLS or called.split(".")[0] == "shutil") and \
+                            (path, called) not in ALLOWED:
+                        found.append(f"{path}:{node.lineno} {called}")
+    assert not found, "\n".join(found)
