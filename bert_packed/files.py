@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import glob as local_glob
+import hashlib
 import io
 import json
 import os
@@ -242,6 +243,13 @@ def atomic_open(path: str, mode: str = "w"):
                 os.fsync(f.fileno())
 
 
+def local_stand_in(path: str) -> str:
+    """A local path named after a remote one (in the temporary directory): what a bucket cannot
+    do (lock, append, map into memory) is done there, and found again by the same command."""
+    return os.path.join(tempfile.gettempdir(), "bert_packed-" + hashlib.sha256(path.encode()).hexdigest()[:16]
+                        + "-" + os.path.basename(path.rstrip("/")))
+
+
 def write_text_atomically(path: str, text: str) -> None:
     """Writes `text` to `path` through a temporary file and a rename."""
     with atomic_open(path) as f:
@@ -260,7 +268,9 @@ def exclusive(lock_path: str, what: str):
     fails when it exists: two processes can never both hold it, and a holder is always named.
     A lock left by a process that no longer runs (same host, and the pid gone or now another
     process's: a container's pid 1 after a restart, say) is taken over, through a rename only one
-    taker can win. Only local paths are locked (a bucket has no exclusive create).
+    taker can win. A bucket has no exclusive create: a remote `lock_path` is stood in for by a
+    local file named after it (local_stand_in), so two processes on this host never both write
+    one output; two hosts cannot be told apart (docs/reliability.md, on a bucket).
 
     Args:
       lock_path: the lock file (a directory's `.lock`, say).
@@ -270,8 +280,7 @@ def exclusive(lock_path: str, what: str):
       DirectoryLockedError: naming the holder (command, host, pid, start time).
     """
     if "://" in lock_path:
-        yield
-        return
+        lock_path = local_stand_in(lock_path)
     holder = {"command": what, "host": socket.gethostname(), "pid": os.getpid(),
               "started": time.strftime("%Y-%m-%d %H:%M:%S"), "process_start": _process_start(os.getpid())}
     tmp = f"{lock_path}.tmp-{os.getpid()}"

@@ -10,8 +10,10 @@ import sys
 import pytest
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, REPO, VOCAB, dataset_settings
 
+from bert_packed import files
 from bert_packed.dataset_info import read_dataset_info
 from bert_packed.features import Shapes
+from bert_packed.files import DirectoryLockedError
 from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset, verify_packed_dataset
 from bert_packed.pretraining_data.create_dataset import create_pretraining_dataset
 from bert_packed.records.tfrecord import read_records
@@ -47,6 +49,12 @@ def test_create_and_pack_through_tf_io_gfile_write_what_they_write_on_plain_path
                                       num_workers=1) == created
     assert pack_pretraining_dataset(parts, uri(packed), SETTINGS, num_workers=1) == metadata
     assert caplog.text.count("nothing to do") == 2
+    # A bucket cannot lock: a local file named after the output stands in, so that two writers on
+    # one host never interleave.
+    with files.exclusive(uri(tmp_path / "again" / ".lock"), "another packer"):
+        with pytest.raises(DirectoryLockedError, match=r"another packer"):
+            pack_pretraining_dataset(parts, uri(tmp_path / "again"), SETTINGS, num_workers=1)
+    assert not os.listdir(tmp_path / "again")
 
 
 def script(name, *args):

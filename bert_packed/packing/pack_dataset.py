@@ -34,7 +34,6 @@ import json
 import logging
 import math
 import os
-import tempfile
 import threading
 import time
 
@@ -111,23 +110,18 @@ def pack_pretraining_dataset(input_files: list[str], output_dir: str, settings: 
     if done is not None:  # read only, without the lock: a finished dataset on read-only storage is fine
         return done
     files.makedirs(output_dir)
-    work = _work_directory(output_dir)
-    # A bucket cannot lock: a remote output is locked through its local work directory's name,
-    # which keeps two packers on this machine apart (docs/reliability.md, on a bucket).
-    with files.exclusive(os.path.join(output_dir, ".lock") if "://" not in output_dir else work + ".lock",
-                         "pack_pretraining_data"):
+    with files.exclusive(os.path.join(output_dir, ".lock"), "pack_pretraining_data"):
         refuse_other_output(output_dir, "packed data")
         files.remove_leftovers(output_dir)
-        return _pack(input_files, output_dir, work, settings, num_workers)
+        return _pack(input_files, output_dir, _work_directory(output_dir), settings, num_workers)
 
 
 def _work_directory(output_dir: str) -> str:
     """Where the packer keeps its passes' work: output_dir/.work, or, for an output_dir on a remote
     filesystem (which cannot append to a file or map one into memory), a local directory named
     after it, so that the same command on this machine resumes it."""
-    if "://" not in output_dir:
-        return os.path.join(output_dir, ".work")
-    return os.path.join(tempfile.gettempdir(), "bert_packed-pack-" + hashlib.sha256(output_dir.encode()).hexdigest()[:16])
+    work = os.path.join(output_dir, ".work")
+    return work if "://" not in work else files.local_stand_in(work)
 
 
 def _already_packed(input_files: list[str], output_dir: str, settings: PackSettings) -> dict | None:
