@@ -15,7 +15,7 @@ import re
 import statistics
 
 from bert_packed import files
-from bert_packed.files import atomic_path
+from bert_packed.files import atomic_open
 from bert_packed.run_directory import EVAL_LOG, TRAIN_LOG, RunDirectory, RunError
 
 
@@ -362,8 +362,8 @@ def plot(runs: list[Run], path: str) -> None:
         axis.legend(fontsize=8)
     figure.suptitle("packed vs unpacked: accuracy and loss against sequences and time (band: the seeds' range)")
     figure.tight_layout()
-    with atomic_path(path) as tmp:
-        figure.savefig(tmp, dpi=100, format=os.path.splitext(path)[1][1:] or "png")
+    with atomic_open(path, "wb") as f:  # a file object: matplotlib would take a gs:// path for a local one
+        figure.savefig(f, dpi=100, format=os.path.splitext(path)[1][1:] or "png")
     plt.close(figure)
 
 

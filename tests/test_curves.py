@@ -138,6 +138,12 @@ def test_cli_writes_a_png_and_a_table(tmp_path):
     auto = run_command("compare_curves", padded, packed, "--output", str(output), "--accuracy", "auto")
     # 90% of the way from the lowest first evaluation (0.2) to the lowest final one (0.4).
     assert auto.returncode == 0 and "sequences to 0.380" in auto.stdout
+    # Through tf.io.gfile, as on a bucket: the runs read and the figure written by file:// URIs.
+    remote = run_command("compare_curves", "file://" + padded, "file://" + packed, "--output",
+                         f"file://{tmp_path}/remote curves.png", "--accuracy", "0.4")
+    assert remote.returncode == 0, remote.stderr
+    assert (tmp_path / "remote curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert remote.stdout.splitlines()[:-1] == result.stdout.splitlines()[:-1]  # all but the figure's path
 
 
 def test_bad_run_directories_are_named(tmp_path):
