@@ -239,7 +239,8 @@ def kill_when(process, path, lines, delay):
 @pytest.mark.slow
 def test_kill_9_at_random_moments_then_the_same_command(packed_dir, other_text_dir, bert_config_file, tmp_path):
     """kill -9 twice, at moments drawn at random after a few log lines, then the same command:
-    the run ends with the weights and logs of the uninterrupted one, and its mllog.txt passes."""
+    the run ends with the weights and logs of the uninterrupted one, and its mllog.txt passes.
+    The killed run names every path by a file:// URI: through tf.io.gfile, as on a bucket."""
     import random
 
     from bert_packed.model import BertConfig, BertPretrainingModel, load_google_checkpoint
@@ -251,12 +252,15 @@ def test_kill_9_at_random_moments_then_the_same_command(packed_dir, other_text_d
     assert straight.returncode == 0, straight.stderr[-3000:]
     draw = random.Random(os.getpid())
     out = tmp_path / "killed"
+    remote = [f"--bert_config_file=file://{bert_config_file}", f"--input_files=file://{packed_dir}/packed-*.tfrecord",
+              f"--eval_files=file://{other_text_dir}/part-*.tfrecord"]
     for lines in sorted(draw.sample(range(1, 12), 2)):
-        process = subprocess.Popen(run_command(out, *data), cwd=REPO, stdout=subprocess.DEVNULL,
+        process = subprocess.Popen(run_command(f"file://{out}", *remote), cwd=REPO, stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL)
         kill_when(process, out / "mllog.txt", 20 + lines, draw.uniform(0.0, 0.5))
     assert "finished" not in json.loads((out / "run.json").read_text())  # the kills came before the end
-    finished = subprocess.run(run_command(out, *data), capture_output=True, text=True, timeout=600, cwd=REPO)
+    finished = subprocess.run(run_command(f"file://{out}", *remote), capture_output=True, text=True, timeout=600,
+                              cwd=REPO)
     assert finished.returncode == 0, finished.stderr[-3000:]
     left, expected = what_a_run_leaves(out), what_a_run_leaves(tmp_path / "straight")
     for part in ("train", "eval", "mllog", "files"):
