@@ -106,7 +106,20 @@ class DataFile:
 
     @classmethod
     def from_json(cls, value) -> DataFile:
-        return cls(**{field.name: value.get(field.name) for field in dataclasses.fields(cls)})
+        """An entry of metadata.json's `files` or `eval_files`.
+
+        Raises:
+          DatasetInfoError: a field of another type than it can be (a count as a string, say).
+        """
+        entry = cls(**{field.name: value.get(field.name) for field in dataclasses.fields(cls)})
+        for name in ("bytes", "records", "sequences"):
+            count = getattr(entry, name)
+            if count is not None and (not isinstance(count, int) or isinstance(count, bool) or count < 0):
+                raise DatasetInfoError(f"the entry of {entry.name!r}: {name} is {count!r}, expected a count")
+        if not isinstance(entry.name, str) or not all(isinstance(getattr(entry, name), (str, type(None)))
+                                                      for name in ("checksum", "head")):
+            raise DatasetInfoError(f"the entry {value!r}: expected a name and hashes as strings")
+        return entry
 
     def require_sequences(self, path: str, counted: int) -> None:
         """Raises DatasetFilesError when the file at `path` holds another number of sequences than

@@ -138,6 +138,8 @@ def test_a_finished_dataset_on_read_only_storage_packs_as_nothing_to_do_and_veri
     ("sequences x 10", DatasetInfoError, r"cannot be \(a packing factor of [\d.]+ at depth 3\)"),
     ("no sequences", DatasetInfoError, r"0 sequences in \d+ records"),
     ("counts that do not add up", DatasetInfoError, r"its files hold 122 sequences together, but num_sequences is 123"),
+    ("a count as a string", DatasetInfoError, r"metadata.json: the entry of 'packed-00001-of-00002.tfrecord': records "
+                                              r"is '\d+', expected a count"),
 ])
 def test_training_data_is_checked_against_its_metadata_before_any_work(packed_copy, unpacked_dir, tmp_path, damage,
                                                                        error, message):
@@ -160,6 +162,8 @@ def test_training_data_is_checked_against_its_metadata_before_any_work(packed_co
             entry["sequences"] *= 10
     elif damage == "no sequences":
         metadata["num_sequences"] = 0
+    elif damage == "a count as a string":  # an internal error (int + str) in the eval path
+        metadata["files"][1]["records"] = str(metadata["files"][1]["records"])
     else:
         metadata["num_sequences"] += 1
     open(metadata_path(str(packed_copy)), "w").write(json.dumps(metadata))

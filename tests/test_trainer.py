@@ -307,8 +307,9 @@ def test_cli_batch_correction_takes_packs_for_the_unpacked_rows(packed_dir, bert
     result = run_command("run_pretraining", f"--bert_config_file={bert_config_file}",
                          f"--input_files={packed_dir}/packed-*.tfrecord", f"--output_dir={out}", "--max_seq_length=128",
                          "--max_predictions_per_seq=20", "--train_batch_size=12", "--steps_per_update=2",
-                         "--num_train_steps=2", "--adjust_batch_for_packing")
+                         "--num_train_steps=2", "--adjust_batch_for_packing", "--do_eval")
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "--do_eval without --eval_files evaluates on the training files, as the reference does" in result.stderr
     packing_factor = read_dataset_info(packed_dir).packing_factor
     packs = round(12 / packing_factor)
     assert 1 < packing_factor and packs < 12

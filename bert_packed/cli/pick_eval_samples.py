@@ -8,12 +8,15 @@ The reference's pick_eval_samples.py with the same flags and the same choice of 
 
 from __future__ import annotations
 
+import os
+
 from absl import flags
 
 from bert_packed.cli.common import run
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
 from bert_packed.pretraining_data.eval_samples import pick_eval_samples
+from bert_packed.training.provenance import origins
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("input_tfrecord", None, "The eval instances (create_pretraining_data --output_file).")
@@ -30,6 +33,13 @@ def main(argv):
     del argv
     if FLAGS.num_examples_to_pick < 1:
         raise SettingsError(f"--num_examples_to_pick={FLAGS.num_examples_to_pick}: must be >= 1")
+    # The output is one file with no metadata.json, so no later command can tell where its records
+    # came from: a training shard is refused here (MLPerf never evaluates on what it trains on).
+    trained = next((o.file for o in origins([FLAGS.input_tfrecord])[FLAGS.input_tfrecord] if not o.held_out), None)
+    if trained is not None:
+        raise SettingsError(f"--input_tfrecord={FLAGS.input_tfrecord}: a training shard of {os.path.dirname(trained)} "
+                            f"(its metadata.json): its records are trained on; pick from its held-out files "
+                            f"(eval-*.tfrecord) or from records of held-out text")
     total = pick_eval_samples(FLAGS.input_tfrecord, FLAGS.output_tfrecord, FLAGS.num_examples_to_pick,
                               Shapes(FLAGS.max_seq_length, FLAGS.max_predictions_per_seq))
     print(f"{PROGRAM}: picked {FLAGS.num_examples_to_pick:,} of {total:,} records -> {FLAGS.output_tfrecord}")

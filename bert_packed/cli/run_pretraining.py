@@ -13,6 +13,7 @@ before any work.
 
 from __future__ import annotations
 
+import logging
 import math
 
 from absl import flags
@@ -273,6 +274,10 @@ def build_config():
         train_data = data.TrainData(files=tuple(input_files), identity=(), shapes=shapes.unpacked(),
                                     input_mode="padded")
     eval_pattern = FLAGS.eval_files or (input_pattern if FLAGS.do_eval else None)
+    if FLAGS.do_train and FLAGS.do_eval and not FLAGS.eval_files:
+        logging.warning("--do_eval without --eval_files evaluates on the training files, as the reference does: "
+                        "its accuracy is not a held-out one (MLPerf never evaluates on what it trains on); give "
+                        "--eval_files")
     eval_data = data.EvalData()
     if eval_pattern:
         flag = "--eval_files" if FLAGS.eval_files else "--input_file"

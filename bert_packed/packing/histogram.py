@@ -111,6 +111,10 @@ def merge_histograms(*histograms) -> np.ndarray:
     return np.sum(arrays, axis=0)
 
 
+# The largest histogram file read: L = 65,536 counts of up to 19 digits each take ~1.5 MB.
+MAX_HISTOGRAM_BYTES = 16 << 20
+
+
 def load_histogram(path: str, max_sequence_length: int | None = None) -> np.ndarray:
     """Reads a histogram JSON file (object with `histogram`, or a bare list of counts).
 
@@ -125,6 +129,13 @@ def load_histogram(path: str, max_sequence_length: int | None = None) -> np.ndar
       HistogramError: the file is unreadable, not JSON, or holds a bad histogram.
     """
     try:
+        # Read whole: a device (/dev/zero) never ends, a pipe blocks, and an L of 65,536 takes ~1.5 MB.
+        if files.exists(path) and not files.isfile(path):
+            raise HistogramError(f"{path}: not a regular file (a directory, a device or a pipe); expected a "
+                                 f"histogram JSON file")
+        if files.exists(path) and files.size(path) > MAX_HISTOGRAM_BYTES:
+            raise HistogramError(f"{path}: {files.size(path):,} bytes; a histogram JSON file holds at most "
+                                 f"{MAX_HISTOGRAM_BYTES:,}")
         with files.open_file(path) as f:
             payload = json.load(f)
     except OSError as e:
