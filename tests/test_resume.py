@@ -254,10 +254,10 @@ def test_kill_9_at_random_moments_then_the_same_command(packed_dir, other_text_d
     out = tmp_path / "killed"
     remote = [f"--bert_config_file=file://{bert_config_file}", f"--input_files=file://{packed_dir}/packed-*.tfrecord",
               f"--eval_files=file://{other_text_dir}/part-*.tfrecord"]
-    for lines in sorted(draw.sample(range(1, 12), 2)):
+    for lines in sorted(draw.sample(range(1, 9), 2)):  # of 40: later, a kill can come after the end
         process = subprocess.Popen(run_command(f"file://{out}", *remote), cwd=REPO, stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL)
-        kill_when(process, out / "mllog.txt", 20 + lines, draw.uniform(0.0, 0.5))
+        kill_when(process, out / "mllog.txt", 20 + lines, draw.uniform(0.0, 0.3))
     assert "finished" not in json.loads((out / "run.json").read_text())  # the kills came before the end
     finished = subprocess.run(run_command(f"file://{out}", *remote), capture_output=True, text=True, timeout=600,
                               cwd=REPO)
