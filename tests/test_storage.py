@@ -8,7 +8,15 @@ import subprocess
 import sys
 
 import pytest
-from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, REPO, VOCAB, dataset_settings
+from conftest import (
+    MAX_PREDICTIONS,
+    MAX_SEQ_LENGTH,
+    MAX_SEQUENCES_PER_PACK,
+    REPO,
+    VOCAB,
+    dataset_settings,
+    run_command,
+)
 
 from bert_packed import files
 from bert_packed.dataset_info import read_dataset_info
@@ -58,12 +66,12 @@ def test_create_and_pack_through_tf_io_gfile_write_what_they_write_on_plain_path
 
 
 def script(name, *args):
-    """scripts/<name>.py (or the planner, `python -m bert_packed.packing`) in a process of its own."""
-    command = ["-m", "bert_packed.packing"] if name == "plan" else [os.path.join("scripts", f"{name}.py")]
-    return subprocess.run([sys.executable, *command, *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+    """scripts/<name>.py in a process of its own."""
+    return subprocess.run([sys.executable, os.path.join("scripts", f"{name}.py"), *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.slow  # the commands for real: spawned workers, the reference's output file, the planner
+@pytest.mark.slow  # the commands for real: in processes of their own, create's spawned workers
 def test_the_data_commands_take_uris_across_processes(corpus, tmp_path):
     out = tmp_path / "out dir"
     shapes = [f"--max_seq_length={MAX_SEQ_LENGTH}", f"--max_predictions_per_seq={MAX_PREDICTIONS}"]
@@ -72,16 +80,17 @@ def test_the_data_commands_take_uris_across_processes(corpus, tmp_path):
     created = script("create_pretraining_data", *create, f"--output_dir={uri(out / 'u')}", "--num_workers=2",
                      "--eval_fraction=0.3")
     assert created.returncode == 0, created.stderr
-    reference = script("create_pretraining_data", *create, f"--output_file={uri(out / 'ref.tfrecord')}")
-    assert reference.returncode == 0, reference.stderr
-    assert sorted(os.listdir(out)) == ["ref.tfrecord", "u"]  # its work (ref.tfrecord.parts) removed
     packed = script("pack_pretraining_data", f"--input_files={uri(out / 'u')}/part-*.tfrecord",
                     f"--output_dir={uri(out / 'p')}", "--max_sequences_per_pack=3", "--verify", *shapes)
     assert packed.returncode == 0, packed.stderr
-    picked = script("pick_eval_samples", f"--input_tfrecord={uri(out / 'u')}/eval-00000.tfrecord",
-                    f"--output_tfrecord={uri(out / 'picked.tfrecord')}", "--num_examples_to_pick=2", *shapes)
+    # The reference's spelling, the eval pick and the planner, in this process (as a process would).
+    reference = run_command("create_pretraining_data", *create, f"--output_file={uri(out / 'ref.tfrecord')}")
+    assert reference.returncode == 0, reference.stderr
+    assert sorted(os.listdir(out)) == ["p", "ref.tfrecord", "u"]  # its work (ref.tfrecord.parts) removed
+    picked = run_command("pick_eval_samples", f"--input_tfrecord={uri(out / 'u')}/eval-00000.tfrecord",
+                         f"--output_tfrecord={uri(out / 'picked.tfrecord')}", "--num_examples_to_pick=2", *shapes)
     assert picked.returncode == 0, picked.stderr
-    planned = script("plan", f"--histogram={uri(out / 'u' / 'histogram.json')}", "--json")
+    planned = run_command("plan_packing", f"--histogram={uri(out / 'u' / 'histogram.json')}", "--json")
     assert planned.returncode == 0, planned.stderr
     info = read_dataset_info(str(out / "p"))
     assert json.loads(planned.stdout)["num_packs"] == info.num_records
