@@ -127,7 +127,7 @@ def _work_directory(output_dir: str) -> str:
 def _already_packed(input_files: list[str], output_dir: str, settings: PackSettings) -> dict | None:
     """The metadata of this very run, finished and clean in `output_dir` (nothing to do), else None."""
     info = read_dataset_info(output_dir) if files.isdir(output_dir) else None
-    if (info is None or any(name == ".work" or ".tmp-" in name for name in files.listdir(output_dir))
+    if (info is None or any(".tmp-" in name for name in files.listdir(output_dir))
             or files.exists(_work_directory(output_dir))):
         return None
     sources = [files.absolute(path) for path in input_files]

@@ -1,7 +1,7 @@
 """What a run reads: its training and eval data as values of their own (TrainData, EvalData: the
-files and their identity, shapes, packing factor, histogram and the plan's strategies), described by their
-metadata.json and checked against the disk and the run's settings before any work. They are
-facts, not settings: the command line makes them once, and the run is handed them.
+files and their identity, shapes, packing factor, histogram and the plan's strategies),
+described by their metadata.json and checked against the disk and the run's settings before any
+work. They are facts, not settings: the command line makes them once, and the run is handed them.
 
 A dataset is what its metadata.json says: the files a run is given must be files of it (held-out
 eval files never train unless the user says so), every file it lists must be on disk, and each
