@@ -34,6 +34,7 @@ full read is --verify's).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -146,10 +147,16 @@ class FileIdentity(NamedTuple):
 
     @classmethod
     def of(cls, path: str) -> FileIdentity:
-        """The identity of the file at `path` now (its size, and its first 64 KiB read)."""
+        """The identity of the file at `path` now (its size, and its first 64 KiB read); within
+        one_reading_per_file, the one read first there."""
+        if _READ is not None and path in _READ:
+            return _READ[path]
         with files.open_file(path, "rb") as f:
             head = f.read(HEAD_BYTES)
-        return cls(path, files.size(path), hashlib.sha256(head).hexdigest())
+        identity = cls(path, files.size(path), hashlib.sha256(head).hexdigest())
+        if _READ is not None:
+            _READ[path] = identity
+        return identity
 
     @property
     def content(self) -> dict:
@@ -166,6 +173,25 @@ class FileIdentity(NamedTuple):
         if self.head is not None and now.head != self.head:  # None: not recorded
             return f"its first {HEAD_BYTES // 1024} KiB are others"
         return None
+
+
+# The identities read within one_reading_per_file, by path (None outside it).
+_READ: dict[str, FileIdentity] | None = None
+
+
+@contextlib.contextmanager
+def one_reading_per_file():
+    """Within the block, each file's identity is read once: a command's checks at start (its set of
+    inputs, train against eval, each file against its metadata.json) cost one small read per
+    file, one request each on a bucket. Outside it every identity is read afresh, as the checks
+    of a running run must be."""
+    global _READ
+    outer = _READ
+    _READ = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _READ = outer
 
 
 class DataChangedError(UserError, ValueError):

@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, TINY, run_command, tfrecords
+from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, TINY, command_in_this_process, run_command, tfrecords
 from training_runs import assert_same_evaluation, config, make_trainer, read_log, weights
 
 from bert_packed.dataset_info import DataChangedError, FileIdentity, read_dataset_info
@@ -321,6 +321,33 @@ def test_cli_batch_correction_takes_packs_for_the_unpacked_rows(packed_dir, bert
     global_batch = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in open(out / "mllog.txt")
                     if "global_batch_size" in line]
     assert global_batch[0]["value"] == round(packs * 2 * packing_factor)
+
+
+def test_the_checks_at_start_read_each_file_s_identity_once(packed_dir, other_text_dir, bert_config_file, tmp_path,
+                                                           monkeypatch):
+    """On a bucket each read is a request: the set of inputs, train against eval and each file
+    against its metadata.json share one reading of each file's size and first 64 KiB."""
+    from absl import flags
+
+    from bert_packed import files
+    from bert_packed.dataset_info import one_reading_per_file
+
+    opened = []
+    open_file = files.open_file
+    monkeypatch.setattr(files, "open_file", lambda path, mode="r": (opened.append((path, mode)), open_file(path, mode))[1])
+    train, evaluation = tfrecords(packed_dir), tfrecords(other_text_dir)
+    with command_in_this_process("run_pretraining") as module:
+        flags.FLAGS(["run_pretraining", f"--bert_config_file={bert_config_file}", f"--input_files={packed_dir}/packed-*.tfrecord",
+                     f"--eval_files={other_text_dir}/part-*.tfrecord", f"--output_dir={tmp_path}/run", "--max_seq_length=128",
+                     "--max_predictions_per_seq=20"])
+        module.build_config()
+        without = {path: opened.count((path, "rb")) for path in train + evaluation}
+        opened.clear()
+        with one_reading_per_file():
+            module.build_config()
+    assert all(without[path] >= 3 for path in train)  # expand_globs, require_disjoint, metadata.json's check
+    assert [opened.count((path, "rb")) for path in train] == [1] * len(train)
+    assert [opened.count((path, "rb")) for path in evaluation] == [2] * len(evaluation)  # and counted whole
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -26,6 +26,7 @@ from bert_packed.cli.common import (
     require_disjoint,
     run,
 )
+from bert_packed.dataset_info import one_reading_per_file
 from bert_packed.errors import SettingsError
 from bert_packed.features import EVAL_INPUT_MODES, INPUT_MODES, Shapes
 from bert_packed.run_directory import EVAL_RESULTS, RunDirectory
@@ -296,7 +297,8 @@ def main(argv):
     from bert_packed.training.process import set_up_process
     from bert_packed.training.step import CompiledStep
 
-    config, train_data, eval_data = build_config()  # every check of flags and data, before any device is touched
+    with one_reading_per_file():  # each file's size and first 64 KiB read once: one request on a bucket
+        config, train_data, eval_data = build_config()  # every check of flags and data, before any device is touched
     set_up_process(config)
     step = CompiledStep(config, train_data, make_strategy())
     if not FLAGS.do_train:
