@@ -160,6 +160,7 @@ UNWRITABLE = "/sys/bert_packed_cannot_write_here/out"
 @pytest.mark.parametrize("extra, message", [
     (["--max_seq_length=100000000"], "--max_seq_length=100000000: must be in [8, 65,536]"),
     ([f"--output_dir={UNWRITABLE}"], "/sys/bert_packed_cannot_write_here: Operation not permitted"),
+    ([f"--output_dir=file://{UNWRITABLE}"], "Operation not permitted"),  # TensorFlow's error: was "internal error"
 ])
 def test_create_refuses_an_impossible_length_and_an_unwritable_directory(create_args, tmp_path, extra, message):
     result = command("scripts/create_pretraining_data.py", *create_args, f"--output_dir={tmp_path / 'out'}", *extra)
@@ -193,6 +194,8 @@ def test_pack_refuses_a_symlink_loop_its_glob_matches_and_an_unwritable_director
     (inputs / "part-99999-000.tfrecord").unlink()
     result = command("scripts/pack_pretraining_data.py", *base, f"--output_dir={UNWRITABLE}")
     assert_one_line(result, "/sys/bert_packed_cannot_write_here: Operation not permitted")
+    result = command("scripts/pack_pretraining_data.py", *base, f"--output_dir=file://{UNWRITABLE}")
+    assert_one_line(result, "Operation not permitted")
 
 
 CASES = ["--eval_batch_size=0", "--eval_batch_size=-3", "--learning_rate=-1", "--lamb_weight_decay_rate=-0.1",

@@ -52,6 +52,8 @@ def _terminated(signum, frame) -> None:
 _REFUSED_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ELOOP, errno.ENOENT, errno.ENOTDIR, errno.EISDIR,
                    errno.ENAMETOOLONG)
 _REFUSED_TEXTS = ("Permission denied", "Read-only file system", "Too many levels of symbolic links")
+# TensorFlow's filesystem errors for a path the user may not write or read (gs://, file://, ...).
+_REFUSED_TENSORFLOW_ERRORS = ("PermissionDeniedError", "UnauthenticatedError")
 # A full disk, a full quota and a file-size limit all stop a write the same way.
 _DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _DISK_FULL_TEXTS = ("No space left on device", "Disk quota exceeded", "File too large")
@@ -235,7 +237,8 @@ def refused_by_the_filesystem(error: BaseException) -> bool:
     loop, gone), as Python or TensorFlow words it: the user's to fix, said in one line."""
     if isinstance(error, OSError) and error.errno in _REFUSED_ERRNOS and error.filename:
         return True
-    return type(error).__module__.startswith("tensorflow") and any(text in str(error) for text in _REFUSED_TEXTS)
+    return type(error).__module__.startswith("tensorflow") and (
+        type(error).__name__ in _REFUSED_TENSORFLOW_ERRORS or any(text in str(error) for text in _REFUSED_TEXTS))
 
 
 def is_disk_full(error: BaseException) -> bool:
