@@ -268,21 +268,39 @@ def exclusive(lock_path: str, what: str):
     fails when it exists: two processes can never both hold it, and a holder is always named.
     A lock left by a process that no longer runs (same host, and the pid gone or now another
     process's: a container's pid 1 after a restart, say) is taken over, through a rename only one
-    taker can win. A bucket has no exclusive create: a remote `lock_path` is stood in for by a
-    local file named after it (local_stand_in), so two processes on this host never both write
-    one output; two hosts cannot be told apart (docs/reliability.md, on a bucket).
+    taker can win.
+
+    A bucket has no exclusive create, so a remote `lock_path` is two things: a local file named
+    after it (local_stand_in), which keeps two processes on this host apart as above, and a claim
+    written to `lock_path` itself, which a process on another host finds and is refused by (it
+    cannot tell whether that holder still runs: the message says to remove the claim if not). Two
+    hosts that start at the same moment may both write a claim; the one whose claim was replaced
+    finds out when it calls the yielded `confirm`, before it commits its output.
 
     Args:
       lock_path: the lock file (a directory's `.lock`, say).
       what: the command, recorded for whoever finds the lock held.
 
+    Yields:
+      confirm(): raises DirectoryLockedError when another process's claim replaced this one's.
+
     Raises:
       DirectoryLockedError: naming the holder (command, host, pid, start time).
     """
-    if "://" in lock_path:
-        lock_path = local_stand_in(lock_path)
     holder = {"command": what, "host": socket.gethostname(), "pid": os.getpid(),
-              "started": time.strftime("%Y-%m-%d %H:%M:%S"), "process_start": _process_start(os.getpid())}
+              "started": time.strftime("%Y-%m-%d %H:%M:%S"), "process_start": _process_start(os.getpid()),
+              "claim": os.urandom(8).hex()}
+    if "://" not in lock_path:
+        with _locked(lock_path, holder, os.path.dirname(lock_path) or "."):
+            yield lambda: None
+        return
+    with _locked(local_stand_in(lock_path), holder, os.path.dirname(lock_path)), _claimed(lock_path, holder) as confirm:
+        yield confirm
+
+
+@contextlib.contextmanager
+def _locked(lock_path: str, holder: dict, where: str):
+    """The local lock of exclusive() on `where`: `lock_path` holds `holder` for the block."""
     tmp = f"{lock_path}.tmp-{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(holder, f)
@@ -294,7 +312,7 @@ def exclusive(lock_path: str, what: str):
             except FileExistsError:
                 current = _lock_holder(lock_path)
                 if current is None or _alive(current):
-                    raise DirectoryLockedError(_held_message(lock_path, current)) from None
+                    raise DirectoryLockedError(_held_message(where, lock_path, current)) from None
                 try:  # stale: whoever renames it away takes over; the others find the new holder
                     os.rename(lock_path, f"{lock_path}.stale-{os.getpid()}")
                     os.remove(f"{lock_path}.stale-{os.getpid()}")
@@ -309,14 +327,41 @@ def exclusive(lock_path: str, what: str):
             os.remove(lock_path)
 
 
-def _lock_holder(lock_path: str) -> dict | None:
+@contextlib.contextmanager
+def _claimed(claim_path: str, holder: dict):
+    """The claim of exclusive() on a bucket: `claim_path` names `holder` for the block. A claim
+    of this host's process that no longer runs is replaced; any other refuses."""
+    current = _lock_holder(claim_path)
+    if current is None or (current and _alive(current)):
+        raise DirectoryLockedError(_held_message(os.path.dirname(claim_path), claim_path, current))
+
+    def confirm() -> None:
+        now = _lock_holder(claim_path)
+        if now != holder:
+            raise DirectoryLockedError(
+                f"{os.path.dirname(claim_path)}: another process claimed it during this run ("
+                f"{_holder_words(now) if now else 'its claim ' + claim_path + ' is gone'}); its files and this "
+                f"run's may be mixed: nothing was committed. Let one command finish, then run it again")
+
+    write_text_atomically(claim_path, json.dumps(holder))
+    confirm()
     try:
-        with open(lock_path, encoding="utf-8") as f:
-            return json.load(f)
+        yield confirm
+    finally:
+        if _lock_holder(claim_path) == holder:
+            remove(claim_path)
+
+
+def _lock_holder(lock_path: str) -> dict | None:
+    """The holder a lock (or a claim) names; {} when there is none, None when it cannot be read."""
+    try:
+        with open_file(lock_path) as f:
+            holder = json.load(f)
     except FileNotFoundError:
         return {}  # released meanwhile: try again
     except (OSError, ValueError):
         return None
+    return holder if isinstance(holder, dict) else None
 
 
 def _alive(holder: dict) -> bool:
@@ -347,10 +392,12 @@ def _process_start(pid: int) -> str | None:
         return None
 
 
-def _held_message(lock_path: str, holder: dict | None) -> str:
-    where = os.path.dirname(lock_path) or "."
+def _held_message(where: str, lock_path: str, holder: dict | None) -> str:
     if holder is None:
         return f"{where}: locked by {lock_path}, which cannot be read; remove it if no process uses {where}"
-    return (f"{where}: in use by {holder.get('command')} (pid {holder.get('pid')} on {holder.get('host')}, since "
-            f"{holder.get('started')}); wait for it to finish, or use another directory (if that process no "
-            f"longer runs, on a machine or in a container gone since, remove {lock_path})")
+    return (f"{where}: in use by {_holder_words(holder)}; wait for it to finish, or use another directory (if that "
+            f"process no longer runs, on a machine or in a container gone since, remove {lock_path})")
+
+
+def _holder_words(holder: dict) -> str:
+    return f"{holder.get('command')} (pid {holder.get('pid')} on {holder.get('host')}, since {holder.get('started')})"

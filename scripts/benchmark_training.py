@@ -15,7 +15,6 @@ status 1 below --target, 0.95). `make run` runs it with --configs=tiny, --target
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import sys
@@ -25,6 +24,7 @@ from bert_packed.tensorflow_loading import import_tensorflow
 
 import_tensorflow(verbosity=0)  # first: TensorFlow's start-up notices stay out of the tables
 
+from bert_packed import files
 from bert_packed.curves import describe_speedup, median_and_range, summary
 from bert_packed.dataset_info import read_dataset_info
 from bert_packed.features import PACK_MODES
@@ -59,8 +59,8 @@ def _parse_args() -> argparse.Namespace:
 def main() -> int:
     """Returns the exit status: 1 when the target is missed."""
     args = _parse_args()
-    packed = sorted(glob.glob(os.path.join(args.sample_dir, "packed", "packed-*.tfrecord")))
-    unpacked = sorted(glob.glob(os.path.join(args.sample_dir, "unpacked", "part-*.tfrecord")))
+    packed = files.glob(os.path.join(args.sample_dir, "packed", "packed-*.tfrecord"))  # `[` in a path is a name
+    unpacked = files.glob(os.path.join(args.sample_dir, "unpacked", "part-*.tfrecord"))
     if not packed or not unpacked:
         print(f"{args.sample_dir}: no sample data at L=512; `make run` builds it", file=sys.stderr)
         return 2

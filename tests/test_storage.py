@@ -59,10 +59,91 @@ def test_create_and_pack_through_tf_io_gfile_write_what_they_write_on_plain_path
     assert caplog.text.count("nothing to do") == 2
     # A bucket cannot lock: a local file named after the output stands in, so that two writers on
     # one host never interleave.
+    (tmp_path / "again").mkdir()
     with files.exclusive(uri(tmp_path / "again" / ".lock"), "another packer"):
         with pytest.raises(DirectoryLockedError, match=r"another packer"):
             pack_pretraining_dataset(parts, uri(tmp_path / "again"), SETTINGS, num_workers=1)
     assert not os.listdir(tmp_path / "again")
+
+
+def claim_of(host: str, pid: int) -> str:
+    return json.dumps({"command": "pack_pretraining_data", "host": host, "pid": pid, "started": "2026-11-24 09:00:00"})
+
+
+def test_a_claim_on_a_bucket_keeps_other_hosts_out_and_a_replaced_claim_commits_nothing(unpacked_dir, tmp_path,
+                                                                                          monkeypatch):
+    """A bucket cannot lock: the claim written into the output names its writer to other hosts."""
+    import socket
+
+    from bert_packed.packing import pack_dataset
+
+    out = tmp_path / "packed"
+    out.mkdir()
+    parts = [uri(os.path.join(unpacked_dir, name)) for name in contents(unpacked_dir)]
+    (out / ".lock").write_text(claim_of("node-7", 1))  # another host's: it may still run
+    with pytest.raises(DirectoryLockedError, match=rf"^file://{out}: in use by pack_pretraining_data \(pid 1 on node-7, "
+                                                   rf"since 2026-11-24 09:00:00\).*remove file://{out}/.lock\)$"):
+        pack_pretraining_dataset(parts, uri(out), SETTINGS, num_workers=1)
+    assert sorted(os.listdir(out)) == [".lock"]
+    # This host's process that no longer runs left it: taken over, as a local lock is.
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    (out / ".lock").write_text(claim_of(socket.gethostname(), ended.pid))
+    # Another host claimed the output while this run packed: the run commits nothing.
+    describe = pack_dataset._description
+
+    def replaced_meanwhile(*args):
+        (out / ".lock").write_text(claim_of("node-8", 2))
+        return describe(*args)
+
+    monkeypatch.setattr(pack_dataset, "_description", replaced_meanwhile)
+    with pytest.raises(DirectoryLockedError, match=r"another process claimed it during this run \("
+                                                   r"pack_pretraining_data \(pid 2 on node-8.*nothing was committed"):
+        pack_pretraining_dataset(parts, uri(out), SETTINGS, num_workers=1)
+    assert read_dataset_info(out) is None
+    assert json.loads((out / ".lock").read_text())["host"] == "node-8"  # its claim is left to it
+    monkeypatch.setattr(pack_dataset, "_description", describe)
+    (out / ".lock").unlink()  # what the message says to do once that run has ended
+    assert pack_pretraining_dataset(parts, uri(out), SETTINGS, num_workers=1)["num_sequences"] == \
+        read_dataset_info(unpacked_dir).num_sequences
+    assert not [name for name in os.listdir(out) if name.startswith(".")]
+
+
+def test_a_request_the_storage_still_fails_after_retrying_stops_in_one_line_and_the_same_command_goes_on(
+        corpus, unpacked_dir, tmp_path, monkeypatch):
+    import tensorflow as tf
+
+    out = tmp_path / "u"
+    create = [f"--input_file={','.join(uri(path) for path in corpus)}", f"--vocab_file={uri(VOCAB)}",
+              f"--output_dir={uri(out)}", f"--max_seq_length={MAX_SEQ_LENGTH}",
+              f"--max_predictions_per_seq={MAX_PREDICTIONS}", "--dupe_factor=2", "--short_seq_prob=0.5",
+              "--num_workers=1"]
+    move, moved = files.move, []
+
+    def unavailable_at_the_third_shard(source, destination):
+        if destination.endswith(".tfrecord"):
+            moved.append(destination)
+            if len(moved) == 3:
+                raise tf.errors.UnavailableError(None, None, f"Error executing an HTTP request: HTTP response code "
+                                                             f"503 when renaming {source} to {destination}")
+        move(source, destination)
+
+    monkeypatch.setattr(files, "move", unavailable_at_the_third_shard)
+    stopped = run_command("create_pretraining_data", *create)
+    assert stopped.returncode == 75, stopped.stderr[-3000:]
+    assert "Traceback" not in stopped.stderr
+    assert stopped.stderr.strip().splitlines()[-1] == (
+        f"create_pretraining_data: the storage failed a request, retried (UnavailableError: Error executing an HTTP "
+        f"request: HTTP response code 503 when renaming {files.temporary_name(moved[2])} to {moved[2]}). Finished "
+        f"shards are kept, and nothing half-written is taken for finished: run the same command again to continue "
+        f"(exit status 75)")
+    assert sorted(os.listdir(out)) == ["part-00000-000.json", "part-00000-000.tfrecord", "part-00000-001.json",
+                                       "part-00000-001.tfrecord"]  # the third shard's temporary file removed
+    monkeypatch.setattr(files, "move", move)
+    again = run_command("create_pretraining_data", *create)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert contents(out) == contents(unpacked_dir)
+    assert sorted(os.listdir(out)) == sorted(os.listdir(unpacked_dir))
 
 
 def script(name, *args):

@@ -39,6 +39,7 @@ from bert_packed.errors import InputFilesError, UserError
 EXIT_BUG = 1  # what Python gives an uncaught exception
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143  # the shell's 128 + 15, as if SIGTERM had not been caught
+EXIT_TRY_AGAIN = 75  # sysexits' EX_TEMPFAIL: the storage failed; the same command again goes on
 
 
 class Terminated(BaseException):
@@ -54,6 +55,9 @@ _REFUSED_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ELOOP, errno.EN
 _REFUSED_TEXTS = ("Permission denied", "Read-only file system", "Too many levels of symbolic links")
 # TensorFlow's filesystem errors for a path the user may not write or read (gs://, file://, ...).
 _REFUSED_TENSORFLOW_ERRORS = ("PermissionDeniedError", "UnauthenticatedError")
+# TensorFlow's errors for a request the storage still failed after its client's own retries (a
+# bucket out of reach, a deadline passed, a conflicting write): neither the user's input nor a bug.
+_TRANSIENT_TENSORFLOW_ERRORS = ("UnavailableError", "DeadlineExceededError", "AbortedError")
 # A full disk, a full quota and a file-size limit all stop a write the same way.
 _DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _DISK_FULL_TEXTS = ("No space left on device", "Disk quota exceeded", "File too large")
@@ -93,22 +97,7 @@ def run(main: Callable[[list[str]], None], program: str, output_flag: str | tupl
             fail(program, e)
         except Exception as e:  # noqa: BLE001 - TensorFlow reports a full disk as its own error types
             _traceback_when_verbose()
-            if refused_by_the_filesystem(e):
-                where = getattr(e, "filename", None)
-                reason = getattr(e, "strerror", None) or str(e).strip().splitlines()[0]
-                fail(program, f"{where}: {reason}" if where else reason)
-            if not is_disk_full(e):
-                if flags.FLAGS.verbosity < 1:
-                    traceback.print_exc()
-                reason = (str(e).strip().splitlines() or [""])[0]
-                exit_with(EXIT_BUG, f"{program}: internal error: {type(e).__name__}: {reason} (a bug, not your "
-                                    f"input: please report it with the traceback above; exit status {EXIT_BUG})")
-            names = (output_flag,) if isinstance(output_flag, str) else output_flag
-            where = getattr(e, "filename", None) or next(
-                (getattr(flags.FLAGS, name) for name in names if getattr(flags.FLAGS, name)), names[0])
-            reason = getattr(e, "strerror", None) or next(text for text in _DISK_FULL_TEXTS if text in str(e))
-            fail(program, f"{where}: the disk is full ({reason}). {kept}; partial files were removed. Free some "
-                          f"space and run the same command again to continue")
+            _fail_on(e, program, output_flag, kept)
 
     try:
         app.run(guarded, flags_parser=_flags_parser(main, program, positional))
@@ -117,6 +106,31 @@ def run(main: Callable[[list[str]], None], program: str, output_flag: str | tupl
         # more when it flushes stdout at exit, so stdout goes to /dev/null first.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
+
+
+def _fail_on(error: Exception, program: str, output_flag: str | tuple[str, ...], kept: str) -> NoReturn:
+    """Exits with one line for an error no check foresaw: a path the filesystem refused, a request
+    the storage failed, a full disk (each the user's to fix or retry), else a bug."""
+    if refused_by_the_filesystem(error):
+        where = getattr(error, "filename", None)
+        reason = getattr(error, "strerror", None) or str(error).strip().splitlines()[0]
+        fail(program, f"{where}: {reason}" if where else reason)
+    reason = (str(error).strip().splitlines() or [""])[0]
+    if type(error).__module__.startswith("tensorflow") and type(error).__name__ in _TRANSIENT_TENSORFLOW_ERRORS:
+        exit_with(EXIT_TRY_AGAIN, f"{program}: the storage failed a request, retried ({type(error).__name__}: "
+                                  f"{reason}). {kept}, and nothing half-written is taken for finished: run the same "
+                                  f"command again to continue (exit status {EXIT_TRY_AGAIN})")
+    if not is_disk_full(error):
+        if flags.FLAGS.verbosity < 1:
+            traceback.print_exc()
+        exit_with(EXIT_BUG, f"{program}: internal error: {type(error).__name__}: {reason} (a bug, not your "
+                            f"input: please report it with the traceback above; exit status {EXIT_BUG})")
+    names = (output_flag,) if isinstance(output_flag, str) else output_flag
+    where = getattr(error, "filename", None) or next(
+        (getattr(flags.FLAGS, name) for name in names if getattr(flags.FLAGS, name)), names[0])
+    reason = getattr(error, "strerror", None) or next(text for text in _DISK_FULL_TEXTS if text in str(error))
+    fail(program, f"{where}: the disk is full ({reason}). {kept}; partial files were removed. Free some "
+                  f"space and run the same command again to continue")
 
 
 def _flags_parser(main: Callable[[list[str]], None], program: str, positional: bool) -> Callable:

@@ -20,6 +20,7 @@ from absl import flags
 
 from bert_packed.cli.common import (
     EXIT_INTERRUPTED,
+    EXIT_TRY_AGAIN,
     command_flags_text,
     exit_with,
     expand_globs,
@@ -178,7 +179,7 @@ FIRST_RUN = ("bert_config_file", "input_files", "eval_files", "output_dir", "ini
 PROGRAM = "run_pretraining"
 # A run stopped by a signal after saving: SIGTERM (preempted) gives BSD's EX_TEMPFAIL, "try
 # again"; SIGINT (Ctrl-C) the shell's 128 + 2.
-EXIT_STATUS = {"SIGTERM": 75, "SIGINT": EXIT_INTERRUPTED}
+EXIT_STATUS = {"SIGTERM": EXIT_TRY_AGAIN, "SIGINT": EXIT_INTERRUPTED}
 
 
 def one_of_two_spellings(ours: str, reference: str, convert=lambda value: value):

@@ -36,6 +36,7 @@ import math
 import os
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -110,10 +111,10 @@ def pack_pretraining_dataset(input_files: list[str], output_dir: str, settings: 
     if done is not None:  # read only, without the lock: a finished dataset on read-only storage is fine
         return done
     files.makedirs(output_dir)
-    with files.exclusive(os.path.join(output_dir, ".lock"), "pack_pretraining_data"):
+    with files.exclusive(os.path.join(output_dir, ".lock"), "pack_pretraining_data") as confirm:
         refuse_other_output(output_dir, "packed data")
         files.remove_leftovers(output_dir)
-        return _pack(input_files, output_dir, _work_directory(output_dir), settings, num_workers)
+        return _pack(input_files, output_dir, _work_directory(output_dir), settings, num_workers, confirm)
 
 
 def _work_directory(output_dir: str) -> str:
@@ -180,7 +181,8 @@ def _digest(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
 
 
-def _pack(input_files: list[str], output_dir: str, work: str, settings: PackSettings, num_workers: int) -> dict:
+def _pack(input_files: list[str], output_dir: str, work: str, settings: PackSettings, num_workers: int,
+          confirm: Callable[[], None]) -> dict:
     sources = [files.absolute(path) for path in input_files]
     identity = {"settings": settings.to_dict(), "sources": sources}
     # A run is its settings and inputs' paths (another is refused) and their content (when that
@@ -226,6 +228,7 @@ def _pack(input_files: list[str], output_dir: str, work: str, settings: PackSett
                            f"{int(histogram.sum())} (checksum {checksum_in:016x}); nothing published")
     info = _description(settings, packing_plan, shards, sources, checksum_in, seconds, digest, inputs_digest,
                         file_sha256(histogram_path))
+    confirm()  # on a bucket, no other host's run wrote here meanwhile
     metadata = write_dataset_info(output_dir, info)
     files.rmtree(work)
     return metadata

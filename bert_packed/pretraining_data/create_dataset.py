@@ -35,6 +35,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -118,10 +119,10 @@ def create_pretraining_dataset(input_files: list[str], output_dir: str, settings
     if done is not None:  # read only, without the lock: a finished dataset on read-only storage is fine
         return done
     files.makedirs(output_dir)
-    with files.exclusive(os.path.join(output_dir, ".lock"), "create_pretraining_data"):
+    with files.exclusive(os.path.join(output_dir, ".lock"), "create_pretraining_data") as confirm:
         refuse_other_output(output_dir, "unpacked data")
         files.remove_leftovers(output_dir)
-        return _create(input_files, output_dir, settings, num_workers, tokenizer)
+        return _create(input_files, output_dir, settings, num_workers, tokenizer, confirm)
 
 
 def _already_created(input_files: list[str], output_dir: str, settings: DatasetSettings) -> dict | None:
@@ -141,7 +142,7 @@ def _already_created(input_files: list[str], output_dir: str, settings: DatasetS
 
 
 def _create(input_files: list[str], output_dir: str, settings: DatasetSettings, num_workers: int,
-            tokenizer: Tokenizer) -> dict:
+            tokenizer: Tokenizer, confirm: Callable[[], None]) -> dict:
     sources = [files.absolute(path) for path in input_files]
     identities = _check_previous_run(output_dir, settings, sources)
 
@@ -189,6 +190,7 @@ def _create(input_files: list[str], output_dir: str, settings: DatasetSettings, 
         if pool is not None:
             pool.shutdown(cancel_futures=True)
     progress.close()
+    confirm()  # on a bucket, no other host's run wrote here meanwhile
     return _write_summary(sources, output_dir, settings)
 
 
