@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml
 	@test -x $(PYTHON) || python3 -m venv $(ENV_DIR)
 	@$(PYTHON) -m pip install --quiet --quiet --upgrade pip
 	@$(PYTHON) -m pip install --quiet --quiet -e '.[cpu,test]'
+	@$(PYTHON) -m pip install --quiet --quiet --no-deps keras-hub==0.32.0 'tensorflow-text==2.21.*'  # pyproject.toml: test
 	@echo "== installed into $(ENV_DIR); 'source $(ENV_DIR)/bin/activate' puts its python and commands on PATH"
 	@touch $(STAMP)
 

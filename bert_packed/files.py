@@ -169,6 +169,11 @@ def temporary_name(path: str) -> str:
     return os.path.join(directory, f".{name}.tmp-{os.getpid()}")
 
 
+def is_temporary_name(name: str) -> bool:
+    """Whether `name` is a file being written (or left by a writer killed midway)."""
+    return bool(_TEMPORARY.match(name))
+
+
 def remove_leftovers(directory: str) -> list[str]:
     """Removes the temporary files that writers killed midway left in `directory`.
 

@@ -23,6 +23,7 @@ SCRIPTS = {
     "bert-packed-train": "Pre-train BERT with the MLPerf recipe",
     "bert-packed-compare": "Compare training runs",
     "bert-packed-pick-eval": "Pick the MLPerf eval set",
+    "bert-packed-export": "Export pre-trained weights where users fine-tune",
 }
 
 

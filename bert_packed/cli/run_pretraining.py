@@ -55,8 +55,14 @@ flags.DEFINE_string("bert_config_file", None, "google-research bert_config.json.
 flags.DEFINE_string("input_file", None, "Comma-separated globs of training TFRecords (the reference's name of "
                                         "--input_files). With --do_eval alone: the eval set.")
 flags.DEFINE_string("output_dir", None, "Logs, checkpoints, TensorBoard; a run restarted here resumes.")
-flags.DEFINE_string("init_checkpoint", ModelConfig.init_checkpoint, "google-research/MLPerf TF1 checkpoint to start "
-                                                                    "from.")
+flags.DEFINE_string("init_checkpoint", ModelConfig.init_checkpoint, "Weights to start from: a google-research/MLPerf "
+                    "TF1 checkpoint, or a Hugging Face BERT directory (config.json, model.safetensors).")
+flags.DEFINE_string("export_huggingface_dir", RunConfig.export_huggingface_dir, "When the run finishes, also write "
+                    "its weights there as a Hugging Face BERT directory (scripts/export_model.py does it for any run).")
+flags.DEFINE_string("vocab_file", RunConfig.vocab_file, "The vocabulary of the data, for --export_huggingface_dir's "
+                                                        "tokenizer.")
+flags.DEFINE_bool("do_lower_case", RunConfig.do_lower_case, "The data was lower-cased (uncased), for "
+                                                            "--export_huggingface_dir's tokenizer.")
 flags.DEFINE_integer("max_seq_length", 512, "L of the data (reference default 128).")
 flags.DEFINE_integer("max_predictions_per_seq", 76, "P of the data; packs hold P + S (reference default 20).")
 flags.DEFINE_bool("do_train", True, "Train (reference default False: there both do_* are given).")
@@ -168,7 +174,8 @@ HELP_GROUPS = {
                    "target_mlm_accuracy"],
     "run, checkpoints and logs": ["output_dir", "seed", "deterministic", "save_checkpoints_steps",
                                   "keep_checkpoint_max", "iterations_per_loop", "log_every_steps",
-                                  "start_over_if_no_checkpoint_restores"],
+                                  "start_over_if_no_checkpoint_restores", "export_huggingface_dir", "vocab_file",
+                                  "do_lower_case"],
     "distribution": ["distribution_strategy", "num_gpus", "use_tpu", "tpu_name", "tpu", "tpu_zone", "gcp_project",
                      "master", "num_tpu_cores"],
     "MLPerf logging": ["submission_division", "submission_org", "submission_platform", "submission_status"],
@@ -256,6 +263,7 @@ def build_config():
     parts check themselves), then the data described and checked against the settings (no device
     is touched)."""
     from bert_packed.model import BertConfig
+    from bert_packed.model.huggingface import is_huggingface_directory, require_export_directory, require_same_model
     from bert_packed.training import data, provenance
 
     check_reference_flags()
@@ -268,6 +276,10 @@ def build_config():
                             "epsilon": one_of_two_spellings("epsilon", "log_epsilon", lambda log: 10.0 ** log),
                             "bucket_boundaries": tuple(int(b) for b in FLAGS.bucket_boundaries),
                             "flags_text": command_flags_text()})
+    if config.model.init_checkpoint and is_huggingface_directory(config.model.init_checkpoint):
+        require_same_model(config.model.init_checkpoint, config.model.bert)
+    if config.run.export_huggingface_dir:
+        require_export_directory(config.run.export_huggingface_dir, config.run.vocab_file, config.run.do_lower_case)
     shapes = Shapes(FLAGS.max_seq_length, FLAGS.max_predictions_per_seq, FLAGS.max_sequences_per_pack)
     if FLAGS.do_train:
         train_data = data.train_data(input_files, shapes, config, FLAGS["max_sequences_per_pack"].present,

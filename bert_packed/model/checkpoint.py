@@ -9,8 +9,11 @@ a checkpoint are ignored.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
+from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
@@ -157,6 +160,56 @@ def export_google_checkpoint(model: BertPretrainingModel, path: str, step: int |
     finally:
         _remove_parts(tmp)
     return path
+
+
+def refuse_other_content(output_dir: str, exported: Callable[[str], bool]) -> None:
+    """Refuses an export's output directory that holds what no export (`exported` names) wrote."""
+    if files.exists(output_dir) and not files.isdir(output_dir):
+        raise CheckpointError(f"{output_dir}: a file, not a directory for the exported model")
+    other = [name for name in files.listdir(output_dir)
+             if not exported(name) and name != ".lock" and not files.is_temporary_name(name)]
+    if other:
+        more = f" and {len(other) - 1} more" if len(other) > 1 else ""
+        raise CheckpointError(f"{output_dir}: holds {other[0]}{more}, not an exported model; use an empty or new "
+                              f"directory")
+
+
+@contextlib.contextmanager
+def export_directory(output_dir: str, exported: Callable[[str], bool]):
+    """Holds `output_dir` for an export (created, locked, leftovers of a killed export removed);
+    yields files.exclusive's confirm. A directory of a previous export (only names `exported`
+    accepts) is written over; one that holds anything else is refused.
+
+    Raises:
+      CheckpointError: naming what else it holds.
+    """
+
+    refuse_other_content(output_dir, exported)
+    files.makedirs(output_dir)
+    with files.exclusive(os.path.join(output_dir, ".lock"), "export_model") as confirm:
+        refuse_other_content(output_dir, exported)
+        files.remove_leftovers(output_dir)
+        yield confirm
+
+
+def export_google_directory(model: BertPretrainingModel, output_dir: str, vocab_file: str, step: int) -> str:
+    """Writes the model as google-research/bert released it: `model.ckpt-STEP` (TF1 names),
+    bert_config.json and vocab.txt, in `output_dir`; returns the checkpoint prefix. The
+    checkpoint's index goes last: a directory cut short by a kill holds no readable checkpoint.
+
+    Raises:
+      CheckpointError: `output_dir` holds something else.
+    """
+    names = ("bert_config.json", "vocab.txt")
+    with export_directory(output_dir, lambda name: name in names or name.startswith("model.ckpt-")) as confirm:
+        with files.open_file(vocab_file, "rb") as f:
+            vocabulary = f.read()
+        with files.atomic_open(os.path.join(output_dir, "vocab.txt"), "wb") as f:
+            f.write(vocabulary)
+        files.write_text_atomically(os.path.join(output_dir, "bert_config.json"),
+                                    json.dumps(model.config.to_dict(), indent=2) + "\n")
+        confirm()
+        return export_google_checkpoint(model, os.path.join(output_dir, f"model.ckpt-{step}"), step)
 
 
 def _remove_parts(prefix: str) -> None:

@@ -23,6 +23,8 @@ import tensorflow as tf
 
 from bert_packed.model.config import BertConfig
 
+LAYER_NORM_EPSILON = 1e-12  # google-research/bert's, in every layer norm
+
 
 def attention_mask_from_sequence_ids(sequence_ids: tf.Tensor) -> tf.Tensor:
     """Block-diagonal attention mask: token i may attend to token j iff they share a sequence.
@@ -69,7 +71,7 @@ class BertEmbeddings(keras.layers.Layer):
         self.type_vocab_size = type_vocab_size
         self.initializer_range = initializer_range
         self.dropout = dropout
-        self.layer_norm = keras.layers.LayerNormalization(epsilon=1e-12, dtype="float32", name="LayerNorm")
+        self.layer_norm = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, dtype="float32", name="LayerNorm")
         self.dropout_layer = keras.layers.Dropout(dropout)
 
     def build(self, input_shape=None):
@@ -112,11 +114,11 @@ class TransformerLayer(keras.layers.Layer):
         self.key = keras.layers.Dense(hidden_size, kernel_initializer=init, name="key")
         self.value = keras.layers.Dense(hidden_size, kernel_initializer=init, name="value")
         self.attention_output = keras.layers.Dense(hidden_size, kernel_initializer=init, name="attention_output")
-        self.attention_layer_norm = keras.layers.LayerNormalization(epsilon=1e-12, dtype="float32",
+        self.attention_layer_norm = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, dtype="float32",
                                                                     name="attention_layer_norm")
         self.intermediate = keras.layers.Dense(intermediate_size, kernel_initializer=init, name="intermediate")
         self.output_dense = keras.layers.Dense(hidden_size, kernel_initializer=init, name="output")
-        self.output_layer_norm = keras.layers.LayerNormalization(epsilon=1e-12, dtype="float32",
+        self.output_layer_norm = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, dtype="float32",
                                                                  name="output_layer_norm")
         self.attention_dropout = keras.layers.Dropout(attention_probs_dropout_prob)
         self.hidden_dropout = keras.layers.Dropout(hidden_dropout_prob)
@@ -170,7 +172,7 @@ class MaskedLMHead(keras.layers.Layer):
         self.initializer_range = initializer_range
         self.transform = keras.layers.Dense(hidden_size, kernel_initializer=_initializer(initializer_range),
                                             name="transform")
-        self.layer_norm = keras.layers.LayerNormalization(epsilon=1e-12, dtype="float32", name="LayerNorm")
+        self.layer_norm = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, dtype="float32", name="LayerNorm")
 
     def build(self, input_shape=None):
         self.transform.build([None, None, self.hidden_size])

@@ -30,6 +30,8 @@ import tensorflow as tf
 
 from bert_packed import files
 from bert_packed.errors import TrainingError
+from bert_packed.model import load_google_checkpoint
+from bert_packed.run_directory import RunDirectory
 
 _CHECKPOINT = re.compile(r"^ckpt-(\d+)\.index$")
 
@@ -171,17 +173,25 @@ class Checkpoints:
                                 "--start_over_if_no_checkpoint_restores asks", self.directory, why)
             return None
         path = self.path(step)
-        try:
-            with files.unglobbed(path) as plain:
-                self._checkpoint.read(plain).assert_existing_objects_matched()
-        except (AssertionError, ValueError, tf.errors.OpError) as e:
-            raise TrainingError(f"{path}: does not fit this run ({str(e).splitlines()[0]}); use a new "
-                                f"--output_dir") from None
+        self.read(path, "use a new --output_dir")
         self._whole.add(step)
         if problems:
             logging.warning("resumed from %s, the newest checkpoint that restores", path)
         self._repair_state_file(step)
         return path
+
+    def read(self, path: str, remedy: str) -> None:
+        """Assigns the checkpoint at `path` to the objects given (they may be a part of what it
+        holds: the model alone, say).
+
+        Raises:
+          TrainingError: it lacks one of the objects, or does not fit one; `remedy` says what to do.
+        """
+        try:
+            with files.unglobbed(path) as plain:
+                self._checkpoint.read(plain).assert_existing_objects_matched().expect_partial()
+        except (AssertionError, ValueError, tf.errors.OpError) as e:
+            raise TrainingError(f"{path}: does not fit this run ({str(e).splitlines()[0]}); {remedy}") from None
 
     def _repair_state_file(self, step: int) -> None:
         """Rewrites the state file when it does not name the newest checkpoint (damaged, or left by
@@ -209,6 +219,35 @@ class Checkpoints:
             except Exception:  # noqa: BLE001 - unreadable: not a good checkpoint either
                 continue
         return "none: no checkpoint was saved yet"
+
+
+def load_run_weights(model, run_dir: str) -> tuple[str, int]:
+    """Loads a run directory's newest weights into `model`: its exported `model.ckpt-N` (a finished
+    run's) or its newest training checkpoint, whichever is of the later step (the export on a tie).
+
+    Returns:
+      (the checkpoint read, its step).
+
+    Raises:
+      TrainingError: the directory holds neither, or they do not fit the model.
+    """
+    directory = RunDirectory(run_dir)
+    found = (re.match(r"^model\.ckpt-(\d+)\.index$", name) for name in files.listdir(run_dir))
+    exported = max((int(match.group(1)) for match in found if match), default=None)
+    # A training checkpoint reaches the encoder's weights only through the optimizer (Keras does
+    # not put a list of layers in TensorFlow's object graph): its list of the model's trainable
+    # variables, built in the model's order (step.CompiledStep), stands in for the optimizer.
+    optimizer = tf.train.Checkpoint(_trainable_variables=list(model.trainable_variables))
+    checkpoints = Checkpoints(directory.checkpoints, tf.train.Checkpoint(model=model, optimizer=optimizer), keep=1)
+    trained = checkpoints.steps()
+    if exported is not None and (not trained or exported >= trained[0]):
+        load_google_checkpoint(model, directory.exported_weights(exported))
+        return directory.exported_weights(exported), exported
+    if not trained:
+        raise TrainingError(f"{run_dir}: holds no weights: neither model.ckpt-N (a finished run's) nor "
+                            f"checkpoints/ckpt-N")
+    checkpoints.read(checkpoints.path(trained[0]), "is --bert_config_file the run's?")
+    return checkpoints.path(trained[0]), trained[0]
 
 
 def _unreadable(path: str) -> str | None:

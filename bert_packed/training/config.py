@@ -273,6 +273,8 @@ class RunConfig:
         submission fields of mllog.txt.
       flags_text: the command line that started the run, recorded in flags.txt once the output
         directory is claimed (no flag: the command fills it).
+      export_huggingface_dir: when the run finishes, its weights are also written there as a
+        Hugging Face BERT directory ("": not), with the tokenizer of vocab_file and do_lower_case.
     """
 
     output_dir: str = changeable("")
@@ -288,6 +290,9 @@ class RunConfig:
     submission_division: str = changeable("closed")
     submission_status: str = changeable("onprem")
     flags_text: str = changeable("")
+    export_huggingface_dir: str = changeable("")
+    vocab_file: str = changeable("data/bert_uncased_vocab.txt")
+    do_lower_case: bool = changeable(True)
 
     def __post_init__(self):
         require(bool(self.output_dir), "--output_dir is required")

@@ -35,7 +35,7 @@ from bert_packed import files
 from bert_packed.dataset_info import METADATA_FILE, DataChangedError, check_unchanged, refuse_other_output
 from bert_packed.errors import TrainingError
 from bert_packed.input_pipeline import WATCHED_SINCE, reading_errors_named
-from bert_packed.model import export_google_checkpoint, load_google_checkpoint
+from bert_packed.model import export_google_checkpoint, export_huggingface, load_weights
 from bert_packed.model.checkpoint import checkpoint_step
 from bert_packed.run_directory import RunDirectory
 from bert_packed.training.checkpoints import Checkpoints
@@ -147,7 +147,7 @@ def evaluate_only(config: TrainConfig, eval_data: EvalData, step: CompiledStep) 
             raise TrainingError(f"nothing to evaluate: no checkpoint in {checkpoints.directory} and no "
                                 f"--init_checkpoint")
         source = config.model.init_checkpoint
-        load_google_checkpoint(step.model, source)
+        load_weights(step.model, source)
         step.step.assign(checkpoint_step(source))
     metrics = _checked(step.evaluate(eval_pipeline(eval_data, config)), eval_data, config)
     record = {"step": int(step.step.numpy()), "sequences": int(step.sequences.numpy()), "checkpoint": source, **metrics}
@@ -215,7 +215,7 @@ def _resume(directory: RunDirectory, config: TrainConfig, step: CompiledStep, ch
     if resumed:
         logging.info("resumed from %s at step %d", resumed, current)
     elif config.model.init_checkpoint:
-        load_google_checkpoint(step.model, config.model.init_checkpoint)
+        load_weights(step.model, config.model.init_checkpoint)
         logging.info("initialised from %s", config.model.init_checkpoint)
     finished = previous.get("finished") or {}
     done = bool(resumed) and finished.get("step") == current and (current >= config.last_step
@@ -304,6 +304,10 @@ def _finish(directory: RunDirectory, logs: RunLogs, config: TrainConfig, train_d
     if chief(step.strategy)[0]:
         path = export_google_checkpoint(step.model, directory.exported_weights(current), current)
         logging.debug("weights exported as %s (google-research/MLPerf TF1 names: an --init_checkpoint)", path)
+        if config.run.export_huggingface_dir:
+            export_huggingface(step.model, config.run.export_huggingface_dir, config.run.vocab_file,
+                               config.run.do_lower_case)
+            logging.info("weights exported as a Hugging Face BERT directory: %s", config.run.export_huggingface_dir)
     logs.mlperf.run_stop(sequences, reached)
     directory.write_info({**directory.read_info(), "finished": {"step": current, "reached": reached}})
 

@@ -1,0 +1,72 @@
+r"""Export pre-trained weights where users fine-tune: a Hugging Face directory, or a TF1 checkpoint.
+
+    python scripts/export_model.py --checkpoint=runs/sample/packed_batch_corrected_seed1 \
+        --bert_config_file=configs/bert_config_tiny.json --output_dir=runs/sample/hf_model
+
+--checkpoint takes a run directory (its newest weights: the model.ckpt-N a finished run exported,
+or its newest training checkpoint), a TF1 checkpoint prefix (model.ckpt-N), or a Hugging Face
+directory. --format=huggingface (the default) writes config.json, model.safetensors and the
+tokenizer files, which transformers' BertForPreTraining.from_pretrained and keras-hub's
+from_preset read; --format=tf1 writes model.ckpt-N with google-research names, bert_config.json
+and vocab.txt. docs/model.md, "After pre-training", says how to fine-tune from either.
+"""
+
+from __future__ import annotations
+
+from absl import flags
+
+from bert_packed import files
+from bert_packed.cli.common import run
+from bert_packed.run_directory import RunDirectory
+from bert_packed.tensorflow_loading import import_tensorflow
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("checkpoint", None, "A run directory (its newest weights), a TF1 checkpoint prefix "
+                                        "(model.ckpt-N) or a Hugging Face BERT directory.")
+flags.DEFINE_string("bert_config_file", None, "The model's bert_config.json (the run's --bert_config_file).")
+flags.DEFINE_string("vocab_file", "data/bert_uncased_vocab.txt", "The vocabulary the model was trained with "
+                                                                 "(create_pretraining_data's --vocab_file).")
+flags.DEFINE_bool("do_lower_case", True, "The tokenizer lower-cases and strips accents (uncased models).")
+flags.DEFINE_string("output_dir", None, "Where the exported model goes: a new or empty directory, or one of an "
+                                        "earlier export (written over).")
+flags.DEFINE_enum("format", "huggingface", ["huggingface", "tf1"], "huggingface: config.json, model.safetensors "
+                  "and tokenizer files; tf1: model.ckpt-N (google-research names), bert_config.json, vocab.txt.")
+flags.mark_flags_as_required(["checkpoint", "bert_config_file", "output_dir"])
+
+PROGRAM = "export_model"
+
+
+def main(argv) -> None:
+    del argv
+    from bert_packed.model import BertConfig
+    from bert_packed.pretraining_data.tokenization import Tokenizer
+
+    bert = BertConfig.from_json_file(FLAGS.bert_config_file)
+    Tokenizer(FLAGS.vocab_file, FLAGS.do_lower_case)  # a missing or foreign vocabulary: before any work
+    import_tensorflow(FLAGS.verbosity)
+    from bert_packed.model import BertPretrainingModel, export_huggingface
+    from bert_packed.model.checkpoint import checkpoint_step, export_google_directory
+    from bert_packed.model.huggingface import load_weights
+    from bert_packed.training.checkpoints import load_run_weights
+
+    model = BertPretrainingModel(bert)
+    model.build()
+    run_directory = RunDirectory(FLAGS.checkpoint)
+    if run_directory.holds_run() or files.isdir(run_directory.checkpoints):
+        source, step = load_run_weights(model, FLAGS.checkpoint)
+    else:
+        load_weights(model, FLAGS.checkpoint)
+        source, step = FLAGS.checkpoint, checkpoint_step(FLAGS.checkpoint)
+    if FLAGS.format == "huggingface":
+        written = export_huggingface(model, FLAGS.output_dir, FLAGS.vocab_file, FLAGS.do_lower_case)
+    else:
+        written = export_google_directory(model, FLAGS.output_dir, FLAGS.vocab_file, step)
+    print(f"{PROGRAM}: {source} (step {step:,}) -> {written} ({FLAGS.format})")
+
+
+def entry_point():
+    run(main, PROGRAM, "output_dir", "Nothing exported is taken for complete")
+
+
+if __name__ == "__main__":
+    entry_point()

@@ -1,0 +1,254 @@
+"""Hugging Face BERT directories: the model's weights out to one, and in from one.
+
+A Hugging Face directory is what `transformers.BertForPreTraining.from_pretrained(DIR)` and
+keras-hub's `BertBackbone.from_preset(DIR)` read:
+
+    config.json            model_type "bert" and the sizes of bert_config.json
+    model.safetensors      the weights, named as transformers' BertForPreTraining names them
+    vocab.txt              the WordPiece vocabulary
+    tokenizer_config.json  BertTokenizer, with do_lower_case
+    special_tokens_map.json
+
+The names follow from the google-research ones (checkpoint.google_variable_names), one to one:
+
+    bert/encoder/layer_3/attention/self/query/kernel  [H, H] -> bert.encoder.layer.3.attention.self.query.weight
+    bert/embeddings/LayerNorm/gamma, beta            -> bert.embeddings.LayerNorm.weight, bias
+    bert/embeddings/word_embeddings  [V, H]           -> bert.embeddings.word_embeddings.weight
+    cls/predictions/output_bias  [V]                  -> cls.predictions.bias
+    cls/seq_relationship/output_weights  [2, H]       -> cls.seq_relationship.weight
+
+A dense kernel is [in, out] here and [out, in] in torch.nn.Linear, so it is stored transposed.
+The MLM decoder is the word embeddings and its bias `cls.predictions.bias` (transformers ties
+both, so neither is stored twice).
+
+Nothing in an exported model depends on packing: positions restart at 0 in every sequence of a
+pack and attention never crosses sequences, so each sequence was trained as the standard BERT
+computes it alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import numpy as np
+
+from bert_packed import files
+from bert_packed.model.checkpoint import (
+    CheckpointError,
+    export_directory,
+    google_variable_names,
+    load_google_checkpoint,
+    refuse_other_content,
+)
+from bert_packed.model.config import BertConfig
+from bert_packed.model.modeling import LAYER_NORM_EPSILON, BertPretrainingModel
+from bert_packed.pretraining_data.tokenization import Tokenizer
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+VOCAB_FILE = "vocab.txt"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+SPECIAL_TOKENS_FILE = "special_tokens_map.json"
+# What an export writes, config.json last: a directory without it is not a model to any reader.
+EXPORT_FILES = (WEIGHTS_FILE, VOCAB_FILE, TOKENIZER_CONFIG_FILE, SPECIAL_TOKENS_FILE, CONFIG_FILE)
+# The settings of config.json that decide what the weights compute: an import must agree on each.
+MODEL_SETTINGS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                  "hidden_act", "max_position_embeddings", "type_vocab_size")
+_SPECIAL_TOKENS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
+                   "mask_token": "[MASK]"}
+_RENAMED = {"cls/predictions/output_bias": "cls.predictions.bias",
+            "cls/seq_relationship/output_weights": "cls.seq_relationship.weight",
+            "cls/seq_relationship/output_bias": "cls.seq_relationship.bias"}
+
+
+def huggingface_variable_names(model: BertPretrainingModel) -> list[tuple[str, object, bool]]:
+    """(BertForPreTraining name, model weight, stored transposed) for every weight of the model.
+
+    >>> from bert_packed.model import BertConfig, BertPretrainingModel
+    >>> model = BertPretrainingModel(BertConfig(vocab_size=8, hidden_size=4, num_hidden_layers=1,
+    ...                                         num_attention_heads=1, intermediate_size=8))
+    >>> [(name, transposed) for name, _, transposed in huggingface_variable_names(model)][5:7]
+    [('bert.encoder.layer.0.attention.self.query.weight', True), ('bert.encoder.layer.0.attention.self.query.bias', False)]
+    """
+    return [(_huggingface_name(name), weight, transposed or name.endswith("/kernel"))
+            for name, weight, transposed in google_variable_names(model)]
+
+
+def _huggingface_name(google_name: str) -> str:
+    if google_name in _RENAMED:
+        return _RENAMED[google_name]
+    name = re.sub(r"/layer_(\d+)/", r"/layer/\1/", google_name).replace("/", ".")
+    if name.endswith("_embeddings"):
+        return name + ".weight"
+    for old, new in ((".kernel", ".weight"), (".gamma", ".weight"), (".beta", ".bias")):
+        if name.endswith(old):
+            return name[:-len(old)] + new
+    return name
+
+
+def huggingface_config(bert: BertConfig) -> dict:
+    """config.json of a BertForPreTraining with `bert`'s sizes."""
+    return {"architectures": ["BertForPreTraining"], "model_type": "bert", **bert.to_dict(),
+            "layer_norm_eps": LAYER_NORM_EPSILON, "position_embedding_type": "absolute", "pad_token_id": 0,
+            "tie_word_embeddings": True, "dtype": "float32"}
+
+
+def is_huggingface_directory(path: str) -> bool:
+    """Whether `path` is a directory with a Hugging Face config.json (else a TF1 checkpoint)."""
+    return files.isdir(path) and files.exists(os.path.join(path, CONFIG_FILE))
+
+
+def export_huggingface(model: BertPretrainingModel, output_dir: str, vocab_file: str, do_lower_case: bool) -> str:
+    """Writes the model as a Hugging Face BERT directory (module docstring); returns `output_dir`.
+
+    Each file is written under a temporary name, then renamed; config.json goes last and is
+    removed first, so a directory cut short by a kill is never read as a model, and the same
+    command again writes it whole. A directory of a previous export is replaced; one that holds
+    anything else is refused.
+
+    Raises:
+      VocabularyError: the vocabulary is missing or not a BERT one.
+      CheckpointError: the vocabulary has more tokens than the model's vocab_size, or
+        `output_dir` holds files other than an export's.
+    """
+    tokenizer = Tokenizer(vocab_file, do_lower_case)
+    bert = model.config
+    if tokenizer.vocab_size > bert.vocab_size:
+        raise CheckpointError(f"{vocab_file}: {tokenizer.vocab_size:,} tokens, but the model's vocab_size is "
+                              f"{bert.vocab_size:,}: not the vocabulary it was trained with")
+    with export_directory(output_dir, _exported) as confirm:
+        if files.exists(os.path.join(output_dir, CONFIG_FILE)):
+            files.remove(os.path.join(output_dir, CONFIG_FILE))
+        _write_weights(model, os.path.join(output_dir, WEIGHTS_FILE))
+        with files.open_file(vocab_file, "rb") as source:
+            vocabulary = source.read()
+        with files.atomic_open(os.path.join(output_dir, VOCAB_FILE), "wb") as f:
+            f.write(vocabulary)
+        tokenizer_config = {"tokenizer_class": "BertTokenizer", "do_lower_case": do_lower_case,
+                            "strip_accents": None, "tokenize_chinese_chars": True,
+                            "model_max_length": bert.max_position_embeddings, **_SPECIAL_TOKENS}
+        for name, values in ((TOKENIZER_CONFIG_FILE, tokenizer_config), (SPECIAL_TOKENS_FILE, _SPECIAL_TOKENS)):
+            files.write_text_atomically(os.path.join(output_dir, name), json.dumps(values, indent=2) + "\n")
+        confirm()
+        files.write_text_atomically(os.path.join(output_dir, CONFIG_FILE),
+                                    json.dumps(huggingface_config(bert), indent=2) + "\n")
+    return output_dir
+
+
+def _exported(name: str) -> bool:
+    return name in EXPORT_FILES
+
+
+def require_export_directory(output_dir: str, vocab_file: str, do_lower_case: bool) -> None:
+    """What export_huggingface would refuse, checked before a run that ends with one.
+
+    Raises:
+      VocabularyError / CheckpointError: as export_huggingface.
+    """
+    Tokenizer(vocab_file, do_lower_case)
+    refuse_other_content(output_dir, _exported)
+
+
+def _write_weights(model: BertPretrainingModel, path: str) -> None:
+    from safetensors.numpy import save
+
+    tensors = {}
+    for name, weight, transposed in huggingface_variable_names(model):
+        value = np.asarray(weight.numpy(), dtype=np.float32)
+        tensors[name] = np.ascontiguousarray(value.T if transposed else value)
+    with files.atomic_open(path, "wb") as f:
+        f.write(save(tensors, metadata={"format": "pt"}))  # transformers reads safetensors marked "pt"
+
+
+def require_same_model(directory: str, bert: BertConfig) -> None:
+    """Refuses a Hugging Face directory whose config.json differs from `bert` in what the weights
+    compute (MODEL_SETTINGS, the layer norm's epsilon, absolute positions). Dropout and the
+    initializer range may differ: they are not in the weights.
+
+    Raises:
+      CheckpointError: naming the first setting that differs, its value there and here.
+    """
+    path = os.path.join(directory, CONFIG_FILE)
+    try:
+        with files.open_file(path) as f:
+            config = json.load(f)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: cannot read it as a Hugging Face config ({e})") from None
+    if not isinstance(config, dict) or config.get("model_type") != "bert":
+        model_type = config.get("model_type") if isinstance(config, dict) else None
+        raise CheckpointError(f"{path}: model_type {model_type!r}, not a BERT model ('bert')")
+    expected = {**{name: getattr(bert, name) for name in MODEL_SETTINGS}, "layer_norm_eps": LAYER_NORM_EPSILON,
+                "position_embedding_type": "absolute"}
+    defaults = {"hidden_act": "gelu", "layer_norm_eps": 1e-12, "position_embedding_type": "absolute",
+                "type_vocab_size": 2}  # what transformers' BertConfig takes when config.json leaves them out
+    for name, value in expected.items():
+        found = config.get(name, defaults.get(name))
+        if found != value:
+            raise CheckpointError(f"{path}: {name}={found!r}, but --bert_config_file says {name}={value!r}")
+
+
+def load_huggingface(model: BertPretrainingModel, directory: str) -> int:
+    """Loads a Hugging Face BERT directory's weights into the model: a BertForPreTraining's
+    (transformers' names, with or without the `bert.` prefix; LayerNorm's gamma and beta as older
+    files name them are read too).
+
+    Returns:
+      The number of weights loaded (all of the model's).
+
+    Raises:
+      CheckpointError: config.json differs from the model's config (require_same_model), no
+        model.safetensors, or listing every missing or mismatched weight.
+    """
+    require_same_model(directory, model.config)
+    path = os.path.join(directory, WEIGHTS_FILE)
+    if not files.exists(path):
+        other = [name for name in files.listdir(directory) if name.endswith((".bin", ".h5", ".index.json"))]
+        raise CheckpointError(f"{path}: not found" + (f" ({other[0]} is there: save the model as one safetensors "
+                                                      f"file)" if other else ""))
+    from safetensors import SafetensorError
+    from safetensors.numpy import load
+
+    try:
+        with files.open_file(path, "rb") as f:
+            stored = load(f.read())
+    except SafetensorError as e:
+        raise CheckpointError(f"{path}: cannot read it as safetensors ({e}): cut short or damaged") from None
+    tensors = {_canonical(name): value for name, value in stored.items()}
+    names = huggingface_variable_names(model)
+    problems = []
+    for name, weight, transposed in names:
+        expected = tuple(weight.shape[::-1] if transposed else weight.shape)
+        if name not in tensors:
+            problems.append(f"missing {name} {list(expected)}")
+        elif tensors[name].shape != expected:
+            problems.append(f"{name} has shape {list(tensors[name].shape)}, the model needs {list(expected)}")
+    if problems:
+        raise CheckpointError(f"{path}: does not fit the model ({len(problems)} problems): " + "; ".join(problems))
+    for name, weight, transposed in names:
+        weight.assign(tensors[name].T if transposed else tensors[name])
+    return len(names)
+
+
+def _canonical(name: str) -> str:
+    """A stored name as huggingface_variable_names spells it: a bare BertModel's names under
+    `bert.`, LayerNorm's gamma and beta as weight and bias."""
+    if not name.startswith(("bert.", "cls.")):
+        name = "bert." + name
+    return re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name))
+
+
+def load_weights(model: BertPretrainingModel, path: str) -> int:
+    """Loads weights from outside a run into the model: a Hugging Face BERT directory (checked
+    against the model's config) or a google-research/MLPerf TF1 checkpoint.
+
+    Returns:
+      The number of weights loaded (all of the model's).
+
+    Raises:
+      CheckpointError: naming what does not fit.
+    """
+    if is_huggingface_directory(path):
+        return load_huggingface(model, path)
+    return load_google_checkpoint(model, path)

@@ -1,0 +1,230 @@
+"""The weights out to where users fine-tune (a Hugging Face directory, a TF1 checkpoint) and back in:
+read by the real readers (transformers, keras-hub), not checked by names."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from conftest import MAX_SEQ_LENGTH, TINY, VOCAB, run_command, tfrecords
+from training_runs import config, make_trainer
+
+from bert_packed.model import BertConfig, BertPretrainingModel, export_google_checkpoint, load_google_checkpoint
+from bert_packed.model.huggingface import EXPORT_FILES, load_huggingface
+from bert_packed.pretraining_data.tokenization import Tokenizer
+
+# keras-hub's text classifier reads 512 tokens unless told otherwise.
+TINY_512 = dict(TINY, max_position_embeddings=512)
+
+
+def random_model(settings=TINY_512, seed=0) -> BertPretrainingModel:
+    """A model whose every weight is drawn at random (a bias or gamma left at its initial value
+    would hide a weight put in the wrong place)."""
+    model = BertPretrainingModel(BertConfig(**settings))
+    model.build()
+    draw = np.random.default_rng(seed)
+    for weight in model.weights:
+        centre = 1.0 if weight.path.endswith("gamma") else 0.0
+        weight.assign((centre + draw.normal(0.0, 0.1, weight.shape)).astype(np.float32))
+    return model
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """(the model, its bert_config.json, its TF1 checkpoint at step 7, its Hugging Face export)."""
+    directory = tmp_path_factory.mktemp("exported")
+    model = random_model()
+    bert_config = directory / "bert_config.json"
+    bert_config.write_text(json.dumps(model.config.to_dict()))
+    prefix = export_google_checkpoint(model, str(directory / "model.ckpt-7"), 7)
+    result = run_command("export_model", f"--checkpoint={prefix}", f"--bert_config_file={bert_config}",
+                         f"--vocab_file={VOCAB}", f"--output_dir={directory / 'hf'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == f"export_model: {prefix} (step 7) -> {directory / 'hf'} (huggingface)"
+    return model, bert_config, prefix, directory / "hf"
+
+
+def unpacked_inputs(vocab_size, seed=1):
+    """Two unpacked sequences, the second padded, two segments each, with masked positions."""
+    draw = np.random.default_rng(seed)
+    length = 24
+    input_ids = draw.integers(5, vocab_size, (2, length)).astype(np.int32)
+    input_ids[:, 0] = 2  # [CLS]
+    input_mask = np.ones((2, length), np.int32)
+    input_mask[1, 15:] = 0
+    segment_ids = np.zeros((2, length), np.int32)
+    segment_ids[:, 10:] = 1
+    return {"input_ids": input_ids * input_mask, "sequence_ids": input_mask, "segment_ids": segment_ids * input_mask,
+            "positions": np.tile(np.arange(length, dtype=np.int32), (2, 1)),
+            "masked_lm_positions": np.array([[1, 4, 12], [2, 9, 14]], np.int32),
+            "next_sentence_positions": np.zeros((2, 1), np.int32)}
+
+
+@pytest.mark.slow  # loads PyTorch, transformers and keras-hub
+def test_transformers_and_keras_hub_read_the_export_and_compute_what_the_model_computes(exported, monkeypatch):
+    import keras
+    import keras_hub
+    import torch
+    import transformers
+    from keras_hub.src.models.bert import bert_backbone
+
+    model, _, _, directory = exported
+    features = unpacked_inputs(model.config.vocab_size)
+    ours = {name: value.numpy() for name, value in model(features).items()}
+    sequence_output = model.encode(features).numpy()
+    real = features["sequence_ids"][:, :, None]
+
+    hugging_face = transformers.BertForPreTraining.from_pretrained(str(directory)).eval()
+    with torch.no_grad():
+        theirs = hugging_face(input_ids=torch.tensor(features["input_ids"], dtype=torch.long),
+                              token_type_ids=torch.tensor(features["segment_ids"], dtype=torch.long),
+                              attention_mask=torch.tensor(features["sequence_ids"], dtype=torch.long))
+    mlm = np.take_along_axis(theirs.prediction_logits.numpy(), features["masked_lm_positions"][:, :, None], axis=1)
+    np.testing.assert_allclose(mlm, ours["mlm_logits"], atol=1e-4, rtol=0)
+    np.testing.assert_allclose(theirs.seq_relationship_logits.numpy(), ours["nsp_logits"][:, 0], atol=1e-4, rtol=0)
+    tokenizer = Tokenizer(VOCAB)
+    text = "The quick brown fox jumps over the lazy dog."
+    expected = [tokenizer.cls_id, *tokenizer.encode([text])[0].tolist(), tokenizer.sep_id]
+    assert transformers.AutoTokenizer.from_pretrained(str(directory))(text)["input_ids"] == expected
+
+    inputs = {"token_ids": features["input_ids"], "segment_ids": features["segment_ids"],
+              "padding_mask": features["sequence_ids"]}
+    backbone = keras_hub.models.BertBackbone.from_preset(str(directory))
+    # keras-hub's BERT computes GELU by its tanh approximation (google-research/bert's); this model
+    # and transformers' "gelu" the exact one: up to about 5e-4 apart at one activation.
+    keras_hub_output = backbone(inputs)["sequence_output"].numpy()
+    assert np.abs((keras_hub_output - sequence_output) * real).max() < 1e-3
+    monkeypatch.setattr(bert_backbone, "gelu_approximate", lambda x: keras.activations.gelu(x, approximate=False))
+    exact = keras_hub.models.BertBackbone.from_preset(str(directory))(inputs)["sequence_output"].numpy()
+    np.testing.assert_allclose(exact * real, sequence_output * real, atol=1e-5, rtol=0)  # every weight in place
+
+    classifier = keras_hub.models.BertTextClassifier.from_preset(str(directory), num_classes=2)
+    assert np.asarray(classifier.preprocessor.tokenizer("the lazy dog")).tolist() == \
+        tokenizer.encode(["the lazy dog"])[0].tolist()
+    before = [w.numpy() for w in classifier.trainable_weights]
+    history = classifier.fit(x=["the quick brown fox", "a lazy dog"], y=np.array([0, 1]), batch_size=2, epochs=1,
+                             verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+    assert any(not np.array_equal(a, w.numpy()) for a, w in zip(before, classifier.trainable_weights))
+
+
+def test_the_export_holds_what_transformers_reads_and_every_format_round_trips(exported, tmp_path):
+    from safetensors.numpy import load_file
+
+    model, bert_config, prefix, directory = exported
+    assert sorted(os.listdir(directory)) == sorted(EXPORT_FILES)
+    config = json.loads((directory / "config.json").read_text())
+    assert config["model_type"] == "bert" and config["architectures"] == ["BertForPreTraining"]
+    assert {name: config[name] for name in TINY_512} == TINY_512
+    assert json.loads((directory / "tokenizer_config.json").read_text())["do_lower_case"] is True
+    assert (directory / "vocab.txt").read_bytes() == open(VOCAB, "rb").read()
+    tensors = load_file(str(directory / "model.safetensors"))
+    assert tensors["bert.encoder.layer.0.attention.self.query.weight"].shape == (32, 32)
+    np.testing.assert_array_equal(tensors["bert.encoder.layer.0.intermediate.dense.weight"],
+                                  model.encoder_layers[0].intermediate.kernel.numpy().T)  # [out, in]
+    np.testing.assert_array_equal(tensors["cls.predictions.bias"], model.masked_lm.output_bias.numpy())
+    # Hugging Face -> TF1 (google-research's layout) -> the model: every weight as it was.
+    result = run_command("export_model", f"--checkpoint={directory}", f"--bert_config_file={bert_config}",
+                         f"--vocab_file={VOCAB}", f"--output_dir={tmp_path / 'tf1'}", "--format=tf1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(os.listdir(tmp_path / "tf1")) == ["bert_config.json", "model.ckpt-0.data-00000-of-00001",
+                                                    "model.ckpt-0.index", "vocab.txt"]
+    for load, source in ((load_google_checkpoint, str(tmp_path / "tf1" / "model.ckpt-0")),
+                         (load_huggingface, str(directory))):
+        loaded = BertPretrainingModel(BertConfig(**TINY_512))
+        assert load(loaded, source) == len(model.weights)
+        for mine, theirs in zip(loaded.weights, model.weights):
+            np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
+
+
+def test_a_run_directory_exports_its_newest_weights(packed_dir, bert_config_file, tmp_path):
+    trainer = make_trainer(config(tmp_path / "run", tfrecords(packed_dir), num_train_steps=2,
+                                  export_huggingface_dir=str(tmp_path / "by_the_run"), vocab_file=VOCAB))
+    trainer.train()  # finished: model.ckpt-2 and by_the_run/ exported, checkpoints/ckpt-2
+    result = run_command("export_model", f"--checkpoint={tmp_path / 'run'}", f"--bert_config_file={bert_config_file}",
+                         f"--vocab_file={VOCAB}", f"--output_dir={tmp_path / 'hf'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"{tmp_path / 'run' / 'model.ckpt-2'} (step 2)" in result.stdout
+    os.remove(tmp_path / "run" / "model.ckpt-2.index")  # an unfinished run: its newest training checkpoint
+    again = run_command("export_model", f"--checkpoint={tmp_path / 'run'}", f"--bert_config_file={bert_config_file}",
+                        f"--vocab_file={VOCAB}", f"--output_dir={tmp_path / 'hf'}")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"{tmp_path / 'run' / 'checkpoints' / 'ckpt-2'} (step 2)" in again.stdout
+    for directory in ("hf", "by_the_run"):
+        loaded = BertPretrainingModel(BertConfig(**TINY))
+        load_huggingface(loaded, str(tmp_path / directory))
+        for mine, theirs in zip(loaded.weights, trainer.model.weights):
+            np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
+
+
+def test_bad_input_to_the_export_is_one_line_and_nothing_half_written_looks_complete(exported, tmp_path,
+                                                                                      monkeypatch):
+    from bert_packed import files
+
+    _, bert_config, prefix, _ = exported
+    common = [f"--checkpoint={prefix}", f"--bert_config_file={bert_config}"]
+    other_size = tmp_path / "bert_config_64.json"
+    other_size.write_text(json.dumps(dict(TINY_512, hidden_size=64)))
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("mine")
+    cases = {
+        "another size": ([f"--checkpoint={prefix}", f"--bert_config_file={other_size}", f"--vocab_file={VOCAB}",
+                          f"--output_dir={tmp_path / 'a'}"],
+                         f"{prefix}: does not fit the model (27 problems): bert/embeddings/word_embeddings has shape "
+                         f"[{TINY['vocab_size']}, 32], the model needs [{TINY['vocab_size']}, 64]"),
+        "no vocabulary": ([*common, f"--vocab_file={tmp_path / 'missing.txt'}", f"--output_dir={tmp_path / 'b'}"],
+                          f"{tmp_path / 'missing.txt'}: vocabulary file not found"),
+        "a taken directory": ([*common, f"--vocab_file={VOCAB}", f"--output_dir={tmp_path / 'taken'}"],
+                              f"{tmp_path / 'taken'}: holds notes.txt, not an exported model; use an empty or new "
+                              f"directory"),
+    }
+    for name, (args, message) in cases.items():
+        result = run_command("export_model", *args)
+        assert result.returncode == 2, (name, result.stderr[-3000:])
+        last = result.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"export_model: error: {message}"), (name, last)
+        assert "Traceback" not in result.stderr
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    assert os.listdir(tmp_path / "taken") == ["notes.txt"]
+    # Killed as it writes config.json, the last file: no config.json, so no reader takes it for a
+    # model; the same command again completes it.
+    write = files.write_text_atomically
+
+    def killed_at_the_config(path, text):
+        if path.endswith("config.json") and not path.endswith("tokenizer_config.json"):
+            raise KeyboardInterrupt
+        write(path, text)
+
+    monkeypatch.setattr(files, "write_text_atomically", killed_at_the_config)
+    out = tmp_path / "killed"
+    interrupted = run_command("export_model", *common, f"--vocab_file={VOCAB}", f"--output_dir={out}")
+    assert interrupted.returncode == 130
+    assert "config.json" not in os.listdir(out)
+    monkeypatch.setattr(files, "write_text_atomically", write)
+    completed = run_command("export_model", *common, f"--vocab_file={VOCAB}", f"--output_dir={out}")
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert sorted(os.listdir(out)) == sorted(EXPORT_FILES)
+
+
+def test_init_checkpoint_takes_a_hugging_face_directory(packed_dir, unpacked_dir, exported, tmp_path):
+    """Continuing pre-training from published weights: the config is checked against
+    --bert_config_file, and the packed and the unpacked run start from the same loss."""
+    from bert_packed.errors import UserError
+
+    source = random_model(TINY, seed=3)
+    directory = tmp_path / "hf"
+    from bert_packed.model import export_huggingface
+
+    export_huggingface(source, str(directory), VOCAB, True)
+    losses = []
+    for name, files, eval_packed in (("packed", packed_dir, True), ("unpacked", unpacked_dir, False)):
+        trainer = make_trainer(config(tmp_path / name, tfrecords(packed_dir), init_checkpoint=str(directory),
+                                      eval_files=tuple(tfrecords(files)), eval_packed=eval_packed))
+        losses.append(trainer.evaluate_only())
+    assert losses[0]["num_sequences"] == losses[1]["num_sequences"] == 122
+    assert losses[0]["loss"] == pytest.approx(losses[1]["loss"], rel=1e-5)
+    # A directory of another shape: refused at start, naming the first setting that differs.
+    _, _, _, wide = exported
+    with pytest.raises(UserError, match=rf"^{wide}/config.json: max_position_embeddings=512, but "
+                                        rf"--bert_config_file says max_position_embeddings={MAX_SEQ_LENGTH}$"):
+        make_trainer(config(tmp_path / "wide", tfrecords(packed_dir), init_checkpoint=str(wide))).train()
