@@ -7,16 +7,22 @@ ENV_DIR := .venv
 endif
 PYTHON := $(ENV_DIR)/bin/python
 STAMP := $(ENV_DIR)/.bert-packed-installed
+# A TensorFlow already in the environment (the gpu extra's, a TPU VM's: any flavour) is kept: the
+# rest of what training needs goes beside it, never tensorflow-cpu over the same files.
+HAS_TENSORFLOW := $(shell test -x $(PYTHON) && $(PYTHON) -c "import importlib.metadata as m, sys; \
+	sys.exit(not {d.metadata['Name'].lower().replace('_', '-') for d in m.distributions()} & {'tensorflow', \
+	'tensorflow-cpu', 'tensorflow-gpu', 'tf-nightly', 'tensorflow-macos', 'tensorflow-tpu'})" 2>/dev/null && echo yes)
+EXTRAS := $(if $(HAS_TENSORFLOW),train,cpu),test
 
 .PHONY: setup run experiments ablation test benchmarks clean
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
-	@echo "== installing bert-packed with tensorflow-cpu into $(ENV_DIR) (about 1-2 minutes, once)"
+	@echo "== installing bert-packed [$(EXTRAS)] into $(ENV_DIR)$(if $(HAS_TENSORFLOW), beside its TensorFlow,) (about 1-2 minutes, once)"
 	@test -x $(PYTHON) || python3 -m venv $(ENV_DIR)
 	@$(PYTHON) -m pip install --quiet --quiet --upgrade pip
-	@$(PYTHON) -m pip install --quiet --quiet -e '.[cpu,test]'
+	@$(PYTHON) -m pip install --quiet --quiet -e '.[$(EXTRAS)]'
 	@$(PYTHON) -m pip install --quiet --quiet --no-deps keras-hub==0.32.0 'tensorflow-text==2.21.*'  # pyproject.toml: test
 	@echo "== installed into $(ENV_DIR); 'source $(ENV_DIR)/bin/activate' puts its python and commands on PATH"
 	@touch $(STAMP)

@@ -72,3 +72,30 @@ def test_every_console_script_prints_its_help(installed, tmp_path, script):
     assert result.stdout.startswith(SCRIPTS[script])
     assert "\nflags:\n  --" in result.stdout
 
+
+
+def test_make_keeps_the_tensorflow_an_environment_already_has(tmp_path):
+    """The README's GPU install (`pip install -e '.[gpu,test]'`), then `make`: tensorflow-cpu is
+    never installed over the `tensorflow` package's files (that loses the GPU silently)."""
+
+    def planned(environment):
+        result = subprocess.run(["make", "--no-print-directory", "-n", "setup", f"VIRTUAL_ENV={environment}",
+                                 f"STAMP={tmp_path / 'not-installed'}"], cwd=REPO, capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 0, result.stderr
+        return [line for line in result.stdout.splitlines() if " -e " in line]
+
+    for name, tensorflow in (("bare", None), ("gpu", "tensorflow"), ("tpu", "tf_nightly")):
+        venv.EnvBuilder(with_pip=False).create(tmp_path / name)
+        if tensorflow:
+            site = subprocess.run([str(tmp_path / name / "bin" / "python"), "-c",
+                                   "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                  capture_output=True, text=True, check=True).stdout.strip()
+            os.makedirs(os.path.join(site, f"{tensorflow}-2.21.0.dist-info"))
+            with open(os.path.join(site, f"{tensorflow}-2.21.0.dist-info", "METADATA"), "w") as f:
+                f.write(f"Metadata-Version: 2.1\nName: {tensorflow}\nVersion: 2.21.0\n")
+    assert planned(tmp_path / "bare") == [f"{tmp_path / 'bare'}/bin/python -m pip install --quiet --quiet -e "
+                                          f"'.[cpu,test]'"]
+    for name in ("gpu", "tpu"):
+        assert planned(tmp_path / name) == [f"{tmp_path / name}/bin/python -m pip install --quiet --quiet -e "
+                                            f"'.[train,test]'"]
