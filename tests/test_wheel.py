@@ -73,6 +73,22 @@ def test_every_console_script_prints_its_help(installed, tmp_path, script):
     assert "\nflags:\n  --" in result.stdout
 
 
+def test_the_commands_work_outside_the_checkout_with_the_packaged_vocabulary_and_configs(installed, tmp_path):
+    """The wheel carries the default vocabulary and the configs: create runs from any directory."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("The first sentence of a document.\nIts second sentence is here.\n\n"
+                      "Another document starts.\nAnd it goes on for a while.\n")
+    result = run(installed, tmp_path, "bert-packed-create", f"--input_file={corpus}", f"--output_dir={tmp_path / 'u'}",
+                 "--max_seq_length=32", "--max_predictions_per_seq=5", "--dupe_factor=1", "--num_workers=1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert os.path.exists(tmp_path / "u" / "metadata.json")
+    packaged = run(installed, tmp_path, "python", "-c", "import bert_packed, os; resources = os.path.join("
+                   "os.path.dirname(bert_packed.__file__), 'resources'); print(sorted(os.listdir(os.path.join("
+                   "resources, 'configs')))[:2], os.path.getsize(os.path.join(resources, 'bert_uncased_vocab.txt')))")
+    assert packaged.stdout.split() == ["['ablation_batch_corrected_schedule_in_sequences.cfg',",
+                                       "'ablation_packed_depth1.cfg']", "231508"]
+
+
 
 def test_make_keeps_the_tensorflow_an_environment_already_has(tmp_path):
     """The README's GPU install (`pip install -e '.[gpu,test]'`), then `make`: tensorflow-cpu is

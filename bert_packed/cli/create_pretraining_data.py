@@ -21,13 +21,14 @@ from bert_packed.pretraining_data.create_dataset import (
     create_pretraining_files,
 )
 from bert_packed.pretraining_data.instances import MaskingConfig
+from bert_packed.pretraining_data.tokenization import DEFAULT_VOCAB_FILE, vocabulary_path
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("input_file", None, "Comma-separated input files or globs (WikiExtractor or one sentence a line).")
 flags.DEFINE_string("output_dir", None, "Where the TFRecord shards, histogram.json and metadata.json go.")
 flags.DEFINE_string("output_file", None, "Instead of --output_dir, as the reference: one TFRecord file (or a "
                                          "comma-separated list, instances dealt round-robin), no metadata.json.")
-flags.DEFINE_string("vocab_file", "data/bert_uncased_vocab.txt", "BERT WordPiece vocabulary (the reference has no "
+flags.DEFINE_string("vocab_file", DEFAULT_VOCAB_FILE, "BERT WordPiece vocabulary (the reference has no "
                                                                  "default).")
 flags.DEFINE_bool("do_lower_case", True, "Lower-case and strip accents (uncased models).")
 flags.DEFINE_bool("do_whole_word_mask", False, "Mask whole words instead of WordPieces.")
@@ -66,7 +67,7 @@ def main(argv):
     if FLAGS.random_seed < 0 or FLAGS.num_workers < 0:
         raise SettingsError(f"--random_seed={FLAGS.random_seed} and --num_workers={FLAGS.num_workers} must be >= 0")
     settings = DatasetSettings(
-        vocab_file=FLAGS.vocab_file,
+        vocab_file=vocabulary_path(FLAGS.vocab_file),
         do_lower_case=FLAGS.do_lower_case,
         config=MaskingConfig(FLAGS.max_seq_length, FLAGS.max_predictions_per_seq, FLAGS.masked_lm_prob,
                              FLAGS.short_seq_prob, FLAGS.do_whole_word_mask),

@@ -17,6 +17,7 @@ from absl import flags
 
 from bert_packed import files
 from bert_packed.cli.common import run
+from bert_packed.pretraining_data.tokenization import DEFAULT_VOCAB_FILE, vocabulary_path
 from bert_packed.run_directory import RunDirectory
 from bert_packed.tensorflow_loading import import_tensorflow
 
@@ -24,7 +25,7 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("checkpoint", None, "A run directory (its newest weights), a TF1 checkpoint prefix "
                                         "(model.ckpt-N) or a Hugging Face BERT directory.")
 flags.DEFINE_string("bert_config_file", None, "The model's bert_config.json (the run's --bert_config_file).")
-flags.DEFINE_string("vocab_file", "data/bert_uncased_vocab.txt", "The vocabulary the model was trained with "
+flags.DEFINE_string("vocab_file", DEFAULT_VOCAB_FILE, "The vocabulary the model was trained with "
                                                                  "(create_pretraining_data's --vocab_file).")
 flags.DEFINE_bool("do_lower_case", True, "The tokenizer lower-cases and strips accents (uncased models).")
 flags.DEFINE_string("output_dir", None, "Where the exported model goes: a new or empty directory, or one of an "
@@ -42,7 +43,8 @@ def main(argv) -> None:
     from bert_packed.pretraining_data.tokenization import Tokenizer
 
     bert = BertConfig.from_json_file(FLAGS.bert_config_file)
-    Tokenizer(FLAGS.vocab_file, FLAGS.do_lower_case)  # a missing or foreign vocabulary: before any work
+    vocab_file = vocabulary_path(FLAGS.vocab_file)
+    Tokenizer(vocab_file, FLAGS.do_lower_case)  # a missing or foreign vocabulary: before any work
     import_tensorflow(FLAGS.verbosity)
     from bert_packed.model import BertPretrainingModel, export_huggingface
     from bert_packed.model.checkpoint import checkpoint_step, export_google_directory
@@ -58,9 +60,9 @@ def main(argv) -> None:
         load_weights(model, FLAGS.checkpoint)
         source, step = FLAGS.checkpoint, checkpoint_step(FLAGS.checkpoint)
     if FLAGS.format == "huggingface":
-        written = export_huggingface(model, FLAGS.output_dir, FLAGS.vocab_file, FLAGS.do_lower_case)
+        written = export_huggingface(model, FLAGS.output_dir, vocab_file, FLAGS.do_lower_case)
     else:
-        written = export_google_directory(model, FLAGS.output_dir, FLAGS.vocab_file, step)
+        written = export_google_directory(model, FLAGS.output_dir, vocab_file, step)
     print(f"{PROGRAM}: {source} (step {step:,}) -> {written} ({FLAGS.format})")
 
 

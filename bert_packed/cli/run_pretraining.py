@@ -264,6 +264,7 @@ def build_config():
     is touched)."""
     from bert_packed.model import BertConfig
     from bert_packed.model.huggingface import is_huggingface_directory, require_export_directory, require_same_model
+    from bert_packed.pretraining_data.tokenization import vocabulary_path
     from bert_packed.training import data, provenance
 
     check_reference_flags()
@@ -273,6 +274,7 @@ def build_config():
     input_files = expand_globs(input_pattern, "--input_file")
     settings = {name: FLAGS[name].value for name in setting_names() if name in FLAGS}
     config = make_config(**{**settings, "bert": BertConfig.from_json_file(FLAGS.bert_config_file),
+                            "vocab_file": vocabulary_path(FLAGS.vocab_file),
                             "epsilon": one_of_two_spellings("epsilon", "log_epsilon", lambda log: 10.0 ** log),
                             "bucket_boundaries": tuple(int(b) for b in FLAGS.bucket_boundaries),
                             "flags_text": command_flags_text()})

@@ -122,7 +122,7 @@ def export_huggingface(model: BertPretrainingModel, output_dir: str, vocab_file:
         if files.exists(os.path.join(output_dir, CONFIG_FILE)):
             files.remove(os.path.join(output_dir, CONFIG_FILE))
         _write_weights(model, os.path.join(output_dir, WEIGHTS_FILE))
-        with files.open_file(vocab_file, "rb") as source:
+        with files.open_file(tokenizer.vocab_file, "rb") as source:
             vocabulary = source.read()
         with files.atomic_open(os.path.join(output_dir, VOCAB_FILE), "wb") as f:
             f.write(vocabulary)

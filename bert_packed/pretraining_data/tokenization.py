@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from bert_packed import files
 from bert_packed.errors import UserError
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+# The commands' default --vocab_file, a path in the checkout. Outside it (an installed wheel), the
+# copy the package carries is read instead.
+DEFAULT_VOCAB_FILE = "data/bert_uncased_vocab.txt"
+PACKAGED_VOCAB_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "resources",
+                                   "bert_uncased_vocab.txt")
+
+
+def vocabulary_path(vocab_file: str) -> str:
+    """`vocab_file`, or for DEFAULT_VOCAB_FILE where it is not (outside the checkout) the copy the
+    package carries."""
+    return PACKAGED_VOCAB_FILE if vocab_file == DEFAULT_VOCAB_FILE and not files.isfile(vocab_file) else vocab_file
 
 
 class VocabularyError(UserError, ValueError):

@@ -30,6 +30,7 @@ import math
 from bert_packed.errors import SettingsError
 from bert_packed.features import EVAL_INPUT_MODES, INPUT_MODES, PACK_MODES
 from bert_packed.model.config import BertConfig
+from bert_packed.pretraining_data.tokenization import DEFAULT_VOCAB_FILE
 
 # Sequences the on-the-fly packer may hold at once: on the real Wikipedia-512 lengths at depth 3 it
 # then packs as efficiently as the offline LP (docs/packing.md#packing-on-the-fly).
@@ -291,7 +292,7 @@ class RunConfig:
     submission_status: str = changeable("onprem")
     flags_text: str = changeable("")
     export_huggingface_dir: str = changeable("")
-    vocab_file: str = changeable("data/bert_uncased_vocab.txt")
+    vocab_file: str = changeable(DEFAULT_VOCAB_FILE)
     do_lower_case: bool = changeable(True)
 
     def __post_init__(self):
