@@ -128,8 +128,7 @@ def make_dataset(config: PipelineConfig, input_context: tf.distribute.InputConte
             return _evaluation_share(config, input_context, batch_size)
         if input_context.num_input_pipelines > 1:
             if len(config.files) < input_context.num_input_pipelines:
-                raise SettingsError(f"{len(config.files)} input files cannot be shared among "
-                                 f"{input_context.num_input_pipelines} input pipelines; write more shards")
+                raise SettingsError(too_few_files(len(config.files), input_context.num_input_pipelines))
             files = files.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
     if config.mode == "packed_online":
         return _packed_online(config, batch_size, skip, None)
@@ -199,8 +198,7 @@ def _packed_online(config: PipelineConfig, batch_size: int, skip: int,
     files = list(config.files)
     if config.is_training and pipelines > 1:
         if len(files) < pipelines:
-            raise SettingsError(f"{len(files)} input files cannot be shared among {pipelines} input pipelines; "
-                                f"write more shards")
+            raise SettingsError(too_few_files(len(files), pipelines))
         files = files[index::pipelines]
     if not config.strategies or config.online_packing_window is None:
         raise ValueError("packed_online needs the strategies of a plan and an online packing window")  # a caller's bug
@@ -379,3 +377,10 @@ def diagnose_input_error(config: PipelineConfig) -> None:
     for path in config.files:
         for _ in read(path, shapes):
             pass
+
+
+def too_few_files(num_files: int, pipelines: int) -> str:
+    """What to do when each input pipeline (one a worker) cannot read files of its own."""
+    return (f"{num_files} training files cannot be shared among {pipelines} input pipelines (one a worker): each "
+            f"reads files of its own. Pack into at least {pipelines} files (pack_pretraining_data "
+            f"--num_shards={pipelines}), or give create_pretraining_data at least {pipelines} text files")

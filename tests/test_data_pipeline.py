@@ -195,3 +195,18 @@ def test_only_errors_of_the_input_are_taken_for_bad_data(configs, monkeypatch):
 def test_unknown_mode_is_refused(configs):
     with pytest.raises(ValueError, match="unknown input mode 'mixed'"):
         make_dataset(PipelineConfig(**{**configs["padded"].__dict__, "mode": "mixed"}))
+
+
+def test_too_few_files_for_the_input_pipelines_names_the_flag_that_writes_more(packed_dir):
+    from bert_packed.errors import SettingsError
+
+    shapes = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK)
+    one_file = (tfrecords(packed_dir)[0],)
+    context = tf.distribute.InputContext(num_input_pipelines=3, input_pipeline_id=0, num_replicas_in_sync=3)
+    for mode in ("packed", "packed_online"):
+        with pytest.raises(SettingsError, match=r"^1 training files cannot be shared among 3 input pipelines \(one a "
+                                                r"worker\): .* \(pack_pretraining_data --num_shards=3\), or give "
+                                                r"create_pretraining_data at least 3 text files$"):
+            make_dataset(PipelineConfig(one_file, shapes, mode, batch_size=3, is_training=True,
+                                        strategies=((1,),) if mode == "packed_online" else None,
+                                        online_packing_window=8 if mode == "packed_online" else None), context)
