@@ -337,3 +337,26 @@ def test_pick_refuses_training_records_and_the_planner_a_histogram_that_never_en
     os.mkfifo(tmp_path / "fifo")  # read, it would block; /dev/zero never ends
     for path in ("/dev/zero", tmp_path / "fifo"):
         assert_one_line(run_command("plan_packing", f"--histogram={path}"), f"{path}: not a regular file")
+
+
+def test_l_and_p_come_from_the_data_s_metadata_when_not_given(packed_dir, unpacked_dir, bert_config_file, tmp_path):
+    from absl import flags
+
+    from bert_packed.dataset_info import read_dataset_info
+
+    packed = run_command("pack_pretraining_data", f"--input_files={unpacked_dir}/part-*.tfrecord",
+                         f"--output_dir={tmp_path / 'p'}", "--num_shards=2")
+    assert packed.returncode == 0, packed.stderr[-3000:]
+    assert read_dataset_info(str(tmp_path / "p")).shapes == read_dataset_info(packed_dir).shapes
+    with command_in_this_process("run_pretraining") as run_pretraining:
+        flags.FLAGS(["run_pretraining", f"--bert_config_file={bert_config_file}",
+                     f"--input_files={packed_dir}/packed-*.tfrecord", f"--output_dir={tmp_path / 'run'}"])
+        _, train_data, _ = run_pretraining.build_config()
+    assert (train_data.shapes.max_seq_length, train_data.shapes.max_predictions_per_seq) == (MAX_SEQ_LENGTH,
+                                                                                              MAX_PREDICTIONS)
+    # Given and different from what the data records: one line, as before.
+    other = run_command("pack_pretraining_data", f"--input_files={unpacked_dir}/part-*.tfrecord",
+                        f"--output_dir={tmp_path / 'q'}", "--max_seq_length=256")
+    assert other.returncode == 2
+    assert other.stderr.strip().splitlines()[-1].endswith(f"metadata.json says max_seq_length={MAX_SEQ_LENGTH}, "
+                                                          f"but --max_seq_length=256")

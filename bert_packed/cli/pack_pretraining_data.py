@@ -15,7 +15,7 @@ import logging
 from absl import flags
 
 from bert_packed.cli.common import expand_globs, run
-from bert_packed.dataset_info import require_seq_length
+from bert_packed.dataset_info import require_seq_length, shapes_given_or_recorded
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
 from bert_packed.packing import ALGORITHMS, DEFAULT_ALGORITHM
@@ -24,8 +24,10 @@ from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_data
 FLAGS = flags.FLAGS
 flags.DEFINE_string("input_files", None, "Comma-separated globs of unpacked TFRecord files.")
 flags.DEFINE_string("output_dir", None, "Where the packed shards, histogram.json and metadata.json go.")
-flags.DEFINE_integer("max_seq_length", 512, "L of the input records and of the packs.")
-flags.DEFINE_integer("max_predictions_per_seq", 76, "P of the input records; packs hold P + S.")
+flags.DEFINE_integer("max_seq_length", 512, "L of the input records and of the packs (default: as the inputs' "
+                                            "metadata.json records, else 512).")
+flags.DEFINE_integer("max_predictions_per_seq", 76, "P of the input records; packs hold P + S (default: as "
+                                                    "metadata.json records, else 76).")
 flags.DEFINE_integer("max_sequences_per_pack", 3, "S: at most this many sequences share a pack.")
 flags.DEFINE_enum("algorithm", DEFAULT_ALGORITHM, list(ALGORITHMS), "Packing algorithm (see python -m bert_packed.packing).")
 flags.DEFINE_integer("seed", PackSettings.seed, "Decides which sequences share a pack and the order of the packs.")
@@ -40,18 +42,22 @@ PROGRAM = "pack_pretraining_data"
 
 def main(argv):
     del argv
-    if FLAGS.max_sequences_per_pack < 1 or FLAGS.max_predictions_per_seq < 1:
+    files = expand_globs(FLAGS.input_files, "--input_files")
+    max_seq_length, max_predictions_per_seq = shapes_given_or_recorded(
+        files, *(FLAGS[name].value if FLAGS[name].present else None for name in ("max_seq_length",
+                                                                                 "max_predictions_per_seq")),
+        defaults=(FLAGS["max_seq_length"].default, FLAGS["max_predictions_per_seq"].default))
+    if FLAGS.max_sequences_per_pack < 1 or max_predictions_per_seq < 1:
         raise SettingsError("--max_sequences_per_pack and --max_predictions_per_seq must be >= 1")
-    require_seq_length(FLAGS.max_seq_length)
+    require_seq_length(max_seq_length)
     if FLAGS.num_shards < 1 or FLAGS.bucket_mb < 1:
         raise SettingsError("--num_shards and --bucket_mb must be >= 1")
     if FLAGS.seed < 0 or FLAGS.num_workers < 0:
         raise SettingsError(f"--seed={FLAGS.seed} and --num_workers={FLAGS.num_workers} must be >= 0")
     settings = PackSettings(
-        shapes=Shapes(FLAGS.max_seq_length, FLAGS.max_predictions_per_seq, FLAGS.max_sequences_per_pack),
+        shapes=Shapes(max_seq_length, max_predictions_per_seq, FLAGS.max_sequences_per_pack),
         algorithm=FLAGS.algorithm, seed=FLAGS.seed, num_shards=FLAGS.num_shards,
         bucket_bytes=FLAGS.bucket_mb << 20)
-    files = expand_globs(FLAGS.input_files, "--input_files")
     metadata = pack_pretraining_dataset(files, FLAGS.output_dir, settings, FLAGS.num_workers)
     if FLAGS.verify:
         found = verify_packed_dataset(FLAGS.output_dir, FLAGS.num_workers)

@@ -27,7 +27,7 @@ from bert_packed.cli.common import (
     require_disjoint,
     run,
 )
-from bert_packed.dataset_info import one_reading_per_file
+from bert_packed.dataset_info import one_reading_per_file, shapes_given_or_recorded
 from bert_packed.errors import SettingsError
 from bert_packed.features import EVAL_INPUT_MODES, INPUT_MODES, Shapes
 from bert_packed.run_directory import EVAL_RESULTS, RunDirectory
@@ -63,8 +63,10 @@ flags.DEFINE_string("vocab_file", RunConfig.vocab_file, "The vocabulary of the d
                                                         "tokenizer.")
 flags.DEFINE_bool("do_lower_case", RunConfig.do_lower_case, "The data was lower-cased (uncased), for "
                                                             "--export_huggingface_dir's tokenizer.")
-flags.DEFINE_integer("max_seq_length", 512, "L of the data (reference default 128).")
-flags.DEFINE_integer("max_predictions_per_seq", 76, "P of the data; packs hold P + S (reference default 20).")
+flags.DEFINE_integer("max_seq_length", 512, "L of the data (default: as the training data's metadata.json records, "
+                                            "else 512; the reference's default is 128).")
+flags.DEFINE_integer("max_predictions_per_seq", 76, "P of the data; packs hold P + S (default: as metadata.json "
+                                                    "records, else 76; the reference's default is 20).")
 flags.DEFINE_bool("do_train", True, "Train (reference default False: there both do_* are given).")
 flags.DEFINE_bool("do_eval", False, "Evaluate: alone, once, the latest checkpoint of --output_dir or "
                                     "--init_checkpoint; with --do_train, during training, on --eval_files or else "
@@ -282,7 +284,11 @@ def build_config():
         require_same_model(config.model.init_checkpoint, config.model.bert)
     if config.run.export_huggingface_dir:
         require_export_directory(config.run.export_huggingface_dir, config.run.vocab_file, config.run.do_lower_case)
-    shapes = Shapes(FLAGS.max_seq_length, FLAGS.max_predictions_per_seq, FLAGS.max_sequences_per_pack)
+    given = [FLAGS[name].value if FLAGS[name].present else None for name in ("max_seq_length",
+                                                                           "max_predictions_per_seq")]
+    shapes = Shapes(*shapes_given_or_recorded(input_files, *given, defaults=(FLAGS["max_seq_length"].default,
+                                                                           FLAGS["max_predictions_per_seq"].default)),
+                    FLAGS.max_sequences_per_pack)
     if FLAGS.do_train:
         train_data = data.train_data(input_files, shapes, config, FLAGS["max_sequences_per_pack"].present,
                                      FLAGS.train_on_held_out_files, RunDirectory(FLAGS.output_dir))
