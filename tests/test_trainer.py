@@ -229,6 +229,14 @@ def test_reaching_the_target_stops_the_run_and_logs_it(packed_dir, unpacked_dir,
     steps = {value.tag: event.step for event in events for value in event.summary.value}
     assert steps["train/loss"] == train_log[0]["step"]
     assert steps["train_by_sequences/loss"] == steps["eval_by_sequences/mlm_accuracy"] == train_log[0]["sequences"]
+    # What the progress line says, against steps and sequences too.
+    values = {value.tag: float(tf.make_ndarray(value.tensor)) for event in events for value in event.summary.value}
+    record = train_log[0]
+    assert values["train/gradient_norm"] == pytest.approx(record["gradient_norm"]) and record["gradient_norm"] > 0
+    assert values["train/padding_efficiency"] == pytest.approx(record["padding_efficiency"])
+    assert values["train/sequences_per_second"] == pytest.approx(record["sequences"] / record["train_seconds"])
+    assert values["train_by_sequences/real_tokens_per_second"] == pytest.approx(
+        record["real_tokens"] / record["train_seconds"])
 
 
 def run_cli(*args):

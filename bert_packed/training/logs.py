@@ -47,13 +47,19 @@ class RunLogs:
 
     def train(self, record: dict) -> None:
         self._append(self._train, record)
-        self.last_record = record
+        previous, self.last_record = self.last_record, record
         self.tokens += record["real_tokens"]
+        scalars = {name: record[name] for name in ("loss", "mlm_accuracy", "nsp_accuracy", "learning_rate",
+                                                   "gradient_norm", "padding_efficiency")}
+        seconds = record["train_seconds"] - previous.get("train_seconds", 0.0)
+        if seconds > 0:  # since the previous record (of this update, or of the last before a resume)
+            scalars["sequences_per_second"] = (record["sequences"] - previous.get("sequences", 0)) / seconds
+            scalars["real_tokens_per_second"] = record["real_tokens"] / seconds
         with self._writer.as_default():
-            for name in ("loss", "mlm_accuracy", "nsp_accuracy", "learning_rate"):
-                tf.summary.scalar(f"train/{name}", record[name], step=record["step"])
+            for name, value in scalars.items():
+                tf.summary.scalar(f"train/{name}", value, step=record["step"])
                 # Packed and padded runs line up against sequences seen, not steps.
-                tf.summary.scalar(f"train_by_sequences/{name}", record[name], step=record["sequences"])
+                tf.summary.scalar(f"train_by_sequences/{name}", value, step=record["sequences"])
 
     def eval(self, record: dict) -> None:
         self._append(self._eval, record)

@@ -255,7 +255,7 @@ def _train_record(row: np.ndarray, step: int, sequences_before: int, seconds: fl
             "learning_rate": float(row[0]), "seconds": seconds,
             "train_seconds": logs.train_seconds_before + seconds - logs.seconds_before - logs.eval_seconds,
             "real_tokens": sums["tokens"], "predictions": sums["mlm_predictions"],
-            "padding_efficiency": sums["tokens"] / sums["slots"], **metrics}
+            "padding_efficiency": sums["tokens"] / sums["slots"], "gradient_norm": sums["gradient_norm"], **metrics}
 
 
 def _evaluate_and_log(logs: RunLogs, config: TrainConfig, eval_data: EvalData, step: CompiledStep,
