@@ -158,10 +158,11 @@ class RunDirectory:
         """The log `name`, open for appending lines."""
         return files.open_file(self.file(name), "a")
 
-    def cut_logs(self, sizes: list[int]) -> None:
+    def cut_logs(self, sizes: list[int], resumed: bool = True) -> None:
         """Cuts each of LOGS back to its size in `sizes` (what a checkpoint recorded), so that a
         resumed run logs again what it does again. A torn last line (a write cut short by a kill)
-        is dropped with a warning; a damaged line in what is kept is named.
+        is dropped with a warning; a damaged line in what is kept is named. Without a checkpoint
+        (`resumed` false: sizes of 0), what an earlier start logged goes, as the run starts over.
 
         Raises:
           RunError: a log is shorter than recorded (edited or replaced), or a kept line is damaged.
@@ -186,8 +187,13 @@ class RunDirectory:
                                 kept.count("\n") + len(lines), len(lines[-1]))
             if len(lines) > 1:
                 redone = len(lines) - 1
-                logging.info("%s: %d line%s logged after the checkpoint %s redone", path, redone,
-                             "" if redone == 1 else "s", "is" if redone == 1 else "are")
+                lines_text = f"{redone} line{'' if redone == 1 else 's'}"
+                if resumed:
+                    logging.info("%s: %s logged after the checkpoint %s redone", path, lines_text,
+                                 "is" if redone == 1 else "are")
+                else:
+                    logging.info("%s: %s logged by an earlier start that saved no checkpoint %s removed: the run "
+                                 "starts at step 0", path, lines_text, "is" if redone == 1 else "are")
             files.write_text_atomically(path, kept)
 
     def read_histogram(self, name: str, identity) -> list[int] | None:

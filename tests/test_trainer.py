@@ -830,3 +830,14 @@ def test_a_corrupt_training_shard_is_named_with_its_record(packed_dir, tmp_path)
     open(shard, "wb").write(bytes(content))
     with pytest.raises(CorruptRecordError, match=rf"{shard}: record \d+: data checksum mismatch"):
         make_trainer(config(tmp_path / "run", tfrecords(str(data)), num_train_steps=40)).train()
+
+
+def test_logs_of_a_start_that_saved_no_checkpoint_are_said_to_be_removed_not_redone(packed_dir, tmp_path, caplog):
+    make_trainer(config(tmp_path / "run", tfrecords(packed_dir), num_train_steps=2)).train()
+    shutil.rmtree(tmp_path / "run" / "checkpoints")  # as if killed before its first checkpoint
+    caplog.set_level("INFO")
+    make_trainer(config(tmp_path / "run", tfrecords(packed_dir), num_train_steps=2)).train()
+    assert re.search(r"train_log\.jsonl: 2 lines logged by an earlier start that saved no checkpoint are removed: "
+                     r"the run starts at step 0", caplog.text)
+    assert "after the checkpoint" not in caplog.text
+    assert [r["step"] for r in read_log(tmp_path / "run" / "train_log.jsonl")] == [1, 2]

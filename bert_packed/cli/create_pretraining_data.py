@@ -84,8 +84,10 @@ def main(argv):
         metadata = create_pretraining_dataset(files, FLAGS.output_dir, settings, FLAGS.num_workers)
     where = FLAGS.output_dir or FLAGS.output_file
     held_out = metadata.get("num_eval_instances", 0)
-    print(f"{PROGRAM}: {metadata['num_sequences']:,} training instances from {metadata.get('num_documents', 0):,} "
-          f"documents ({metadata.get('padding_fraction', 0.0):.1%} padding at L={metadata['max_seq_length']})"
+    documents = metadata.get("num_documents", 0)
+    print(f"{PROGRAM}: {metadata['num_sequences']:,} training instances from {documents:,} "
+          f"document{'' if documents == 1 else 's'} ({metadata.get('padding_fraction', 0.0):.1%} padding at "
+          f"L={metadata['max_seq_length']})"
           + (f", {held_out:,} held out for evaluation" if held_out else "") + f" -> {where}")
 
 

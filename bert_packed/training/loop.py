@@ -222,7 +222,7 @@ def _resume(directory: RunDirectory, config: TrainConfig, step: CompiledStep, ch
                                                                   or finished.get("reached", False))
     if not on_any_worker(step.strategy, not done):
         return True
-    directory.cut_logs(step.log_sizes.numpy().tolist())
+    directory.cut_logs(step.log_sizes.numpy().tolist(), resumed=bool(resumed))
     if finished:  # it goes on: no longer finished (run.json as claimed, with today's data paths)
         directory.write_info({k: v for k, v in directory.read_info().items() if k != "finished"})
     return False
