@@ -174,8 +174,9 @@ def is_temporary_name(name: str) -> bool:
     return bool(_TEMPORARY.match(name))
 
 
-def remove_leftovers(directory: str) -> list[str]:
-    """Removes the temporary files that writers killed midway left in `directory`.
+def remove_leftovers(directory: str, of: str | None = None) -> list[str]:
+    """Removes the temporary files that writers killed midway left in `directory` (only those of
+    the file named `of`, when given: a directory that is not the command's own).
 
     A temporary file whose writer still runs (this process, or another live one on this host) is
     kept; on a remote filesystem, where that cannot be told, only this process's are kept. Call
@@ -187,7 +188,7 @@ def remove_leftovers(directory: str) -> list[str]:
     removed = []
     for name in listdir(directory):
         match = _TEMPORARY.match(name)
-        if not match or name.startswith(".lock"):
+        if not match or name.startswith(".lock") or (of is not None and not name.startswith(f".{of}.tmp-")):
             continue
         pid = int(match.group(1))
         if pid == os.getpid() or ("://" not in directory and _alive({"host": socket.gethostname(), "pid": pid})):
@@ -359,6 +360,8 @@ def _claimed(claim_path: str, holder: dict):
 
 def _lock_holder(lock_path: str) -> dict | None:
     """The holder a lock (or a claim) names; {} when there is none, None when it cannot be read."""
+    if exists(lock_path) and not isfile(lock_path):
+        return None  # a directory, say: nobody's lock, and nothing to take over
     try:
         with open_file(lock_path) as f:
             holder = json.load(f)
@@ -366,7 +369,7 @@ def _lock_holder(lock_path: str) -> dict | None:
         return {}  # released meanwhile: try again
     except (OSError, ValueError):
         return None
-    return holder if isinstance(holder, dict) else None
+    return holder if isinstance(holder, dict) and holder else None
 
 
 def _alive(holder: dict) -> bool:
@@ -378,7 +381,7 @@ def _alive(holder: dict) -> bool:
         os.kill(int(holder["pid"]), 0)
     except ProcessLookupError:
         return False
-    except (PermissionError, KeyError, TypeError, ValueError):
+    except (PermissionError, KeyError, TypeError, ValueError, OverflowError):
         return True
     recorded = holder.get("process_start")
     return recorded is None or _process_start(int(holder["pid"])) in (None, recorded)
@@ -405,4 +408,5 @@ def _held_message(where: str, lock_path: str, holder: dict | None) -> str:
 
 
 def _holder_words(holder: dict) -> str:
-    return f"{holder.get('command')} (pid {holder.get('pid')} on {holder.get('host')}, since {holder.get('started')})"
+    return (f"{holder.get('command', 'a process')} (pid {holder.get('pid', '?')} on {holder.get('host', '?')}, since "
+            f"{holder.get('started', '?')})")

@@ -146,6 +146,78 @@ def test_a_request_the_storage_still_fails_after_retrying_stops_in_one_line_and_
     assert sorted(os.listdir(out)) == sorted(os.listdir(unpacked_dir))
 
 
+def test_shards_the_local_work_says_are_written_but_the_bucket_lost_are_written_again(unpacked_dir, packed_dir,
+                                                                                      tmp_path, monkeypatch):
+    """A pack stopped after its first shard, its output prefix then emptied (as the messages
+    suggest for a prefix that holds something else): the same command packs again, whole."""
+    import shutil
+
+    from bert_packed.packing import pack_dataset
+
+    parts = [uri(os.path.join(unpacked_dir, name)) for name in contents(unpacked_dir)]
+    out = tmp_path / "p"
+    write = pack_dataset._write_bucket
+
+    def stopped_at_the_second_shard(*args):
+        if args[-1] == 1:
+            raise KeyboardInterrupt
+        write(*args)
+
+    monkeypatch.setattr(pack_dataset, "_write_bucket", stopped_at_the_second_shard)
+    with pytest.raises(KeyboardInterrupt):
+        pack_pretraining_dataset(parts, uri(out), SETTINGS, num_workers=1)
+    assert [name for name in os.listdir(out) if name.startswith("packed-")] == ["packed-00000-of-00002.tfrecord"]
+    shutil.rmtree(out)
+    monkeypatch.setattr(pack_dataset, "_write_bucket", write)
+    metadata = pack_pretraining_dataset(parts, uri(out), SETTINGS, num_workers=1)
+    assert contents(out) == contents(packed_dir)
+    assert verify_packed_dataset(uri(out))["num_sequences"] == metadata["num_sequences"]
+
+
+def test_what_a_bucket_s_storage_refuses_is_one_line_as_on_a_plain_path(unpacked_dir, corpus, tmp_path):
+    from bert_packed.errors import SettingsError
+    from bert_packed.training.config import RunConfig
+
+    eval_file = str(tmp_path / "e.tfrecord")  # records of no dataset: no origin to refuse
+    with open(eval_file, "wb") as f:
+        f.write(open(os.path.join(unpacked_dir, "part-00000-000.tfrecord"), "rb").read())
+    shapes = [f"--max_seq_length={MAX_SEQ_LENGTH}", f"--max_predictions_per_seq={MAX_PREDICTIONS}"]
+    (tmp_path / "a file").write_text("x")
+    (tmp_path / "locked" / ".lock").mkdir(parents=True)
+    (tmp_path / "held").mkdir()
+    (tmp_path / "held" / ".lock").write_text(json.dumps({"host": __import__("socket").gethostname(), "pid": 1e999}))
+    create = [f"--input_file={corpus[0]}", f"--vocab_file={VOCAB}", *shapes, "--dupe_factor=1", "--num_workers=1"]
+    cases = [
+        (["pick_eval_samples", f"--input_tfrecord={uri(tmp_path / 'none.tfrecord')}",
+          f"--output_tfrecord={uri(tmp_path / 'o.tfrecord')}", *shapes], f"{uri(tmp_path / 'none.tfrecord')}"),
+        (["pick_eval_samples", f"--input_tfrecord={uri(tmp_path)}", f"--output_tfrecord={uri(tmp_path / 'o.tfrecord')}",
+          *shapes], "Is a directory"),
+        (["pick_eval_samples", f"--input_tfrecord={eval_file}", f"--output_tfrecord={eval_file}", *shapes],
+         "the input itself"),
+        (["pick_eval_samples", f"--input_tfrecord={eval_file}",
+          f"--output_tfrecord={os.path.join(unpacked_dir, 'picked.tfrecord')}", *shapes], "in a dataset's directory"),
+        (["create_pretraining_data", *create, f"--output_dir={uri(tmp_path / 'a file' / 'sub')}"], "not a directory"),
+        (["create_pretraining_data", *create, f"--output_dir={uri(tmp_path / 'locked')}"],
+         "cannot be read; remove it"),
+        (["create_pretraining_data", *create, f"--output_dir={tmp_path / 'held'}"], "pid inf on"),
+    ]
+    for args, words in cases:
+        result = run_command(*args)
+        last = result.stderr.strip().splitlines()[-1]
+        assert result.returncode == 2 and "Traceback" not in result.stderr, (args, result.stderr[-2000:])
+        assert last.startswith(f"{args[0]}: error: ") and words in last, (args, last)
+    with pytest.raises(SettingsError, match=r"TensorFlow cannot read a checkpoint whose remote path holds"):
+        RunConfig(output_dir=uri(tmp_path / "run [1]"))
+    # A pick killed while it wrote left its temporary file: the next pick of that output removes it,
+    # and nothing else of the directory.
+    (tmp_path / ".o.tfrecord.tmp-99999999").write_bytes(b"half")
+    (tmp_path / ".notes.txt.tmp-99999999").write_bytes(b"someone else's")
+    picked = run_command("pick_eval_samples", f"--input_tfrecord={eval_file}",
+                         f"--output_tfrecord={uri(tmp_path / 'o.tfrecord')}", "--num_examples_to_pick=2", *shapes)
+    assert picked.returncode == 0, picked.stderr[-2000:]
+    assert sorted(name for name in os.listdir(tmp_path) if ".tmp-" in name) == [".notes.txt.tmp-99999999"]
+
+
 def script(name, *args):
     """scripts/<name>.py in a process of its own."""
     return subprocess.run([sys.executable, os.path.join("scripts", f"{name}.py"), *args], cwd=REPO,

@@ -53,8 +53,11 @@ def _terminated(signum, frame) -> None:
 _REFUSED_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ELOOP, errno.ENOENT, errno.ENOTDIR, errno.EISDIR,
                    errno.ENAMETOOLONG)
 _REFUSED_TEXTS = ("Permission denied", "Read-only file system", "Too many levels of symbolic links")
-# TensorFlow's filesystem errors for a path the user may not write or read (gs://, file://, ...).
-_REFUSED_TENSORFLOW_ERRORS = ("PermissionDeniedError", "UnauthenticatedError")
+# TensorFlow's filesystem errors for a path the user may not write or read, or that is missing or
+# of the wrong kind (a directory where a file is written, a file where a directory is): gs://,
+# file://, ..., as Python's own errors are for a plain path.
+_REFUSED_TENSORFLOW_ERRORS = ("PermissionDeniedError", "UnauthenticatedError", "NotFoundError",
+                              "FailedPreconditionError")
 # TensorFlow's errors for a request the storage still failed after its client's own retries (a
 # bucket out of reach, a deadline passed, a conflicting write): neither the user's input nor a bug.
 _TRANSIENT_TENSORFLOW_ERRORS = ("UnavailableError", "DeadlineExceededError", "AbortedError")

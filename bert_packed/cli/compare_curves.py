@@ -12,6 +12,8 @@ under the table. Exit status 2 with one line on bad input.
 
 from __future__ import annotations
 
+import os
+
 from absl import flags
 
 from bert_packed import files
@@ -61,6 +63,7 @@ def main(argv) -> None:
         except ValueError:
             raise SettingsError(f"--accuracy {FLAGS.accuracy!r}: expected a number or 'auto'") from None
     with files.exclusive(f"{FLAGS.output}.lock", "compare_curves"):
+        files.remove_leftovers(os.path.dirname(FLAGS.output) or ".", of=os.path.basename(FLAGS.output))
         plot(runs, FLAGS.output)
     rows = summary_table(runs, accuracy)
     print(format_table(rows, accuracy))

@@ -12,7 +12,9 @@ import os
 
 from absl import flags
 
+from bert_packed import files
 from bert_packed.cli.common import run
+from bert_packed.dataset_info import read_dataset_info
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
 from bert_packed.pretraining_data.eval_samples import pick_eval_samples
@@ -40,6 +42,13 @@ def main(argv):
         raise SettingsError(f"--input_tfrecord={FLAGS.input_tfrecord}: a training shard of {os.path.dirname(trained)} "
                             f"(its metadata.json): its records are trained on; pick from its held-out files "
                             f"(eval-*.tfrecord) or from records of held-out text")
+    # The output is a file of its own: never the input, nor a file of a described dataset.
+    if files.absolute(FLAGS.output_tfrecord) == files.absolute(FLAGS.input_tfrecord):
+        raise SettingsError(f"--output_tfrecord={FLAGS.output_tfrecord}: the input itself; write the picked records "
+                            f"to a file of their own")
+    if read_dataset_info(os.path.dirname(files.absolute(FLAGS.output_tfrecord))) is not None:
+        raise SettingsError(f"--output_tfrecord={FLAGS.output_tfrecord}: in a dataset's directory (its "
+                            f"metadata.json describes it); write the picked records elsewhere")
     total = pick_eval_samples(FLAGS.input_tfrecord, FLAGS.output_tfrecord, FLAGS.num_examples_to_pick,
                               Shapes(FLAGS.max_seq_length, FLAGS.max_predictions_per_seq))
     print(f"{PROGRAM}: picked {FLAGS.num_examples_to_pick:,} of {total:,} records -> {FLAGS.output_tfrecord}")

@@ -298,15 +298,35 @@ def _claim(output_dir: str, work: str, identity: dict, digest: str, inputs_diges
         if previous.get("digest") != digest:
             raise OutputDirectoryError(f"{output_dir}: holds an unfinished packing run with other settings "
                                        f"or inputs; use a new --output_dir or remove it")
+        gone = _shards_gone(output_dir, work)
         if previous.get("work_format") != WORK_FORMAT or previous.get("inputs_digest") != inputs_digest:
             logging.warning("%s: the unfinished run was left by another version of the packer, or its input files "
                             "changed since; starting over", output_dir)
+            _remove_outputs(output_dir, work)
+            files.makedirs(work)
+        elif gone:
+            logging.warning("%s: %s, written by the unfinished run, is gone or changed since; starting over",
+                            output_dir, gone)
             _remove_outputs(output_dir, work)
             files.makedirs(work)
     elif any(name.startswith("packed-") for name in files.listdir(output_dir)):
         raise OutputDirectoryError(f"{output_dir}: already holds packed data; use a new --output_dir or remove it")
     write_text_atomically(marker, json.dumps({"digest": digest, "inputs_digest": inputs_digest,
                                               "work_format": WORK_FORMAT, **identity}) + "\n")
+
+
+def _shards_gone(output_dir: str, work: str) -> str | None:
+    """The first output shard the work says was written that is not in `output_dir` as written
+    (removed, or replaced since: the output on a bucket and the work on this host part ways)."""
+    for name in files.listdir(work):
+        if name.startswith("shard-") and name.endswith(".json"):
+            with files.open_file(os.path.join(work, name)) as f:
+                summary = json.load(f)
+            path = os.path.join(output_dir, summary["file"])
+            now = FileIdentity.of(path).content if files.exists(path) else None
+            if now is None or any(summary.get(key) != value for key, value in now.items()):
+                return summary["file"]
+    return None
 
 
 def _read_inputs(sources: list[str], work: str, shapes: Shapes, num_workers: int, expected: list) -> list[dict]:

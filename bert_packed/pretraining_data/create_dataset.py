@@ -442,6 +442,8 @@ def create_pretraining_files(input_files: list[str], output_files: list[str], se
     """
     work = output_files[0] + ".parts"
     metadata = create_pretraining_dataset(input_files, work, settings, num_workers)
+    for path in output_files:  # what a dealing killed midway left
+        files.remove_leftovers(os.path.dirname(path) or ".", of=os.path.basename(path))
     with contextlib.ExitStack() as stack:
         writers = [stack.enter_context(TFRecordWriter(path)) for path in output_files]
         dealt = 0

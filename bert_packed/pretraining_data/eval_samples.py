@@ -8,6 +8,9 @@ same input gives the same n records, byte for byte.
 
 from __future__ import annotations
 
+import os
+
+from bert_packed import files
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
 from bert_packed.records import TFRecordWriter, read_record_batches, read_unpacked
@@ -35,6 +38,7 @@ def pick_eval_samples(input_path: str, output_path: str, count: int, shapes: Sha
             k = wanted[next_wanted] - first
             picked.append(data[starts[k]:starts[k] + lengths[k]])
             next_wanted += 1
+    files.remove_leftovers(os.path.dirname(output_path) or ".", of=os.path.basename(output_path))  # a killed pick's
     with TFRecordWriter(output_path) as writer:
         writer.write_all(picked)
     return total

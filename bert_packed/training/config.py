@@ -297,6 +297,9 @@ class RunConfig:
 
     def __post_init__(self):
         require(bool(self.output_dir), "--output_dir is required")
+        require("://" not in self.output_dir or not any(c in self.output_dir for c in "[]*?{"),
+                f"--output_dir={self.output_dir}: TensorFlow cannot read a checkpoint whose remote path holds [, ], *, "
+                f"? or {{, so the run could never resume; name it without them")
         require(0 <= self.seed < 2**63, f"--seed={self.seed}: must be >= 0")
         for flag in ("save_checkpoints_steps", "keep_checkpoint_max", "iterations_per_loop", "log_every_steps"):
             require(getattr(self, flag) >= 1, f"--{flag}={getattr(self, flag)}: must be >= 1")
