@@ -27,6 +27,7 @@ import logging
 import math
 import os
 import signal
+import threading
 import time
 
 import numpy as np
@@ -92,7 +93,7 @@ def train_and_evaluate(config: TrainConfig, train_data: TrainData, eval_data: Ev
             reached = last.get("step") == current and last.get("mlm_accuracy", 0.0) >= config.eval.target_mlm_accuracy
             next_eval = (sequences // every + 1) * every if every else None
             pipeline = train_pipeline(train_data, config, step.batching, current)
-            start, first_step, stop = time.perf_counter(), current, Stop()
+            start, first_step, stop = time.perf_counter(), current, Stop(step.update.stop_requested)
             with stop.on_signals():
                 training = current < config.last_step and not on_any_worker(step.strategy, reached)
                 if training:
@@ -111,7 +112,8 @@ def train_and_evaluate(config: TrainConfig, train_data: TrainData, eval_data: Ev
                         current += n
                         logs.train(_train_record(row, current, sequences, seconds, logs, config, checkpoints))
                         sequences = logs.last_record["sequences"]
-                    logs.say_progress(config, first_step, len(results), seconds)
+                    if len(results):
+                        logs.say_progress(config, first_step, len(results), seconds)
                     step.step.assign(current)
                     step.sequences.assign(sequences)
                     if next_eval is not None and sequences >= next_eval and eval_data.files:
@@ -160,27 +162,56 @@ def evaluate_only(config: TrainConfig, eval_data: EvalData, step: CompiledStep) 
 
 
 class Stop:
-    """SIGTERM (preemption) and SIGINT (Ctrl-C) stop the loop at the end of its compiled call,
-    after a save.
+    """SIGTERM (preemption) and SIGINT (Ctrl-C) stop the run after the update in hand, whatever
+    --iterations_per_loop, then it saves.
+
+    While a compiled loop runs, the main thread is inside TensorFlow and Python's own handler only
+    runs once the loop returns. So the signal is also written to a pipe (signal.set_wakeup_fd),
+    where a thread sees it at once, says so, and sets the flag the compiled loop reads before each
+    update (Update.stop_requested).
 
     Attributes:
       by: "SIGTERM" or "SIGINT" once one came, else None.
     """
 
-    def __init__(self):
+    def __init__(self, flag):
         self.by = None
+        self._flag = flag  # Update.stop_requested
+        self._lock = threading.Lock()  # the watcher and Python's handler both see a signal
+
+    def _stop(self, signum: int) -> None:
+        with self._lock:
+            if self.by is not None:
+                return
+            self.by = signal.Signals(signum).name
+        self._flag.assign(1)
+        logging.info("%s: stopping after the update in hand, then saving a checkpoint", self.by)
 
     @contextlib.contextmanager
     def on_signals(self):
-        def stop(signum, frame):
-            self.by = signal.Signals(signum).name
+        numbers = (signal.SIGTERM, signal.SIGINT)
+        self._flag.assign(0)
+        read_end, write_end = os.pipe()
+        os.set_blocking(write_end, False)
 
-        previous = {number: signal.signal(number, stop) for number in (signal.SIGTERM, signal.SIGINT)}
+        def watch():
+            while data := os.read(read_end, 1):
+                if data[0] in numbers:
+                    self._stop(data[0])
+
+        previous = {number: signal.signal(number, lambda signum, frame: self._stop(signum)) for number in numbers}
+        previous_fd = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+        watcher = threading.Thread(target=watch, name="signals", daemon=True)
+        watcher.start()
         try:
             yield self
         finally:
+            signal.set_wakeup_fd(previous_fd)
             for number, handler in previous.items():
                 signal.signal(number, handler)
+            os.close(write_end)  # the watcher reads the end and returns
+            watcher.join()
+            os.close(read_end)
 
 
 def _claim(directory: RunDirectory, config: TrainConfig, train_data: TrainData, eval_data: EvalData,

@@ -58,7 +58,8 @@ class Update:
       optimizer: from make_optimizer (a LossScaleOptimizer with fp16).
       optimizer_itself: LAMB or AdamW (inside the LossScaleOptimizer with fp16).
       loop: the compiled call: loop(iterator, num_updates) -> [num_updates, 1 + len(SUM_KEYS)],
-        each update's learning rate and sums.
+        each update's learning rate and sums (fewer rows when stop_requested was set meanwhile).
+      stop_requested: a flag the loop reads before each update.
     """
 
     def __init__(self, config: TrainConfig, batching: Batching, model, optimizer, strategy: tf.distribute.Strategy):
@@ -71,11 +72,17 @@ class Update:
         self._loss_averaging = config.model.loss_averaging
         self._clip_after_allreduce = config.optimizer.clip_by_global_norm_after_gradient_allreduce
         self._gradients = tf.function(self._gradients_fn, jit_compile=True) if config.model.xla else self._gradients_fn
+        # Set (to 1) by a signal while a compiled loop runs (loop.Stop): the loop ends after the
+        # update in hand, on every worker after the same update (each update sums the flags).
+        self.stop_requested = tf.Variable(0, dtype=tf.int32, trainable=False, name="stop_requested")
         self.loop = tf.function(self._loop_fn)
 
     def _loop_fn(self, iterator, num_updates):
-        results = tf.TensorArray(tf.float32, size=num_updates)
+        results = tf.TensorArray(tf.float32, size=0, dynamic_size=True, element_shape=[1 + len(SUM_KEYS)])
         for index in tf.range(num_updates):
+            requests = self._strategy.run(lambda: tf.identity(self.stop_requested))
+            if self._strategy.reduce(tf.distribute.ReduceOp.SUM, requests, axis=None) > 0:
+                break
             learning_rate = tf.cast(self.optimizer_itself.learning_rate, tf.float32)
             batches = [next(iterator) for _ in range(self._steps_per_update)]
             sums = self._strategy.run(self._replica_update, args=(batches,))
