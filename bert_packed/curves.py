@@ -323,7 +323,8 @@ def target_note(rows: list[dict], accuracy: float, automatic: bool) -> str:
     if not reached:
         return (f"target MLM accuracy {accuracy:.3f} ({how}): no configuration reached it in every seed, so the "
                 f"to-target columns are empty; --accuracy=auto picks a target every run reaches")
-    return f"target MLM accuracy {accuracy:.3f} ({how}); reached in every seed by {len(reached)} of {len(rows)}"
+    return (f"target MLM accuracy {accuracy:.3f} ({how}); {len(reached)} of the {len(rows)} configurations reached it "
+            f"in every seed")
 
 
 CLOCK_NOTE = ("sequences/s and the speed-up by the runs' clocks come from each run's own wall clock, at the mercy of "

@@ -25,6 +25,7 @@ class Progress:
         self._last = 0.0
         self._tty = getattr(self._stream, "isatty", lambda: False)()
         self._printed = None  # the count of the last line written
+        self._first = None  # (clock, count) at the first line: the time left is timed from there
 
     def update(self, amount: int = 1, extra: str = "") -> None:
         self.done += amount
@@ -52,10 +53,24 @@ class Progress:
 
     def _print(self, extra: str) -> None:
         total = f"/{self.total:,}" if self.total else ""
-        eta = ""
-        if self.total and 0 < self.done < self.total:
-            eta = f", {max(0.0, (self.total - self.done) / max(self.rate, 1e-9)):.0f} s left"
-        text = f"{self.label}: {self.done:,}{total} {self.unit} ({self.rate:,.0f}/s{eta}){extra}"
+        now, eta = time.perf_counter(), ""
+        if self._first is None:
+            self._first = (now, self.done)
+        # Timed from the first count on: work started together in parallel ends together at first.
+        first_time, first_done = self._first
+        if self.total and first_done < self.done < self.total and now > first_time:
+            eta = f", about {duration((self.total - self.done) * (now - first_time) / (self.done - first_done))} left"
+        rate = f"{self.rate:.2g}" if self.rate < 10 else f"{self.rate:,.0f}"
+        text = f"{self.label}: {self.done:,}{total} {self.unit} ({rate}/s{eta}){extra}"
         self._stream.write(("\r" + text + "\033[K") if self._tty else text + "\n")
         self._stream.flush()
         self._printed = self.done
+
+
+def duration(seconds: float) -> str:
+    """Seconds in the unit a person reads: "45 s", "12 min", "3.4 h"."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

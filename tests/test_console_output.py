@@ -20,7 +20,23 @@ def test_a_log_gets_each_count_once():
     lines = log.getvalue().splitlines()
     # The first update, then the last (the 10 s interval in between has not passed); close adds nothing.
     assert [line.split(" (")[0] for line in lines] == ["pack: reading: 1/3 files", "pack: reading: 3/3 files"]
-    assert lines[0].endswith(" s left)")
+    assert "left" not in lines[0]  # one count: no rate to tell the time left by yet
+
+
+def test_the_time_left_is_timed_from_the_first_count_and_said_in_a_person_s_unit(monkeypatch):
+    """Six shards written in parallel: the first ends after 30 s, the next 10 s later. Timed from
+    the start, the second line would say 80 s left; from the first count, 40 s."""
+    from bert_packed import progress as module
+
+    now = [0.0]
+    monkeypatch.setattr(module.time, "perf_counter", lambda: now[0])
+    log = io.StringIO()
+    progress = Progress("pack: writing", total=6, unit="shards", stream=log)
+    for now[0] in (30.0, 40.0):
+        progress.update(1)
+    assert log.getvalue().splitlines() == ["pack: writing: 1/6 shards (0.033/s)",
+                                           "pack: writing: 2/6 shards (0.05/s, about 40 s left)"]
+    assert [module.duration(s) for s in (45, 720, 12240)] == ["45 s", "12 min", "3.4 h"]
 
 
 def test_close_writes_a_count_not_yet_written():

@@ -876,3 +876,13 @@ def test_a_signal_during_a_long_compiled_loop_stops_it_after_the_update_in_hand_
     np.testing.assert_allclose([r["loss"] for r in logs[1]], [r["loss"] for r in logs[0]], rtol=1e-6)
     for mine, theirs in zip(weights(stopped), weights(straight)):
         np.testing.assert_allclose(mine, theirs, rtol=1e-6, atol=1e-7)
+
+
+def test_the_time_left_is_timed_after_the_loop_that_compiled(packed_dir, tmp_path, caplog):
+    caplog.set_level("INFO")
+    make_trainer(config(tmp_path / "run", tfrecords(packed_dir), num_train_steps=6, iterations_per_loop=2,
+                        log_every_steps=2)).train()
+    lines = [line for line in caplog.text.splitlines() if "sequences (" in line]
+    assert len(lines) == 3
+    assert lines[0].endswith("time left: after the next loop (this one compiled the step)")
+    assert re.search(r"about \d+ s left$", lines[1]) and lines[2].endswith("%)")

@@ -8,6 +8,7 @@ import logging
 
 import tensorflow as tf
 
+from bert_packed.progress import duration
 from bert_packed.run_directory import EVAL_LOG, TRAIN_LOG, RunDirectory
 from bert_packed.training.mlperf_log import MLPerfLog
 
@@ -34,6 +35,7 @@ class RunLogs:
         self.eval_seconds = 0.0
         self.tokens = sum(record.get("real_tokens", 0.0) for record in train)
         self.last_progress = (self.seconds_before, self.last_record.get("sequences", 0), self.tokens)
+        self._first_loop_end = None  # (the run's clock less evaluations, step) after this start's first loop
         self.mlperf = MLPerfLog(directory)
         self._train = directory.open_log(TRAIN_LOG)
         self._eval = directory.open_log(EVAL_LOG)
@@ -74,17 +76,25 @@ class RunLogs:
         --log_every_steps (or ended the run): step/total, rates, padding efficiency, time left."""
         record, every, last = self.last_record, config.run.log_every_steps, config.last_step
         step = record["step"]
+        if self._first_loop_end is None:  # the first loop holds the compilation: the time left is timed after it
+            self._first_loop_end = (seconds - self.eval_seconds, step)
         if step // every == (step - config.batch.steps_per_update * num_updates) // every and step != last:
             return
         before_seconds, before_sequences, before_tokens = self.last_progress
         interval = max(seconds - before_seconds, 1e-9)
         self.last_progress = (seconds, record["sequences"], self.tokens)
-        left = (last - step) * (seconds - self.seconds_before - self.eval_seconds) / max(step - first_step, 1)
+        timed_seconds, timed_step = self._first_loop_end
+        if step >= last:
+            left = ""
+        elif step > timed_step:
+            per_step = (seconds - self.eval_seconds - timed_seconds) / (step - timed_step)
+            left = f", about {duration((last - step) * per_step)} left"
+        else:
+            left = ", time left: after the next loop (this one compiled the step)"
         logging.info("step %d/%d: loss %.4f, mlm accuracy %.4f, %d sequences (%.1f/s, %.0f real tokens/s, padding "
                      "efficiency %.1f%%)%s", step, last, record["loss"], record["mlm_accuracy"],
                      record["sequences"], (record["sequences"] - before_sequences) / interval,
-                     (self.tokens - before_tokens) / interval, 100 * record["padding_efficiency"],
-                     f", about {left:.0f} s left" if step < last else "")
+                     (self.tokens - before_tokens) / interval, 100 * record["padding_efficiency"], left)
 
     @staticmethod
     def _append(file, record: dict) -> None:
@@ -96,3 +106,4 @@ class RunLogs:
             file.close()
         self.mlperf.close()
         self._writer.close()
+

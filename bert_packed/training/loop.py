@@ -243,16 +243,16 @@ def _resume(directory: RunDirectory, config: TrainConfig, step: CompiledStep, ch
                                   lambda flag: on_any_worker(step.strategy, flag),
                                   config.run.start_over_if_no_checkpoint_restores)
     current = int(step.step.numpy())
-    if resumed:
-        logging.info("resumed from %s at step %d", resumed, current)
-    elif config.model.init_checkpoint:
+    if not resumed and config.model.init_checkpoint:
         load_weights(step.model, config.model.init_checkpoint)
         logging.info("initialised from %s", config.model.init_checkpoint)
     finished = previous.get("finished") or {}
     done = bool(resumed) and finished.get("step") == current and (current >= config.last_step
                                                                   or finished.get("reached", False))
     if not on_any_worker(step.strategy, not done):
-        return True
+        return True  # the caller says it finished: not "resumed" too
+    if resumed:
+        logging.info("resumed from %s at step %d", resumed, current)
     directory.cut_logs(step.log_sizes.numpy().tolist(), resumed=bool(resumed))
     if finished:  # it goes on: no longer finished (run.json as claimed, with today's data paths)
         directory.write_info({k: v for k, v in directory.read_info().items() if k != "finished"})
