@@ -138,7 +138,7 @@ def test_the_export_holds_what_transformers_reads_and_every_format_round_trips(e
 
 
 def test_a_run_directory_exports_its_newest_weights(packed_dir, bert_config_file, tmp_path):
-    trainer = make_trainer(config(tmp_path / "run", tfrecords(packed_dir), num_train_steps=2,
+    trainer = make_trainer(config(tmp_path / "run", tfrecords(packed_dir), num_train_steps=2, save_checkpoints_steps=1,
                                   export_huggingface_dir=str(tmp_path / "by_the_run"), vocab_file=VOCAB))
     trainer.train()  # finished: model.ckpt-2 and by_the_run/ exported, checkpoints/ckpt-2
     result = run_command("export_model", f"--checkpoint={tmp_path / 'run'}", f"--bert_config_file={bert_config_file}",
@@ -155,6 +155,34 @@ def test_a_run_directory_exports_its_newest_weights(packed_dir, bert_config_file
         load_huggingface(loaded, str(tmp_path / directory))
         for mine, theirs in zip(loaded.weights, trainer.model.weights):
             np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
+
+    def export(checkpoint, config_file=bert_config_file, output="hf1", *more):
+        return run_command("export_model", f"--checkpoint={checkpoint}", f"--bert_config_file={config_file}",
+                           f"--vocab_file={VOCAB}", f"--output_dir={tmp_path / output}", *more)
+
+    # One training checkpoint by name; the newest damaged: the one before it, said in one line.
+    named = export(tmp_path / "run" / "checkpoints" / "ckpt-1")
+    assert named.returncode == 0 and "ckpt-1 (step 1)" in named.stdout, named.stderr[-2000:]
+    data = next((tmp_path / "run" / "checkpoints").glob("ckpt-2.data-*"))
+    data.write_bytes(data.read_bytes()[:-64] + bytes(64))
+    older = export(tmp_path / "run")
+    assert older.returncode == 0 and "ckpt-1 (step 1)" in older.stdout, older.stderr[-2000:]
+    warnings = [line for line in older.stderr.splitlines() if line.startswith("warning")]
+    assert len(warnings) == 1 and "ckpt-2: cannot be read" in warnings[0] and "trying an older one" in warnings[0]
+    # What the weights cannot tell: the run's config says (run.json).
+    heads = tmp_path / "heads.json"
+    heads.write_text(json.dumps(dict(TINY, num_attention_heads=4)))
+    refused = export(tmp_path / "run", heads)
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1].endswith(
+        "the run's num_attention_heads is 2, but --bert_config_file says 4"), refused.stderr[-2000:]
+    # A TF1 export over an earlier one holds only the new checkpoint; an export onto its source is refused.
+    for checkpoint in (tmp_path / "run" / "checkpoints" / "ckpt-1", tmp_path / "hf1"):
+        assert export(checkpoint, bert_config_file, "tf1", "--format=tf1").returncode == 0
+    assert sorted(p.name for p in (tmp_path / "tf1").iterdir()) == [
+        "bert_config.json", "model.ckpt-0.data-00000-of-00001", "model.ckpt-0.index", "vocab.txt"]
+    assert export(tmp_path / "tf1", bert_config_file, "hf2").returncode == 0  # a TF1 export's directory reads
+    onto = export(tmp_path / "hf1", bert_config_file, "hf1")
+    assert onto.returncode == 2 and "the --checkpoint itself" in onto.stderr
 
 
 def test_bad_input_to_the_export_is_one_line_and_nothing_half_written_looks_complete(exported, tmp_path,
@@ -228,3 +256,22 @@ def test_init_checkpoint_takes_a_hugging_face_directory(packed_dir, unpacked_dir
     with pytest.raises(UserError, match=rf"^{wide}/config.json: max_position_embeddings=512, but "
                                         rf"--bert_config_file says max_position_embeddings={MAX_SEQ_LENGTH}$"):
         make_trainer(config(tmp_path / "wide", tfrecords(packed_dir), init_checkpoint=str(wide))).train()
+
+
+def test_a_run_that_ends_with_an_export_refuses_at_start_what_the_export_would(tmp_path):
+    from bert_packed.model.checkpoint import CheckpointError
+    from bert_packed.model.huggingface import require_export_directory
+
+    bert = BertConfig(**TINY)
+    run = tmp_path / "run"
+    big = tmp_path / "big_vocab.txt"
+    big.write_text(open(VOCAB).read() + "".join(f"extra{i}\n" for i in range(TINY["vocab_size"])))
+    (tmp_path / "a file").write_text("x")
+    cases = {str(run / "hf"): "in the run's --output_dir; export to a directory of its own",
+             str(tmp_path / "a file" / "hf"): f"under {tmp_path / 'a file'}, a file, not a directory"}
+    for output, message in cases.items():
+        with pytest.raises(CheckpointError, match=f"^{output}: {message}$"):
+            require_export_directory(output, VOCAB, True, bert, str(run))
+    with pytest.raises(CheckpointError, match=rf"{TINY['vocab_size'] * 2:,} tokens, but the model's vocab_size is "):
+        require_export_directory(str(tmp_path / "hf"), str(big), True, bert, str(run))
+    require_export_directory(str(tmp_path / "hf"), VOCAB, True, bert, str(run))  # a directory of its own: fine

@@ -13,10 +13,13 @@ and vocab.txt. docs/model.md, "After pre-training", says how to fine-tune from e
 
 from __future__ import annotations
 
+import re
+
 from absl import flags
 
 from bert_packed import files
 from bert_packed.cli.common import run
+from bert_packed.errors import SettingsError
 from bert_packed.pretraining_data.tokenization import DEFAULT_VOCAB_FILE, vocabulary_path
 from bert_packed.run_directory import RunDirectory
 from bert_packed.tensorflow_loading import import_tensorflow
@@ -51,11 +54,13 @@ def main(argv) -> None:
     from bert_packed.model.huggingface import load_weights
     from bert_packed.training.checkpoints import load_run_weights
 
+    if files.absolute(FLAGS.output_dir.rstrip("/")) == files.absolute(FLAGS.checkpoint.rstrip("/")):
+        raise SettingsError(f"--output_dir={FLAGS.output_dir}: the --checkpoint itself; export to another directory")
     model = BertPretrainingModel(bert)
     model.build()
-    run_directory = RunDirectory(FLAGS.checkpoint)
-    if run_directory.holds_run() or files.isdir(run_directory.checkpoints):
-        source, step = load_run_weights(model, FLAGS.checkpoint)
+    run_dir, step = _run_and_step(FLAGS.checkpoint.rstrip("/"))
+    if run_dir is not None:
+        source, step = load_run_weights(model, run_dir, step)
     else:
         load_weights(model, FLAGS.checkpoint)
         source, step = FLAGS.checkpoint, checkpoint_step(FLAGS.checkpoint)
@@ -64,6 +69,18 @@ def main(argv) -> None:
     else:
         written = export_google_directory(model, FLAGS.output_dir, vocab_file, step)
     print(f"{PROGRAM}: {source} (step {step:,}) -> {written} ({FLAGS.format})")
+
+
+def _run_and_step(checkpoint: str) -> tuple[str | None, int | None]:
+    """(the run directory, the step) that `checkpoint` names: a run directory (its newest weights,
+    step None), its checkpoints/ folder (the same), or one of its training checkpoints
+    (checkpoints/ckpt-N); (None, None) for anything else."""
+    match = re.match(r"^(.*)/checkpoints(?:/ckpt-(\d+))?$", checkpoint)
+    for run_dir, step in ((checkpoint, None), *([(match.group(1), match.group(2))] if match else [])):
+        directory = RunDirectory(run_dir)
+        if directory.holds_run() or (step is None and run_dir == checkpoint and files.isdir(directory.checkpoints)):
+            return run_dir, int(step) if step is not None else None
+    return None, None
 
 
 def entry_point():

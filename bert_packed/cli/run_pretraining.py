@@ -283,7 +283,8 @@ def build_config():
     if config.model.init_checkpoint and is_huggingface_directory(config.model.init_checkpoint):
         require_same_model(config.model.init_checkpoint, config.model.bert)
     if config.run.export_huggingface_dir:
-        require_export_directory(config.run.export_huggingface_dir, config.run.vocab_file, config.run.do_lower_case)
+        require_export_directory(config.run.export_huggingface_dir, config.run.vocab_file, config.run.do_lower_case,
+                                 config.model.bert, config.run.output_dir)
     given = [FLAGS[name].value if FLAGS[name].present else None for name in ("max_seq_length",
                                                                            "max_predictions_per_seq")]
     shapes = Shapes(*shapes_given_or_recorded(input_files, *given, defaults=(FLAGS["max_seq_length"].default,

@@ -90,7 +90,14 @@ def _prefix(path: str) -> str:
         return path
     state = tf.train.get_checkpoint_state(path)
     if state is None or not state.model_checkpoint_path:
-        raise CheckpointError(f"{path}: a directory without a `checkpoint` state file naming a checkpoint")
+        found = (re.match(r"^(model\.ckpt-(\d+))\.index$", name) for name in files.listdir(path))
+        newest = max(((int(match.group(2)), match.group(1)) for match in found if match), default=None)
+        if newest is not None:  # an export's directory (--format=tf1) has no state file
+            return os.path.join(path, newest[1])
+        if files.exists(os.path.join(path, "model.safetensors")):
+            raise CheckpointError(f"{path}: model.safetensors without the config.json of a Hugging Face directory")
+        raise CheckpointError(f"{path}: a directory without a `checkpoint` state file naming a checkpoint, or a "
+                              f"model.ckpt-N")
     named = state.model_checkpoint_path
     return named if os.path.isabs(named) or "://" in named else os.path.join(path, os.path.basename(named))
 
@@ -166,6 +173,11 @@ def refuse_other_content(output_dir: str, exported: Callable[[str], bool]) -> No
     """Refuses an export's output directory that holds what no export (`exported` names) wrote."""
     if files.exists(output_dir) and not files.isdir(output_dir):
         raise CheckpointError(f"{output_dir}: a file, not a directory for the exported model")
+    ancestor = os.path.dirname(output_dir.rstrip("/"))
+    while ancestor and not ancestor.endswith(":/") and ancestor != "/" and not files.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if ancestor and not ancestor.endswith(":/") and files.exists(ancestor) and not files.isdir(ancestor):
+        raise CheckpointError(f"{output_dir}: under {ancestor}, a file, not a directory")
     other = [name for name in files.listdir(output_dir)
              if not exported(name) and name != ".lock" and not files.is_temporary_name(name)]
     if other:
@@ -202,6 +214,11 @@ def export_google_directory(model: BertPretrainingModel, output_dir: str, vocab_
     """
     names = ("bert_config.json", "vocab.txt")
     with export_directory(output_dir, lambda name: name in names or name.startswith("model.ckpt-")) as confirm:
+        # An earlier export's checkpoint goes first (its index first): a kill never leaves an old
+        # checkpoint beside a new bert_config.json.
+        for name in sorted(files.listdir(output_dir), key=lambda name: not name.endswith(".index")):
+            if name.startswith("model.ckpt-"):
+                files.remove(os.path.join(output_dir, name))
         with files.open_file(vocab_file, "rb") as f:
             vocabulary = f.read()
         with files.atomic_open(os.path.join(output_dir, "vocab.txt"), "wb") as f:

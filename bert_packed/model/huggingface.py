@@ -141,13 +141,20 @@ def _exported(name: str) -> bool:
     return name in EXPORT_FILES
 
 
-def require_export_directory(output_dir: str, vocab_file: str, do_lower_case: bool) -> None:
-    """What export_huggingface would refuse, checked before a run that ends with one.
+def require_export_directory(output_dir: str, vocab_file: str, do_lower_case: bool, bert: BertConfig,
+                             run_dir: str) -> None:
+    """What export_huggingface would refuse, checked before the run `run_dir` that ends with one.
 
     Raises:
-      VocabularyError / CheckpointError: as export_huggingface.
+      VocabularyError / CheckpointError: as export_huggingface; or the directory is in the run's.
     """
-    Tokenizer(vocab_file, do_lower_case)
+    tokenizer = Tokenizer(vocab_file, do_lower_case)
+    if tokenizer.vocab_size > bert.vocab_size:
+        raise CheckpointError(f"{vocab_file}: {tokenizer.vocab_size:,} tokens, but the model's vocab_size is "
+                              f"{bert.vocab_size:,}: not the vocabulary it is trained with")
+    inside = os.path.relpath(files.absolute(output_dir), files.absolute(run_dir)) if "://" not in output_dir else ".."
+    if not inside.startswith(".."):
+        raise CheckpointError(f"{output_dir}: in the run's --output_dir; export to a directory of its own")
     refuse_other_content(output_dir, _exported)
 
 

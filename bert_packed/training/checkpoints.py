@@ -221,17 +221,26 @@ class Checkpoints:
         return "none: no checkpoint was saved yet"
 
 
-def load_run_weights(model, run_dir: str) -> tuple[str, int]:
-    """Loads a run directory's newest weights into `model`: its exported `model.ckpt-N` (a finished
-    run's) or its newest training checkpoint, whichever is of the later step (the export on a tie).
+def load_run_weights(model, run_dir: str, step: int | None = None) -> tuple[str, int]:
+    """Loads a run directory's weights into `model`: those of `step` (a training checkpoint), or
+    else its newest, the exported `model.ckpt-N` (a finished run's) or the newest training
+    checkpoint that reads whole, whichever is of the later step (the export on a tie).
 
     Returns:
       (the checkpoint read, its step).
 
     Raises:
-      TrainingError: the directory holds neither, or they do not fit the model.
+      TrainingError: the model's config is not the run's (run.json), the directory holds no
+        weights, or none reads whole.
     """
     directory = RunDirectory(run_dir)
+    recorded = directory.read_info().get("bert")
+    if recorded:
+        differing = next((name for name, value in model.config.to_dict().items() if recorded.get(name, value) != value
+                          and name not in ("hidden_dropout_prob", "attention_probs_dropout_prob")), None)
+        if differing:
+            raise TrainingError(f"{directory.file('run.json')}: the run's {differing} is {recorded[differing]!r}, but "
+                                f"--bert_config_file says {getattr(model.config, differing)!r}")
     found = (re.match(r"^model\.ckpt-(\d+)\.index$", name) for name in files.listdir(run_dir))
     exported = max((int(match.group(1)) for match in found if match), default=None)
     # A training checkpoint reaches the encoder's weights only through the optimizer (Keras does
@@ -239,15 +248,21 @@ def load_run_weights(model, run_dir: str) -> tuple[str, int]:
     # variables, built in the model's order (step.CompiledStep), stands in for the optimizer.
     optimizer = tf.train.Checkpoint(_trainable_variables=list(model.trainable_variables))
     checkpoints = Checkpoints(directory.checkpoints, tf.train.Checkpoint(model=model, optimizer=optimizer), keep=1)
-    trained = checkpoints.steps()
-    if exported is not None and (not trained or exported >= trained[0]):
+    trained = [step] if step is not None else checkpoints.steps()
+    if step is None and exported is not None and (not trained or exported >= trained[0]):
         load_google_checkpoint(model, directory.exported_weights(exported))
         return directory.exported_weights(exported), exported
-    if not trained:
-        raise TrainingError(f"{run_dir}: holds no weights: neither model.ckpt-N (a finished run's) nor "
-                            f"checkpoints/ckpt-N")
-    checkpoints.read(checkpoints.path(trained[0]), "is --bert_config_file the run's?")
-    return checkpoints.path(trained[0]), trained[0]
+    for candidate in trained:
+        problem = _unreadable(checkpoints.path(candidate))
+        if problem is None:
+            checkpoints.read(checkpoints.path(candidate), "is --bert_config_file the run's?")
+            return checkpoints.path(candidate), candidate
+        logging.warning("%s: cannot be read (%s)%s", checkpoints.path(candidate), problem,
+                        "; trying an older one" if step is None else "")
+    if step is not None:
+        raise TrainingError(f"{checkpoints.path(step)}: cannot be read whole")
+    raise TrainingError(f"{run_dir}: holds no weights that read whole: neither model.ckpt-N (a finished run's) nor "
+                        f"checkpoints/ckpt-N")
 
 
 def _unreadable(path: str) -> str | None:
