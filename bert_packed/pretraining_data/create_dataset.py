@@ -176,7 +176,8 @@ def _create(input_files: list[str], output_dir: str, settings: DatasetSettings, 
                     instances += _run_pass(*job)
                     progress.update(1, f", {instances:,} instances")
                     continue
-                in_flight.add(pool.submit(_run_pass, *job))
+                with _signals_held():
+                    in_flight.add(pool.submit(_run_pass, *job))
                 while len(in_flight) > 2 * num_workers:  # bounds the tokenized files held in memory
                     finished, in_flight = concurrent.futures.wait(
                         in_flight, return_when=concurrent.futures.FIRST_COMPLETED)
@@ -194,10 +195,26 @@ def _create(input_files: list[str], output_dir: str, settings: DatasetSettings, 
     return _write_summary(sources, output_dir, settings)
 
 
+_HELD_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """Holds SIGTERM and SIGINT back for the block, then lets them through: the pool's first
+    submit starts its workers and its manager thread, and a signal handled in the middle would
+    leave a thread that can be neither started nor joined, and the workers running."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD_SIGNALS)
+
+
 def _start_worker(parent: int) -> None:
     """A worker leaves Ctrl-C to its parent (one message, not one traceback a worker) and exits
     when the parent is gone (killed with -9, say) instead of working on for nobody."""
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD_SIGNALS)  # held by the parent as it started the worker
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def exit_when_orphaned():
