@@ -846,11 +846,11 @@ def test_logs_of_a_start_that_saved_no_checkpoint_are_said_to_be_removed_not_red
 @pytest.mark.slow  # hundreds of updates, twice
 def test_a_signal_during_a_long_compiled_loop_stops_it_after_the_update_in_hand_and_the_run_resumes_exactly(
         packed_dir, tmp_path, caplog):
-    """--iterations_per_loop=200 (the reference's is 1000): SIGTERM comes during the second
+    """--iterations_per_loop=100 (the reference's is 1000): SIGTERM comes during the second
     compiled loop, and the run saves a few updates later, not at the loop's end."""
     import threading
 
-    settings = dict(num_train_steps=600, iterations_per_loop=200, learning_rate=1e-4, log_every_steps=200)
+    settings = dict(num_train_steps=300, iterations_per_loop=100, learning_rate=1e-4, log_every_steps=100)
     straight = make_trainer(config(tmp_path / "straight", tfrecords(packed_dir), **settings))
     straight.train()
     stopped = make_trainer(config(tmp_path / "stopped", tfrecords(packed_dir), **settings))
@@ -859,20 +859,20 @@ def test_a_signal_during_a_long_compiled_loop_stops_it_after_the_update_in_hand_
     def signalled_during_the_second_loop(iterator, num_updates):
         calls.append(num_updates)
         if len(calls) == 2:
-            threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+            threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGTERM)).start()
         return loop(iterator, num_updates)
 
     stopped.update.loop = signalled_during_the_second_loop
     caplog.set_level("INFO")
     stopped.train()
     step = int(stopped.step.numpy())
-    assert stopped.stopped_by == "SIGTERM" and 200 < step < 400, step
+    assert stopped.stopped_by == "SIGTERM" and 100 < step < 200, step
     assert "SIGTERM: stopping after the update in hand, then saving a checkpoint" in caplog.text
     assert (tmp_path / "stopped" / "checkpoints" / f"ckpt-{step}.index").exists()
     stopped.update.loop, stopped.stopped_by = loop, None
     stopped.train()
     logs = [read_log(tmp_path / run / "train_log.jsonl") for run in ("straight", "stopped")]
-    assert [r["step"] for r in logs[1]] == [r["step"] for r in logs[0]] == list(range(1, 601))
+    assert [r["step"] for r in logs[1]] == [r["step"] for r in logs[0]] == list(range(1, 301))
     np.testing.assert_allclose([r["loss"] for r in logs[1]], [r["loss"] for r in logs[0]], rtol=1e-6)
     for mine, theirs in zip(weights(stopped), weights(straight)):
         np.testing.assert_allclose(mine, theirs, rtol=1e-6, atol=1e-7)
