@@ -22,10 +22,8 @@ $(STAMP): pyproject.toml
 	@echo "== installing bert-packed [$(EXTRAS)] into $(ENV_DIR)$(if $(HAS_TENSORFLOW), beside its TensorFlow,) (about 1-2 minutes, once)"
 	@test -x $(PYTHON) || python3 -m venv $(ENV_DIR)
 	@$(PYTHON) -m pip install --quiet --quiet --upgrade pip
-	@# --no-compile: Python compiles what is imported when it is; compiling all of TensorFlow's and
-	@# PyTorch's files at install takes longer than the tests import.
-	@$(PYTHON) -m pip install --quiet --quiet --no-compile -e '.[$(EXTRAS)]'
-	@$(PYTHON) -m pip install --quiet --quiet --no-compile --no-deps keras-hub==0.32.0 'tensorflow-text==2.21.*'  # pyproject.toml: test
+	@$(PYTHON) -m pip install --quiet --quiet -e '.[$(EXTRAS)]'
+	@$(PYTHON) -m pip install --quiet --quiet --no-deps keras-hub==0.32.0 'tensorflow-text==2.21.*'  # pyproject.toml: test
 	@echo "== installed into $(ENV_DIR); 'source $(ENV_DIR)/bin/activate' puts its python and commands on PATH"
 	@touch $(STAMP)
 

@@ -110,8 +110,8 @@ def test_make_keeps_the_tensorflow_an_environment_already_has(tmp_path):
             os.makedirs(os.path.join(site, f"{tensorflow}-2.21.0.dist-info"))
             with open(os.path.join(site, f"{tensorflow}-2.21.0.dist-info", "METADATA"), "w") as f:
                 f.write(f"Metadata-Version: 2.1\nName: {tensorflow}\nVersion: 2.21.0\n")
-    assert planned(tmp_path / "bare") == [f"{tmp_path / 'bare'}/bin/python -m pip install --quiet --quiet --no-compile -e "
+    assert planned(tmp_path / "bare") == [f"{tmp_path / 'bare'}/bin/python -m pip install --quiet --quiet -e "
                                           f"'.[cpu,test]'"]
     for name in ("gpu", "tpu"):
-        assert planned(tmp_path / name) == [f"{tmp_path / name}/bin/python -m pip install --quiet --quiet --no-compile -e "
+        assert planned(tmp_path / name) == [f"{tmp_path / name}/bin/python -m pip install --quiet --quiet -e "
                                             f"'.[train,test]'"]
