@@ -113,11 +113,8 @@ def export_huggingface(model: BertPretrainingModel, output_dir: str, vocab_file:
       CheckpointError: the vocabulary has more tokens than the model's vocab_size, or
         `output_dir` holds files other than an export's.
     """
-    tokenizer = Tokenizer(vocab_file, do_lower_case)
     bert = model.config
-    if tokenizer.vocab_size > bert.vocab_size:
-        raise CheckpointError(f"{vocab_file}: {tokenizer.vocab_size:,} tokens, but the model's vocab_size is "
-                              f"{bert.vocab_size:,}: not the vocabulary it was trained with")
+    tokenizer = _vocabulary(vocab_file, do_lower_case, bert)
     with export_directory(output_dir, _exported) as confirm:
         if files.exists(os.path.join(output_dir, CONFIG_FILE)):
             files.remove(os.path.join(output_dir, CONFIG_FILE))
@@ -137,6 +134,15 @@ def export_huggingface(model: BertPretrainingModel, output_dir: str, vocab_file:
     return output_dir
 
 
+def _vocabulary(vocab_file: str, do_lower_case: bool, bert: BertConfig) -> Tokenizer:
+    """The export's tokenizer, refused when its vocabulary cannot be the model's."""
+    tokenizer = Tokenizer(vocab_file, do_lower_case)
+    if tokenizer.vocab_size > bert.vocab_size:
+        raise CheckpointError(f"{vocab_file}: {tokenizer.vocab_size:,} tokens, but the model's vocab_size is "
+                              f"{bert.vocab_size:,}: not the vocabulary it is trained with")
+    return tokenizer
+
+
 def _exported(name: str) -> bool:
     return name in EXPORT_FILES
 
@@ -148,10 +154,7 @@ def require_export_directory(output_dir: str, vocab_file: str, do_lower_case: bo
     Raises:
       VocabularyError / CheckpointError: as export_huggingface; or the directory is in the run's.
     """
-    tokenizer = Tokenizer(vocab_file, do_lower_case)
-    if tokenizer.vocab_size > bert.vocab_size:
-        raise CheckpointError(f"{vocab_file}: {tokenizer.vocab_size:,} tokens, but the model's vocab_size is "
-                              f"{bert.vocab_size:,}: not the vocabulary it is trained with")
+    _vocabulary(vocab_file, do_lower_case, bert)
     inside = os.path.relpath(files.absolute(output_dir), files.absolute(run_dir)) if "://" not in output_dir else ".."
     if not inside.startswith(".."):
         raise CheckpointError(f"{output_dir}: in the run's --output_dir; export to a directory of its own")

@@ -31,6 +31,7 @@ import tensorflow as tf
 from bert_packed import files
 from bert_packed.errors import TrainingError
 from bert_packed.model import load_google_checkpoint
+from bert_packed.model.huggingface import MODEL_SETTINGS
 from bert_packed.run_directory import RunDirectory
 
 _CHECKPOINT = re.compile(r"^ckpt-(\d+)\.index$")
@@ -236,8 +237,8 @@ def load_run_weights(model, run_dir: str, step: int | None = None) -> tuple[str,
     directory = RunDirectory(run_dir)
     recorded = directory.read_info().get("bert")
     if recorded:
-        differing = next((name for name, value in model.config.to_dict().items() if recorded.get(name, value) != value
-                          and name not in ("hidden_dropout_prob", "attention_probs_dropout_prob")), None)
+        differing = next((name for name in MODEL_SETTINGS  # what the weights compute (not dropout, say)
+                          if recorded.get(name, getattr(model.config, name)) != getattr(model.config, name)), None)
         if differing:
             raise TrainingError(f"{directory.file('run.json')}: the run's {differing} is {recorded[differing]!r}, but "
                                 f"--bert_config_file says {getattr(model.config, differing)!r}")

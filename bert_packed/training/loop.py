@@ -177,7 +177,7 @@ class Stop:
     def __init__(self, flag):
         self.by = None
         self._flag = flag  # Update.stop_requested
-        self._lock = threading.Lock()  # the watcher and Python's handler both see a signal
+        self._lock = threading.RLock()  # the watcher and Python's handler (re-entered by a second signal)
 
     def _stop(self, signum: int) -> None:
         with self._lock:
