@@ -116,9 +116,9 @@ def checkpoint_step(path: str) -> int:
     return int(match.group(1)) if match else 0
 
 
-def _load(model: BertPretrainingModel, path: str, reader) -> int:
-    shapes = reader.get_variable_to_shape_map()
-    names = google_variable_names(model)
+def shape_problems(names: list[tuple[str, object, bool]], shapes: dict) -> list[str]:
+    """Each weight of `names` ((name, weight, stored transposed)) missing from `shapes` (stored
+    name -> shape) or stored in another shape, in words."""
     problems = []
     for name, weight, transposed in names:
         expected = tuple(weight.shape[::-1] if transposed else weight.shape)
@@ -126,6 +126,12 @@ def _load(model: BertPretrainingModel, path: str, reader) -> int:
             problems.append(f"missing {name} {list(expected)}")
         elif tuple(shapes[name]) != expected:
             problems.append(f"{name} has shape {list(shapes[name])}, the model needs {list(expected)}")
+    return problems
+
+
+def _load(model: BertPretrainingModel, path: str, reader) -> int:
+    names = google_variable_names(model)
+    problems = shape_problems(names, reader.get_variable_to_shape_map())
     if problems:
         raise CheckpointError(f"{path}: does not fit the model ({len(problems)} problems): " + "; ".join(problems))
     values = []

@@ -41,6 +41,7 @@ from bert_packed.model.checkpoint import (
     google_variable_names,
     load_google_checkpoint,
     refuse_other_content,
+    shape_problems,
 )
 from bert_packed.model.config import BertConfig
 from bert_packed.model.modeling import LAYER_NORM_EPSILON, BertPretrainingModel
@@ -227,13 +228,7 @@ def load_huggingface(model: BertPretrainingModel, directory: str) -> int:
         raise CheckpointError(f"{path}: cannot read it as safetensors ({e}): cut short or damaged") from None
     tensors = {_canonical(name): value for name, value in stored.items()}
     names = huggingface_variable_names(model)
-    problems = []
-    for name, weight, transposed in names:
-        expected = tuple(weight.shape[::-1] if transposed else weight.shape)
-        if name not in tensors:
-            problems.append(f"missing {name} {list(expected)}")
-        elif tensors[name].shape != expected:
-            problems.append(f"{name} has shape {list(tensors[name].shape)}, the model needs {list(expected)}")
+    problems = shape_problems(names, {name: value.shape for name, value in tensors.items()})
     if problems:
         raise CheckpointError(f"{path}: does not fit the model ({len(problems)} problems): " + "; ".join(problems))
     for name, weight, transposed in names:
