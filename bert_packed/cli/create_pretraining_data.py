@@ -29,7 +29,7 @@ flags.DEFINE_string("output_dir", None, "Where the TFRecord shards, histogram.js
 flags.DEFINE_string("output_file", None, "Instead of --output_dir, as the reference: one TFRecord file (or a "
                                          "comma-separated list, instances dealt round-robin), no metadata.json.")
 flags.DEFINE_string("vocab_file", DEFAULT_VOCAB_FILE, "BERT WordPiece vocabulary (the reference has no "
-                                                                 "default).")
+                                                      "default).")
 flags.DEFINE_bool("do_lower_case", True, "Lower-case and strip accents (uncased models).")
 flags.DEFINE_bool("do_whole_word_mask", False, "Mask whole words instead of WordPieces.")
 flags.DEFINE_integer("max_seq_length", 512, "L: tokens per instance, [CLS] and [SEP]s included (reference "

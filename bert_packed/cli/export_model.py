@@ -29,7 +29,7 @@ flags.DEFINE_string("checkpoint", None, "A run directory (its newest weights), a
                                         "(model.ckpt-N) or a Hugging Face BERT directory.")
 flags.DEFINE_string("bert_config_file", None, "The model's bert_config.json (the run's --bert_config_file).")
 flags.DEFINE_string("vocab_file", DEFAULT_VOCAB_FILE, "The vocabulary the model was trained with "
-                                                                 "(create_pretraining_data's --vocab_file).")
+                                                      "(create_pretraining_data's --vocab_file).")
 flags.DEFINE_bool("do_lower_case", True, "The tokenizer lower-cases and strips accents (uncased models).")
 flags.DEFINE_string("output_dir", None, "Where the exported model goes: a new or empty directory, or one of an "
                                         "earlier export (written over).")

@@ -90,16 +90,22 @@ def _prefix(path: str) -> str:
         return path
     state = tf.train.get_checkpoint_state(path)
     if state is None or not state.model_checkpoint_path:
-        found = (re.match(r"^(model\.ckpt-(\d+))\.index$", name) for name in files.listdir(path))
-        newest = max(((int(match.group(2)), match.group(1)) for match in found if match), default=None)
+        newest = newest_exported_step(path)
         if newest is not None:  # an export's directory (--format=tf1) has no state file
-            return os.path.join(path, newest[1])
+            return os.path.join(path, f"model.ckpt-{newest}")
         if files.exists(os.path.join(path, "model.safetensors")):
             raise CheckpointError(f"{path}: model.safetensors without the config.json of a Hugging Face directory")
         raise CheckpointError(f"{path}: a directory without a `checkpoint` state file naming a checkpoint, or a "
                               f"model.ckpt-N")
     named = state.model_checkpoint_path
     return named if os.path.isabs(named) or "://" in named else os.path.join(path, os.path.basename(named))
+
+
+def newest_exported_step(directory: str) -> int | None:
+    """The step of the newest `model.ckpt-N` in `directory` (a finished run's, or an export's);
+    None when there is none."""
+    found = (re.match(r"^model\.ckpt-(\d+)\.index$", name) for name in files.listdir(directory))
+    return max((int(match.group(1)) for match in found if match), default=None)
 
 
 def checkpoint_step(path: str) -> int:

@@ -31,6 +31,7 @@ import tensorflow as tf
 from bert_packed import files
 from bert_packed.errors import TrainingError
 from bert_packed.model import load_google_checkpoint
+from bert_packed.model.checkpoint import newest_exported_step
 from bert_packed.model.huggingface import MODEL_SETTINGS
 from bert_packed.run_directory import RunDirectory
 
@@ -242,8 +243,7 @@ def load_run_weights(model, run_dir: str, step: int | None = None) -> tuple[str,
         if differing:
             raise TrainingError(f"{directory.file('run.json')}: the run's {differing} is {recorded[differing]!r}, but "
                                 f"--bert_config_file says {getattr(model.config, differing)!r}")
-    found = (re.match(r"^model\.ckpt-(\d+)\.index$", name) for name in files.listdir(run_dir))
-    exported = max((int(match.group(1)) for match in found if match), default=None)
+    exported = newest_exported_step(run_dir)
     # A training checkpoint reaches the encoder's weights only through the optimizer (Keras does
     # not put a list of layers in TensorFlow's object graph): its list of the model's trainable
     # variables, built in the model's order (step.CompiledStep), stands in for the optimizer.
