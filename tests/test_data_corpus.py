@@ -1,6 +1,6 @@
 import pytest
 
-from bert_packed.pretraining_data.corpus import CorpusError, read_documents, split_sentences
+from bert_packed.pretraining_data.corpus import CorpusError, detect_format, read_documents, split_sentences
 
 
 @pytest.mark.parametrize("text, sentences", [
@@ -52,3 +52,55 @@ def test_missing_file_and_directory(tmp_path):
         read_documents(str(tmp_path / "missing"))
     with pytest.raises(CorpusError, match="is a directory"):
         read_documents(str(tmp_path))
+
+
+@pytest.mark.parametrize("text, input_format, reason", [
+    ('<doc id="1" title="A">\nA\nOne. Two.\n</doc>\n', "wikiextractor", "opens a <doc>"),
+    ('{"text": "One. Two."}\n{"text": "Three."}\n', "jsonl", "opens a JSON object"),
+    ("\n\nOne sentence.\nAnother one.\n\nA second document.\n", "sentences", "blank lines separate groups"),
+    ("A first document. It has two sentences.\n\nA second one. Also two.\n", "documents",
+     "a blank line after each line, and 2 of"),
+    ("A first document. It has two sentences.\nA second one. Also two.\nA third, of one.\n", "documents",
+     "2 of its first 3 lines hold several sentences"),
+    ("One sentence.\nAnother one.\nA third one.\n", "sentences", "lines hold one sentence each: one document"),
+])
+def test_the_format_is_detected_from_the_first_lines(tmp_path, text, input_format, reason):
+    path = tmp_path / "corpus.txt"
+    path.write_text(text)
+    detected, why = detect_format(str(path))
+    assert detected == input_format and reason in why
+
+
+def test_each_format_reads_documents_of_sentences(tmp_path):
+    expected = [["One here.", "Two there."], ["Three, alone."]]
+    texts = {
+        "sentences": "One here.\nTwo there.\n\nThree, alone.\n",
+        "documents": "One here. Two there.\n\nThree, alone.\n",
+        "jsonl": '{"text": "One here.\\nTwo there.", "id": 1}\n\n{"id": 2, "text": "Three, alone."}\n',
+        "wikiextractor": '<doc id="1" title="T">\nT\nOne here. Two there.\n</doc>\n<doc id="2">\nThree, alone.\n</doc>\n',
+    }
+    for input_format, text in texts.items():
+        path = tmp_path / input_format
+        path.write_text(text)
+        assert [d.sentences for d in read_documents(str(path), input_format)] == expected, input_format
+        assert [d.sentences for d in read_documents(str(path))] == expected, input_format  # detected
+    path = tmp_path / "other_field.jsonl"
+    path.write_text('{"content": "One here. Two there."}\n')
+    assert [d.sentences for d in read_documents(str(path), "jsonl", text_field="content")] == expected[:1]
+
+
+@pytest.mark.parametrize("input_format, text, message", [
+    ("jsonl", '{"text": "One."}\n{"text": "Two.",\n', r"bad.txt:2: not a JSON object \(Expecting"),
+    ("jsonl", '{"text": "One."}\n["Two."]\n', r'bad.txt:2: expected a JSON object with a string field "text" '
+                                               r"\(--text_field\), found list"),
+    ("jsonl", '{"body": "One.", "title": "T"}\n', r'bad.txt:1: .* found fields body, title'),
+    ("sentences", 'One.\n<doc id="2" title="B">\nTwo.\n</doc>\n', r"bad.txt:2: a WikiExtractor <doc> line in a file "
+                                                                  r"read as one sentence a line"),
+    ("wikiextractor", "One sentence.\nTwo.\n", r"holds no text read as WikiExtractor output .*--input_format="
+                                               r"wikiextractor"),
+])
+def test_a_file_not_in_the_format_is_named_with_its_line(tmp_path, input_format, text, message):
+    path = tmp_path / "bad.txt"
+    path.write_text(text)
+    with pytest.raises(CorpusError, match=message):
+        read_documents(str(path), input_format)

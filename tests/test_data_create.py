@@ -13,6 +13,7 @@ from conftest import (
     REAL_VOCAB,
     REPO,
     SAMPLE,
+    VOCAB,
     VOCAB_TOKENS,
     dataset_settings,
     run_command,
@@ -24,7 +25,7 @@ from bert_packed.cli.common import expand_globs
 from bert_packed.dataset_info import read_dataset_info
 from bert_packed.features import Shapes
 from bert_packed.packing import load_histogram
-from bert_packed.pretraining_data.corpus import CorpusError
+from bert_packed.pretraining_data.corpus import CorpusError, read_documents
 from bert_packed.pretraining_data.create_dataset import OutputDirectoryError, create_pretraining_dataset
 from bert_packed.pretraining_data.tokenization import VocabularyError
 from bert_packed.records import read_unpacked
@@ -112,7 +113,7 @@ def test_a_rerun_knows_its_input_files_by_content_not_by_path(corpus, unpacked_d
     under its name, or another vocabulary under the vocabulary's name, is refused before any work."""
     import shutil
 
-    moved = [shutil.copy(path, tmp_path / os.path.basename(path)) for path in corpus]
+    moved = [str(shutil.copy(path, tmp_path / os.path.basename(path))) for path in corpus]
     shutil.copytree(unpacked_dir, tmp_path / "out")
     before = {path: os.path.getmtime(path) for path in tfrecords(str(tmp_path / "out"))}
     create_pretraining_dataset(moved, str(tmp_path / "out"), dataset_settings(), num_workers=1)
@@ -314,3 +315,82 @@ def test_a_huge_line_without_a_boundary_is_cut_into_pieces_and_fills_instances(t
     # are truncated as the reference truncates, and said.
     assert metadata["num_instances"] > 200
     assert "tokens is longer than an instance (125): all but 125 of them go unused" in caplog.text
+
+
+def _write_in_format(corpus, directory, input_format):
+    """The test corpus's documents, file by file, written in another input format."""
+    paths = []
+    for path in corpus:
+        documents = [d.sentences for d in read_documents(path) if d.sentences]
+        if input_format == "sentences":
+            text = "\n\n".join("\n".join(sentences) for sentences in documents) + "\n"
+        elif input_format == "documents":
+            text = "".join(" ".join(sentences) + "\n" for sentences in documents)
+        else:
+            text = "".join(json.dumps({"id": k, "text": " ".join(sentences)}) + "\n" for k, sentences in enumerate(documents))
+        paths.append(os.path.join(directory, f"{os.path.basename(path)}.{input_format}"))
+        with open(paths[-1], "w", encoding="utf-8") as f:
+            f.write(text)
+    return paths
+
+
+def test_every_input_format_gives_the_same_instances_of_the_same_documents(corpus, tmp_path, caplog):
+    settings = dataset_settings(dupe_factor=1)
+    expected = create_pretraining_dataset(corpus, str(tmp_path / "wikiextractor"), settings, num_workers=1)
+    assert (expected["num_documents"], expected["num_sentences"]) == (16, 130)
+    assert 0.4 < expected["random_next_fraction"] < 0.6
+    for input_format in ("sentences", "documents", "jsonl"):
+        inputs = _write_in_format(corpus, tmp_path, input_format)
+        with caplog.at_level(logging.INFO):
+            caplog.clear()
+            metadata = create_pretraining_dataset(inputs, str(tmp_path / input_format), settings, num_workers=1)
+        assert f"(--input_format={input_format}), detected in {inputs[0]}:" in caplog.text
+        assert "warning" not in caplog.text.lower()
+        assert metadata["settings"]["input_format"] == input_format
+        for key in ("num_documents", "num_sentences", "num_sequences", "num_tokens", "random_next_fraction"):
+            assert metadata[key] == expected[key], (input_format, key)
+        for name, values in read_all(str(tmp_path / "wikiextractor")).items():
+            np.testing.assert_array_equal(read_all(str(tmp_path / input_format))[name], values)
+
+
+def test_a_corpus_read_in_the_wrong_format_is_named_by_its_statistics(corpus, tmp_path, caplog):
+    """One document a line, read as one sentence a line: one document a file; documents of one
+    sentence each: nearly every next segment random. Each warned in one line naming the format."""
+    documents = _write_in_format(corpus, tmp_path, "documents")
+    settings = dataset_settings(dupe_factor=1)
+    misread = create_pretraining_dataset(documents, str(tmp_path / "misread"),
+                                         dataclasses.replace(settings, input_format="sentences"), num_workers=1)
+    assert misread["num_documents"] == 2
+    read_as = "read as one sentence a line, a blank line between documents (--input_format=sentences)"
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        f"2 documents of 65 sentences from 2 input files, {read_as}, where a blank line ends a document: if each line "
+        f"is a document, give --input_format=documents",
+        # A file of one document has no other document to draw a random next segment from.
+        f"19% of the next-sentence pairs take a random next segment, not about 50%: documents hold 65.0 sentences on "
+        f"average, {read_as}"]
+    single = tmp_path / "one_sentence_documents.txt"
+    single.write_text("".join(s + "\n" for path in corpus for d in read_documents(path) for s in d.sentences[:1]))
+    caplog.clear()
+    metadata = create_pretraining_dataset([str(single)], str(tmp_path / "single"),
+                                          dataclasses.replace(settings, input_format="documents"), num_workers=1)
+    assert metadata["num_documents"] == 16 and metadata["random_next_fraction"] == 1.0
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        "100% of the next-sentence pairs take a random next segment, not about 50%: documents hold 1.0 sentences on "
+        "average, read as one document a line (--input_format=documents): if a document's sentences are on lines of "
+        "their own, give one sentence a line with blank lines between documents (--input_format=sentences)"]
+
+
+def test_cli_takes_the_input_format_and_says_the_detected_one(corpus, tmp_path):
+    inputs = _write_in_format(corpus, tmp_path, "jsonl")
+    common = ("--max_seq_length=128", "--max_predictions_per_seq=20", "--dupe_factor=1", "--num_workers=1",
+              f"--vocab_file={VOCAB}")
+    result = run_command("create_pretraining_data", f"--input_file={inputs[0]}", f"--output_dir={tmp_path}/auto",
+                         *common)
+    assert result.returncode == 0, result.stderr
+    assert f"input format: JSON lines, one document an object (--input_format=jsonl), detected in {inputs[0]}: its " \
+           f"first line opens a JSON object" in result.stderr.splitlines()
+    result = run_command("create_pretraining_data", f"--input_file={inputs[0]}", f"--output_dir={tmp_path}/field",
+                         "--input_format=jsonl", "--text_field=body", *common)
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1].endswith(f'{inputs[0]}:1: expected a JSON object with a string field "body" '
+                                                   f"(--text_field), found fields id, text")

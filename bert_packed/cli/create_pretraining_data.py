@@ -1,4 +1,5 @@
-r"""Create unpacked BERT pre-training TFRecords from WikiExtractor or plain-text files.
+r"""Create unpacked BERT pre-training TFRecords from text: WikiExtractor output, one sentence a
+line, one document a line, or JSON lines (--input_format).
 
     python scripts/create_pretraining_data.py --input_file='data/wikipedia_sample/*' \
         --output_dir=runs/data/unpacked --vocab_file=data/bert_uncased_vocab.txt \
@@ -15,6 +16,7 @@ from absl import flags
 from bert_packed.cli.common import expand_globs, run
 from bert_packed.dataset_info import require_seq_length
 from bert_packed.errors import SettingsError
+from bert_packed.pretraining_data.corpus import INPUT_FORMATS
 from bert_packed.pretraining_data.create_dataset import (
     DatasetSettings,
     create_pretraining_dataset,
@@ -24,7 +26,11 @@ from bert_packed.pretraining_data.instances import MaskingConfig
 from bert_packed.pretraining_data.tokenization import DEFAULT_VOCAB_FILE, vocabulary_path
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("input_file", None, "Comma-separated input files or globs (WikiExtractor or one sentence a line).")
+flags.DEFINE_string("input_file", None, "Comma-separated input files or globs, text in --input_format.")
+flags.DEFINE_enum("input_format", "auto", ["auto", *INPUT_FORMATS],
+                  "How the text files hold documents: " + "; ".join(f"{name}: {text}" for name, text in INPUT_FORMATS.items())
+                  + "; auto: detected from the first input file's first lines, and said in one line.")
+flags.DEFINE_string("text_field", "text", "With --input_format=jsonl: the field of each object that holds its text.")
 flags.DEFINE_string("output_dir", None, "Where the TFRecord shards, histogram.json and metadata.json go.")
 flags.DEFINE_string("output_file", None, "Instead of --output_dir, as the reference: one TFRecord file (or a "
                                          "comma-separated list, instances dealt round-robin), no metadata.json.")
@@ -75,6 +81,8 @@ def main(argv):
         seed=FLAGS.random_seed,
         empty_documents=FLAGS.empty_documents,
         eval_fraction=FLAGS.eval_fraction,
+        input_format=FLAGS.input_format,
+        text_field=FLAGS.text_field,
     )
     files = expand_globs(FLAGS.input_file, "--input_file")
     if FLAGS.output_file:

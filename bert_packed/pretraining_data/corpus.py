@@ -1,19 +1,24 @@
 """Reading text corpora into documents of sentences.
 
-Two input formats:
-- WikiExtractor output, as the MLPerf pipeline starts from: `<doc id=... url=... title=...>`, the
-  title line, paragraphs (one a line), `</doc>`. Paragraphs are split into sentences here.
-- Plain text as google-research/bert reads it: one sentence a line, a blank line between
-  documents.
+Four input formats (INPUT_FORMATS), or "auto": the format detected from a file's first lines.
+- `wikiextractor`: WikiExtractor output, as the MLPerf pipeline starts from: `<doc id=... url=...
+  title=...>`, the title line, paragraphs (one a line), `</doc>`.
+- `sentences`: google-research/bert's format: one sentence a line, a blank line between documents.
+- `documents`: one document a line.
+- `jsonl`: JSON lines, one object a document, its text in a field (`text` unless told); the text's
+  lines are paragraphs.
 
-A document is a list of sentences (strings). Sentence segmentation is rule based: it needs no
-downloaded model, and handles abbreviations, initials and decimal numbers.
+A document is a list of sentences (strings): paragraphs and document lines are split into
+sentences here. Segmentation is rule based: it needs no downloaded model, and handles
+abbreviations, initials and decimal numbers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import itertools
+import functools
+import json
 import logging
 import re
 
@@ -87,23 +92,101 @@ MAX_INPUT_BYTES = 32 << 20
 # Lines are read at most this long; a longer one (no newline in megabytes) is read in pieces.
 MAX_LINE_CHARACTERS = 1 << 20
 
+INPUT_FORMATS = {
+    "wikiextractor": "WikiExtractor output (<doc ...> ... </doc>)",
+    "sentences": "one sentence a line, a blank line between documents",
+    "documents": "one document a line",
+    "jsonl": "JSON lines, one document an object",
+}
+# What detection reads of a file: enough lines to see blank lines between documents, bounded.
+_DETECTION_LINES = 1_000
+_DETECTION_CHARACTERS = 1 << 20
 
-def read_documents(path: str) -> list[Document]:
-    """All documents of a WikiExtractor file or a plain-text file (iter_documents)."""
-    return list(iter_documents(path))
+
+def detect_format(path: str) -> tuple[str, str]:
+    """The format of a corpus file, from its first lines, and why.
+
+    A first line that opens a `<doc>` is WikiExtractor's, one that opens a JSON object is JSON
+    lines. Otherwise groups of lines between blank lines are documents of one sentence a line;
+    lines that mostly hold several sentences, and are not grouped, are one document a line; and
+    lines of one sentence each, not grouped, are sentences too (documents of one line, or one
+    document, which the statistics after the run then name).
+
+    Returns:
+      (one of INPUT_FORMATS, the reason in a few words).
+
+    Raises:
+      CorpusError: as iter_documents.
+    """
+    head, characters = [], 0
+    with contextlib.closing(_numbered_lines(path)) as lines:
+        for _, line in lines:
+            head.append(line.strip())
+            characters += len(line)
+            if len(head) >= _DETECTION_LINES or characters >= _DETECTION_CHARACTERS:
+                break
+    text = [line for line in head if line]
+    if not text:
+        raise CorpusError(f"{path}: holds no text: expected {_FORMATS_TEXT}")
+    if text[0].startswith("<doc"):
+        return "wikiextractor", "its first line opens a <doc>"
+    if text[0].startswith("{"):
+        return "jsonl", "its first line opens a JSON object"
+    first, last = head.index(text[0]), len(head) - 1 - head[::-1].index(text[-1])
+    blank_lines = "" in head[first:last]
+    several = sum(len(split_sentences(line)) > 1 for line in text)
+    mostly_several = several * 2 >= len(text)
+    if blank_lines and any(above and below for above, below in zip(head[first:last], head[first + 1:last + 1])):
+        return "sentences", "blank lines separate groups of lines"
+    if mostly_several:  # a line is a document, with or without blank lines between them
+        return "documents", ("a blank line after each line" if blank_lines else "no blank lines") + \
+            f", and {several} of its first {len(text)} lines hold several sentences"
+    if blank_lines:
+        return "sentences", "blank lines separate its lines: documents of one line"
+    return "sentences", "no blank lines, and its lines hold one sentence each: one document"
 
 
-def iter_documents(path: str):
-    """The documents of a WikiExtractor file or a plain-text file (detected from its first
-    non-empty line), read line by line.
+_FORMATS_TEXT = "WikiExtractor output (<doc ...> ... </doc>), one sentence a line with blank lines between documents, " \
+                "one document a line, or JSON lines (--input_format)"
+
+
+def read_documents(path: str, input_format: str = "auto", text_field: str = "text") -> list[Document]:
+    """All documents of a corpus file (iter_documents)."""
+    return list(iter_documents(path, input_format, text_field))
+
+
+def iter_documents(path: str, input_format: str = "auto", text_field: str = "text"):
+    """The documents of a corpus file, read line by line.
 
     Documents without text are kept, with no sentences, so that the caller can name them
     (WikiExtractor writes title-only pages).
 
+    Args:
+      path: the file.
+      input_format: one of INPUT_FORMATS, or "auto" (detect_format).
+      text_field: the field of a JSON lines object that holds its text.
+
     Raises:
       CorpusError: the file is missing, not a regular file, larger than MAX_INPUT_BYTES,
-        unreadable, not UTF-8 text, has an unclosed `<doc>`, or holds no text at all.
+        unreadable, not UTF-8 text, not in the format (an unclosed `<doc>`, a line that is not a
+        JSON object with the text field, a `<doc>` line in plain text), or holds no text at all.
     """
+    if input_format == "auto":
+        input_format = detect_format(path)[0]
+    read = {"wikiextractor": _read_wikiextractor, "sentences": _read_sentences, "documents": _read_lines_as_documents,
+            "jsonl": functools.partial(_read_json_lines, text_field=text_field)}[input_format]
+    any_text = False
+    for document in read(path, _numbered_lines(path)):
+        any_text = any_text or bool(document.sentences)
+        yield document
+    if not any_text:
+        raise CorpusError(f"{path}: holds no text read as {INPUT_FORMATS[input_format]} (--input_format="
+                          f"{input_format}); expected {_FORMATS_TEXT}")
+
+
+def _numbered_lines(path: str):
+    """(line number, line) of a text file, each line at most MAX_LINE_CHARACTERS long; the
+    file's problems as CorpusError naming it."""
     if files.isdir(path):
         raise CorpusError(f"{path}: is a directory, expected a text file")
     if files.exists(path) and not files.isfile(path):
@@ -115,27 +198,14 @@ def iter_documents(path: str):
     number = 0
     try:
         with files.open_file(path) as f:
-            lines = ((number, line) for number, line in enumerate(iter(lambda: f.readline(MAX_LINE_CHARACTERS), ""), 1))
-            first = next(((n, line) for n, line in lines if line.strip()), None)
-            if first is None:
-                raise CorpusError(f"{path}: holds no text: expected WikiExtractor output (<doc ...> ... </doc>) or "
-                                  f"one sentence a line with blank lines between documents")
-            lines = itertools.chain([first], lines)
-            read = _read_wikiextractor if first[1].lstrip().startswith("<doc") else _read_plain
-            any_text = False
-            for document in read(path, lines):
-                any_text = any_text or bool(document.sentences)
-                yield document
+            for number, line in enumerate(iter(lambda: f.readline(MAX_LINE_CHARACTERS), ""), 1):
+                yield number, line
     except FileNotFoundError:
         raise CorpusError(f"{path}: no such input file") from None
     except UnicodeDecodeError:
-        raise CorpusError(f"{path}: not UTF-8 text (near line {number + 1}): expected WikiExtractor output or one "
-                          f"sentence a line") from None
+        raise CorpusError(f"{path}: not UTF-8 text (near line {number + 1}): expected {_FORMATS_TEXT}") from None
     except OSError as e:
         raise CorpusError(f"{path}: cannot read: {e.strerror or e}") from None
-    if not any_text:
-        raise CorpusError(f"{path}: holds no text: expected WikiExtractor output (<doc ...> ... </doc>) "
-                          f"or one sentence a line with blank lines between documents")
 
 
 def _read_wikiextractor(path: str, lines):
@@ -188,10 +258,10 @@ def _bounded(sentences: list[str], source: str) -> list[str]:
     return result
 
 
-def _read_plain(path: str, lines):
+def _read_sentences(path: str, lines):
     document = None
     for number, line in lines:
-        stripped = line.strip()
+        stripped = _plain(path, number, line, "sentences")
         if stripped:
             document = document or Document(f"{path}:{number}", [])
             document.sentences.extend(_bounded([stripped], f"{path}:{number}"))
@@ -200,3 +270,40 @@ def _read_plain(path: str, lines):
             document = None
     if document is not None:
         yield document
+
+
+def _read_lines_as_documents(path: str, lines):
+    for number, line in lines:
+        stripped = _plain(path, number, line, "documents")
+        if stripped:
+            yield Document(f"{path}:{number}", _bounded(split_sentences(stripped), f"{path}:{number}"))
+
+
+def _plain(path: str, number: int, line: str, input_format: str) -> str:
+    """A plain-text line, stripped; a WikiExtractor line in it is refused (the files of a corpus
+    are read in one format: a `<doc>` read as text would train on its tags)."""
+    stripped = line.strip()
+    if stripped.startswith("<doc ") or stripped == "</doc>":
+        raise CorpusError(f"{path}:{number}: a WikiExtractor <doc> line in a file read as "
+                          f"{INPUT_FORMATS[input_format]} (--input_format={input_format}): the files of one corpus "
+                          f"are read in one format; give --input_format=wikiextractor, or convert the file")
+    return stripped
+
+
+def _read_json_lines(path: str, lines, text_field: str):
+    for number, line in lines:
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise CorpusError(f"{path}:{number}: not a JSON object ({e.msg}); expected JSON lines, one document an "
+                              f"object (--input_format=jsonl)") from None
+        text = record.get(text_field) if isinstance(record, dict) else None
+        if not isinstance(text, str):
+            raise CorpusError(f"{path}:{number}: expected a JSON object with a string field \"{text_field}\" "
+                              f"(--text_field), found " + (f"fields {', '.join(sorted(record)[:5])}"
+                                                           if isinstance(record, dict) else type(record).__name__))
+        source = f"{path}:{number}"
+        yield Document(source, [sentence for paragraph in text.split("\n") if paragraph.strip()
+                                for sentence in _bounded(split_sentences(paragraph.strip()), source)])

@@ -53,7 +53,7 @@ from bert_packed.errors import OutputDirectoryError
 from bert_packed.features import Shapes
 from bert_packed.files import write_text_atomically
 from bert_packed.packing.histogram import HISTOGRAM_FILE, histogram_from_lengths, merge_histograms, save_histogram
-from bert_packed.pretraining_data.corpus import CorpusError, iter_documents
+from bert_packed.pretraining_data.corpus import INPUT_FORMATS, CorpusError, detect_format, iter_documents, split_sentences
 from bert_packed.pretraining_data.instances import MaskingConfig, create_instances, instance_features
 from bert_packed.pretraining_data.tokenization import Tokenizer
 from bert_packed.progress import Progress
@@ -71,6 +71,8 @@ class DatasetSettings:
     seed: int
     empty_documents: str = "warn"  # or "error"
     eval_fraction: float = 0.0  # share of each file's documents held out for evaluation
+    input_format: str = "auto"  # or one of corpus.INPUT_FORMATS; resolved from the first input file
+    text_field: str = "text"  # the text of a JSON lines object
 
     @functools.cached_property
     def vocab_identity(self) -> dict:
@@ -115,6 +117,7 @@ def create_pretraining_dataset(input_files: list[str], output_dir: str, settings
     if not input_files:
         raise CorpusError("no input files")
     tokenizer = Tokenizer(settings.vocab_file, settings.do_lower_case)  # fails early on a bad vocabulary
+    settings = resolve_input_format(input_files, settings)
     done = _already_created(input_files, output_dir, settings)
     if done is not None:  # read only, without the lock: a finished dataset on read-only storage is fine
         return done
@@ -123,6 +126,17 @@ def create_pretraining_dataset(input_files: list[str], output_dir: str, settings
         refuse_other_output(output_dir, "unpacked data")
         files.remove_leftovers(output_dir)
         return _create(input_files, output_dir, settings, num_workers, tokenizer, confirm)
+
+
+def resolve_input_format(input_files: list[str], settings: DatasetSettings) -> DatasetSettings:
+    """The settings with "auto" replaced by the format detected from the first input file, said
+    in one line: every file of the corpus is then read in that format."""
+    if settings.input_format != "auto":
+        return settings
+    input_format, reason = detect_format(input_files[0])
+    logging.info("input format: %s (--input_format=%s), detected in %s: %s", INPUT_FORMATS[input_format], input_format,
+                 input_files[0], reason)
+    return dataclasses.replace(settings, input_format=input_format)
 
 
 def _already_created(input_files: list[str], output_dir: str, settings: DatasetSettings) -> dict | None:
@@ -291,7 +305,7 @@ def _tokenize_file(path: str, file_index: int, tokenizer: Tokenizer, settings: D
     draws = np.random.default_rng([settings.seed, file_index, 2**31 - 1])
     parts = {False: _FlatDocuments(), True: _FlatDocuments()}  # held out or not
     empty = []
-    documents = iter_documents(path)
+    documents = iter_documents(path, settings.input_format, settings.text_field)
     while chunk := list(itertools.islice(documents, 256)):
         for doc in chunk:
             if not doc.sentences:
@@ -315,28 +329,38 @@ class _FlatDocuments:
         self.tokens, self.sentence_lengths, self.sentences_per_document = [], [], []
 
     def add(self, documents, tokenizer: Tokenizer, limit: int) -> None:
-        """Tokenizes `documents` (a sentence longer than `limit`, what an instance's pair holds,
-        is named: all but `limit` of its tokens go unused)."""
-        texts = [s for doc in documents for s in doc.sentences]
-        # In batches: the tokenizer's own objects cost about 100 bytes a token until they are dropped.
-        sentences = [ids for start in range(0, len(texts), 4096) for ids in tokenizer.encode(texts[start:start + 4096])]
-        lengths = np.array([len(ids) for ids in sentences], dtype=np.int64)
-        start = 0
+        """Tokenizes `documents`. A sentence longer than `limit`, what an instance's pair holds, is
+        split into sentences (a paragraph or a document given as one line); one still longer is
+        named: all but `limit` of its tokens go unused."""
+        encoded = _encode(tokenizer, [s for doc in documents for s in doc.sentences])
+        sentences, counts, start = [], [], 0
         for doc in documents:
-            longest = int(lengths[start:start + len(doc.sentences)].max())
+            ids = encoded[start:start + len(doc.sentences)]
+            start += len(doc.sentences)
+            if max(len(sentence) for sentence in ids) > limit:
+                ids = [piece for text, sentence in zip(doc.sentences, ids)
+                       for piece in (_encode(tokenizer, split_sentences(text)) if len(sentence) > limit else [sentence])]
+            longest = max(len(sentence) for sentence in ids)
             if longest > limit:
                 logging.warning("%s: a sentence of %d tokens is longer than an instance (%d): all but %d of them go "
                                 "unused", doc.source, longest, limit, limit)
-            start += len(doc.sentences)
+            sentences.extend(ids)
+            counts.append(len(ids))
         if sentences:
             self.tokens.append(np.concatenate(sentences).astype(np.int32))
-        self.sentence_lengths.append(lengths)
-        self.sentences_per_document.append(np.array([len(doc.sentences) for doc in documents], dtype=np.int64))
+        self.sentence_lengths.append(np.array([len(ids) for ids in sentences], dtype=np.int64))
+        self.sentences_per_document.append(np.array(counts, dtype=np.int64))
 
     def arrays(self):
         return (np.concatenate(self.tokens or [np.zeros(0, np.int32)]),
                 np.concatenate(self.sentence_lengths or [np.zeros(0, np.int64)]),
                 np.concatenate(self.sentences_per_document or [np.zeros(0, np.int64)]))
+
+
+def _encode(tokenizer: Tokenizer, texts: list[str]) -> list[np.ndarray]:
+    """Token ids of `texts`, in batches: the tokenizer's own objects cost about 100 bytes a token
+    until they are dropped."""
+    return [ids for start in range(0, len(texts), 4096) for ids in tokenizer.encode(texts[start:start + 4096])]
 
 
 def _unflatten(tokens: np.ndarray, sentence_lengths: np.ndarray, sentences_per_document: np.ndarray):
@@ -354,6 +378,7 @@ def _run_pass(file_index: int, dupe_pass: int, source: tuple[str, dict], documen
       source: the input file's path and identity (its size and hashes).
     """
     config = settings.config
+    sentence_lengths = documents[1]
     documents = _unflatten(*documents)
     tokenizer = _worker_tokenizer(settings)
     continuation = None
@@ -376,6 +401,10 @@ def _run_pass(file_index: int, dupe_pass: int, source: tuple[str, dict], documen
         "dupe_pass": dupe_pass,
         "settings": settings.to_dict(),
         "num_documents": len(documents),
+        "num_sentences": len(sentence_lengths),
+        "num_document_tokens": int(sentence_lengths.sum()),
+        # Tokens of sentences longer than an instance's pair holds, beyond what it holds.
+        "num_unused_tokens": int(np.maximum(sentence_lengths - (config.max_seq_length - 3), 0).sum()),
         "empty_documents": empty,
         "num_instances": len(instances),
         "num_predictions": int(sum(len(i.masked_lm_positions) for i in instances)),
@@ -424,6 +453,8 @@ def _write_summary(sources: list[str], output_dir: str, settings: DatasetSetting
         logging.warning("--eval_fraction=%s held out no document of %d input files: no eval-*.tfrecord written",
                         settings.eval_fraction, len(sources))
 
+    for line in _misread(settings, len(sources), first_pass, sum(s["num_random_next"] for s in shards) / num_instances):
+        logging.warning("%s", line)
     info = DatasetInfo(
         packed=False, shapes=Shapes(config.max_seq_length, config.max_predictions_per_seq),
         num_sequences=num_instances, num_records=num_instances, files=entries(shards), eval_files=entries(evals),
@@ -432,6 +463,7 @@ def _write_summary(sources: list[str], output_dir: str, settings: DatasetSetting
             "settings": settings.to_dict(),
             "num_documents": sum(s["num_documents"] for s in first_pass),
             "num_empty_documents": sum(len(s["empty_documents"]) for s in first_pass),
+            "num_sentences": sum(s.get("num_sentences", 0) for s in first_pass),
             "num_tokens": int(histogram @ lengths),
             "padding_fraction": 1.0 - float(histogram @ lengths) / (num_instances * len(histogram)),
             "full_length_fraction": float(histogram[-1]) / num_instances,
@@ -444,6 +476,37 @@ def _write_summary(sources: list[str], output_dir: str, settings: DatasetSetting
                                                                                   key=lambda s: s["file_index"])],
         })
     return write_dataset_info(output_dir, info)
+
+
+_FEW_SENTENCES_HINT = {
+    "sentences": ": a blank line ends a document; put blank lines between documents only",
+    "documents": ": if a document's sentences are on lines of their own, give one sentence a line with blank lines "
+                 "between documents (--input_format=sentences)",
+}
+
+
+def _misread(settings: DatasetSettings, num_files: int, first_pass: list[dict], random_next: float) -> list[str]:
+    """Warnings, one line each naming the likely format, when the corpus's statistics say it was
+    read in the wrong one: most tokens unused, one document a file, NSP pairs mostly random."""
+    documents = sum(s["num_documents"] for s in first_pass)
+    sentences = sum(s.get("num_sentences", 0) for s in first_pass)
+    tokens = sum(s.get("num_document_tokens", 0) for s in first_pass)
+    unused = sum(s.get("num_unused_tokens", 0) for s in first_pass)
+    read_as = f"read as {INPUT_FORMATS[settings.input_format]} (--input_format={settings.input_format})"
+    lines = []
+    if tokens and unused > 0.1 * tokens:
+        lines.append(f"{unused / tokens:.0%} of the corpus's tokens go unused: they are in sentences longer than an "
+                     f"instance (L={settings.config.max_seq_length}) with no sentence boundary to split them at, "
+                     f"{read_as}; one sentence a line with blank lines between documents is --input_format=sentences")
+    if settings.input_format == "sentences" and documents <= num_files and sentences >= 10 * max(documents, 1):
+        lines.append(f"{documents:,} document{'' if documents == 1 else 's'} of {sentences / max(documents, 1):,.0f} "
+                     f"sentences from {num_files:,} input file{'' if num_files == 1 else 's'}, {read_as}, where a blank "
+                     f"line ends a document: if each line is a document, give --input_format=documents")
+    if documents and abs(random_next - 0.5) > 0.15:
+        lines.append(f"{random_next:.0%} of the next-sentence pairs take a random next segment, not about 50%: "
+                     f"documents hold {sentences / documents:.1f} sentences on average, {read_as}"
+                     + (_FEW_SENTENCES_HINT.get(settings.input_format, "") if sentences < 3 * documents else ""))
+    return lines
 
 
 def create_pretraining_files(input_files: list[str], output_files: list[str], settings: DatasetSettings,
