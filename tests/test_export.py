@@ -17,10 +17,10 @@ from bert_packed.pretraining_data.tokenization import Tokenizer
 TINY_512 = dict(TINY, max_position_embeddings=512)
 
 
-def random_model(settings=TINY_512, seed=0) -> BertPretrainingModel:
+def random_model(settings=TINY_512, seed=0, next_sentence_prediction=True) -> BertPretrainingModel:
     """A model whose every weight is drawn at random (a bias or gamma left at its initial value
     would hide a weight put in the wrong place)."""
-    model = BertPretrainingModel(BertConfig(**settings))
+    model = BertPretrainingModel(BertConfig(**settings), next_sentence_prediction)
     model.build()
     draw = np.random.default_rng(seed)
     for weight in model.weights:
@@ -106,6 +106,51 @@ def test_transformers_and_keras_hub_read_the_export_and_compute_what_the_model_c
                              verbose=0)
     assert np.isfinite(history.history["loss"][0])
     assert any(not np.array_equal(a, w.numpy()) for a, w in zip(before, classifier.trainable_weights))
+
+
+@pytest.fixture(scope="module")
+def exported_masked_lm(tmp_path_factory):
+    """(a model without the next-sentence head, its Hugging Face export, made from its TF1 checkpoint)."""
+    directory = tmp_path_factory.mktemp("exported_masked_lm")
+    model = random_model(seed=3, next_sentence_prediction=False)
+    bert_config = directory / "bert_config.json"
+    bert_config.write_text(json.dumps(model.config.to_dict()))
+    prefix = export_google_checkpoint(model, str(directory / "model.ckpt-5"), 5)
+    result = run_command("export_model", f"--checkpoint={prefix}", f"--bert_config_file={bert_config}",
+                         f"--vocab_file={VOCAB}", f"--output_dir={directory / 'hf'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return model, directory / "hf"
+
+
+def test_a_model_without_the_next_sentence_head_exports_as_a_masked_lm(exported_masked_lm, tmp_path):
+    from safetensors.numpy import load_file
+
+    model, directory = exported_masked_lm
+    assert json.loads((directory / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
+    names = set(load_file(str(directory / "model.safetensors")))
+    assert "cls.predictions.bias" in names and not {n for n in names if "pooler" in n or "seq_relationship" in n}
+    loaded = BertPretrainingModel(BertConfig(**TINY_512), next_sentence_prediction=False)
+    assert load_huggingface(loaded, str(directory)) == len(model.weights)
+    for mine, theirs in zip(loaded.weights, model.weights):
+        np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
+
+
+@pytest.mark.slow  # loads PyTorch and transformers
+def test_transformers_reads_a_masked_lm_export_and_computes_what_the_model_computes(exported_masked_lm):
+    import torch
+    import transformers
+
+    model, directory = exported_masked_lm
+    features = unpacked_inputs(model.config.vocab_size)
+    ours = model(features)
+    assert set(ours) == {"mlm_logits"}
+    masked_lm = transformers.BertForMaskedLM.from_pretrained(str(directory)).eval()
+    with torch.no_grad():
+        theirs = masked_lm(input_ids=torch.tensor(features["input_ids"], dtype=torch.long),
+                           token_type_ids=torch.tensor(features["segment_ids"], dtype=torch.long),
+                           attention_mask=torch.tensor(features["sequence_ids"], dtype=torch.long))
+    mlm = np.take_along_axis(theirs.logits.numpy(), features["masked_lm_positions"][:, :, None], axis=1)
+    np.testing.assert_allclose(mlm, ours["mlm_logits"].numpy(), atol=1e-4, rtol=0)
 
 
 def test_the_export_holds_what_transformers_reads_and_every_format_round_trips(exported, tmp_path):

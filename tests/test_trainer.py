@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, TINY, command_in_this_process, run_command, tfrecords
+from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, TINY, VOCAB, command_in_this_process, run_command, tfrecords
 from training_runs import assert_same_evaluation, config, make_trainer, read_log, weights
 
 from bert_packed.dataset_info import DataChangedError, FileIdentity, read_dataset_info
@@ -886,3 +886,39 @@ def test_the_time_left_is_timed_after_the_loop_that_compiled(packed_dir, tmp_pat
     assert len(lines) == 3
     assert lines[0].endswith("time left: after the next loop (this one compiled the step)")
     assert re.search(r"about \d+ s left$", lines[1]) and lines[2].endswith("%)")
+
+
+def test_masked_lm_only_trains_without_the_next_sentence_head(packed_dir, unpacked_dir, bert_config_file, tmp_path):
+    """--nsp_loss=false: no pooler, no classifier, no NSP term in the loss or the logs; the weights
+    export without them and load into a masked-LM-only model."""
+    import tensorflow as tf
+
+    from bert_packed.model import BertPretrainingModel, load_google_checkpoint
+    from bert_packed.model.checkpoint import CheckpointError
+
+    files, eval_files = tfrecords(packed_dir), tuple(tfrecords(unpacked_dir))
+    trainer = make_trainer(config(tmp_path / "run", files, num_train_steps=2, eval_files=eval_files, nsp_loss=False,
+                                  target_mlm_accuracy=1.0))
+    trainer.train()
+    assert trainer.model.next_sentence is None
+    assert not [v.path for v in trainer.model.weights if "next_sentence" in v.path]
+    train_log, eval_log = read_log(tmp_path / "run" / "train_log.jsonl"), read_log(tmp_path / "run" / "eval_log.jsonl")
+    assert len(train_log) == 2 and len(eval_log) == 1
+    for record in train_log + eval_log:
+        assert "nsp_loss" not in record and "nsp_accuracy" not in record
+        assert record["loss"] == pytest.approx(record["mlm_loss"], rel=1e-6)
+        assert 0.0 <= record["mlm_accuracy"] < 1.0 and record["mlm_loss"] > 1.0
+    assert eval_log[0]["num_sequences"] == sum(1 for path in eval_files for _ in tf.data.TFRecordDataset(path))
+    exported = {name for name, _ in tf.train.list_variables(str(tmp_path / "run" / "model.ckpt-2"))}
+    assert "cls/predictions/output_bias" in exported
+    assert not {name for name in exported if name.startswith(("bert/pooler", "cls/seq_relationship"))}
+    masked_lm_only = BertPretrainingModel(BertConfig(**TINY), next_sentence_prediction=False)
+    assert load_google_checkpoint(masked_lm_only, str(tmp_path / "run" / "model.ckpt-2")) == len(
+        trainer.model.trainable_weights)
+    with pytest.raises(CheckpointError, match="bert/pooler/dense/kernel"):  # a model with the head needs its weights
+        load_google_checkpoint(BertPretrainingModel(BertConfig(**TINY)), str(tmp_path / "run" / "model.ckpt-2"))
+    # The run's training checkpoint, exported: the run (run.json) says the model has no head.
+    result = run_command("export_model", f"--checkpoint={tmp_path / 'run' / 'checkpoints' / 'ckpt-2'}",
+                         f"--bert_config_file={bert_config_file}", f"--vocab_file={VOCAB}", f"--output_dir={tmp_path / 'hf'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]

@@ -51,14 +51,17 @@ def main(argv) -> None:
     import_tensorflow(FLAGS.verbosity)
     from bert_packed.model import BertPretrainingModel, export_huggingface
     from bert_packed.model.checkpoint import checkpoint_step, export_google_directory
-    from bert_packed.model.huggingface import load_weights
+    from bert_packed.model.huggingface import holds_next_sentence_head, load_weights
     from bert_packed.training.checkpoints import load_run_weights
 
     if files.absolute(FLAGS.output_dir.rstrip("/")) == files.absolute(FLAGS.checkpoint.rstrip("/")):
         raise SettingsError(f"--output_dir={FLAGS.output_dir}: the --checkpoint itself; export to another directory")
-    model = BertPretrainingModel(bert)
-    model.build()
     run_dir, step = _run_and_step(FLAGS.checkpoint.rstrip("/"))
+    # A run trained with --nsp_loss=false (run.json says), or weights without the head, export without it.
+    next_sentence = (RunDirectory(run_dir).read_info().get("nsp_loss", True) if run_dir is not None
+                     else holds_next_sentence_head(FLAGS.checkpoint))
+    model = BertPretrainingModel(bert, next_sentence)
+    model.build()
     if run_dir is not None:
         source, step = load_run_weights(model, run_dir, step)
     else:

@@ -148,6 +148,9 @@ flags.DEFINE_bool("deterministic", RunConfig.deterministic, "Same flags, same re
                                                             "order).")
 flags.DEFINE_enum("precision", ModelConfig.precision, list(PRECISIONS), "fp16 uses dynamic loss scaling.")
 flags.DEFINE_bool("xla", ModelConfig.xla, "Compile the forward and backward pass with XLA.")
+flags.DEFINE_bool("nsp_loss", ModelConfig.nsp_loss, "Train the next-sentence head on its loss; --nsp_loss=false: "
+                                                    "masked-LM only, no NSP head (RoBERTa's objective; the MLPerf "
+                                                    "metric, MLM accuracy, is unchanged).")
 flags.DEFINE_enum("distribution_strategy", "default", ["default", "mirrored", "multi_worker_mirrored", "tpu"],
                   "tf.distribute strategy (multi_worker_mirrored reads TF_CONFIG).")
 flags.DEFINE_float("target_mlm_accuracy", EvalConfig.target_mlm_accuracy, "Stop when evaluation reaches this masked-LM "
@@ -167,7 +170,7 @@ HELP_GROUPS = {
     "data": ["input_file", "input_files", "eval_files", "input_mode", "eval_input_mode", "max_seq_length",
              "max_predictions_per_seq", "max_sequences_per_pack", "online_packing_window", "bucket_boundaries",
              "train_on_held_out_files"],
-    "model": ["bert_config_file", "init_checkpoint", "loss_averaging", "precision", "xla"],
+    "model": ["bert_config_file", "init_checkpoint", "loss_averaging", "precision", "xla", "nsp_loss"],
     "batch and schedule": ["train_batch_size", "adjust_batch_for_packing", "steps_per_update", "num_train_steps",
                            "num_warmup_steps", "start_warmup_step", "poly_power", "learning_rate"],
     "optimizer": ["optimizer", "lamb_beta_1", "lamb_beta_2", "adjust_betas_for_packing", "lamb_weight_decay_rate",

@@ -28,7 +28,8 @@ class CheckpointError(UserError, ValueError):
 
 
 def google_variable_names(model: BertPretrainingModel) -> list[tuple[str, object, bool]]:
-    """(TF1 name, model weight, stored transposed) for every weight of the model."""
+    """(TF1 name, model weight, stored transposed) for every weight of the model (a model without
+    the next-sentence head has no pooler and no seq_relationship)."""
     if not model.built:
         model.build()
     names = []
@@ -54,12 +55,14 @@ def google_variable_names(model: BertPretrainingModel) -> list[tuple[str, object
         dense(f"{prefix}/intermediate/dense", layer.intermediate)
         dense(f"{prefix}/output/dense", layer.output_dense)
         layer_norm(f"{prefix}/output/LayerNorm", layer.output_layer_norm)
-    dense("bert/pooler/dense", model.next_sentence.pooler)
+    if model.next_sentence is not None:
+        dense("bert/pooler/dense", model.next_sentence.pooler)
     dense("cls/predictions/transform/dense", model.masked_lm.transform)
     layer_norm("cls/predictions/transform/LayerNorm", model.masked_lm.layer_norm)
-    names += [("cls/predictions/output_bias", model.masked_lm.output_bias, False),
-              ("cls/seq_relationship/output_weights", model.next_sentence.classifier.kernel, True),
-              ("cls/seq_relationship/output_bias", model.next_sentence.classifier.bias, False)]
+    names.append(("cls/predictions/output_bias", model.masked_lm.output_bias, False))
+    if model.next_sentence is not None:
+        names += [("cls/seq_relationship/output_weights", model.next_sentence.classifier.kernel, True),
+                  ("cls/seq_relationship/output_bias", model.next_sentence.classifier.bias, False)]
     return names
 
 
@@ -99,6 +102,15 @@ def _prefix(path: str) -> str:
                               f"model.ckpt-N")
     named = state.model_checkpoint_path
     return named if os.path.isabs(named) or "://" in named else os.path.join(path, os.path.basename(named))
+
+
+def holds_weight(path: str, name: str) -> bool:
+    """Whether the TF1 checkpoint at `path` (a prefix, or a directory) holds the weight `name`;
+    True when it cannot be read: loading it then names the problem."""
+    try:
+        return tf.train.load_checkpoint(_prefix(path)).has_tensor(name)
+    except (CheckpointError, tf.errors.OpError, ValueError):
+        return True
 
 
 def newest_exported_step(directory: str) -> int | None:

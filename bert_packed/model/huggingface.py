@@ -17,6 +17,9 @@ The names follow from the google-research ones (checkpoint.google_variable_names
     cls/predictions/output_bias  [V]                  -> cls.predictions.bias
     cls/seq_relationship/output_weights  [2, H]       -> cls.seq_relationship.weight
 
+A model trained without the next-sentence head (--nsp_loss=false) has no pooler and no
+seq_relationship: its config.json names BertForMaskedLM, which reads it whole.
+
 A dense kernel is [in, out] here and [out, in] in torch.nn.Linear, so it is stored transposed.
 The MLM decoder is the word embeddings and its bias `cls.predictions.bias` (transformers ties
 both, so neither is stored twice).
@@ -39,6 +42,7 @@ from bert_packed.model.checkpoint import (
     CheckpointError,
     export_directory,
     google_variable_names,
+    holds_weight,
     load_google_checkpoint,
     refuse_other_content,
     shape_problems,
@@ -89,9 +93,11 @@ def _huggingface_name(google_name: str) -> str:
     return name
 
 
-def huggingface_config(bert: BertConfig) -> dict:
-    """config.json of a BertForPreTraining with `bert`'s sizes."""
-    return {"architectures": ["BertForPreTraining"], "model_type": "bert", **bert.to_dict(),
+def huggingface_config(bert: BertConfig, next_sentence_prediction: bool = True) -> dict:
+    """config.json of a BertForPreTraining with `bert`'s sizes (a BertForMaskedLM without the
+    next-sentence head: it has neither pooler nor seq_relationship)."""
+    architecture = "BertForPreTraining" if next_sentence_prediction else "BertForMaskedLM"
+    return {"architectures": [architecture], "model_type": "bert", **bert.to_dict(),
             "layer_norm_eps": LAYER_NORM_EPSILON, "position_embedding_type": "absolute", "pad_token_id": 0,
             "tie_word_embeddings": True, "dtype": "float32"}
 
@@ -131,7 +137,7 @@ def export_huggingface(model: BertPretrainingModel, output_dir: str, vocab_file:
             files.write_text_atomically(os.path.join(output_dir, name), json.dumps(values, indent=2) + "\n")
         confirm()
         files.write_text_atomically(os.path.join(output_dir, CONFIG_FILE),
-                                    json.dumps(huggingface_config(bert), indent=2) + "\n")
+                                    json.dumps(huggingface_config(bert, model.next_sentence_prediction), indent=2) + "\n")
     return output_dir
 
 
@@ -242,6 +248,20 @@ def _canonical(name: str) -> str:
     if not name.startswith(("bert.", "cls.")):
         name = "bert." + name
     return re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name))
+
+
+def holds_next_sentence_head(path: str) -> bool:
+    """Whether weights from outside a run (load_weights' `path`) include the next-sentence head:
+    a Hugging Face directory's config.json names no BertForMaskedLM, a TF1 checkpoint holds
+    cls/seq_relationship. What cannot be read says True: loading it then names the problem."""
+    if not is_huggingface_directory(path):
+        return holds_weight(path, "cls/seq_relationship/output_weights")
+    try:
+        with files.open_file(os.path.join(path, CONFIG_FILE)) as f:
+            architectures = json.load(f).get("architectures") or []
+    except (ValueError, AttributeError):
+        return True
+    return "BertForMaskedLM" not in architectures
 
 
 def load_weights(model: BertPretrainingModel, path: str) -> int:

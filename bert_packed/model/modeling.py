@@ -224,13 +224,20 @@ class BertPretrainingModel(keras.Model):
     next_sentence_positions [B, S]. Other keys (labels, prediction_sequence_ids, weights) are
     ignored.
 
+    Args:
+      config: the BERT hyper-parameters.
+      next_sentence_prediction: with the next-sentence head (pooler and classifier); without it
+        the model is masked-LM only (RoBERTa's objective), and no [CLS] output is gathered.
+
     Returns:
-      {"mlm_logits": float32 [B, P', V], "nsp_logits": float32 [B, S, 2]}.
+      {"mlm_logits": float32 [B, P', V], "nsp_logits": float32 [B, S, 2]} ("nsp_logits" only
+      with the next-sentence head).
     """
 
-    def __init__(self, config: BertConfig, **kwargs):
+    def __init__(self, config: BertConfig, next_sentence_prediction: bool = True, **kwargs):
         super().__init__(**kwargs)
         self.config = config
+        self.next_sentence_prediction = next_sentence_prediction
         self.embeddings = BertEmbeddings(config.vocab_size, config.hidden_size, config.max_position_embeddings,
                                          config.type_vocab_size, config.initializer_range,
                                          config.hidden_dropout_prob, name="embeddings")
@@ -241,14 +248,16 @@ class BertPretrainingModel(keras.Model):
             for i in range(config.num_hidden_layers)]
         self.masked_lm = MaskedLMHead(config.hidden_size, config.vocab_size, config.initializer_range,
                                       name="masked_lm")
-        self.next_sentence = NextSentenceHead(config.hidden_size, config.initializer_range, name="next_sentence")
+        self.next_sentence = (NextSentenceHead(config.hidden_size, config.initializer_range, name="next_sentence")
+                              if next_sentence_prediction else None)
 
     def build(self, input_shape=None):
         self.embeddings.build()
         for layer in self.encoder_layers:
             layer.build([None, None, self.config.hidden_size])
         self.masked_lm.build()
-        self.next_sentence.build()
+        if self.next_sentence is not None:
+            self.next_sentence.build()
         self.built = True
 
     def encode(self, features, training=False):
@@ -262,15 +271,15 @@ class BertPretrainingModel(keras.Model):
 
     def call(self, features, training=False):
         sequence_output = self.encode(features, training=training)
-        return {
-            "mlm_logits": self.masked_lm(sequence_output, features["masked_lm_positions"],
-                                         self.embeddings.word_embeddings),
-            "nsp_logits": self.next_sentence(sequence_output, features["next_sentence_positions"]),
-        }
+        outputs = {"mlm_logits": self.masked_lm(sequence_output, features["masked_lm_positions"],
+                                                self.embeddings.word_embeddings)}
+        if self.next_sentence is not None:
+            outputs["nsp_logits"] = self.next_sentence(sequence_output, features["next_sentence_positions"])
+        return outputs
 
     def get_config(self):
-        return {"config": self.config.to_dict()}
+        return {"config": self.config.to_dict(), "next_sentence_prediction": self.next_sentence_prediction}
 
     @classmethod
     def from_config(cls, config):
-        return cls(BertConfig(**config["config"]))
+        return cls(BertConfig(**config["config"]), config.get("next_sentence_prediction", True))

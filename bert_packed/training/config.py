@@ -129,6 +129,8 @@ class ModelConfig:
       loss_averaging: the MLM loss basis, "token" (MLPerf) or "sequence" (docs/model.md).
       precision: "fp32", "bf16" or "fp16" (fp16 with dynamic loss scaling).
       xla: compile the forward and backward pass with XLA.
+      nsp_loss: the next-sentence head and its loss; False: masked-LM only (RoBERTa's objective,
+        Graphcore's MLPerf packed configs), the MLPerf metric unchanged.
     """
 
     bert: BertConfig
@@ -136,6 +138,7 @@ class ModelConfig:
     loss_averaging: str = "token"
     precision: str = "fp32"
     xla: bool = False
+    nsp_loss: bool = True
 
     def __post_init__(self):
         require(self.loss_averaging in LOSS_AVERAGING,

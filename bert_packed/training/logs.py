@@ -52,7 +52,7 @@ class RunLogs:
         previous, self.last_record = self.last_record, record
         self.tokens += record["real_tokens"]
         scalars = {name: record[name] for name in ("loss", "mlm_accuracy", "nsp_accuracy", "learning_rate",
-                                                   "gradient_norm", "padding_efficiency")}
+                                                   "gradient_norm", "padding_efficiency") if name in record}
         seconds = record["train_seconds"] - previous.get("train_seconds", 0.0)
         if seconds > 0:  # since the previous record (of this update, or of the last before a resume)
             scalars["sequences_per_second"] = (record["sequences"] - previous.get("sequences", 0)) / seconds
@@ -68,8 +68,9 @@ class RunLogs:
         self.last_eval = record
         with self._writer.as_default():
             for name in ("loss", "mlm_accuracy", "nsp_accuracy"):
-                tf.summary.scalar(f"eval/{name}", record.get(name, 0.0), step=record["step"])
-                tf.summary.scalar(f"eval_by_sequences/{name}", record.get(name, 0.0), step=record["sequences"])
+                if name in record:  # no nsp_accuracy without the next-sentence head
+                    tf.summary.scalar(f"eval/{name}", record[name], step=record["step"])
+                    tf.summary.scalar(f"eval_by_sequences/{name}", record[name], step=record["sequences"])
 
     def say_progress(self, config, first_step: int, num_updates: int, seconds: float) -> None:
         """A progress line after a compiled loop of `num_updates` updates that crossed a multiple of

@@ -277,7 +277,7 @@ def _train_record(row: np.ndarray, step: int, sequences_before: int, seconds: fl
     """One update's train record, after checking its loss and gradient are finite."""
     sums = dict(zip(SUM_KEYS, row[1:].tolist()))
     metrics = metrics_from_sums({k: v for k, v in sums.items() if k not in ("tokens", "slots")},
-                                config.model.loss_averaging)
+                                config.model.loss_averaging, config.model.nsp_loss)
     for what, value in (("loss", metrics["loss"]), ("the gradient norm", sums["gradient_norm"])):
         if not math.isfinite(value):
             raise TrainingError(f"{what} is {value} at step {step}; stopped without saving, the last good "

@@ -9,7 +9,8 @@ sequences whether they arrive packed or one per row:
   token     sum of the NLL of every prediction / number of predictions (the MLPerf reference);
   sequence  mean NLL inside each sequence, summed / number of sequences with predictions.
 The NSP loss averages over sequences (one prediction each, weighted by next_sentence_weights).
-The total loss is MLM + NSP, as in the reference.
+The total loss is MLM + NSP, as in the reference; a model without the next-sentence head
+(--nsp_loss=false) trains on the MLM loss alone.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ def pretraining_sums(outputs: dict, features: dict) -> dict[str, tf.Tensor]:
     """Sums and counts behind every loss and metric of a batch.
 
     Args:
-      outputs: the model's {"mlm_logits": [B, P', V], "nsp_logits": [B, S, 2]}.
+      outputs: the model's {"mlm_logits": [B, P', V], "nsp_logits": [B, S, 2]} (without
+        "nsp_logits", masked-LM only: nsp_nll and nsp_correct are 0).
       features: the packed feature dict (masked_lm_ids, prediction_sequence_ids = sequence index
         of each prediction or 0, next_sentence_labels, next_sentence_weights).
 
@@ -51,11 +53,14 @@ def pretraining_sums(outputs: dict, features: dict) -> dict[str, tf.Tensor]:
     per_sequence_count = tf.math.unsorted_segment_sum(valid, segment, num_cells + 1)[:num_cells]
     denominator = tf.maximum(per_sequence_count, 1.0)
 
-    nsp_logits = tf.cast(outputs["nsp_logits"], tf.float32)
-    nsp_labels = tf.cast(features["next_sentence_labels"], tf.int32)
     nsp_weights = tf.cast(features["next_sentence_weights"], tf.float32)
-    nsp_nll = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=nsp_labels, logits=nsp_logits) * nsp_weights
-    nsp_correct = tf.cast(tf.equal(tf.argmax(nsp_logits, -1, output_type=tf.int32), nsp_labels), tf.float32)
+    if "nsp_logits" in outputs:
+        nsp_logits = tf.cast(outputs["nsp_logits"], tf.float32)
+        nsp_labels = tf.cast(features["next_sentence_labels"], tf.int32)
+        nsp_nll = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=nsp_labels, logits=nsp_logits) * nsp_weights
+        nsp_correct = tf.cast(tf.equal(tf.argmax(nsp_logits, -1, output_type=tf.int32), nsp_labels), tf.float32)
+    else:  # masked-LM only: the sequences are still counted
+        nsp_nll = nsp_correct = tf.zeros_like(nsp_weights)
     return {
         "mlm_nll": tf.reduce_sum(nll),
         "mlm_predictions": tf.reduce_sum(valid),
@@ -104,14 +109,15 @@ def loss_from_sums(sums: dict, loss_averaging: str = "token", counts: dict | Non
     return mlm + sums["nsp_nll"] / tf.maximum(counts["nsp_sequences"], 1.0)
 
 
-def metrics_from_sums(sums: dict, loss_averaging: str = "token") -> dict[str, float]:
-    """Losses and accuracies as Python floats (logging and evaluation)."""
+def metrics_from_sums(sums: dict, loss_averaging: str = "token", nsp_loss: bool = True) -> dict[str, float]:
+    """Losses and accuracies as Python floats (logging and evaluation); without nsp_loss, no
+    nsp_loss and nsp_accuracy (there is no next-sentence head to measure)."""
     values = {name: float(value) for name, value in sums.items()}
 
     def ratio(numerator, denominator):
         return values[numerator] / values[denominator] if values[denominator] else 0.0
 
-    return {
+    metrics = {
         "loss": float(loss_from_sums(sums, loss_averaging)),
         "mlm_loss": ratio("mlm_nll", "mlm_predictions") if loss_averaging == "token"
         else ratio("mlm_sequence_nll", "mlm_sequences"),
@@ -121,3 +127,6 @@ def metrics_from_sums(sums: dict, loss_averaging: str = "token") -> dict[str, fl
         "nsp_accuracy": ratio("nsp_correct", "nsp_sequences"),
         "num_sequences": values["nsp_sequences"],  # in these sums (not the samples seen so far)
     }
+    if not nsp_loss:
+        del metrics["nsp_loss"], metrics["nsp_accuracy"]
+    return metrics

@@ -54,7 +54,7 @@ class CompiledStep:
         self.batching = batching(config, train_data.input_mode, train_data.packing_factor,
                                  train_data.shapes.max_sequences_per_pack, strategy.num_replicas_in_sync)
         with strategy.scope():
-            self.model = BertPretrainingModel(config.model.bert)
+            self.model = BertPretrainingModel(config.model.bert, config.model.nsp_loss)
             self.model.build()
             self.schedule = make_schedule(config, self.batching)
             self.optimizer = make_optimizer(config, self.batching, self.schedule)
@@ -96,7 +96,7 @@ class CompiledStep:
                     lambda context: make_dataset(pipeline, context)):
                 sums = self._evaluate_batch(features)
                 totals = sums if totals is None else {k: totals[k] + sums[k] for k in sums}
-        return metrics_from_sums(totals, self.config.model.loss_averaging) if totals else {}
+        return metrics_from_sums(totals, self.config.model.loss_averaging, self.config.model.nsp_loss) if totals else {}
 
     def _evaluate_batch_fn(self, features):
         def replica(features):
