@@ -124,15 +124,23 @@ def unpacked_dir(corpus, tmp_path_factory):
     return directory
 
 
+def write_other_text(corpus_file, path):
+    """Other text than a corpus file's, at `path`: its lines in the reverse order, as plain text
+    without its <doc> lines."""
+    lines = open(corpus_file, encoding="utf-8").read().splitlines(keepends=True)
+    path.write_text("".join(line for line in reversed(lines) if not line.startswith(("<doc ", "</doc>"))))
+    return path
+
+
 @pytest.fixture(scope="session")
 def other_text_dir(corpus, tmp_path_factory):
     """Unpacked records of other text than the training data's (the first corpus file's lines in
-    the reverse order): an eval set run_pretraining takes beside training on the corpus."""
+    the reverse order, as plain text without its <doc> lines): an eval set run_pretraining takes
+    beside training on the corpus."""
     from bert_packed.pretraining_data.create_dataset import create_pretraining_dataset
 
     root = tmp_path_factory.mktemp("other_text")
-    text = root / "text.txt"
-    text.write_text("".join(reversed(open(corpus[0]).read().splitlines(keepends=True))))
+    text = write_other_text(corpus[0], root / "text.txt")
     directory = str(root / "records")
     create_pretraining_dataset([str(text)], directory, dataset_settings(), num_workers=1)
     return directory

@@ -8,7 +8,15 @@ import re
 import shutil
 
 import pytest
-from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, TINY, dataset_settings, tfrecords
+from conftest import (
+    MAX_PREDICTIONS,
+    MAX_SEQ_LENGTH,
+    MAX_SEQUENCES_PER_PACK,
+    TINY,
+    dataset_settings,
+    tfrecords,
+    write_other_text,
+)
 
 from bert_packed.dataset_info import (
     DatasetFilesError,
@@ -278,8 +286,7 @@ def test_eval_records_are_never_trained_on_whatever_way_they_take(corpus, unpack
     for train in (parts, tfrecords(str(packed_parts)), [p for p in parts if "-000." in p]):
         require_apart(train, held_out, "--eval_files")  # the run's own held-out documents, packed or not
         require_apart(train, sorted(str(p) for p in copy.glob("eval-*.tfrecord")), "--eval_files")
-    text = tmp_path / "other.txt"  # other text: the first file's lines in the reverse order
-    text.write_text("".join(reversed(open(corpus[0]).read().splitlines(keepends=True))))
+    text = write_other_text(corpus[0], tmp_path / "other.txt")
     create_pretraining_dataset([str(text)], str(tmp_path / "other"), dataset_settings(), num_workers=1)
     require_apart(tfrecords(unpacked_dir), tfrecords(str(tmp_path / "other")), "--eval_files")
 

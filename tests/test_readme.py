@@ -143,7 +143,7 @@ def test_the_main_job_runs_and_reads_well(main_job):
     root, result = main_job
     assert result.returncode == 0, f"{result.stdout[-3000:]}{result.stderr[-3000:]}"
     output = result.stdout + result.stderr
-    assert_reads_well(output, "make run", 110)
+    assert_reads_well(output, "make run", 115)
     stages = [line for line in result.stdout.splitlines() if line.startswith("== ")]
     assert [line.split(" ", 2)[1] for line in stages] == [f"{n}/8" for n in range(1, 9)]
     summaries = [line for line in result.stdout.splitlines() if line.startswith("mllog.txt: ")]

@@ -412,6 +412,9 @@ def test_two_local_workers_train_together_and_hold_the_same_weights(packed_dir, 
     results = [worker.communicate(timeout=600) for worker in workers]
     for worker, (_, stderr) in zip(workers, results):
         assert worker.returncode == 0, stderr[-3000:]
+        # tf.distribute's own INFO lines ("Collective all_reduce tensors: ...", one an update) stay out.
+        assert not [line for line in stderr.splitlines() if "Collective" in line or "Strategy" in line], stderr
+        assert len(stderr.splitlines()) <= 10, stderr
     assert len(read_log(out / "train_log.jsonl")) == 3
     chief = tf.train.load_checkpoint(str(out / "checkpoints"))
     other = tf.train.load_checkpoint(str(out / ".workers" / "worker-1" / "checkpoints"))

@@ -199,8 +199,11 @@ def _configure_output(verbosity: int) -> _RepeatCounter:
     handler = absl_logging.get_absl_handler()
     handler.setFormatter(_Plain())
     handler.addFilter(counter)
-    # TensorFlow logs its own INFO lines ("Sharding callback duration", ...) through absl's logger.
+    # TensorFlow logs its own INFO lines ("Sharding callback duration", ...) through absl's logger,
+    # and tf.distribute's ("Using MirroredStrategy ...", "Collective all_reduce tensors ...")
+    # through its own.
     logging.getLogger("absl").setLevel(logging.WARNING)
+    logging.getLogger("tensorflow").setLevel(logging.WARNING)
     return counter
 
 
