@@ -24,6 +24,7 @@ import os
 import re
 import signal
 import sys
+import tempfile
 import textwrap
 import traceback
 from collections.abc import Callable
@@ -66,27 +67,29 @@ _DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _DISK_FULL_TEXTS = ("No space left on device", "Disk quota exceeded", "File too large")
 
 
-def run(main: Callable[[list[str]], None], program: str, output_flag: str | tuple[str, ...], kept: str,
+def run(main: Callable[[list[str]], int | None], program: str, output_flag: str | tuple[str, ...], kept: str,
         positional: bool = False) -> None:
     """Parses the flags and runs main(argv) (argv: the program and its positional arguments).
 
     Args:
-      main: the command's body.
+      main: the command's body; what it returns is the exit status (None: 0), as a benchmark's 1
+        says that a target was missed.
       program: the command's name, for messages.
       output_flag: the flag naming where the command writes (the first given, of several), for the
-        full-disk message.
+        full-disk message; when none of them is given (or there are none, `()`), the command
+        writes only temporary files (a benchmark's) and the message names the temporary directory.
       kept: what survives a full disk, for the message ("Finished shards are kept", say).
       positional: the command takes positional arguments; else one is refused, since it is most
         often the rest of an unquoted glob the shell expanded (`--input_files=DIR/part-*` reads the
         first file and leaves the others as arguments).
     """
 
-    def guarded(argv: list[str]) -> None:
+    def guarded(argv: list[str]) -> int | None:
         counter = _configure_output(flags.FLAGS.verbosity)
         signal.signal(signal.SIGTERM, _terminated)  # the trainer's loop sets its own, and puts this back
         try:
             try:
-                main(argv)
+                return main(argv)  # app.run exits with it
             finally:  # before the last line, which says how the command ended
                 counter.say_what_was_held_back()
         except KeyboardInterrupt:
@@ -130,7 +133,7 @@ def _fail_on(error: Exception, program: str, output_flag: str | tuple[str, ...],
                             f"input: please report it with the traceback above; exit status {EXIT_BUG})")
     names = (output_flag,) if isinstance(output_flag, str) else output_flag
     where = getattr(error, "filename", None) or next(
-        (getattr(flags.FLAGS, name) for name in names if getattr(flags.FLAGS, name)), names[0])
+        (getattr(flags.FLAGS, name) for name in names if getattr(flags.FLAGS, name)), tempfile.gettempdir())
     reason = getattr(error, "strerror", None) or next(text for text in _DISK_FULL_TEXTS if text in str(error))
     fail(program, f"{where}: the disk is full ({reason}). {kept}; partial files were removed. Free some "
                   f"space and run the same command again to continue")
