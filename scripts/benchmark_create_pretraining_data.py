@@ -12,15 +12,15 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
-import sys
 import tempfile
 import time
 
 from _sample_corpus import SAMPLE, VOCAB, copy_sample
+from absl import flags
 
+from bert_packed.cli.common import run
 from bert_packed.pretraining_data.create_dataset import DatasetSettings, create_pretraining_dataset
 from bert_packed.pretraining_data.instances import MaskingConfig
 
@@ -28,19 +28,22 @@ REFERENCE = {"num_instances": 2397, "padding_fraction": 0.30, "full_length_fract
              "predictions_per_instance": 53.0, "random_next_fraction": 0.50}
 REFERENCE_RATE = 480.0
 
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("copies", 4, "Copies of the sample for the throughput run.", lower_bound=1)
+flags.DEFINE_integer("dupe_factor", 10, "Passes over the text, each masked anew (the MLPerf recipe uses 10).",
+                     lower_bound=1)
+flags.DEFINE_integer("num_workers", 0, "Worker processes (0: one per core).", lower_bound=0)
 
-def main() -> int:
+PROGRAM = "benchmark_create_pretraining_data"
+
+
+def main(argv) -> int:
     """Returns the exit status: 1 when a target is missed."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--copies", type=int, default=4, help="copies of the sample for the throughput run")
-    parser.add_argument("--dupe_factor", type=int, default=10, help="Passes over the text, each masked anew "
-                        "(the MLPerf recipe uses 10).")
-    parser.add_argument("--num_workers", type=int, default=0, help="Worker processes (0: one per core).")
-    args = parser.parse_args()
+    del argv
     work = tempfile.mkdtemp(prefix="bench_create_")
     try:
         settings = DatasetSettings(VOCAB, True, MaskingConfig(512, 76), 1, 12345)
-        stats = create_pretraining_dataset(SAMPLE, os.path.join(work, "stats"), settings, args.num_workers)
+        stats = create_pretraining_dataset(SAMPLE, os.path.join(work, "stats"), settings, FLAGS.num_workers)
         print("\n| statistic (sample, L=512, dupe_factor 1) | reference | bert-packed |")
         print("|---|---|---|")
         print(f"| instances | {REFERENCE['num_instances']:,} | {stats['num_instances']:,} |")
@@ -52,15 +55,15 @@ def main() -> int:
         print(f"| predictions per instance | {REFERENCE['predictions_per_instance']:.0f} | "
               f"{stats['predictions_per_instance']:.1f} |")
 
-        files = copy_sample(os.path.join(work, "corpus"), args.copies)
-        settings = DatasetSettings(VOCAB, True, MaskingConfig(512, 76), args.dupe_factor, 12345)
+        files = copy_sample(os.path.join(work, "corpus"), FLAGS.copies)
+        settings = DatasetSettings(VOCAB, True, MaskingConfig(512, 76), FLAGS.dupe_factor, 12345)
         start = time.perf_counter()
-        result = create_pretraining_dataset(files, os.path.join(work, "throughput"), settings, args.num_workers)
+        result = create_pretraining_dataset(files, os.path.join(work, "throughput"), settings, FLAGS.num_workers)
         seconds = time.perf_counter() - start
         rate = result["num_instances"] / seconds
         print(f"\nthroughput: {result['num_instances']:,} instances from {len(files)} files "
-              f"({args.copies} x the sample, dupe_factor {args.dupe_factor}) in {seconds:.1f} s on "
-              f"{args.num_workers or os.cpu_count()} workers: {rate:,.0f} instances/s = "
+              f"({FLAGS.copies} x the sample, dupe_factor {FLAGS.dupe_factor}) in {seconds:.1f} s on "
+              f"{FLAGS.num_workers or os.cpu_count()} workers: {rate:,.0f} instances/s = "
               f"{rate / REFERENCE_RATE:.1f}x the reference's ~{REFERENCE_RATE:.0f}/s "
               f"(target >= 5,000/s: {'PASS' if rate >= 5000 else 'FAIL'})")
     finally:
@@ -69,4 +72,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main, PROGRAM, (), "Nothing is kept")

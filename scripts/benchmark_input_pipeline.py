@@ -13,11 +13,9 @@ of 8 H100s eats about 8,000).
 
 from __future__ import annotations
 
-import argparse
 import glob
 import os
 import shutil
-import sys
 import tempfile
 import time
 
@@ -26,7 +24,9 @@ from bert_packed.tensorflow_loading import import_tensorflow
 import_tensorflow(verbosity=0)  # first: TensorFlow's start-up notices stay out of the tables
 
 from _sample_corpus import SAMPLE, VOCAB
+from absl import flags
 
+from bert_packed.cli.common import run
 from bert_packed.features import Shapes
 from bert_packed.input_pipeline import PipelineConfig, make_dataset
 from bert_packed.packing import plan
@@ -35,6 +35,12 @@ from bert_packed.packing.stream import length_histogram
 from bert_packed.pretraining_data.create_dataset import DatasetSettings, create_pretraining_dataset
 from bert_packed.pretraining_data.instances import MaskingConfig
 from bert_packed.training.config import ONLINE_PACKING_WINDOW
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("batch_size", 64, "Rows per batch.", lower_bound=1)
+flags.DEFINE_integer("batches", 200, "Batches read per input mode.", lower_bound=1)
+
+PROGRAM = "benchmark_input_pipeline"
 
 
 def rate(config: PipelineConfig, batches: int) -> tuple[float, float, float]:
@@ -52,12 +58,9 @@ def rate(config: PipelineConfig, batches: int) -> tuple[float, float, float]:
     return rows / seconds, sequences / seconds, tokens / seconds
 
 
-def main() -> int:
+def main(argv) -> int:
     """Returns the exit status: 1 when a target is missed."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--batch_size", type=int, default=64, help="Rows per batch.")
-    parser.add_argument("--batches", type=int, default=200, help="Batches read per input mode.")
-    args = parser.parse_args()
+    del argv
     work = tempfile.mkdtemp(prefix="bench_pipeline_")
     try:
         unpacked, packed = os.path.join(work, "unpacked"), os.path.join(work, "packed")
@@ -69,19 +72,19 @@ def main() -> int:
         histogram = length_histogram(list(unpacked_files), Shapes(512, 76, 3))
         strategies = plan(histogram, 512, "lp", 3).strategies
         configs = {
-            "packed": PipelineConfig(packed_files, Shapes(512, 76, 3), "packed", args.batch_size),
-            "padded": PipelineConfig(unpacked_files, Shapes(512, 76), "padded", args.batch_size),
-            "bucketed": PipelineConfig(unpacked_files, Shapes(512, 76), "bucketed", args.batch_size,
+            "packed": PipelineConfig(packed_files, Shapes(512, 76, 3), "packed", FLAGS.batch_size),
+            "padded": PipelineConfig(unpacked_files, Shapes(512, 76), "padded", FLAGS.batch_size),
+            "bucketed": PipelineConfig(unpacked_files, Shapes(512, 76), "bucketed", FLAGS.batch_size,
                                        bucket_boundaries=(128, 256, 384)),
-            "packed_online": PipelineConfig(unpacked_files, Shapes(512, 76, 3), "packed_online", args.batch_size,
+            "packed_online": PipelineConfig(unpacked_files, Shapes(512, 76, 3), "packed_online", FLAGS.batch_size,
                                             strategies=strategies, online_packing_window=ONLINE_PACKING_WINDOW),
         }
-        print(f"\n| input (L=512, batch {args.batch_size}, {os.cpu_count()} cores) | rows/s | sequences/s | "
+        print(f"\n| input (L=512, batch {FLAGS.batch_size}, {os.cpu_count()} cores) | rows/s | sequences/s | "
               f"real tokens/s |")
         print("|---|---|---|---|")
         results = {}
         for mode, config in configs.items():
-            results[mode] = rate(config, args.batches)
+            results[mode] = rate(config, FLAGS.batches)
             print(f"| {mode} | {results[mode][0]:,.0f} | {results[mode][1]:,.0f} | {results[mode][2]:,.0f} |")
         packs, online = results["packed"][0], results["packed_online"][1]
         print(f"\npacked: {packs:,.0f} packs/s parsed and batched (target >= 5,000)")
@@ -92,4 +95,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main, PROGRAM, (), "Nothing is kept")

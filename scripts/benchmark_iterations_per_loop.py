@@ -12,7 +12,6 @@ tests/test_trainer.py), so only the dispatch and host reads between updates diff
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import tempfile
@@ -22,7 +21,10 @@ from bert_packed.tensorflow_loading import import_tensorflow
 import_tensorflow(verbosity=0)  # first: TensorFlow's start-up notices stay out of the tables
 
 import numpy as np
+from absl import flags
 
+from bert_packed.cli.common import run
+from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
 from bert_packed.model import BertConfig
 from bert_packed.records import TFRecordWriter
@@ -35,6 +37,13 @@ from bert_packed.training.step import CompiledStep
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # as laid out, not resolved
 SHAPES = Shapes(32, 5)  # small steps: what a call costs besides its compute shows
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("loops", ["1", "10", "50"], "Comma-separated --iterations_per_loop values to compare.")
+flags.DEFINE_integer("updates", 150, "Timed updates per run (after the first loop).", lower_bound=1)
+flags.DEFINE_integer("rounds", 3, "Alternating rounds of every setting.", lower_bound=1)
+
+PROGRAM = "benchmark_iterations_per_loop"
 
 
 def write_records(path: str, count: int, seed: int = 0) -> None:
@@ -70,23 +79,24 @@ def updates_per_second(files: list[str], loop: int, updates: int, output_dir: st
     return updates / (log[-1]["seconds"] - log[loop - 1]["seconds"])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--loops", default="1,10,50", help="comma-separated --iterations_per_loop values to compare")
-    parser.add_argument("--updates", type=int, default=150, help="timed updates per run (after the first loop)")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of every setting")
-    args = parser.parse_args()
-    loops = [int(value) for value in args.loops.split(",")]
+def main(argv) -> None:
+    del argv
+    try:
+        loops = [int(value) for value in FLAGS.loops]
+    except ValueError:
+        loops = []
+    if not loops or min(loops) < 1:
+        raise SettingsError(f"--loops={','.join(FLAGS.loops)}: expected comma-separated integers >= 1")
     rates = {loop: [] for loop in loops}
     with tempfile.TemporaryDirectory() as work:
         files = [os.path.join(work, "records.tfrecord")]
         write_records(files[0], 2000)
-        for round_index in range(args.rounds):
+        for round_index in range(FLAGS.rounds):
             for loop in loops:
-                rates[loop].append(updates_per_second(files, loop, args.updates,
+                rates[loop].append(updates_per_second(files, loop, FLAGS.updates,
                                                       os.path.join(work, f"run-{round_index}-{loop}")))
     base = statistics.median(rates[loops[0]])
-    print(f"\ntiny config, L=32, batch 4, {args.updates} timed updates, {args.rounds} alternating rounds\n")
+    print(f"\ntiny config, L=32, batch 4, {FLAGS.updates} timed updates, {FLAGS.rounds} alternating rounds\n")
     print("| iterations_per_loop | updates/s per round | median | vs one update a call |")
     print("|---|---|---|---|")
     for loop in loops:
@@ -95,4 +105,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main, PROGRAM, (), "Nothing is kept")

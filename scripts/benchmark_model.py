@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
@@ -27,12 +26,19 @@ import_tensorflow(verbosity=0)  # first: TensorFlow's start-up notices stay out 
 
 import numpy as np
 import tensorflow as tf
+from absl import flags
 
+from bert_packed.cli.common import run
 from bert_packed.features import Shapes, model_features
 from bert_packed.model import BertConfig, BertPretrainingModel
 from bert_packed.model.modeling import attention_bias_from_mask
 from bert_packed.packing import packer
 from bert_packed.training import loss_from_sums, pretraining_sums
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("rounds", 40, "Rounds of one timed step of each model in turn.", lower_bound=1)
+
+PROGRAM = "benchmark_model"
 
 
 class PlainBert(BertPretrainingModel):
@@ -116,15 +122,13 @@ def flops_per_token(config: BertConfig, length: int) -> tuple[float, float]:
     return 3 * attention * config.num_hidden_layers, 3 * dense * config.num_hidden_layers
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=40, help="Rounds of one timed step of each model in turn.")
-    args = parser.parse_args()
+def main(argv) -> None:
+    del argv
     print("| config | L | batch | packed (s/step) | one-sequence rows | plain BERT | packing overhead vs plain |")
     print("|---|---|---|---|---|---|---|")
     for name, length, batch_size in [("tiny", 128, 32), ("tiny", 512, 8), ("mini", 128, 16), ("mini", 512, 4)]:
         config = BertConfig.from_json_file(f"configs/bert_config_{name}.json")
-        times = time_steps(config, length, batch_size, args.rounds)
+        times = time_steps(config, length, batch_size, FLAGS.rounds)
         overhead = times["overhead"]
         print(f"| {name} | {length} | {batch_size} | {times['packed']:.4f} | {times['one-sequence rows']:.4f} | "
               f"{times['plain BERT']:.4f} | {overhead:+.1%} |", flush=True)
@@ -139,4 +143,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main, PROGRAM, (), "Nothing was written")

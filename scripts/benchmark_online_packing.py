@@ -22,15 +22,16 @@ depth 3) and at least 1,000,000 sequences/s. The exit status is 1 when one is mi
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 import time
 
 import numba
 import numpy as np
+from absl import flags
 
+from bert_packed.cli.common import run
+from bert_packed.errors import SettingsError
 from bert_packed.packing import load_histogram, plan
 from bert_packed.packing.online import OnlinePacker
 from bert_packed.training.config import ONLINE_PACKING_WINDOW
@@ -39,6 +40,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_HISTOGRAM = os.path.join(ROOT, "data", "histograms", "wikipedia_512.json")
 TARGET_POINTS_BELOW_LP = 0.005
 TARGET_SEQUENCES_PER_SECOND = 1_000_000
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("histogram", DEFAULT_HISTOGRAM,
+                    "histogram.json in the planner's format (default: the real Wikipedia-512 one).")
+flags.DEFINE_integer("max_sequences_per_pack", 3, "S, the depth of every packing.", lower_bound=1)
+flags.DEFINE_list("window", [str(ONLINE_PACKING_WINDOW)],
+                  "Sequences the online packer may hold; a comma-separated list prints the curve.")
+flags.DEFINE_integer("sequences", 2_000_000, "Sequences in the stream.", lower_bound=1)
+flags.DEFINE_integer("seed", 0, "Seed of the stream's random order.", lower_bound=0)
+flags.DEFINE_integer("chunk", 10_000, "Lengths per OnlinePacker.add call.", lower_bound=1)
+flags.DEFINE_bool("json", False, "Print one JSON line (the first window's figures at the top level, all in 'curve').")
+
+PROGRAM = "benchmark_online_packing"
 
 
 def draw_lengths(histogram: np.ndarray, count: int, seed: int) -> np.ndarray:
@@ -133,34 +147,30 @@ def run_online(strategies, lengths: np.ndarray, max_length: int, depth: int, win
     }
 
 
-def main() -> int:
+def main(argv) -> int:
     """Returns the exit status: 1 when a target is missed."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--histogram", default=DEFAULT_HISTOGRAM,
-                        help="histogram.json in the planner's format (default: the real Wikipedia-512 one)")
-    parser.add_argument("--max_sequences_per_pack", type=int, default=3, help="S, the depth of every packing")
-    parser.add_argument("--window", default=str(ONLINE_PACKING_WINDOW),
-                        help="sequences the online packer may hold; a comma-separated list prints the curve")
-    parser.add_argument("--sequences", type=int, default=2_000_000, help="sequences in the stream")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the stream's random order")
-    parser.add_argument("--chunk", type=int, default=10_000, help="lengths per OnlinePacker.add call")
-    parser.add_argument("--json", action="store_true",
-                        help="print one JSON line (the first window's figures at the top level, all in 'curve')")
-    args = parser.parse_args()
-    windows = [int(w) for w in args.window.split(",")]
+    del argv
+    try:
+        windows = [int(w) for w in FLAGS.window]
+    except ValueError:
+        windows = []
+    # Checked here too, not only by OnlinePacker: its message names the trainer's --online_packing_window.
+    if not windows or min(windows) < FLAGS.max_sequences_per_pack:
+        raise SettingsError(f"--window={','.join(FLAGS.window)}: expected comma-separated integers >= "
+                            f"--max_sequences_per_pack ({FLAGS.max_sequences_per_pack}): a pack's sequences are held at once")
 
-    histogram = load_histogram(args.histogram)
-    max_length, depth = len(histogram), args.max_sequences_per_pack
+    histogram = load_histogram(FLAGS.histogram)
+    max_length, depth = len(histogram), FLAGS.max_sequences_per_pack
     offline = plan(histogram, max_length, "lp", depth)
-    lengths = draw_lengths(histogram, args.sequences, args.seed)
+    lengths = draw_lengths(histogram, FLAGS.sequences, FLAGS.seed)
 
-    run_online(offline.strategies, lengths[:1000], max_length, depth, min(windows), args.chunk)  # compiles
+    run_online(offline.strategies, lengths[:1000], max_length, depth, min(windows), FLAGS.chunk)  # compiles
     greedy_best_fit_packs(lengths[:10], max_length, depth)
     start = time.perf_counter()
     greedy_packs = greedy_best_fit_packs(lengths, max_length, depth)
     greedy_seconds = time.perf_counter() - start
     greedy = float(lengths.sum() / (greedy_packs * max_length))
-    curve = [run_online(offline.strategies, lengths, max_length, depth, w, args.chunk) for w in windows]
+    curve = [run_online(offline.strategies, lengths, max_length, depth, w, FLAGS.chunk) for w in windows]
 
     target = offline.efficiency - TARGET_POINTS_BELOW_LP
     checks = []
@@ -171,16 +181,16 @@ def main() -> int:
                        f"{TARGET_SEQUENCES_PER_SECOND:,}", point["sequences_per_second"] >= TARGET_SEQUENCES_PER_SECOND))
     passed = all(ok for _, ok in checks)
 
-    if args.json:
+    if FLAGS.json:
         print(json.dumps({
-            "histogram": args.histogram, "max_sequence_length": max_length, "max_sequences_per_pack": depth,
-            "sequences": len(lengths), "seed": args.seed, "chunk": args.chunk, **curve[0],
+            "histogram": FLAGS.histogram, "max_sequence_length": max_length, "max_sequences_per_pack": depth,
+            "sequences": len(lengths), "seed": FLAGS.seed, "chunk": FLAGS.chunk, **curve[0],
             "greedy_best_fit_efficiency": greedy, "greedy_best_fit_sequences_per_second": len(lengths) / greedy_seconds,
             "offline_lp_efficiency": offline.efficiency, "target_efficiency": target, "passed": passed,
             "curve": curve,
         }))
     else:
-        print(f"{len(lengths):,} sequences from {args.histogram}, L={max_length}, depth {depth}, seed {args.seed}\n")
+        print(f"{len(lengths):,} sequences from {FLAGS.histogram}, L={max_length}, depth {depth}, seed {FLAGS.seed}\n")
         print("| window | online efficiency | greedy best-fit | offline LP | online sequences/s | peak sequences held |")
         print("|---|---|---|---|---|---|")
         for point in curve:
@@ -193,4 +203,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main, PROGRAM, (), "Nothing was written")

@@ -15,7 +15,6 @@ our encoder writing the packed records of one shard.
 
 from __future__ import annotations
 
-import argparse
 import glob
 import os
 import resource
@@ -26,46 +25,51 @@ import tempfile
 import time
 
 from _sample_corpus import copy_sample
+from absl import flags
 
+from bert_packed.cli.common import run
 from bert_packed.features import Shapes, float_features, tf_feature_spec
 from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset, verify_packed_dataset
 from bert_packed.records import TFRecordWriter, read_batches, read_packed, read_records
 
 SCRIPTS = os.path.dirname(os.path.abspath(__file__))
 
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("copies", 16, "Copies of the sample in the unpacked data.", lower_bound=1)
+flags.DEFINE_integer("runs", 3, "Packing runs on the same data.", lower_bound=1)
+flags.DEFINE_integer("num_workers", 0, "Threads (0: one per core).", lower_bound=0)
 
-def main() -> int:
+PROGRAM = "benchmark_pack_pretraining_data"
+
+
+def main(argv) -> int:
     """Returns the exit status: 1 when a target is missed."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--copies", type=int, default=16, help="copies of the sample in the unpacked data")
-    parser.add_argument("--runs", type=int, default=3, help="packing runs on the same data")
-    parser.add_argument("--num_workers", type=int, default=0, help="threads (0: one per core)")
-    args = parser.parse_args()
+    del argv
     work = tempfile.mkdtemp(prefix="bench_pack_")
     try:
         unpacked = os.path.join(work, "unpacked")
-        corpus = copy_sample(os.path.join(work, "corpus"), args.copies)
+        corpus = copy_sample(os.path.join(work, "corpus"), FLAGS.copies)
         subprocess.run([sys.executable, os.path.join(SCRIPTS, "create_pretraining_data.py"),
                         f"--input_file={','.join(corpus)}", f"--output_dir={unpacked}", "--max_seq_length=512",
                         "--max_predictions_per_seq=76", "--dupe_factor=10"], check=True, stdout=subprocess.DEVNULL)
         files = sorted(glob.glob(os.path.join(unpacked, "*.tfrecord")))
         input_mb = sum(os.path.getsize(path) for path in files) / 2**20
         rates = []
-        for run in range(args.runs):
+        for run_index in range(FLAGS.runs):  # not `run`: the command runner's name
             output = os.path.join(work, "packed")
             shutil.rmtree(output, ignore_errors=True)
             start = time.perf_counter()
             metadata = pack_pretraining_dataset(files, output, PackSettings(Shapes(512, 76, 3), "lp", num_shards=8),
-                                                args.num_workers)
+                                                FLAGS.num_workers)
             seconds = time.perf_counter() - start
             verify_start = time.perf_counter()
             verify_packed_dataset(output)
             verify_seconds = time.perf_counter() - verify_start
             rates.append(metadata["num_sequences"] / seconds)
             passes = ", ".join(f"{name} {value:.1f} s" for name, value in metadata["seconds"].items())
-            print(f"run {run + 1}: packed {metadata['num_sequences']:,} sequences (L=512, {input_mb:,.0f} MB) into "
+            print(f"run {run_index + 1}: packed {metadata['num_sequences']:,} sequences (L=512, {input_mb:,.0f} MB) into "
                   f"{metadata['num_packs']:,} packs (packing factor {metadata['packing_factor']:.3f}, efficiency "
-                  f"{metadata['efficiency']:.2%}) in {seconds:.1f} s on {args.num_workers or os.cpu_count()} cores "
+                  f"{metadata['efficiency']:.2%}) in {seconds:.1f} s on {FLAGS.num_workers or os.cpu_count()} cores "
                   f"({passes}): {rates[-1]:,.0f} sequences/s; --verify {verify_seconds:.1f} s", flush=True)
         peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         best, median = max(rates), sorted(rates)[len(rates) // 2]
@@ -106,4 +110,4 @@ def codec_figures(unpacked_files: list[str], packed_dir: str, work: str) -> None
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main, PROGRAM, (), "Nothing is kept")

@@ -12,11 +12,18 @@ median time of `--repeats` runs. Then the issue's targets, each marked PASS or F
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 
+from absl import flags
+
+from bert_packed.cli.common import run
 from bert_packed.packing import histogram_stats, plan, solve_packing_lp, wikipedia_like_histogram
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("repeats", 3, "Runs per fast algorithm (median reported).", lower_bound=1)
+
+PROGRAM = "benchmark_packing"
 
 RUNS = [  # (algorithm, depth); None = unlimited
     ("spfhp", None), ("lpfhp", None), ("spfhp", 3), ("lpfhp", 3), ("nnlshp", 3), ("lp", 3),
@@ -37,11 +44,9 @@ def timed_plan(histogram, max_length, algorithm, depth, repeats):
     return plans[0], statistics.median(p.seconds for p in plans)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeats", type=int, default=3, help="runs per fast algorithm (median reported)")
-    args = parser.parse_args()
-
+def main(argv) -> int:
+    """Returns the exit status: 1 when a target is missed."""
+    del argv
     rows = {}
     print("| data | padding | algorithm | depth | packs | lower bound | LP bound | gap | efficiency "
           "| packing factor | seconds |")
@@ -50,7 +55,7 @@ def main() -> int:
         stats = histogram_stats(histogram)
         lp_bound = solve_packing_lp(histogram, 3)[0].sum()  # no packing at depth 3 needs fewer
         for algorithm, depth in RUNS:
-            repeats = 1 if algorithm in ("nnlshp", "lp") else args.repeats
+            repeats = 1 if algorithm in ("nnlshp", "lp") else FLAGS.repeats
             p, seconds = timed_plan(histogram, max_length, algorithm, depth, repeats)
             rows[(name, algorithm, depth)] = (p, seconds)
             bound = f"{lp_bound:,.1f}" if depth == 3 else ""
@@ -89,4 +94,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main, PROGRAM, (), "Nothing was written")

@@ -17,10 +17,8 @@ speed-up is below 0.95 x the packing factor.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 import tempfile
 
 from bert_packed.tensorflow_loading import import_tensorflow
@@ -28,7 +26,9 @@ from bert_packed.tensorflow_loading import import_tensorflow
 import_tensorflow(verbosity=0)  # first: TensorFlow's start-up notices stay out of the tables
 
 import numpy as np
+from absl import flags
 
+from bert_packed.cli.common import run
 from bert_packed.curves import describe_speedup, median_and_range, summary
 from bert_packed.features import Shapes
 from bert_packed.files import write_text_atomically
@@ -42,6 +42,20 @@ from bert_packed.training.throughput import BF16_PEAK_TFLOPS, Measured, benchmar
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # as laid out, not resolved
 TARGET = 0.95
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("bert_config", "tiny",
+                    "tiny, mini, base or large (configs/bert_config_*.json), or a bert_config.json path.")
+flags.DEFINE_enum("precision", "fp32", ["fp32", "bf16", "fp16"], "Compute precision (bf16 on a GPU for the MLPerf figure).")
+flags.DEFINE_bool("xla", False, "Compile the forward and backward pass with XLA.")
+flags.DEFINE_integer("batch_size", 8, "Rows per update, padded and packed alike.", lower_bound=1)
+flags.DEFINE_integer("sequences", 4000, "Synthetic unpacked sequences to write.", lower_bound=1)
+flags.DEFINE_integer("rounds", 6, "Measured rounds (after one warm-up round).", lower_bound=1)
+flags.DEFINE_integer("updates", 8, "Updates of each input mode in a round.", lower_bound=1)
+flags.DEFINE_float("peak_tflops", None, "The device's peak for MFU (default: known GPUs' bf16 dense peak; none on CPU).")
+flags.DEFINE_string("output_json", None, "Also write the measurements here.")
+
+PROGRAM = "benchmark_wikipedia_like_training"
 
 
 def synthetic_instances(count: int, seed: int) -> list[Instance]:
@@ -95,38 +109,25 @@ def write_data(directory: str, sequences: int) -> tuple[list[str], list[str], fl
     return files, packed, metadata["packing_factor"]
 
 
-def main() -> int:
+def main(argv) -> int:
     """Returns the exit status: 1 when the target is missed."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--bert_config", default="tiny",
-                        help="tiny, mini, base or large (configs/bert_config_*.json), or a bert_config.json path.")
-    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"],
-                        help="Compute precision (bf16 on a GPU for the MLPerf figure).")
-    parser.add_argument("--xla", action="store_true", help="Compile the forward and backward pass with XLA.")
-    parser.add_argument("--batch_size", type=int, default=8, help="Rows per update, padded and packed alike.")
-    parser.add_argument("--sequences", type=int, default=4000, help="Synthetic unpacked sequences to write.")
-    parser.add_argument("--rounds", type=int, default=6, help="Measured rounds (after one warm-up round).")
-    parser.add_argument("--updates", type=int, default=8, help="Updates of each input mode in a round.")
-    parser.add_argument("--peak_tflops", type=float, help="The device's peak for MFU (default: known GPUs' bf16 "
-                                                          "dense peak; none on CPU).")
-    parser.add_argument("--output_json", help="Also write the measurements here.")
-    args = parser.parse_args()
-    config_path = args.bert_config if args.bert_config.endswith(".json") else os.path.join(
-        ROOT, "configs", f"bert_config_{args.bert_config}.json")
+    del argv
+    config_path = FLAGS.bert_config if FLAGS.bert_config.endswith(".json") else os.path.join(
+        ROOT, "configs", f"bert_config_{FLAGS.bert_config}.json")
     bert = BertConfig.from_json_file(config_path)
     device, peak = device_and_peak()
-    peak = args.peak_tflops or peak
+    peak = FLAGS.peak_tflops or peak
     with tempfile.TemporaryDirectory() as work:
-        unpacked, packed, factor = write_data(work, args.sequences)
+        unpacked, packed, factor = write_data(work, FLAGS.sequences)
         runs = {mode: benchmark_run(bert, packed if mode == "packed" else unpacked,
-                                    Shapes(512, 76, 3 if mode == "packed" else 1), mode, args.batch_size,
-                                    os.path.join(work, mode), args.precision, args.xla)
+                                    Shapes(512, 76, 3 if mode == "packed" else 1), mode, FLAGS.batch_size,
+                                    os.path.join(work, mode), FLAGS.precision, FLAGS.xla)
                 for mode in ("padded", "packed")}
         set_up_process(runs["padded"][0])
         trainers = {mode: Measured(*run) for mode, run in runs.items()}
-        result = measure_alternately(trainers, args.rounds, args.updates)
-    print(f"{os.path.basename(config_path)}, {args.precision}{', XLA' if args.xla else ''}, {args.batch_size} rows "
-          f"an update, on {device}; {args.rounds} rounds of {args.updates} updates per mode, alternated\n")
+        result = measure_alternately(trainers, FLAGS.rounds, FLAGS.updates)
+    print(f"{os.path.basename(config_path)}, {FLAGS.precision}{', XLA' if FLAGS.xla else ''}, {FLAGS.batch_size} rows "
+          f"an update, on {device}; {FLAGS.rounds} rounds of {FLAGS.updates} updates per mode, alternated\n")
     print("| input | sequences/s | real tokens/s | model TFLOP/s | MFU | padding efficiency | speed-up (median, range) "
           "| speed-up / packing factor |")
     print("|---|---|---|---|---|---|---|---|")
@@ -140,12 +141,12 @@ def main() -> int:
               + (f"{speedup['median'] / factor:.2f}" if mode == "packed" else "") + " |")
     ratio = summary(result["speedups"]["packed"])["median"] / factor
     print(f"\npacked {describe_speedup(result['speedups']['packed'], factor)}")
-    if args.output_json:
-        write_text_atomically(args.output_json, json.dumps(
+    if FLAGS.output_json:
+        write_text_atomically(FLAGS.output_json, json.dumps(
             {**result, "packing_factor": factor, "device": device, "peak_tflops": peak, "bert_config": config_path,
-             "precision": args.precision, "xla": args.xla, "batch_size": args.batch_size}, indent=1) + "\n")
+             "precision": FLAGS.precision, "xla": FLAGS.xla, "batch_size": FLAGS.batch_size}, indent=1) + "\n")
     return 0 if ratio >= TARGET else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main, PROGRAM, "output_json", "Nothing is kept (--output_json is written at the end)")
