@@ -31,6 +31,7 @@ from bert_packed.cli.common import run
 from bert_packed.features import Shapes, float_features, tf_feature_spec
 from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset, verify_packed_dataset
 from bert_packed.records import TFRecordWriter, read_batches, read_packed, read_records
+from bert_packed.tensorflow_loading import import_tensorflow
 
 SCRIPTS = os.path.dirname(os.path.abspath(__file__))
 
@@ -84,7 +85,7 @@ def main(argv) -> int:
 
 def codec_figures(unpacked_files: list[str], packed_dir: str, work: str) -> None:
     """Microseconds a record: parsing unpacked records, ours and TensorFlow's; encoding packs."""
-    import tensorflow as tf
+    tf = import_tensorflow(verbosity=0)  # its start-up notices stay out of the figures
 
     lengths = Shapes(512, 76).unpacked_lengths()
     start = time.perf_counter()

@@ -206,7 +206,12 @@ def _configure_output(verbosity: int) -> _RepeatCounter:
     # and tf.distribute's ("Using MirroredStrategy ...", "Collective all_reduce tensors ...")
     # through its own.
     logging.getLogger("absl").setLevel(logging.WARNING)
-    logging.getLogger("tensorflow").setLevel(logging.WARNING)
+    tensorflow_logger = logging.getLogger("tensorflow")
+    tensorflow_logger.setLevel(logging.WARNING)
+    # TensorFlow loaded before absl's handler was set up (a benchmark loads it first) gave its
+    # logger a handler of its own: its warnings would show twice, once in its own format.
+    for own in list(tensorflow_logger.handlers):
+        tensorflow_logger.removeHandler(own)
     return counter
 
 
