@@ -355,9 +355,11 @@ def plot(runs: list[Run], path: str) -> None:
                 if len(group.runs) > 1:
                     axes[row][column].fill_between(x, [min(v) for v in values], [max(v) for v in values],
                                                    color=line.get_color(), alpha=0.2, linewidth=0)
+    heads = {run.info.get("nsp_loss", True) for run in runs}
+    loss = "MLM + NSP" if heads == {True} else "MLM" if heads == {False} else "MLM, + NSP where trained with it"
     for column, label in enumerate(("sequences seen", "wall time (s)")):
         axes[0][column].set(xlabel=label, ylabel=f"{source} MLM accuracy")
-        axes[1][column].set(xlabel=label, ylabel=f"{source} loss (MLM + NSP)")
+        axes[1][column].set(xlabel=label, ylabel=f"{source} loss ({loss})")
     for axis in axes.ravel():
         axis.grid(alpha=0.3)
         axis.legend(fontsize=8)

@@ -155,3 +155,14 @@ def test_bad_run_directories_are_named(tmp_path):
     result = run_command("compare_curves", str(tmp_path / "missing"))
     assert result.returncode == 2 and result.stderr.strip() == (
         f"compare_curves: error: {tmp_path / 'missing'}: no such run directory")
+
+
+def test_runs_with_and_without_the_nsp_loss_are_compared_with_a_warning(tmp_path):
+    with_head = write_run(tmp_path / "nsp", "padded", 1.0, 2.0, 8, [0.2, 0.4])
+    without = write_run(tmp_path / "mlm_only", "padded", 1.0, 2.0, 8, [0.2, 0.4])
+    info = json.loads((tmp_path / "mlm_only" / "run.json").read_text())
+    (tmp_path / "mlm_only" / "run.json").write_text(json.dumps({**info, "nsp_loss": False}))
+    result = run_command("compare_curves", with_head, without, "--output", str(tmp_path / "c.png"), "--accuracy", "0.4")
+    assert result.returncode == 0, result.stderr
+    assert "warning: mlm_only trained without the NSP loss (--nsp_loss=false), the others with it: their losses " \
+           "differ by the NSP term; compare MLM accuracy (the MLPerf metric)" in result.stderr.splitlines()

@@ -92,7 +92,10 @@ def test_each_format_reads_documents_of_sentences(tmp_path):
 @pytest.mark.parametrize("input_format, text, message", [
     ("jsonl", '{"text": "One."}\n{"text": "Two.",\n', r"bad.txt:2: not a JSON object \(Expecting"),
     ("jsonl", '{"text": "One."}\n["Two."]\n', r'bad.txt:2: expected a JSON object with a string field "text" '
-                                               r"\(--text_field\), found list"),
+                                               r"\(--text_field\), found a JSON list"),
+    ("jsonl", '{"text": 12}\n', r'bad.txt:1: .* found "text" holding a JSON int'),
+    ("jsonl", '{}\n', r'bad.txt:1: .* found an empty object'),
+    ("sentences", 'One.\n{"text": "Two."}\n', r"bad.txt:2: a JSON object in a file read as one sentence a line"),
     ("jsonl", '{"body": "One.", "title": "T"}\n', r'bad.txt:1: .* found fields body, title'),
     ("sentences", 'One.\n<doc id="2" title="B">\nTwo.\n</doc>\n', r"bad.txt:2: a WikiExtractor <doc> line in a file "
                                                                   r"read as one sentence a line"),
@@ -104,3 +107,22 @@ def test_a_file_not_in_the_format_is_named_with_its_line(tmp_path, input_format,
     path.write_text(text)
     with pytest.raises(CorpusError, match=message):
         read_documents(str(path), input_format)
+
+
+def test_a_byte_order_mark_is_not_text_and_a_line_longer_than_read_at_once_keeps_its_number(tmp_path, monkeypatch):
+    from bert_packed.pretraining_data import corpus
+
+    path = tmp_path / "bom.jsonl"
+    path.write_text('\ufeff{"text": "One here. Two there."}\n', encoding="utf-8")
+    assert detect_format(str(path))[0] == "jsonl"
+    assert [d.sentences for d in read_documents(str(path))] == [["One here.", "Two there."]]
+    monkeypatch.setattr(corpus, "MAX_LINE_CHARACTERS", 16)  # every line below is read in pieces
+    path = tmp_path / "long.jsonl"
+    path.write_text('{"text": "One here. Two there."}\n{"text": "Three, alone."}\n{"text": 3}\n')
+    with pytest.raises(CorpusError, match=r"long.jsonl:3: .* found \"text\" holding a JSON int"):
+        read_documents(str(path), "jsonl")
+    path = tmp_path / "long.txt"
+    path.write_text("One here. Two there.\nThree, alone. And four.\n")
+    documents = read_documents(str(path), "documents")
+    assert [(d.source, d.sentences) for d in documents] == [
+        (f"{path}:1", ["One here.", "Two there."]), (f"{path}:2", ["Three, alone.", "And four."])]

@@ -414,6 +414,7 @@ def test_two_local_workers_train_together_and_hold_the_same_weights(packed_dir, 
         assert worker.returncode == 0, stderr[-3000:]
         # tf.distribute's own INFO lines ("Collective all_reduce tensors: ...", one an update) stay out.
         assert not [line for line in stderr.splitlines() if "Collective" in line or "Strategy" in line], stderr
+        assert "retracing" not in stderr  # the workers' collectives for deciding together are compiled once
         assert len(stderr.splitlines()) <= 10, stderr
     assert len(read_log(out / "train_log.jsonl")) == 3
     chief = tf.train.load_checkpoint(str(out / "checkpoints"))
@@ -912,16 +913,31 @@ def test_masked_lm_only_trains_without_the_next_sentence_head(packed_dir, unpack
         assert record["loss"] == pytest.approx(record["mlm_loss"], rel=1e-6)
         assert 0.0 <= record["mlm_accuracy"] < 1.0 and record["mlm_loss"] > 1.0
     assert eval_log[0]["num_sequences"] == sum(1 for path in eval_files for _ in tf.data.TFRecordDataset(path))
+    with_head = make_trainer(config(tmp_path / "run", files, eval_files=eval_files))
+    with pytest.raises(TrainingError, match=r"run.json: the run was trained with --nsp_loss=false; give it to evaluate"):
+        with_head.evaluate_only()
     exported = {name for name, _ in tf.train.list_variables(str(tmp_path / "run" / "model.ckpt-2"))}
     assert "cls/predictions/output_bias" in exported
     assert not {name for name in exported if name.startswith(("bert/pooler", "cls/seq_relationship"))}
     masked_lm_only = BertPretrainingModel(BertConfig(**TINY), next_sentence_prediction=False)
     assert load_google_checkpoint(masked_lm_only, str(tmp_path / "run" / "model.ckpt-2")) == len(
         trainer.model.trainable_weights)
-    with pytest.raises(CheckpointError, match="bert/pooler/dense/kernel"):  # a model with the head needs its weights
+    with pytest.raises(CheckpointError, match=r"no next-sentence head \(pooler, seq_relationship\): weights trained "
+                                              r"with --nsp_loss=false; give --nsp_loss=false"):
         load_google_checkpoint(BertPretrainingModel(BertConfig(**TINY)), str(tmp_path / "run" / "model.ckpt-2"))
     # The run's training checkpoint, exported: the run (run.json) says the model has no head.
     result = run_command("export_model", f"--checkpoint={tmp_path / 'run' / 'checkpoints' / 'ckpt-2'}",
                          f"--bert_config_file={bert_config_file}", f"--vocab_file={VOCAB}", f"--output_dir={tmp_path / 'hf'}")
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
+
+
+def test_a_tf_config_that_cannot_be_used_is_one_line(packed_dir, bert_config_file, tmp_path, monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", "not json")
+    result = run_command("run_pretraining", f"--bert_config_file={bert_config_file}",
+                         f"--input_files={packed_dir}/packed-*.tfrecord", f"--output_dir={tmp_path}",
+                         "--max_seq_length=128", "--max_predictions_per_seq=20",
+                         "--distribution_strategy=multi_worker_mirrored")
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1].startswith("run_pretraining: error: TF_CONFIG=not json: cannot be used "
+                                                     "(Expecting value: line 1 column 1 (char 0)); expected")

@@ -12,6 +12,7 @@ under the table. Exit status 2 with one line on bad input.
 
 from __future__ import annotations
 
+import logging
 import os
 
 from absl import flags
@@ -53,6 +54,10 @@ def main(argv) -> None:
     if len(labels) != len(directories):
         raise SettingsError(f"--labels has {len(labels)} names for {len(directories)} runs")
     runs = [load_run(directory, label) for directory, label in zip(directories, labels)]
+    without = [run.name for run in runs if run.info.get("nsp_loss") is False]
+    if without and len(without) < len(runs):
+        logging.warning("%s trained without the NSP loss (--nsp_loss=false), the others with it: their losses differ "
+                        "by the NSP term; compare MLM accuracy (the MLPerf metric)", ", ".join(without))
     if FLAGS.accuracy == "auto":
         if not all(run.evals for run in runs):
             raise SettingsError("--accuracy auto needs an eval_log.jsonl in every run")

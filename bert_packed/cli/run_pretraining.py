@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 
 from absl import flags
 
@@ -248,7 +249,12 @@ def make_strategy():
         devices = [f"/gpu:{i}" for i in range(FLAGS.num_gpus)] if FLAGS.num_gpus > 1 else None
         return tf.distribute.MirroredStrategy(devices)
     if name == "multi_worker_mirrored":
-        return tf.distribute.MultiWorkerMirroredStrategy()
+        try:
+            return tf.distribute.MultiWorkerMirroredStrategy()
+        except (ValueError, KeyError, TypeError, tf.errors.InvalidArgumentError) as e:  # bad JSON is a ValueError
+            raise SettingsError(f"TF_CONFIG={os.environ.get('TF_CONFIG', '')}: cannot be used ({str(e).splitlines()[0]}); "
+                                f"expected {{\"cluster\": {{\"worker\": [\"host:port\", ...]}}, \"task\": {{\"type\": "
+                                f"\"worker\", \"index\": N}}}} (docs/launch.md)") from None
     if name == "tpu":
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
             tpu=one_of_two_spellings("tpu", "tpu_name") or FLAGS.master, zone=FLAGS.tpu_zone,

@@ -137,13 +137,17 @@ def checkpoint_step(path: str) -> int:
 def shape_problems(names: list[tuple[str, object, bool]], shapes: dict) -> list[str]:
     """Each weight of `names` ((name, weight, stored transposed)) missing from `shapes` (stored
     name -> shape) or stored in another shape, in words."""
-    problems = []
+    problems, missing = [], []
     for name, weight, transposed in names:
         expected = tuple(weight.shape[::-1] if transposed else weight.shape)
         if name not in shapes:
             problems.append(f"missing {name} {list(expected)}")
+            missing.append(name)
         elif tuple(shapes[name]) != expected:
             problems.append(f"{name} has shape {list(shapes[name])}, the model needs {list(expected)}")
+    if missing and len(missing) == len(problems) and all(re.search(r"pooler|seq_relationship", n) for n in missing):
+        return ["no next-sentence head (pooler, seq_relationship): weights trained with --nsp_loss=false; give "
+                "--nsp_loss=false to train or evaluate them"]
     return problems
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import itertools
 import json
 import logging
 import re
@@ -195,10 +196,14 @@ def _numbered_lines(path: str):
         raise CorpusError(f"{path}: {files.size(path) / 2**20:,.0f} MB; one input file is one unit of work held in "
                           f"memory, at most {MAX_INPUT_BYTES >> 20} MB: split it (split -C {MAX_INPUT_BYTES >> 20}M, "
                           f"at line ends; MLPerf's shards are about 25 MB)")
-    number = 0
+    number, whole = 0, True
     try:
         with files.open_file(path) as f:
-            for number, line in enumerate(iter(lambda: f.readline(MAX_LINE_CHARACTERS), ""), 1):
+            for line in iter(lambda: f.readline(MAX_LINE_CHARACTERS), ""):
+                number += whole  # a line longer than MAX_LINE_CHARACTERS comes in pieces of one number
+                if number == 1 and whole:
+                    line = line.removeprefix("\ufeff")  # a byte-order mark is not text
+                whole = line.endswith("\n")
                 yield number, line
     except FileNotFoundError:
         raise CorpusError(f"{path}: no such input file") from None
@@ -273,8 +278,8 @@ def _read_sentences(path: str, lines):
 
 
 def _read_lines_as_documents(path: str, lines):
-    for number, line in lines:
-        stripped = _plain(path, number, line, "documents")
+    for number, pieces in itertools.groupby(lines, key=lambda numbered: numbered[0]):
+        stripped = _plain(path, number, "".join(line for _, line in pieces), "documents")
         if stripped:
             yield Document(f"{path}:{number}", _bounded(split_sentences(stripped), f"{path}:{number}"))
 
@@ -287,23 +292,43 @@ def _plain(path: str, number: int, line: str, input_format: str) -> str:
         raise CorpusError(f"{path}:{number}: a WikiExtractor <doc> line in a file read as "
                           f"{INPUT_FORMATS[input_format]} (--input_format={input_format}): the files of one corpus "
                           f"are read in one format; give --input_format=wikiextractor, or convert the file")
+    if stripped.startswith("{") and isinstance(_json_or_none(stripped), dict):
+        raise CorpusError(f"{path}:{number}: a JSON object in a file read as {INPUT_FORMATS[input_format]} "
+                          f"(--input_format={input_format}): the files of one corpus are read in one format; give "
+                          f"--input_format=jsonl, or convert the file")
     return stripped
 
 
+def _json_or_none(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return None
+
+
+def _what_json_holds(record, text_field: str) -> str:
+    """What a JSON lines record holds instead of a string text field, in a few words."""
+    if not isinstance(record, dict):
+        return f"a JSON {type(record).__name__}"
+    if text_field in record:
+        return f"\"{text_field}\" holding a JSON {type(record[text_field]).__name__}"
+    return f"fields {', '.join(sorted(record)[:5])}" if record else "an empty object"
+
+
 def _read_json_lines(path: str, lines, text_field: str):
-    for number, line in lines:
+    for number, pieces in itertools.groupby(lines, key=lambda numbered: numbered[0]):
+        line = "".join(line for _, line in pieces)
         if not line.strip():
             continue
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:
-            raise CorpusError(f"{path}:{number}: not a JSON object ({e.msg}); expected JSON lines, one document an "
-                              f"object (--input_format=jsonl)") from None
+            raise CorpusError(f"{path}:{number}: not a JSON object ({e.msg} at column {e.colno}); expected JSON "
+                              f"lines, one document an object (--input_format=jsonl)") from None
         text = record.get(text_field) if isinstance(record, dict) else None
         if not isinstance(text, str):
             raise CorpusError(f"{path}:{number}: expected a JSON object with a string field \"{text_field}\" "
-                              f"(--text_field), found " + (f"fields {', '.join(sorted(record)[:5])}"
-                                                           if isinstance(record, dict) else type(record).__name__))
+                              f"(--text_field), found {_what_json_holds(record, text_field)}")
         source = f"{path}:{number}"
         yield Document(source, [sentence for paragraph in text.split("\n") if paragraph.strip()
                                 for sentence in _bounded(split_sentences(paragraph.strip()), source)])

@@ -30,6 +30,7 @@ import functools
 import itertools
 import json
 import logging
+import math
 import multiprocessing
 import os
 import signal
@@ -81,6 +82,8 @@ class DatasetSettings:
 
     def to_dict(self) -> dict:
         result = dataclasses.asdict(self)
+        if self.input_format != "jsonl":
+            del result["text_field"]  # read in no other format: another one changes nothing
         result["vocab_file"] = os.path.basename(self.vocab_file)
         result["vocab_identity"] = self.vocab_identity
         return result
@@ -453,7 +456,8 @@ def _write_summary(sources: list[str], output_dir: str, settings: DatasetSetting
         logging.warning("--eval_fraction=%s held out no document of %d input files: no eval-*.tfrecord written",
                         settings.eval_fraction, len(sources))
 
-    for line in _misread(settings, len(sources), first_pass, sum(s["num_random_next"] for s in shards) / num_instances):
+    for line in _misread(settings, len(sources), first_pass, sum(s["num_random_next"] for s in shards) / num_instances,
+                         num_instances):
         logging.warning("%s", line)
     info = DatasetInfo(
         packed=False, shapes=Shapes(config.max_seq_length, config.max_predictions_per_seq),
@@ -485,7 +489,8 @@ _FEW_SENTENCES_HINT = {
 }
 
 
-def _misread(settings: DatasetSettings, num_files: int, first_pass: list[dict], random_next: float) -> list[str]:
+def _misread(settings: DatasetSettings, num_files: int, first_pass: list[dict], random_next: float,
+             num_instances: int) -> list[str]:
     """Warnings, one line each naming the likely format, when the corpus's statistics say it was
     read in the wrong one: most tokens unused, one document a file, NSP pairs mostly random."""
     documents = sum(s["num_documents"] for s in first_pass)
@@ -502,7 +507,8 @@ def _misread(settings: DatasetSettings, num_files: int, first_pass: list[dict], 
         lines.append(f"{documents:,} document{'' if documents == 1 else 's'} of {sentences / max(documents, 1):,.0f} "
                      f"sentences from {num_files:,} input file{'' if num_files == 1 else 's'}, {read_as}, where a blank "
                      f"line ends a document: if each line is a document, give --input_format=documents")
-    if documents and abs(random_next - 0.5) > 0.15:
+    # Far from 0.5 by more than chance explains (three standard deviations of a fair draw).
+    if documents and abs(random_next - 0.5) > max(0.15, 1.5 / math.sqrt(max(num_instances, 1))):
         lines.append(f"{random_next:.0%} of the next-sentence pairs take a random next segment, not about 50%: "
                      f"documents hold {sentences / documents:.1f} sentences on average, {read_as}"
                      + (_FEW_SENTENCES_HINT.get(settings.input_format, "") if sentences < 3 * documents else ""))

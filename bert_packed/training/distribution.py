@@ -3,6 +3,8 @@ together."""
 
 from __future__ import annotations
 
+import functools
+
 import tensorflow as tf
 
 
@@ -30,11 +32,7 @@ def common_step(strategy: tf.distribute.Strategy, newest: int, can_restore) -> i
     saves, and workers resumed at different steps would wait on each other's collectives."""
     if worker_resolver(strategy) is None:
         return newest
-
-    @tf.function
-    def gather(value):
-        return strategy.gather(strategy.run(lambda: tf.reshape(tf.identity(value), [1])), axis=0)
-
+    gather = _compiled(strategy)[0]
     step = int(gather(tf.constant(newest, tf.int64)).numpy().min())
     # Every worker must hold that step (one ahead may have deleted an old one): else none (0).
     held = step == 0 or can_restore(step)
@@ -46,9 +44,21 @@ def on_any_worker(strategy: tf.distribute.Strategy, flag: bool) -> bool:
     between two workers' writes: deciding together keeps every worker in the same collectives."""
     if worker_resolver(strategy) is None:  # one worker: nobody to agree with
         return flag
+    any_worker = _compiled(strategy)[1]
+    return bool(any_worker(tf.constant(1.0 if flag else 0.0)).numpy() > 0.0)
+
+
+@functools.cache
+def _compiled(strategy: tf.distribute.Strategy):
+    """The strategy's collectives for deciding together, compiled once: a tf.function made anew
+    at every call is traced anew (and TensorFlow warns of it)."""
+
+    @tf.function
+    def gather(value):
+        return strategy.gather(strategy.run(lambda: tf.reshape(tf.identity(value), [1])), axis=0)
 
     @tf.function
     def any_worker(value):
         return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.identity(value)), axis=None)
 
-    return bool(any_worker(tf.constant(1.0 if flag else 0.0)).numpy() > 0.0)
+    return gather, any_worker

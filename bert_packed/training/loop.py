@@ -143,6 +143,10 @@ def evaluate_only(config: TrainConfig, eval_data: EvalData, step: CompiledStep) 
     directory = run_directory(config, step)
     checkpoints = Checkpoints(directory.checkpoints, step.state, config.run.keep_checkpoint_max)
     require_divides("--eval_batch_size", config.eval.eval_batch_size, step.strategy.num_replicas_in_sync)
+    trained_with = directory.read_info().get("nsp_loss")  # the model's heads: its checkpoints hold no other
+    if trained_with is not None and trained_with != config.model.nsp_loss:
+        raise TrainingError(f"{directory.file('run.json')}: the run was trained with --nsp_loss="
+                            f"{str(trained_with).lower()}; give it to evaluate the run's checkpoints")
     source = checkpoints.restore()
     if source is None:
         if not config.model.init_checkpoint:
