@@ -29,19 +29,28 @@ def random_model(settings=TINY_512, seed=0, next_sentence_prediction=True) -> Be
     return model
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    """(the model, its bert_config.json, its TF1 checkpoint at step 7, its Hugging Face export)."""
-    directory = tmp_path_factory.mktemp("exported")
-    model = random_model()
+def export_through_the_command(model, directory, step):
+    """Writes the model's bert_config.json and TF1 checkpoint at `step` into `directory`, and its
+    Hugging Face export made from them by export_model, in `directory`/hf.
+
+    Returns:
+      (bert_config.json, the checkpoint's prefix, the export).
+    """
     bert_config = directory / "bert_config.json"
     bert_config.write_text(json.dumps(model.config.to_dict()))
-    prefix = export_google_checkpoint(model, str(directory / "model.ckpt-7"), 7)
+    prefix = export_google_checkpoint(model, str(directory / f"model.ckpt-{step}"), step)
     result = run_command("export_model", f"--checkpoint={prefix}", f"--bert_config_file={bert_config}",
                          f"--vocab_file={VOCAB}", f"--output_dir={directory / 'hf'}")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip() == f"export_model: {prefix} (step 7) -> {directory / 'hf'} (huggingface)"
-    return model, bert_config, prefix, directory / "hf"
+    assert result.stdout.strip() == f"export_model: {prefix} (step {step}) -> {directory / 'hf'} (huggingface)"
+    return bert_config, prefix, directory / "hf"
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """(the model, its bert_config.json, its TF1 checkpoint at step 7, its Hugging Face export)."""
+    model = random_model()
+    return model, *export_through_the_command(model, tmp_path_factory.mktemp("exported"), 7)
 
 
 def unpacked_inputs(vocab_size, seed=1):
@@ -111,15 +120,8 @@ def test_transformers_and_keras_hub_read_the_export_and_compute_what_the_model_c
 @pytest.fixture(scope="module")
 def exported_masked_lm(tmp_path_factory):
     """(a model without the next-sentence head, its Hugging Face export, made from its TF1 checkpoint)."""
-    directory = tmp_path_factory.mktemp("exported_masked_lm")
     model = random_model(seed=3, next_sentence_prediction=False)
-    bert_config = directory / "bert_config.json"
-    bert_config.write_text(json.dumps(model.config.to_dict()))
-    prefix = export_google_checkpoint(model, str(directory / "model.ckpt-5"), 5)
-    result = run_command("export_model", f"--checkpoint={prefix}", f"--bert_config_file={bert_config}",
-                         f"--vocab_file={VOCAB}", f"--output_dir={directory / 'hf'}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    return model, directory / "hf"
+    return model, export_through_the_command(model, tmp_path_factory.mktemp("exported_masked_lm"), 5)[2]
 
 
 def test_a_model_without_the_next_sentence_head_exports_as_a_masked_lm(exported_masked_lm, tmp_path):
