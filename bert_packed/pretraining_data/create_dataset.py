@@ -467,7 +467,7 @@ def _write_summary(sources: list[str], output_dir: str, settings: DatasetSetting
             "settings": settings.to_dict(),
             "num_documents": sum(s["num_documents"] for s in first_pass),
             "num_empty_documents": sum(len(s["empty_documents"]) for s in first_pass),
-            "num_sentences": sum(s.get("num_sentences", 0) for s in first_pass),
+            "num_sentences": sum(s["num_sentences"] for s in first_pass),
             "num_tokens": int(histogram @ lengths),
             "padding_fraction": 1.0 - float(histogram @ lengths) / (num_instances * len(histogram)),
             "full_length_fraction": float(histogram[-1]) / num_instances,
@@ -494,9 +494,9 @@ def _misread(settings: DatasetSettings, num_files: int, first_pass: list[dict], 
     """Warnings, one line each naming the likely format, when the corpus's statistics say it was
     read in the wrong one: most tokens unused, one document a file, NSP pairs mostly random."""
     documents = sum(s["num_documents"] for s in first_pass)
-    sentences = sum(s.get("num_sentences", 0) for s in first_pass)
-    tokens = sum(s.get("num_document_tokens", 0) for s in first_pass)
-    unused = sum(s.get("num_unused_tokens", 0) for s in first_pass)
+    sentences = sum(s["num_sentences"] for s in first_pass)
+    tokens = sum(s["num_document_tokens"] for s in first_pass)
+    unused = sum(s["num_unused_tokens"] for s in first_pass)
     read_as = f"read as {INPUT_FORMATS[settings.input_format]} (--input_format={settings.input_format})"
     lines = []
     if tokens and unused > 0.1 * tokens:
