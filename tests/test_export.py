@@ -69,11 +69,20 @@ def unpacked_inputs(vocab_size, seed=1):
             "next_sentence_positions": np.zeros((2, 1), np.int32)}
 
 
+def run_transformers(model, features):
+    """A transformers BERT's outputs on the unpacked features (unpacked_inputs)."""
+    import torch
+
+    with torch.no_grad():
+        return model(input_ids=torch.tensor(features["input_ids"], dtype=torch.long),
+                     token_type_ids=torch.tensor(features["segment_ids"], dtype=torch.long),
+                     attention_mask=torch.tensor(features["sequence_ids"], dtype=torch.long))
+
+
 @pytest.mark.slow  # loads PyTorch, transformers and keras-hub
 def test_transformers_and_keras_hub_read_the_export_and_compute_what_the_model_computes(exported, monkeypatch):
     import keras
     import keras_hub
-    import torch
     import transformers
     from keras_hub.src.models.bert import bert_backbone
 
@@ -84,10 +93,7 @@ def test_transformers_and_keras_hub_read_the_export_and_compute_what_the_model_c
     real = features["sequence_ids"][:, :, None]
 
     hugging_face = transformers.BertForPreTraining.from_pretrained(str(directory)).eval()
-    with torch.no_grad():
-        theirs = hugging_face(input_ids=torch.tensor(features["input_ids"], dtype=torch.long),
-                              token_type_ids=torch.tensor(features["segment_ids"], dtype=torch.long),
-                              attention_mask=torch.tensor(features["sequence_ids"], dtype=torch.long))
+    theirs = run_transformers(hugging_face, features)
     mlm = np.take_along_axis(theirs.prediction_logits.numpy(), features["masked_lm_positions"][:, :, None], axis=1)
     np.testing.assert_allclose(mlm, ours["mlm_logits"], atol=1e-4, rtol=0)
     np.testing.assert_allclose(theirs.seq_relationship_logits.numpy(), ours["nsp_logits"][:, 0], atol=1e-4, rtol=0)
@@ -139,7 +145,6 @@ def test_a_model_without_the_next_sentence_head_exports_as_a_masked_lm(exported_
 
 @pytest.mark.slow  # loads PyTorch and transformers
 def test_transformers_reads_a_masked_lm_export_and_computes_what_the_model_computes(exported_masked_lm):
-    import torch
     import transformers
 
     model, directory = exported_masked_lm
@@ -147,10 +152,7 @@ def test_transformers_reads_a_masked_lm_export_and_computes_what_the_model_compu
     ours = model(features)
     assert set(ours) == {"mlm_logits"}
     masked_lm = transformers.BertForMaskedLM.from_pretrained(str(directory)).eval()
-    with torch.no_grad():
-        theirs = masked_lm(input_ids=torch.tensor(features["input_ids"], dtype=torch.long),
-                           token_type_ids=torch.tensor(features["segment_ids"], dtype=torch.long),
-                           attention_mask=torch.tensor(features["sequence_ids"], dtype=torch.long))
+    theirs = run_transformers(masked_lm, features)
     mlm = np.take_along_axis(theirs.logits.numpy(), features["masked_lm_positions"][:, :, None], axis=1)
     np.testing.assert_allclose(mlm, ours["mlm_logits"].numpy(), atol=1e-4, rtol=0)
 
