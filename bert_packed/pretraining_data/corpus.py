@@ -277,9 +277,16 @@ def _read_sentences(path: str, lines):
         yield document
 
 
-def _read_lines_as_documents(path: str, lines):
+def _whole_lines(lines):
+    """(line number, line) with a line read in pieces (longer than MAX_LINE_CHARACTERS) joined
+    again: for the formats where a line is a unit (a document, a JSON object)."""
     for number, pieces in itertools.groupby(lines, key=lambda numbered: numbered[0]):
-        stripped = _plain(path, number, "".join(line for _, line in pieces), "documents")
+        yield number, "".join(line for _, line in pieces)
+
+
+def _read_lines_as_documents(path: str, lines):
+    for number, line in _whole_lines(lines):
+        stripped = _plain(path, number, line, "documents")
         if stripped:
             yield Document(f"{path}:{number}", _bounded(split_sentences(stripped), f"{path}:{number}"))
 
@@ -316,8 +323,7 @@ def _what_json_holds(record, text_field: str) -> str:
 
 
 def _read_json_lines(path: str, lines, text_field: str):
-    for number, pieces in itertools.groupby(lines, key=lambda numbered: numbered[0]):
-        line = "".join(line for _, line in pieces)
+    for number, line in _whole_lines(lines):
         if not line.strip():
             continue
         try:
