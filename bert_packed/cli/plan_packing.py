@@ -16,7 +16,15 @@ import sys
 from absl import flags
 
 from bert_packed.cli.common import run
-from bert_packed.packing import ALGORITHMS, DEFAULT_ALGORITHM, histogram_stats, load_histogram, plan
+from bert_packed.packing import (
+    ALGORITHMS,
+    DEFAULT_ALGORITHM,
+    histogram_stats,
+    load_histogram,
+    plan,
+    sampling_total_variation,
+    total_variation,
+)
 
 
 class _DepthParser(flags.ArgumentParser):
@@ -45,6 +53,8 @@ flags.DEFINE_enum("algorithm", DEFAULT_ALGORITHM, [*ALGORITHMS, "all"],
 flags.DEFINE(_DepthParser(), "max_sequences_per_pack", "3",
              "Depth: at most this many sequences per pack, or 'unlimited'.")
 flags.DEFINE_integer("max_sequence_length", None, "L; default: the histogram file's max_sequence_length (or its length).")
+flags.DEFINE_string("reference_histogram", None, "Also compare the histogram's mix of lengths with this one's "
+                    "(data/histograms/wikipedia_512.json, say): padding, share at L, total-variation distance.")
 flags.DEFINE_bool("json", False, "Print one JSON object (with the strategies) instead of a table.")
 flags.DEFINE_alias("max-sequences-per-pack", "max_sequences_per_pack")
 flags.DEFINE_alias("max-sequence-length", "max_sequence_length")
@@ -72,6 +82,33 @@ def format_table(stats, plans) -> str:
     return "\n".join(lines)
 
 
+def compare_with_reference(histogram, reference) -> dict:
+    """How far `histogram`'s mix of lengths is from `reference`'s (of the same L)."""
+    stats, reference_stats = histogram_stats(histogram), histogram_stats(reference)
+    return {
+        "padding_fraction": [stats.padding_fraction, reference_stats.padding_fraction],
+        "full_length_fraction": [histogram[-1] / stats.num_sequences, reference[-1] / reference_stats.num_sequences],
+        "max_speedup": [stats.max_speedup, reference_stats.max_speedup],
+        "total_variation": total_variation(histogram, reference),
+        "total_variation_16_token_bins": total_variation(histogram, reference, bin_width=16),
+        # What the same number of lengths drawn from the reference itself is off by.
+        "sample_total_variation": sampling_total_variation(reference, stats.num_sequences),
+    }
+
+
+def format_comparison(comparison: dict, reference_path: str) -> str:
+    """The comparison's lines: this histogram's figures, the reference's in brackets."""
+    c = comparison
+    return "\n".join([
+        f"against {reference_path} (in brackets): padding {c['padding_fraction'][0]:.1%} "
+        f"({c['padding_fraction'][1]:.1%}), exactly L long {c['full_length_fraction'][0]:.1%} "
+        f"({c['full_length_fraction'][1]:.1%}), max speed-up {c['max_speedup'][0]:.3f}x ({c['max_speedup'][1]:.3f}x)",
+        f"total-variation distance {c['total_variation']:.3f} per length, {c['total_variation_16_token_bins']:.3f} in "
+        f"16-token bins; as many lengths drawn from the reference itself are {c['sample_total_variation']:.3f} "
+        f"off per length",
+    ])
+
+
 def _percent(fraction: float) -> str:
     """A percentage with as many decimals as it takes not to round up to 100% (4 at most).
 
@@ -93,13 +130,17 @@ def main(argv) -> None:
         algorithms = ["spfhp", "lpfhp"]
         logging.warning("nnlshp and lp enumerate strategies and need a finite --max_sequences_per_pack: left out")
     histogram = load_histogram(FLAGS.histogram, FLAGS.max_sequence_length)
+    reference = load_histogram(FLAGS.reference_histogram, len(histogram)) if FLAGS.reference_histogram else None
     plans = [plan(histogram, len(histogram), algorithm, depth) for algorithm in algorithms]
+    comparison = None if reference is None else compare_with_reference(histogram, reference)
     if FLAGS.json:
         payload = plans[0].to_dict() if len(plans) == 1 else {p.algorithm: p.to_dict() for p in plans}
-        json.dump(payload, sys.stdout)
+        json.dump(payload if comparison is None else {**payload, "reference": comparison}, sys.stdout)
         sys.stdout.write("\n")
     else:
         print(format_table(histogram_stats(histogram, depth), plans))
+        if comparison is not None:
+            print(format_comparison(comparison, FLAGS.reference_histogram))
 
 
 def entry_point():

@@ -16,7 +16,9 @@ from bert_packed.packing.histogram import (
     load_histogram,
     lower_bound_packs,
     merge_histograms,
+    sampling_total_variation,
     save_histogram,
+    total_variation,
 )
 from bert_packed.packing.online import OnlinePacker
 from bert_packed.packing.plan import ALGORITHMS, DEFAULT_ALGORITHM, PackingPlan, PlanError, check_strategies, plan
@@ -26,5 +28,6 @@ __all__ = [
     "ALGORITHMS", "DEFAULT_ALGORITHM", "HistogramError", "HistogramStats", "OnlinePacker", "PackingPlan", "PlanError",
     "check_histogram", "check_strategies", "histogram_from_lengths", "histogram_stats", "load_histogram",
     "lower_bound_packs", "lp_packing", "lpfhp", "merge_histograms", "nnlshp", "plan",
-    "save_histogram", "solve_packing_lp", "spfhp", "wikipedia_like_histogram",
+    "sampling_total_variation", "save_histogram", "solve_packing_lp", "spfhp", "total_variation",
+    "wikipedia_like_histogram",
 ]

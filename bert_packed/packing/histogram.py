@@ -225,3 +225,29 @@ def lower_bound_packs(histogram, max_sequences_per_pack: int | None = None) -> i
     if max_sequences_per_pack is not None:
         bound = max(bound, -(-int(histogram.sum()) // max_sequences_per_pack))
     return bound
+
+
+def total_variation(histogram, reference, bin_width: int = 1) -> float:
+    """The total-variation distance between two histograms of one L, each normalised: half the
+    sum of the absolute differences of their shares, 0 for the same mix of lengths, 1 for
+    disjoint ones. With bin_width > 1 the lengths are first grouped in bins of that many.
+
+    >>> total_variation([2, 0, 0, 2], [1, 1, 1, 1]), total_variation([2, 0, 0, 2], [1, 1, 1, 1], bin_width=2)
+    (0.5, 0.0)
+    """
+    if len(histogram) != len(reference):
+        raise HistogramError(f"histograms of L={len(histogram)} and L={len(reference)} cannot be compared")
+    shares = [np.add.reduceat(np.asarray(h, dtype=np.float64), np.arange(0, len(h), bin_width)) for h in
+              (histogram, reference)]
+    return 0.5 * float(np.abs(shares[0] / shares[0].sum() - shares[1] / shares[1].sum()).sum())
+
+
+def sampling_total_variation(reference, num_sequences: int, draws: int = 20, seed: int = 0) -> float:
+    """The mean total-variation distance (per length) between `reference` and histograms of
+    `num_sequences` lengths drawn from it: what sampling alone puts between a dataset of that size
+    and the mix it was drawn from (about 0.14 for 3,000 sequences of Wikipedia-512's mix, 0.08 for
+    10,000)."""
+    reference = np.asarray(reference, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    return float(np.mean([total_variation(rng.multinomial(num_sequences, reference / reference.sum()), reference)
+                          for _ in range(draws)]))
