@@ -2,7 +2,9 @@
 
     python scripts/benchmark_training.py
 
-Needs the sample at L=512 that `make run` builds (runs/sample/unpacked and runs/sample/packed).
+Needs records at L=512 as `make run` builds them: unpacked/ and packed/ in --sample_dir (the
+Wikipedia-like corpus's, runs/wikipedia_like; `make run JOB=sample` builds the long articles',
+runs/sample).
 For each model config, one process builds a trainer per input mode (padded, bucketed to
 128/256/384/512, packed; --batch_size rows each) and times --updates updates of each in turn,
 --rounds times, alternating the order (bert_packed.training.throughput). The speed-up of each
@@ -41,7 +43,7 @@ ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 MODES = ("padded", "bucketed", "packed", "packed_online")  # the input modes whose packing factor is known here
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("sample_dir", os.path.join(ROOT, "runs", "sample"),
+flags.DEFINE_string("sample_dir", os.path.join(ROOT, "runs", "wikipedia_like"),
                     "Holds unpacked/ and packed/ at L=512, as `make run` builds them.")
 flags.DEFINE_list("configs", ["tiny", "mini"], "Comma-separated configs/bert_config_*.json names.")
 flags.DEFINE_integer("batch_size", 8, "Rows per update in every mode.", lower_bound=1)

@@ -145,12 +145,19 @@ def test_the_main_job_runs_and_reads_well(main_job):
     output = result.stdout + result.stderr
     assert_reads_well(output, "make run", 115)
     stages = [line for line in result.stdout.splitlines() if line.startswith("== ")]
-    assert [line.split(" ", 2)[1] for line in stages] == [f"{n}/8" for n in range(1, 9)]
+    assert [line.split(" ", 2)[1] for line in stages] == [f"{n}/9" for n in range(1, 10)]
+    # The corpus's records have Wikipedia's mix of lengths (issue 33: packing factor 2.0 +- 0.1 at
+    # depth 3, a total-variation distance below 0.15), and every sentence of the sample once.
+    assert "120 articles cut into 1,375 documents" in output and "22,290 sentences, 647,635 tokens, each once" in output
+    distance = re.search(r"^total-variation distance ([\d.]+) per length, ([\d.]+) in 16-token bins", output, re.M)
+    assert float(distance.group(1)) < 0.15 and float(distance.group(2)) < 0.08, distance.group(0)
+    factor = re.search(r"^pack_pretraining_data: 6,307 sequences in [\d,]+ packs \(packing factor ([\d.]+),", output, re.M)
+    assert abs(float(factor.group(1)) - 2.0) <= 0.1, factor.group(0)
     summaries = [line for line in result.stdout.splitlines() if line.startswith("mllog.txt: ")]
     assert len(summaries) == 6  # phase 1 and the five phase-2 runs each end on their summary
     assert all(line.startswith("mllog.txt: passes the MLPerf compliance checker") for line in summaries)
     assert "(PASS)" not in output and "(FAIL)" not in output  # a report-only benchmark prints no verdict
-    assert os.path.exists(root / "runs" / "sample" / "curves.png")
+    assert os.path.exists(root / "runs" / "wikipedia_like" / "curves.png")
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 r"""Compare training runs: accuracy and loss curves (PNG) and a summary table.
 
-    python scripts/compare_curves.py runs/sample/unpacked_seed1 runs/sample/packed_batch_corrected_seed1 \
-        --output runs/sample/two_runs.png --accuracy auto
+    python scripts/compare_curves.py runs/wikipedia_like/unpacked_seed1 runs/wikipedia_like/packed_batch_corrected_seed1 \
+        --output runs/wikipedia_like/two_runs.png --accuracy auto
 
 The positional arguments are run_pretraining.py output directories; the first configuration is
 the baseline for the speed-ups. Directories named alike but for a trailing seed

@@ -1,7 +1,7 @@
 r"""Export pre-trained weights where users fine-tune: a Hugging Face directory, or a TF1 checkpoint.
 
-    python scripts/export_model.py --checkpoint=runs/sample/packed_batch_corrected_seed1 \
-        --bert_config_file=configs/bert_config_tiny.json --output_dir=runs/sample/hf_model
+    python scripts/export_model.py --checkpoint=runs/wikipedia_like/packed_batch_corrected_seed1 \
+        --bert_config_file=configs/bert_config_tiny.json --output_dir=runs/wikipedia_like/hf_model
 
 --checkpoint takes a run directory (its newest weights: the model.ckpt-N a finished run exported,
 or its newest training checkpoint), a TF1 checkpoint prefix (model.ckpt-N), or a Hugging Face
