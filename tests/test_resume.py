@@ -10,8 +10,8 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import REPO, tfrecords
-from training_runs import config, make_trainer, weights
+from conftest import REPO, TINY, tfrecords
+from training_runs import config, make_trainer, read_log, weights
 
 from bert_packed import files
 from bert_packed.run_directory import MLLOG
@@ -280,15 +280,21 @@ def weights_of(model):
 
 
 @pytest.mark.slow
-def test_two_local_workers_killed_together_resume_together(packed_dir, bert_config_file, tmp_path):
-    """Two workers under multi_worker_mirrored, both killed -9 after their first checkpoint, one
-    before its last save completed, and started again: they agree on a step both can restore, and
-    the chief's logs and every worker's weights are the uninterrupted pair's."""
+def test_two_local_workers_train_together_and_killed_together_resume_together(packed_dir, other_text_dir,
+                                                                             bert_config_file, tmp_path):
+    """Two workers under multi_worker_mirrored train together: they hold the same weights, say
+    little, and evaluate an eval file together (each a share of its records) to the
+    single-process figure. Both killed -9 after their first checkpoint, one before its last save
+    completed, and started again, they agree on a step both can restore, and the chief's logs
+    and every worker's weights are the uninterrupted pair's."""
+    import tensorflow as tf
     from test_trainer import free_ports
 
+    eval_file = tfrecords(other_text_dir)[0]
     # 20 micro-steps: the kill, 0.2 s after the first checkpoint, comes well before the end.
     data = [f"--bert_config_file={bert_config_file}", f"--input_files={packed_dir}/packed-*.tfrecord",
-            "--distribution_strategy=multi_worker_mirrored", "--num_train_steps=20"]
+            "--distribution_strategy=multi_worker_mirrored", "--num_train_steps=20", f"--eval_files={eval_file}",
+            "--eval_every_samples=0", "--eval_batch_size=6"]  # one evaluation, at the end
 
     def workers(out):
         cluster = {"worker": [f"127.0.0.1:{port}" for port in free_ports(2)]}
@@ -303,8 +309,31 @@ def test_two_local_workers_killed_together_resume_together(packed_dir, bert_conf
         for process in processes:
             _, stderr = process.communicate(timeout=600)
             assert process.returncode == 0, stderr[-3000:]
+            # tf.distribute's own INFO lines ("Collective all_reduce tensors: ...", one an update) stay out.
+            assert not [line for line in stderr.splitlines() if "Collective" in line or "Strategy" in line], stderr
+            assert "retracing" not in stderr  # the workers' collectives for deciding together are compiled once
+            assert len(stderr.splitlines()) <= 12, stderr
 
-    finish(workers(tmp_path / "straight"))
+    straight = tmp_path / "straight"
+    finish(workers(straight))
+    chief = tf.train.load_checkpoint(str(straight / "checkpoints" / "ckpt-20"))
+    other = tf.train.load_checkpoint(str(straight / ".workers" / "worker-1" / "checkpoints" / "ckpt-20"))
+    # The logs' sizes are each worker's own (their clocks differ); everything else is shared.
+    names = [n for n in chief.get_variable_to_shape_map() if n != "_CHECKPOINTABLE_OBJECT_GRAPH"
+             and not n.startswith("log_sizes")]
+    # Weights (reached through the optimizer), their slots, the counters and dropout's state.
+    assert {"model", "optimizer", "step", "sequences", "dropout_seeds"} <= {n.split("/")[0] for n in names}
+    assert len([n for n in names if n.startswith("optimizer/")]) > 2 * (5 + 16 * TINY["num_hidden_layers"])  # m, v
+    for name in names:
+        np.testing.assert_array_equal(chief.get_tensor(name), other.get_tensor(name))
+    together = read_log(straight / "eval_log.jsonl")[-1]
+    single = make_trainer(config(tmp_path / "single", tfrecords(packed_dir), eval_files=(eval_file,), eval_batch_size=6))
+    single.compiled.state.restore(str(straight / "checkpoints" / "ckpt-20")).expect_partial()
+    alone = single.evaluate()
+    assert together["num_sequences"] == alone["num_sequences"] == sum(1 for _ in tf.data.TFRecordDataset(eval_file))
+    for key in ("loss", "mlm_accuracy", "nsp_accuracy"):
+        assert together[key] == pytest.approx(alone[key], rel=1e-5), key
+
     killed = workers(tmp_path / "killed")
     kill_when(killed[0], tmp_path / "killed" / "checkpoints" / "ckpt-4.index", 0, 0.2)
     killed[1].kill()
@@ -315,14 +344,12 @@ def test_two_local_workers_killed_together_resume_together(packed_dir, bert_conf
     newest = max(int(p.name[len("ckpt-"):-len(".index")]) for p in other.glob("ckpt-*.index"))
     (other / f"ckpt-{newest}.index").unlink()
     finish(workers(tmp_path / "killed"))
-    left, expected = what_a_run_leaves(tmp_path / "killed"), what_a_run_leaves(tmp_path / "straight")
-    for part in ("train", "mllog", "files"):
+    left, expected = what_a_run_leaves(tmp_path / "killed"), what_a_run_leaves(straight)
+    for part in ("train", "eval", "mllog", "files"):
         assert left[part] == expected[part], part
-    import tensorflow as tf
-
     for worker in ("", ".workers/worker-1/"):
         mine = tf.train.load_checkpoint(str(tmp_path / "killed" / f"{worker}checkpoints" / "ckpt-20"))
-        theirs = tf.train.load_checkpoint(str(tmp_path / "straight" / f"{worker}checkpoints" / "ckpt-20"))
+        theirs = tf.train.load_checkpoint(str(straight / f"{worker}checkpoints" / "ckpt-20"))
         for name in mine.get_variable_to_shape_map():
             if name.startswith("model/"):
                 np.testing.assert_array_equal(mine.get_tensor(name), theirs.get_tensor(name))

@@ -389,54 +389,6 @@ def free_ports(count):
     return ports
 
 
-@pytest.mark.slow
-def test_two_local_workers_train_together_and_hold_the_same_weights(packed_dir, other_text_dir, bert_config_file,
-                                                                    tmp_path):
-    """...and evaluate one eval file together, each a share of its records, to the single-process figure."""
-    import tensorflow as tf
-
-    eval_file = tfrecords(other_text_dir)[0]
-
-    cluster = {"worker": [f"127.0.0.1:{port}" for port in free_ports(2)]}
-    out = tmp_path / "run"
-    workers = []
-    for index in range(2):
-        env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}))
-        workers.append(subprocess.Popen(
-            [sys.executable, os.path.join(REPO, "run_pretraining.py"), f"--bert_config_file={bert_config_file}",
-             f"--input_files={packed_dir}/packed-*.tfrecord", f"--output_dir={out}", "--max_seq_length=128",
-             "--max_predictions_per_seq=20", "--train_batch_size=4", "--num_train_steps=3",
-             "--distribution_strategy=multi_worker_mirrored", "--eval_every_samples=0", f"--eval_files={eval_file}",
-             "--eval_batch_size=6"],
-            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    results = [worker.communicate(timeout=600) for worker in workers]
-    for worker, (_, stderr) in zip(workers, results):
-        assert worker.returncode == 0, stderr[-3000:]
-        # tf.distribute's own INFO lines ("Collective all_reduce tensors: ...", one an update) stay out.
-        assert not [line for line in stderr.splitlines() if "Collective" in line or "Strategy" in line], stderr
-        assert "retracing" not in stderr  # the workers' collectives for deciding together are compiled once
-        assert len(stderr.splitlines()) <= 10, stderr
-    assert len(read_log(out / "train_log.jsonl")) == 3
-    chief = tf.train.load_checkpoint(str(out / "checkpoints"))
-    other = tf.train.load_checkpoint(str(out / ".workers" / "worker-1" / "checkpoints"))
-    # The logs' sizes are each worker's own (their clocks differ); everything else is shared.
-    names = [n for n in chief.get_variable_to_shape_map() if n != "_CHECKPOINTABLE_OBJECT_GRAPH"
-             and not n.startswith("log_sizes")]
-    # Weights (reached through the optimizer), their slots, the counters and dropout's state.
-    assert {"model", "optimizer", "step", "sequences", "dropout_seeds"} <= {n.split("/")[0] for n in names}
-    assert len([n for n in names if n.startswith("optimizer/")]) > 2 * (5 + 16 * TINY["num_hidden_layers"])  # m, v
-    for name in names:
-        np.testing.assert_array_equal(chief.get_tensor(name), other.get_tensor(name))
-    assert chief.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == 3
-    [together] = read_log(out / "eval_log.jsonl")
-    single = make_trainer(config(tmp_path / "single", tfrecords(packed_dir), eval_files=(eval_file,), eval_batch_size=6))
-    single.compiled.state.restore(tf.train.latest_checkpoint(str(out / "checkpoints"))).expect_partial()
-    alone = single.evaluate()
-    assert together["num_sequences"] == alone["num_sequences"] == sum(1 for _ in tf.data.TFRecordDataset(eval_file))
-    for key in ("loss", "mlm_accuracy", "nsp_accuracy"):
-        assert together[key] == pytest.approx(alone[key], rel=1e-5), key
-
-
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_half_precision_trains_with_finite_losses(packed_dir, tmp_path, precision):
     import keras
