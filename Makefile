@@ -14,7 +14,7 @@ HAS_TENSORFLOW := $(shell test -x $(PYTHON) && $(PYTHON) -c "import importlib.me
 	'tensorflow-cpu', 'tensorflow-gpu', 'tf-nightly', 'tensorflow-macos', 'tensorflow-tpu'})" 2>/dev/null && echo yes)
 EXTRAS := $(if $(HAS_TENSORFLOW),train,cpu),test
 
-.PHONY: setup run experiments ablation test benchmarks clean
+.PHONY: setup job run experiments ablation test benchmarks clean
 
 setup: $(STAMP)
 
@@ -32,17 +32,17 @@ $(STAMP): pyproject.toml
 # which packs at a factor of about 2 as MLPerf's Wikipedia does; sample, the sample's long
 # articles as they are, which pack at 1.2 (the long-article case of docs/experiments.md).
 JOB ?= wikipedia_like
-ifeq ($(filter $(JOB),wikipedia_like sample),)
-$(error JOB=$(JOB): expected wikipedia_like or sample)
-endif
+override JOB := $(strip $(JOB))
 DIR := runs/$(JOB)
 ifeq ($(JOB),wikipedia_like)
 TEXT := $(DIR)/corpus/*.txt
+INPUT_FORMAT := sentences
 # Two passes over the text, each masked anew (MLPerf's recipe makes ten): 6,300 sequences, enough
 # for the length histogram to be read to 0.13 in total variation.
 DUPE_FACTOR := 2
 else
 TEXT := data/wikipedia_sample/wiki_*
+INPUT_FORMAT := wikiextractor
 DUPE_FACTOR := 1
 endif
 # One seed each for the main job; `make experiments` runs three, and two more of the baseline,
@@ -69,7 +69,11 @@ ABLATION := ablation_packs_as_rows ablation_packed_depth1 ablation_unpacked_batc
 # these records; and the comparison (curves PNG and table). Re-running reuses every finished
 # stage. Each command says what it did in a line or a few; --verbosity=1 (in a flagfile, or on
 # the command) says more.
-run: $(STAMP)
+job:
+	@$(if $(filter-out 1,$(words $(JOB)))$(filter-out wikipedia_like sample,$(JOB)),\
+		echo "make: JOB=$(JOB): expected wikipedia_like or sample" >&2 && exit 2,true)
+
+run: job $(STAMP)
 ifeq ($(JOB),wikipedia_like)
 	@echo "== 1/9 the corpus: the sample's text cut to Wikipedia's length mix ($(DIR)/corpus)"
 	@$(PYTHON) scripts/make_wikipedia_like_corpus.py --output_dir=$(DIR)/corpus
@@ -77,7 +81,7 @@ else
 	@echo "== 1/9 the corpus: the sample's 121 articles as they are (data/wikipedia_sample)"
 endif
 	@echo "== 2/9 pre-training records at L=512 ($(DIR)/unpacked)"
-	@$(PYTHON) scripts/create_pretraining_data.py --input_file='$(TEXT)' \
+	@$(PYTHON) scripts/create_pretraining_data.py --input_file='$(TEXT)' --input_format=$(INPUT_FORMAT) \
 		--output_dir=$(DIR)/unpacked --max_seq_length=512 --max_predictions_per_seq=76 --dupe_factor=$(DUPE_FACTOR) \
 		--eval_fraction=0.1
 	@echo "== 3/9 their lengths against Wikipedia's, and packing at L=512 ($(DIR)/packed)"
@@ -87,7 +91,7 @@ endif
 		--output_dir=$(DIR)/packed --max_seq_length=512 --max_predictions_per_seq=76 \
 		--max_sequences_per_pack=3 --algorithm=lp --verify
 	@echo "== 4/9 pre-training records at L=128 for phase 1 ($(DIR)/phase1_data)"
-	@$(PYTHON) scripts/create_pretraining_data.py --input_file='$(TEXT)' \
+	@$(PYTHON) scripts/create_pretraining_data.py --input_file='$(TEXT)' --input_format=$(INPUT_FORMAT) \
 		--output_dir=$(DIR)/phase1_data --max_seq_length=128 --max_predictions_per_seq=20 --dupe_factor=1 \
 		--eval_fraction=0.1
 	@echo "== 5/9 phase 1 at L=128 ($(DIR)/phase1)"
@@ -114,7 +118,7 @@ endif
 
 # The figure and table of docs/experiments.md: the main job with three seeds of each phase-2
 # configuration and five of the baseline (JOB=sample: the long-article case).
-experiments:
+experiments: job
 	@$(MAKE) --no-print-directory run SEEDS="1 2 3" BASELINE_SEEDS="4 5" CURVES=$(DIR)/experiments.png
 
 # The ablation of docs/experiments.md, on the long-article case (after make experiments JOB=sample):

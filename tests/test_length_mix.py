@@ -97,7 +97,8 @@ def test_plan_packing_compares_with_a_reference_histogram(tmp_path):
     other = tmp_path / "other.json"
     other.write_text('{"max_sequence_length": 8, "histogram": [1, 1, 1, 1, 1, 1, 1, 1]}')
     result = run_command("plan_packing", f"--histogram={half}", f"--reference_histogram={other}")
-    assert result.returncode == 2 and "other.json" in result.stderr
+    assert result.returncode == 2
+    assert f"--reference_histogram={other}: its L is 8, {half}'s 4: histograms of one L are compared" in result.stderr
 
 
 @pytest.mark.slow
@@ -108,11 +109,17 @@ def test_the_script_writes_once_and_refuses_another_corpus_in_one_line(corpus, t
     first = subprocess.run(command, capture_output=True, text=True, check=False)
     assert first.returncode == 0, first.stderr
     assert f"{out}: 2 files (2 written, 0 already there)" in first.stdout
-    written = {name: (out / name).read_bytes() for name in sorted(os.listdir(out))}
+    written = {name: (out / name).read_bytes() for name in sorted(os.listdir(out)) if name != ".lock"}
     assert sorted(written) == ["wikipedia_like-00000.txt", "wikipedia_like-00001.txt"]
     again = subprocess.run(command, capture_output=True, text=True, check=False)
     assert again.returncode == 0 and "(0 written, 2 already there)" in again.stdout
     other = subprocess.run(command + ["--seed=2"], capture_output=True, text=True, check=False)
     assert other.returncode != 0 and len(other.stderr.strip().splitlines()) == 1
     assert "wikipedia_like-00000.txt: holds another corpus" in other.stderr
-    assert {name: (out / name).read_bytes() for name in sorted(os.listdir(out))} == written
+    fewer = subprocess.run(command[:2] + [f"--input_file={corpus[0]}"] + command[3:], capture_output=True, text=True,
+                           check=False)
+    assert fewer.returncode != 0 and "holds another corpus (wikipedia_like-00001.txt, of more input files than 1)" \
+        in fewer.stderr.strip().splitlines()[-1]
+    nan = subprocess.run(command + ["--sigma=nan"], capture_output=True, text=True, check=False)
+    assert nan.returncode == 2 and nan.stderr.strip().endswith("--sigma=nan: expected a finite number below 1e6")
+    assert {name: (out / name).read_bytes() for name in sorted(os.listdir(out)) if name != ".lock"} == written

@@ -19,6 +19,7 @@ from bert_packed.cli.common import run
 from bert_packed.packing import (
     ALGORITHMS,
     DEFAULT_ALGORITHM,
+    HistogramError,
     histogram_stats,
     load_histogram,
     plan,
@@ -130,7 +131,10 @@ def main(argv) -> None:
         algorithms = ["spfhp", "lpfhp"]
         logging.warning("nnlshp and lp enumerate strategies and need a finite --max_sequences_per_pack: left out")
     histogram = load_histogram(FLAGS.histogram, FLAGS.max_sequence_length)
-    reference = load_histogram(FLAGS.reference_histogram, len(histogram)) if FLAGS.reference_histogram else None
+    reference = load_histogram(FLAGS.reference_histogram) if FLAGS.reference_histogram else None
+    if reference is not None and len(reference) != len(histogram):
+        raise HistogramError(f"--reference_histogram={FLAGS.reference_histogram}: its L is {len(reference)}, "
+                             f"{FLAGS.histogram}'s {len(histogram)}: histograms of one L are compared")
     plans = [plan(histogram, len(histogram), algorithm, depth) for algorithm in algorithms]
     comparison = None if reference is None else compare_with_reference(histogram, reference)
     if FLAGS.json:

@@ -46,7 +46,8 @@ def cut_article(sentence_lengths: list[int], targets) -> list[int]:
     return sizes
 
 
-def corpus_text(path: str, tokenizer: Tokenizer, median_tokens: float, sigma: float, seed) -> tuple[str, dict]:
+def corpus_text(path: str, tokenizer: Tokenizer, median_tokens: float, sigma: float, seed, input_format: str = "auto",
+                text_field: str = "text") -> tuple[str, dict]:
     """One input file's articles cut into documents whose token counts are log-normal.
 
     Args:
@@ -54,6 +55,7 @@ def corpus_text(path: str, tokenizer: Tokenizer, median_tokens: float, sigma: fl
       tokenizer: counts the sentences' tokens.
       median_tokens, sigma: the log-normal: exp(N(log(median_tokens), sigma ** 2)) tokens.
       seed: of the NumPy Generator that draws the lengths.
+      input_format, text_field: how `path` is read (corpus.iter_documents).
 
     Returns:
       (the text to write: one sentence a line, a blank line between documents; its counts).
@@ -61,7 +63,7 @@ def corpus_text(path: str, tokenizer: Tokenizer, median_tokens: float, sigma: fl
     rng = np.random.default_rng(seed)
     targets = iter(lambda: median_tokens * np.exp(sigma * rng.standard_normal()), None)
     blocks, counts = [], {"articles": 0, "documents": 0, "sentences": 0, "tokens": 0, "document_tokens": []}
-    for article in read_documents(path):
+    for article in read_documents(path, input_format, text_field):
         if not article.sentences:
             continue
         lengths = [len(ids) for ids in tokenizer.encode(article.sentences)]
@@ -84,8 +86,8 @@ def write_once(path: str, text: str) -> bool:
       OutputDirectoryError: `path` holds other text (other inputs, flags or seed).
     """
     if files.exists(path):
-        with files.open_file(path) as f:
-            if f.read() == text:
+        with files.open_file(path, "rb") as f:
+            if f.read() == text.encode("utf-8"):
                 return False
         raise OutputDirectoryError(f"{path}: holds another corpus (other inputs, flags or seed): give another "
                                    f"--output_dir, or remove it")
