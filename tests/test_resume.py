@@ -279,6 +279,30 @@ def weights_of(model):
     return [w.numpy() for w in model.weights]
 
 
+def assert_the_workers_agree(run, packed_dir, eval_file, tmp_path):
+    """Both workers of `run` hold the same weights, optimizer state and counters at step 20, and
+    their evaluation together equals one process's of that checkpoint."""
+    import tensorflow as tf
+
+    chief = tf.train.load_checkpoint(str(run / "checkpoints" / "ckpt-20"))
+    other = tf.train.load_checkpoint(str(run / ".workers" / "worker-1" / "checkpoints" / "ckpt-20"))
+    # The logs' sizes are each worker's own (their clocks differ); everything else is shared.
+    names = [n for n in chief.get_variable_to_shape_map() if n != "_CHECKPOINTABLE_OBJECT_GRAPH"
+             and not n.startswith("log_sizes")]
+    # Weights (reached through the optimizer), their slots, the counters and dropout's state.
+    assert {"model", "optimizer", "step", "sequences", "dropout_seeds"} <= {n.split("/")[0] for n in names}
+    assert len([n for n in names if n.startswith("optimizer/")]) > 2 * (5 + 16 * TINY["num_hidden_layers"])  # m, v
+    for name in names:
+        np.testing.assert_array_equal(chief.get_tensor(name), other.get_tensor(name))
+    together = read_log(run / "eval_log.jsonl")[-1]
+    single = make_trainer(config(tmp_path / "single", tfrecords(packed_dir), eval_files=(eval_file,), eval_batch_size=6))
+    single.compiled.state.restore(str(run / "checkpoints" / "ckpt-20")).expect_partial()
+    alone = single.evaluate()
+    assert together["num_sequences"] == alone["num_sequences"] == sum(1 for _ in tf.data.TFRecordDataset(eval_file))
+    for key in ("loss", "mlm_accuracy", "nsp_accuracy"):
+        assert together[key] == pytest.approx(alone[key], rel=1e-5), key
+
+
 @pytest.mark.slow
 def test_two_local_workers_train_together_and_killed_together_resume_together(packed_dir, other_text_dir,
                                                                              bert_config_file, tmp_path):
@@ -316,23 +340,7 @@ def test_two_local_workers_train_together_and_killed_together_resume_together(pa
 
     straight = tmp_path / "straight"
     finish(workers(straight))
-    chief = tf.train.load_checkpoint(str(straight / "checkpoints" / "ckpt-20"))
-    other = tf.train.load_checkpoint(str(straight / ".workers" / "worker-1" / "checkpoints" / "ckpt-20"))
-    # The logs' sizes are each worker's own (their clocks differ); everything else is shared.
-    names = [n for n in chief.get_variable_to_shape_map() if n != "_CHECKPOINTABLE_OBJECT_GRAPH"
-             and not n.startswith("log_sizes")]
-    # Weights (reached through the optimizer), their slots, the counters and dropout's state.
-    assert {"model", "optimizer", "step", "sequences", "dropout_seeds"} <= {n.split("/")[0] for n in names}
-    assert len([n for n in names if n.startswith("optimizer/")]) > 2 * (5 + 16 * TINY["num_hidden_layers"])  # m, v
-    for name in names:
-        np.testing.assert_array_equal(chief.get_tensor(name), other.get_tensor(name))
-    together = read_log(straight / "eval_log.jsonl")[-1]
-    single = make_trainer(config(tmp_path / "single", tfrecords(packed_dir), eval_files=(eval_file,), eval_batch_size=6))
-    single.compiled.state.restore(str(straight / "checkpoints" / "ckpt-20")).expect_partial()
-    alone = single.evaluate()
-    assert together["num_sequences"] == alone["num_sequences"] == sum(1 for _ in tf.data.TFRecordDataset(eval_file))
-    for key in ("loss", "mlm_accuracy", "nsp_accuracy"):
-        assert together[key] == pytest.approx(alone[key], rel=1e-5), key
+    assert_the_workers_agree(straight, packed_dir, eval_file, tmp_path)
 
     killed = workers(tmp_path / "killed")
     kill_when(killed[0], tmp_path / "killed" / "checkpoints" / "ckpt-4.index", 0, 0.2)
