@@ -269,7 +269,7 @@ def _process_state_kept():
             logger.handlers[:] = handlers
 
 
-def run_command(command, *args, cwd=REPO):
+def run_command(command, *args, cwd=REPO, launcher=None):
     """Runs a command (bert_packed/cli/<command>.py) in this process, as `python <command>.py
     args` runs in its own, and returns what running it in a subprocess returns: a
     CompletedProcess with the exit status, stdout and stderr.
@@ -277,10 +277,15 @@ def run_command(command, *args, cwd=REPO):
     A new process that imports TensorFlow costs 3-4 s; this costs milliseconds, so the bad-input
     cases run here (each command still runs for real in a subprocess in some test marked slow).
     A bug is what the command makes of it: its traceback and a last line, exit status 1.
+
+    launcher: a module that runs `command` by a name, its first argument, (bert_packed.cli.beam:
+    `run_command("pack_pretraining_data", "pack", ..., launcher="beam")`).
     """
     stdout, stderr = io.StringIO(), io.StringIO()
     with command_in_this_process(command, cwd) as module:
-        sys.argv = [f"{command}.py", *args]
+        if launcher:
+            module = importlib.import_module(f"bert_packed.cli.{launcher}")
+        sys.argv = [f"{launcher or command}.py", *args]
         sys.stdout, sys.stderr = stdout, stderr
         absl_logging.get_absl_handler().python_handler.stream = stderr  # it holds the stderr of its creation
         try:

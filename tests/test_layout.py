@@ -17,13 +17,13 @@ RANKS = {
     "tensorflow_loading": 0,
     "records": 1,
     "packing": 2, "pretraining_data": 2,
-    "input_pipeline": 3, "model": 3,
+    "input_pipeline": 3, "model": 3, "beam": 3,
     "training": 4, "curves": 4,
     "cli": 5,
 }
 # Modules on the data path: they must not import TensorFlow when they are imported.
 WITHOUT_TENSORFLOW = ("errors", "features", "files", "progress", "dataset_info", "run_directory",
-                      "tensorflow_loading", "records", "packing", "pretraining_data")
+                      "tensorflow_loading", "records", "packing", "pretraining_data", "beam")
 
 
 def python_files(*folders):

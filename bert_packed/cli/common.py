@@ -68,7 +68,7 @@ _DISK_FULL_TEXTS = ("No space left on device", "Disk quota exceeded", "File too 
 
 
 def run(main: Callable[[list[str]], int | None], program: str, output_flag: str | tuple[str, ...], kept: str,
-        positional: bool = False) -> None:
+        positional: bool = False, pass_on: bool = False) -> None:
     """Parses the flags and runs main(argv) (argv: the program and its positional arguments).
 
     Args:
@@ -82,6 +82,8 @@ def run(main: Callable[[list[str]], int | None], program: str, output_flag: str 
       positional: the command takes positional arguments; else one is refused, since it is most
         often the rest of an unquoted glob the shell expanded (`--input_files=DIR/part-*` reads the
         first file and leaves the others as arguments).
+      pass_on: flags the command does not define are left in argv for main (a Beam command's
+        pipeline options), not refused here.
     """
 
     def guarded(argv: list[str]) -> int | None:
@@ -106,7 +108,7 @@ def run(main: Callable[[list[str]], int | None], program: str, output_flag: str 
             _fail_on(e, program, output_flag, kept)
 
     try:
-        app.run(guarded, flags_parser=_flags_parser(main, program, positional))
+        app.run(guarded, flags_parser=_flags_parser(main, program, positional, pass_on))
     except BrokenPipeError:
         # The reader went away (`| head`): nothing more to say. Python would report the pipe once
         # more when it flushes stdout at exit, so stdout goes to /dev/null first.
@@ -139,7 +141,7 @@ def _fail_on(error: Exception, program: str, output_flag: str | tuple[str, ...],
                   f"space and run the same command again to continue")
 
 
-def _flags_parser(main: Callable[[list[str]], None], program: str, positional: bool) -> Callable:
+def _flags_parser(main: Callable[[list[str]], None], program: str, positional: bool, pass_on: bool) -> Callable:
     """absl's flags parser for a command: --help prints its own flags; a bad flag, or an argument
     where the command takes none, is one line."""
 
@@ -148,10 +150,10 @@ def _flags_parser(main: Callable[[list[str]], None], program: str, positional: b
             print_help(main)
             sys.exit(0)
         try:
-            rest = flags.FLAGS(argv)
+            rest = flags.FLAGS(argv, known_only=pass_on)
         except flags.Error as e:
             fail(program, e)
-        if len(rest) > 1 and not positional:
+        if len(rest) > 1 and not positional and not pass_on:
             fail(program, f"unexpected argument {rest[1]!r} ({len(rest) - 1} in all): this command takes flags only. "
                           f"A glob the shell expanded? Quote it, as in --input_files='DIR/part-*.tfrecord'")
         return rest

@@ -54,8 +54,12 @@ flags.mark_flags_as_required(["input_file"])
 PROGRAM = "create_pretraining_data"
 
 
-def main(argv):
-    del argv
+def settings_from_flags() -> DatasetSettings:
+    """The flags, checked, as the job's settings (shared with `python -m bert_packed.beam create`).
+
+    Raises:
+      SettingsError: a flag out of range, or flags that do not go together.
+    """
     require_seq_length(FLAGS.max_seq_length)
     if FLAGS.max_predictions_per_seq > FLAGS.max_seq_length:
         raise SettingsError(f"--max_predictions_per_seq={FLAGS.max_predictions_per_seq}: more than the "
@@ -72,7 +76,7 @@ def main(argv):
         raise SettingsError("--eval_fraction needs --output_dir: --output_file holds training instances only")
     if FLAGS.random_seed < 0 or FLAGS.num_workers < 0:
         raise SettingsError(f"--random_seed={FLAGS.random_seed} and --num_workers={FLAGS.num_workers} must be >= 0")
-    settings = DatasetSettings(
+    return DatasetSettings(
         vocab_file=vocabulary_path(FLAGS.vocab_file),
         do_lower_case=FLAGS.do_lower_case,
         config=MaskingConfig(FLAGS.max_seq_length, FLAGS.max_predictions_per_seq, FLAGS.masked_lm_prob,
@@ -84,16 +88,25 @@ def main(argv):
         input_format=FLAGS.input_format,
         text_field=FLAGS.text_field,
     )
+
+
+def main(argv):
+    del argv
+    settings = settings_from_flags()
     files = expand_globs(FLAGS.input_file, "--input_file")
     if FLAGS.output_file:
         outputs = [path.strip() for path in FLAGS.output_file.split(",") if path.strip()]
         metadata = create_pretraining_files(files, outputs, settings, FLAGS.num_workers)
     else:
         metadata = create_pretraining_dataset(files, FLAGS.output_dir, settings, FLAGS.num_workers)
-    where = FLAGS.output_dir or FLAGS.output_file
+    report(PROGRAM, metadata, FLAGS.output_dir or FLAGS.output_file)
+
+
+def report(program: str, metadata: dict, where: str) -> None:
+    """The command's last line: what it made, and where."""
     held_out = metadata.get("num_eval_instances", 0)
     documents = metadata.get("num_documents", 0)
-    print(f"{PROGRAM}: {metadata['num_sequences']:,} training instances from {documents:,} "
+    print(f"{program}: {metadata['num_sequences']:,} training instances from {documents:,} "
           f"document{'' if documents == 1 else 's'} ({metadata.get('padding_fraction', 0.0):.1%} padding at "
           f"L={metadata['max_seq_length']})"
           + (f", {held_out:,} held out for evaluation" if held_out else "") + f" -> {where}")

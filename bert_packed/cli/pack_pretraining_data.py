@@ -40,9 +40,13 @@ flags.mark_flags_as_required(["input_files", "output_dir"])
 PROGRAM = "pack_pretraining_data"
 
 
-def main(argv):
-    del argv
-    files = expand_globs(FLAGS.input_files, "--input_files")
+def settings_from_flags(files: list[str]) -> PackSettings:
+    """The flags, checked, as the job's settings (shared with `python -m bert_packed.beam pack`):
+    L and P as given, else as the inputs' metadata.json records.
+
+    Raises:
+      SettingsError: a flag out of range, or L or P other than the inputs'.
+    """
     max_seq_length, max_predictions_per_seq = shapes_given_or_recorded(
         files, *(FLAGS[name].value if FLAGS[name].present else None for name in ("max_seq_length",
                                                                                  "max_predictions_per_seq")),
@@ -54,19 +58,30 @@ def main(argv):
         raise SettingsError("--num_shards and --bucket_mb must be >= 1")
     if FLAGS.seed < 0 or FLAGS.num_workers < 0:
         raise SettingsError(f"--seed={FLAGS.seed} and --num_workers={FLAGS.num_workers} must be >= 0")
-    settings = PackSettings(
+    return PackSettings(
         shapes=Shapes(max_seq_length, max_predictions_per_seq, FLAGS.max_sequences_per_pack),
         algorithm=FLAGS.algorithm, seed=FLAGS.seed, num_shards=FLAGS.num_shards,
         bucket_bytes=FLAGS.bucket_mb << 20)
+
+
+def main(argv):
+    del argv
+    files = expand_globs(FLAGS.input_files, "--input_files")
+    settings = settings_from_flags(files)
     metadata = pack_pretraining_dataset(files, FLAGS.output_dir, settings, FLAGS.num_workers)
+    report(PROGRAM, metadata, FLAGS.output_dir)
+
+
+def report(program: str, metadata: dict, where: str) -> None:
+    """--verify's check of what was written, then the command's last line: what it made, and where."""
     if FLAGS.verify:
-        found = verify_packed_dataset(FLAGS.output_dir, FLAGS.num_workers)
+        found = verify_packed_dataset(where, FLAGS.num_workers)
         logging.debug("verified: %d packs decode to the %d input sequences (checksum %s)",
                       found["num_packs"], found["num_sequences"], found["checksum"])
-    print(f"{PROGRAM}: {metadata['num_sequences']:,} sequences in {metadata['num_records']:,} packs (packing factor "
+    print(f"{program}: {metadata['num_sequences']:,} sequences in {metadata['num_records']:,} packs (packing factor "
           f"{metadata['packing_factor']:.3f}, {metadata.get('efficiency', 0.0):.2%} of the slots filled, "
           f"{metadata.get('algorithm')} at depth {metadata['max_sequences_per_pack']})"
-          + (", verified" if FLAGS.verify else "") + f" -> {FLAGS.output_dir}")
+          + (", verified" if FLAGS.verify else "") + f" -> {where}")
 
 
 def entry_point():

@@ -98,8 +98,17 @@ class PackSettings:
 
 
 def pack_pretraining_dataset(input_files: list[str], output_dir: str, settings: PackSettings,
-                             num_workers: int = 0) -> dict:
+                             num_workers: int = 0, passes=None) -> dict:
     """Packs the sequences of `input_files` into `output_dir`; returns the metadata.
+
+    Args:
+      input_files: unpacked TFRecord files, in a fixed order.
+      output_dir: created if missing; may hold an unfinished run with the same settings and inputs.
+      settings: see PackSettings.
+      num_workers: threads of the default passes (0: one per core).
+      passes: what runs the three passes: LocalPasses(num_workers), this machine's, by default;
+        bert_packed.beam gives a Beam pipeline's. The checks before them, the audit after them
+        and the commit (metadata.json, last) are the same whatever runs them.
 
     Raises:
       CorruptRecordError / RecordError: bad input, naming file and record.
@@ -107,14 +116,16 @@ def pack_pretraining_dataset(input_files: list[str], output_dir: str, settings: 
       DirectoryLockedError: another packer is writing `output_dir` now.
       PackingError: the output would not hold exactly the input sequences.
     """
-    done = _already_packed(input_files, output_dir, settings)
+    passes = passes or LocalPasses(num_workers)
+    work = passes.work_directory(output_dir)
+    done = _already_packed(input_files, output_dir, work, settings)
     if done is not None:  # read only, without the lock: a finished dataset on read-only storage is fine
         return done
     files.makedirs(output_dir)
     with files.exclusive(os.path.join(output_dir, ".lock"), "pack_pretraining_data") as confirm:
         refuse_other_output(output_dir, "packed data")
         files.remove_leftovers(output_dir)
-        return _pack(input_files, output_dir, _work_directory(output_dir), settings, num_workers, confirm)
+        return _pack(input_files, output_dir, work, settings, passes, confirm)
 
 
 def _work_directory(output_dir: str) -> str:
@@ -125,11 +136,11 @@ def _work_directory(output_dir: str) -> str:
     return work if "://" not in work else files.local_stand_in(work)
 
 
-def _already_packed(input_files: list[str], output_dir: str, settings: PackSettings) -> dict | None:
+def _already_packed(input_files: list[str], output_dir: str, work: str, settings: PackSettings) -> dict | None:
     """The metadata of this very run, finished and clean in `output_dir` (nothing to do), else None."""
     info = read_dataset_info(output_dir) if files.isdir(output_dir) else None
     if (info is None or any(".tmp-" in name for name in files.listdir(output_dir))
-            or files.exists(_work_directory(output_dir))):
+            or files.exists(work)):
         return None
     sources = [files.absolute(path) for path in input_files]
     same = info.details.get("run_digest") == _digest({"settings": settings.to_dict(), "sources": sources}) and \
@@ -181,7 +192,7 @@ def _digest(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
 
 
-def _pack(input_files: list[str], output_dir: str, work: str, settings: PackSettings, num_workers: int,
+def _pack(input_files: list[str], output_dir: str, work: str, settings: PackSettings, passes,
           confirm: Callable[[], None]) -> dict:
     sources = [files.absolute(path) for path in input_files]
     identity = {"settings": settings.to_dict(), "sources": sources}
@@ -195,43 +206,85 @@ def _pack(input_files: list[str], output_dir: str, work: str, settings: PackSett
     described = _described_inputs(sources, settings.shapes)
     files.makedirs(work)
     _claim(output_dir, work, identity, digest, inputs_digest)
-
-    shapes = settings.shapes
-    unpacked_shapes = shapes.unpacked()
-    seconds = {}
-    start = time.perf_counter()
-    summaries = _read_inputs(sources, work, unpacked_shapes, num_workers, [described.get(path) for path in sources])
-    seconds["read"] = time.perf_counter() - start
-    histogram = merge_histograms(*[s["histogram"] for s in summaries])
+    summaries, packing_plan, shards, seconds = passes(sources, [described.get(path) for path in sources], output_dir,
+                                                      work, settings)
+    checksum_in = audit_packs(summaries, shards)
     histogram_path = os.path.join(output_dir, HISTOGRAM_FILE)
-    save_histogram(histogram_path, histogram)
-    checksum_in = packer.combine_checksums(*[int(s["checksum"], 16) for s in summaries])
-    start = time.perf_counter()
-    packing_plan = plan(histogram, shapes.max_seq_length, settings.algorithm, shapes.max_sequences_per_pack)
-
-    max_token_id = max(s["max_token_id"] for s in summaries)
-    row_bytes = packer.row_dtype(unpacked_shapes, max_token_id).itemsize
-    num_buckets = max(settings.num_shards, math.ceil(int(histogram.sum()) * row_bytes / settings.bucket_bytes))
-    num_buckets = min(num_buckets, packing_plan.num_packs)
-    if not files.exists(os.path.join(work, "buckets.json")):
-        _distribute(summaries, histogram, work, unpacked_shapes, packing_plan, num_buckets, max_token_id,
-                    settings.seed, num_workers)
-    seconds["plan_and_assign"] = time.perf_counter() - start
-    start = time.perf_counter()
-    shards = _write_packs(output_dir, work, settings, packing_plan.num_packs, num_buckets, max_token_id, num_workers)
-    seconds["write"] = time.perf_counter() - start
-
-    num_out = sum(s["num_sequences"] for s in shards)
-    checksum_out = packer.combine_checksums(*[int(s["checksum"], 16) for s in shards])
-    if num_out != int(histogram.sum()) or checksum_out != checksum_in:
-        raise PackingError(f"packed output holds {num_out} sequences (checksum {checksum_out:016x}), the input "
-                           f"{int(histogram.sum())} (checksum {checksum_in:016x}); nothing published")
+    save_histogram(histogram_path, merge_histograms(*[s["histogram"] for s in summaries]))
     info = _description(settings, packing_plan, shards, sources, checksum_in, seconds, digest, inputs_digest,
                         file_sha256(histogram_path))
     confirm()  # on a bucket, no other host's run wrote here meanwhile
     metadata = write_dataset_info(output_dir, info)
     files.rmtree(work)
     return metadata
+
+
+class LocalPasses:
+    """The three passes on this machine: files and shards on `num_workers` threads (0: one per
+    core), the work (bucket files, appended to and memory-mapped) on its disk."""
+
+    def __init__(self, num_workers: int = 0):
+        self.num_workers = num_workers
+
+    def work_directory(self, output_dir: str) -> str:
+        return _work_directory(output_dir)
+
+    def __call__(self, sources: list[str], expected: list, output_dir: str, work: str, settings: PackSettings):
+        """Runs the passes; returns (input summaries, plan, shard summaries, seconds per pass).
+
+        Args:
+          expected: each input's entry in its dataset's metadata.json (None where none).
+        """
+        shapes = settings.shapes
+        seconds = {}
+        start = time.perf_counter()
+        summaries = _read_inputs(sources, work, shapes.unpacked(), self.num_workers, expected)
+        seconds["read"] = time.perf_counter() - start
+        start = time.perf_counter()
+        histogram = merge_histograms(*[s["histogram"] for s in summaries])
+        packing_plan = plan(histogram, shapes.max_seq_length, settings.algorithm, shapes.max_sequences_per_pack)
+        max_token_id = max(s["max_token_id"] for s in summaries)
+        num_buckets = bucket_count(settings, histogram, max_token_id, packing_plan.num_packs)
+        if not files.exists(os.path.join(work, "buckets.json")):
+            _distribute(summaries, histogram, work, shapes.unpacked(), packing_plan, num_buckets, max_token_id,
+                        settings.seed, self.num_workers)
+        seconds["plan_and_assign"] = time.perf_counter() - start
+        start = time.perf_counter()
+        shards = _write_packs(output_dir, work, settings, packing_plan.num_packs, num_buckets, max_token_id,
+                              self.num_workers)
+        seconds["write"] = time.perf_counter() - start
+        return summaries, packing_plan, shards, seconds
+
+
+def bucket_count(settings: PackSettings, histogram: np.ndarray, max_token_id: int, num_packs: int) -> int:
+    """Output shards: --num_shards at least, more when a bucket of rows would exceed bucket_bytes,
+    and never more than there are packs."""
+    row_bytes = packer.row_dtype(settings.shapes.unpacked(), max_token_id).itemsize
+    return min(max(settings.num_shards, math.ceil(int(histogram.sum()) * row_bytes / settings.bucket_bytes)), num_packs)
+
+
+def audit_packs(summaries: list[dict], shards: list[dict]) -> int:
+    """Checks that the packs written hold every input sequence exactly once (the MLPerf rule): as
+    many sequences out as in, the same content (checksum of the sequences decoded from the packs
+    written) and the same provenance (checksum of each sequence's input file and record).
+
+    Returns:
+      The input sequences' checksum.
+
+    Raises:
+      PackingError: what differs (nothing is published).
+    """
+    found = {}
+    for side, parts in (("input", summaries), ("packed output", shards)):
+        found[side] = (sum(int(np.sum(s["histogram"])) for s in parts) if side == "input"
+                       else sum(s["num_sequences"] for s in parts),
+                       packer.combine_checksums(*[int(s["checksum"], 16) for s in parts]),
+                       packer.combine_checksums(*[int(s["provenance"], 16) for s in parts]))
+    if found["input"] != found["packed output"]:
+        words = {side: f"{n} sequences (checksum {c:016x}, provenance {p:016x})" for side, (n, c, p) in found.items()}
+        raise PackingError(f"the packed output holds {words['packed output']}, the input {words['input']}; nothing "
+                           f"published")
+    return found["input"][1]
 
 
 def _description(settings: PackSettings, packing_plan, shards: list[dict], sources: list[str], checksum_in: int,
@@ -285,7 +338,7 @@ def _remove_outputs(output_dir: str, work: str) -> None:
 
 
 # The layout of .work (its files and row format); an unfinished run of another layout starts over.
-WORK_FORMAT = 2
+WORK_FORMAT = 3
 
 
 def _claim(output_dir: str, work: str, identity: dict, digest: str, inputs_digest: str) -> None:
@@ -332,7 +385,7 @@ def _shards_gone(output_dir: str, work: str) -> str | None:
 def _read_inputs(sources: list[str], work: str, shapes: Shapes, num_workers: int, expected: list) -> list[dict]:
     """Pass 1: every input file's histogram and checksum (files in parallel), each file's sequences
     checked against its entry in its metadata.json (`expected`, None where none)."""
-    return _each_once(_read_input, [(index, path, work, shapes, entry)
+    return _each_once(read_input, [(index, path, work, shapes, entry)
                                     for index, (path, entry) in enumerate(zip(sources, expected))],
                       [os.path.join(work, f"input-{index:05d}.json") for index in range(len(sources))],
                       num_workers, Progress("pack: reading", total=len(sources), unit="files"))
@@ -351,19 +404,23 @@ def _each_once(function, jobs: list[tuple], summaries: list[str], num_workers: i
     return loaded
 
 
-def _read_input(index: int, path: str, work: str, shapes: Shapes, expected: DataFile | None) -> None:
+def read_input(index: int, path: str, work: str, shapes: Shapes, expected: DataFile | None) -> dict:
+    """Pass 1 for one input file: reads and checks its records; writes and returns its summary
+    (histogram, checksums, largest token id) as `work/input-NNNNN.json`."""
     histogram = np.zeros(shapes.max_seq_length, dtype=np.int64)
-    total, max_token_id = 0, 0
+    total, provenance, max_token_id = 0, 0, 0
     for first, batch in read_unpacked(path, shapes):
         rows = packer.rows_from_unpacked(batch, shapes, index, first)
         histogram += histogram_from_lengths(rows["length"], shapes.max_seq_length)
         total = packer.combine_checksums(total, packer.checksum(rows))
+        provenance = packer.combine_checksums(provenance, packer.provenance_checksum(rows))
         max_token_id = max(max_token_id, int(rows["input_ids"].max()), int(rows["masked_lm_ids"].max()))
     if expected is not None:
         expected.require_sequences(path, int(histogram.sum()))
-    summary = {"source": path, "histogram": histogram.tolist(), "checksum": f"{total:016x}",
-               "max_token_id": max_token_id}
+    summary = {"source": path, "file_index": index, "histogram": histogram.tolist(), "checksum": f"{total:016x}",
+               "provenance": f"{provenance:016x}", "max_token_id": max_token_id}
     write_text_atomically(os.path.join(work, f"input-{index:05d}.json"), json.dumps(summary) + "\n")
+    return summary
 
 
 def _in_parallel(function, jobs: list[tuple], num_workers: int, progress: Progress) -> None:
@@ -394,19 +451,50 @@ def _distribute(summaries: list[dict], histogram, work: str, shapes: Shapes, pac
         if name.startswith("bucket-"):
             files.remove(os.path.join(work, name))  # an interrupted pass 2 starts over
     slots = packer.SlotTable(packing_plan.strategies, shapes.max_seq_length)
-    # Sequences of each length in the files before each file: ranks continue across files.
-    counts = np.zeros((len(summaries) + 1, shapes.max_seq_length + 1), dtype=np.int64)
-    counts[1:, 1:] = np.cumsum([s["histogram"] for s in summaries], axis=0)
+    before = sequences_before(summaries, shapes.max_seq_length)
     locks = [threading.Lock() for _ in range(num_buckets)]
-    jobs = [(index, summary, counts[index], histogram, work, shapes, slots, num_buckets, locks, max_token_id, seed)
-            for index, summary in enumerate(summaries)]
-    _in_parallel(_distribute_file, jobs, num_workers, Progress("pack: assigning", total=len(jobs), unit="files"))
+
+    def distribute_file(index: int, summary: dict) -> None:
+        for bucket, rows in assign_packs(summary, before[index], histogram, work, shapes, slots, num_buckets,
+                                         max_token_id, seed):
+            with locks[bucket], files.open_file(os.path.join(work, f"bucket-{bucket:05d}.bin"), "ab") as f:
+                f.write(rows)
+
+    _in_parallel(distribute_file, list(enumerate(summaries)), num_workers,
+                 Progress("pack: assigning", total=len(summaries), unit="files"))
     write_text_atomically(os.path.join(work, "buckets.json"), json.dumps({"num_buckets": num_buckets}) + "\n")
 
 
-def _distribute_file(index: int, summary: dict, seen: np.ndarray, histogram, work: str, shapes: Shapes, slots,
-                     num_buckets: int, locks, max_token_id: int, seed: int) -> None:
-    seen = seen.copy()  # sequences of each length before this chunk
+def sequences_before(summaries: list[dict], max_seq_length: int) -> np.ndarray:
+    """[file, length]: the sequences of each length in the input files before each file (the
+    inputs' summaries, in order): a sequence's rank among those of its length continues across
+    files. Row 0 and column 0 are zeros."""
+    counts = np.zeros((len(summaries) + 1, max_seq_length + 1), dtype=np.int64)
+    counts[1:, 1:] = np.cumsum([s["histogram"] for s in summaries], axis=0)
+    return counts
+
+
+def assign_packs(summary: dict, before: np.ndarray, histogram, work: str, shapes: Shapes, slots, num_buckets: int,
+                 max_token_id: int, seed: int):
+    """Pass 2 for one input file: reads it again and gives every sequence its pack (numbered in
+    the random output order) and its position in the pack.
+
+    Where a sequence goes depends only on its length and its rank among the sequences of that
+    length (in the files' order), through keyed permutations: no table of the sequences is held
+    anywhere, and whoever assigns a file, wherever, assigns it the same way.
+
+    Args:
+      summary: the file's summary from read_input (its path, index and checksum).
+      before: the sequences of each length in the files before it (sequences_before's row).
+
+    Yields:
+      (bucket, rows): rows (packer.row_dtype) going to one bucket, a range of packs.
+
+    Raises:
+      InputsChangedError: the file's sequences differ from its first reading.
+    """
+    index = summary["file_index"]
+    seen = before.copy()  # sequences of each length before this chunk
     total = 0
     for rows in _row_chunks(summary["source"], index, shapes, max_token_id):
         total = packer.combine_checksums(total, packer.checksum(rows))
@@ -429,8 +517,7 @@ def _distribute_file(index: int, summary: dict, seen: np.ndarray, histogram, wor
         rows, bucket = rows[order], bucket[order]
         bounds = np.searchsorted(bucket, np.arange(num_buckets + 1))
         for b in np.flatnonzero(np.diff(bounds)):
-            with locks[b], files.open_file(os.path.join(work, f"bucket-{b:05d}.bin"), "ab") as f:
-                f.write(rows[bounds[b]:bounds[b + 1]])
+            yield int(b), rows[bounds[b]:bounds[b + 1]]
     if f"{total:016x}" != summary["checksum"]:
         _input_changed(summary, work, index)
 
@@ -471,20 +558,30 @@ def _write_packs(output_dir: str, work: str, settings: PackSettings, num_packs: 
 
 
 def _write_bucket(output_dir: str, work: str, settings: PackSettings, num_packs: int, num_buckets: int,
-                  max_token_id: int, bucket: int, chunk_packs: int = 512) -> None:
-    shapes = settings.shapes
-    unpacked_shapes = shapes.unpacked()
+                  max_token_id: int, bucket: int) -> None:
     bucket_path = os.path.join(work, f"bucket-{bucket:05d}.bin")
-    dtype = packer.row_dtype(unpacked_shapes, max_token_id)
+    dtype = packer.row_dtype(settings.shapes.unpacked(), max_token_id)
     # Mapped, not read: rows are gathered chunk by chunk straight from the page cache.
     rows = (np.memmap(bucket_path, dtype=dtype, mode="r") if files.exists(bucket_path) and files.size(bucket_path)
             else np.zeros(0, dtype=dtype))
+    write_shard(rows, output_dir, work, settings, num_packs, num_buckets, bucket)
+    if files.exists(bucket_path):
+        files.remove(bucket_path)
+
+
+def write_shard(rows: np.ndarray, output_dir: str, work: str, settings: PackSettings, num_packs: int,
+                num_buckets: int, bucket: int, chunk_packs: int = 512) -> dict:
+    """Pass 3 for one bucket: assembles its packs from their rows (in any order: each row knows its
+    pack and position), decodes them back to checksum the sequences, and writes
+    `packed-NNNNN-of-NNNNN.tfrecord` (under a temporary name, then renamed) and, after it, its
+    summary `work/shard-NNNNN.json`, which it returns."""
+    shapes = settings.shapes
     first = -(-bucket * num_packs // num_buckets)  # the first pack p with p * num_buckets // num_packs == bucket
     last = -(-(bucket + 1) * num_packs // num_buckets)
     order = np.argsort(rows["pack"], kind="stable")  # indices: rows are only copied chunk by chunk
     bounds = np.searchsorted(rows["pack"][order], np.arange(first, last + chunk_packs, chunk_packs).clip(max=last))
     name = shard_file(bucket, num_buckets)
-    num_sequences, total = 0, 0
+    num_sequences, total, provenance = 0, 0, 0
     with TFRecordWriter(os.path.join(output_dir, name)) as writer:
         # 512 packs at a time: temporaries small enough for the allocator to reuse them instead of
         # mapping fresh memory (page faults, zeroing) for every chunk.
@@ -493,15 +590,15 @@ def _write_bucket(output_dir: str, work: str, settings: PackSettings, num_packs:
             members = rows[order[start:end]]
             packs = packer.assemble_packs(members, members["pack"] - chunk_first, members["position"],
                                           min(chunk_packs, last - chunk_first), shapes)
-            decoded = packer.unpack(packs, unpacked_shapes)
+            decoded = packer.unpack(packs, shapes.unpacked())
             num_sequences += len(decoded)
             total = packer.combine_checksums(total, packer.checksum(decoded))
+            provenance = packer.combine_checksums(provenance, packer.provenance_checksum(members))
             writer.write_examples(packs)
     summary = {"file": name, "num_packs": last - first, "num_sequences": num_sequences, "checksum": f"{total:016x}",
-               **FileIdentity.of(os.path.join(output_dir, name)).content}
+               "provenance": f"{provenance:016x}", **FileIdentity.of(os.path.join(output_dir, name)).content}
     write_text_atomically(os.path.join(work, f"shard-{bucket:05d}.json"), json.dumps(summary) + "\n")
-    if files.exists(bucket_path):
-        files.remove(bucket_path)
+    return summary
 
 
 def verify_packed_dataset(output_dir: str, num_workers: int = 0) -> dict:

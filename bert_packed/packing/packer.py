@@ -114,6 +114,16 @@ def checksum(rows: np.ndarray) -> int:
     return int(sequence_hashes(rows).sum(dtype=np.uint64)) if len(rows) else 0
 
 
+def provenance_checksum(rows: np.ndarray) -> int:
+    """Order-independent checksum of where a set of sequences came from: the sum of a hash of each
+    one's (input file, record) mod 2**64. Two sets agree when they hold the same sequences of the
+    inputs, each once (one sequence twice and another missing would need mixed ids to collide)."""
+    if not len(rows):
+        return 0
+    ids = (rows["file"].astype(np.uint64) << np.uint64(40)) | rows["record"].astype(np.uint64)
+    return int(_mix(ids).sum(dtype=np.uint64))
+
+
 def combine_checksums(*values: int) -> int:
     return sum(values) % (1 << 64)
 

@@ -103,7 +103,7 @@ def _passes(settings: DatasetSettings) -> list[int]:
 
 
 def create_pretraining_dataset(input_files: list[str], output_dir: str, settings: DatasetSettings,
-                               num_workers: int = 0) -> dict:
+                               num_workers: int = 0, make_shards: Callable | None = None) -> dict:
     """Writes the unpacked dataset; returns the metadata (also written to metadata.json).
 
     Args:
@@ -111,6 +111,9 @@ def create_pretraining_dataset(input_files: list[str], output_dir: str, settings
       output_dir: created if missing; may hold a previous run with the same settings and inputs.
       settings: see DatasetSettings.
       num_workers: processes (0: one per core).
+      make_shards: what runs the jobs, make_shards(jobs, output_dir, settings): each job (a
+        ShardJob) is one input file's unwritten shards, for make_file_shards. None: this
+        machine's processes; bert_packed.beam gives a Beam pipeline's.
 
     Raises:
       CorpusError / VocabularyError: bad input, naming the file.
@@ -128,7 +131,13 @@ def create_pretraining_dataset(input_files: list[str], output_dir: str, settings
     with files.exclusive(os.path.join(output_dir, ".lock"), "create_pretraining_data") as confirm:
         refuse_other_output(output_dir, "unpacked data")
         files.remove_leftovers(output_dir)
-        return _create(input_files, output_dir, settings, num_workers, tokenizer, confirm)
+        jobs = _unwritten_shards(input_files, output_dir, settings)
+        if make_shards is None:
+            _make_shards_here(jobs, output_dir, settings, tokenizer, num_workers)
+        else:
+            make_shards(jobs, output_dir, settings)
+        confirm()  # on a bucket, no other host's run wrote here meanwhile
+        return _write_summary([files.absolute(path) for path in input_files], output_dir, settings)
 
 
 def resolve_input_format(input_files: list[str], settings: DatasetSettings) -> DatasetSettings:
@@ -158,19 +167,54 @@ def _already_created(input_files: list[str], output_dir: str, settings: DatasetS
     return info.to_dict()
 
 
-def _create(input_files: list[str], output_dir: str, settings: DatasetSettings, num_workers: int,
-            tokenizer: Tokenizer, confirm: Callable[[], None]) -> dict:
+@dataclasses.dataclass(frozen=True)
+class ShardJob:
+    """One input file's shards still to write.
+
+    Attributes:
+      file_index: the file's position among the inputs (it seeds the file's draws).
+      source: the file's absolute path.
+      passes: the dupe passes (EVAL_PASS: the held-out documents) to write.
+      identity: the file's size and hashes when an earlier run's shards recorded them (a file
+        changed since was refused), else None: read before the file is.
+    """
+
+    file_index: int
+    source: str
+    passes: tuple[int, ...]
+    identity: dict | None = None
+
+
+def _unwritten_shards(input_files: list[str], output_dir: str, settings: DatasetSettings) -> list[ShardJob]:
+    """The jobs of the shards not yet written (a resumed run redoes only those), said in one line."""
     sources = [files.absolute(path) for path in input_files]
     identities = _check_previous_run(output_dir, settings, sources)
+    jobs, num_shards = [], len(sources) * len(_passes(settings))
+    for i, source in enumerate(sources):
+        passes = tuple(p for p in _passes(settings)
+                       if not files.exists(os.path.join(output_dir, shard_name(i, p) + ".json")))
+        if passes:
+            jobs.append(ShardJob(i, source, passes, identities.get(i)))
+    todo = sum(len(job.passes) for job in jobs)
+    if todo < num_shards:
+        logging.info("resuming: %d of %d shards already written", num_shards - todo, num_shards)
+    return jobs
 
-    def done(i, p):
-        return files.exists(os.path.join(output_dir, shard_name(i, p) + ".json"))
 
-    num_jobs = len(input_files) * len(_passes(settings))
-    progress = Progress("create_pretraining_data", total=num_jobs, unit="shards")
-    progress.done = sum(done(i, p) for i in range(len(input_files)) for p in _passes(settings))
-    if progress.done:
-        logging.info("resuming: %d of %d shards already written", progress.done, num_jobs)
+def make_file_shards(job: ShardJob, output_dir: str, settings: DatasetSettings) -> int:
+    """Reads and tokenizes one input file and writes its unwritten shards, one pass after another,
+    each as the single-machine command writes it; returns the instances written."""
+    identity = job.identity or _source_identity(job.source)  # before reading: a file changed meanwhile is not this one
+    documents, held_out, empty = _tokenize_file(job.source, job.file_index, _worker_tokenizer(settings), settings)
+    return sum(_run_pass(job.file_index, p, (job.source, identity), held_out if p == EVAL_PASS else documents, empty,
+                         output_dir, settings) for p in job.passes)
+
+
+def _make_shards_here(jobs: list[ShardJob], output_dir: str, settings: DatasetSettings, tokenizer: Tokenizer,
+                      num_workers: int) -> None:
+    """Runs the jobs on this machine: each file tokenized in this process (the Rust tokenizer uses
+    every core), its passes on a pool of `num_workers` processes (0: one per core)."""
+    progress = Progress("create_pretraining_data", total=sum(len(job.passes) for job in jobs), unit="shards")
     num_workers = num_workers or os.cpu_count() or 1
     instances = 0
     # Fresh interpreters for the workers: no inherited TensorFlow or tokenizer thread pools.
@@ -179,22 +223,18 @@ def _create(input_files: list[str], output_dir: str, settings: DatasetSettings, 
             if num_workers > 1 else None)
     in_flight: set = set()
     try:
-        for i, path in enumerate(input_files):
-            passes = [p for p in _passes(settings) if not done(i, p)]
-            if not passes:
-                continue
-            # Before reading: a file changed meanwhile is not taken for this one (once: the check may have it).
-            identity = identities.get(i) or _source_identity(path)
-            documents, held_out, empty = _tokenize_file(path, i, tokenizer, settings)
-            for p in passes:
-                job = (i, p, (sources[i], identity), held_out if p == EVAL_PASS else documents, empty, output_dir,
-                       settings)
+        for job in jobs:
+            identity = job.identity or _source_identity(job.source)  # before reading, as make_file_shards
+            documents, held_out, empty = _tokenize_file(job.source, job.file_index, tokenizer, settings)
+            for p in job.passes:
+                args = (job.file_index, p, (job.source, identity), held_out if p == EVAL_PASS else documents, empty,
+                        output_dir, settings)
                 if pool is None:
-                    instances += _run_pass(*job)
+                    instances += _run_pass(*args)
                     progress.update(1, f", {instances:,} instances")
                     continue
                 with _signals_held():
-                    in_flight.add(pool.submit(_run_pass, *job))
+                    in_flight.add(pool.submit(_run_pass, *args))
                 while len(in_flight) > 2 * num_workers:  # bounds the tokenized files held in memory
                     finished, in_flight = concurrent.futures.wait(
                         in_flight, return_when=concurrent.futures.FIRST_COMPLETED)
@@ -208,8 +248,6 @@ def _create(input_files: list[str], output_dir: str, settings: DatasetSettings, 
         if pool is not None:
             pool.shutdown(cancel_futures=True)
     progress.close()
-    confirm()  # on a bucket, no other host's run wrote here meanwhile
-    return _write_summary(sources, output_dir, settings)
 
 
 _HELD_SIGNALS = {signal.SIGTERM, signal.SIGINT}

@@ -1,0 +1,255 @@
+"""create_pretraining_data and pack_pretraining_data as Apache Beam pipelines.
+
+Each command is the single-machine one with its jobs run by a pipeline: the same checks before
+(raised here, before anything is submitted), the same audit, and the same commit after
+(metadata.json, last, written by this process once the pipeline has succeeded), so the output
+is the same, byte for byte. What the pipeline changes is where the jobs run: on the workers of
+Dataflow, Flink or Spark (Beam's --runner and its options), or, with no --runner, here on Beam's
+FnApiRunner, which needs nothing downloaded (--direct_num_workers; --direct_running_mode=
+multi_processing for processes).
+
+create, one element a file: a worker reads and tokenizes the file and writes its dupe passes,
+as create_pretraining_data's workers do (make_file_shards).
+
+pack, two reads of every file and one shuffle of its rows:
+
+    files --read_input--> summaries --Combine--> layout: histogram, plan, ranks  (a side input)
+    files --assign_packs(layout)--> (bucket, rows) --GroupByKey--> write_shard --> audit
+
+The summaries combine into the merged histogram, which the planner (any algorithm) plans; each
+file's sequences of each length before it let any worker rank a file's sequences without the
+others. A sequence is keyed by the bucket of its pack, a range of pack numbers; packs are
+numbered in random order, so every bucket holds an even share of every length and no key is
+hot (a quarter of Wikipedia's sequences are 512 long). The audit checks, before the pipeline
+ends, that the shards hold every input sequence exactly once.
+
+Faults: every file is written under a temporary name and renamed, and what a job writes is a
+function of its input alone, so a retried bundle writes the same bytes again; a failed pipeline
+commits nothing, and the same command again skips the files and shards already done.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import time
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+from bert_packed import files
+from bert_packed.errors import SettingsError, UserError
+from bert_packed.packing import packer
+from bert_packed.packing.histogram import merge_histograms
+from bert_packed.packing.pack_dataset import (
+    PackSettings,
+    assign_packs,
+    audit_packs,
+    bucket_count,
+    pack_pretraining_dataset,
+    read_input,
+    sequences_before,
+    write_shard,
+)
+from bert_packed.packing.plan import plan
+from bert_packed.pretraining_data.create_dataset import (
+    DatasetSettings,
+    ShardJob,
+    create_pretraining_dataset,
+    make_file_shards,
+)
+
+
+def pipeline_options(args: list[str]) -> PipelineOptions:
+    """Beam's pipeline options from command-line arguments (--runner=DataflowRunner --project=...).
+
+    Raises:
+      SettingsError: an argument that is no pipeline option (Beam itself would drop it with a warning).
+    """
+    options = PipelineOptions(args)
+    unknown = sorted(set(options.get_all_options(retain_unknown_options=True)) - set(options.get_all_options()))
+    # A value of its own (not after an option spelled without "="): Beam would drop it unsaid.
+    stray = [arg for before, arg in zip(["="] + args, args)
+             if not arg.startswith("-") and not (before.startswith("-") and "=" not in before)]
+    if unknown or stray:
+        raise SettingsError(f"{'--' + unknown[0] if unknown else repr(stray[0])}: neither a flag of this command nor "
+                            f"a Beam pipeline option (--help lists both)")
+    if options.view_as(DirectOptions).direct_num_workers < 0:
+        raise SettingsError("--direct_num_workers must be >= 0 (0: one per core)")
+    return options
+
+
+class WorkerInputError(UserError, RuntimeError):
+    """Bad input that a worker found (a corrupt record, say): its one line, as the worker said it."""
+
+
+def _run(options: PipelineOptions, build) -> float:
+    """Builds the pipeline with build(pipeline) and runs it to the end; returns its seconds. With no
+    --runner, Beam's FnApiRunner runs it here.
+
+    Raises:
+      WorkerInputError: a worker's UserError, which a runner gives back as text (the worker's
+        traceback in a RuntimeError of its own).
+    """
+    runner = None if options.view_as(StandardOptions).runner else FnApiRunner()
+    start = time.perf_counter()
+    try:
+        with beam.Pipeline(runner=runner, options=options) as pipeline:
+            build(pipeline)
+    except UserError:
+        raise  # raised in this process (a runner running the jobs in its own threads)
+    except Exception as error:
+        for line in reversed(str(error).splitlines()):
+            found = re.match(r"(bert_packed(?:\.\w+)+)\.(\w+): (.+)", line.strip())
+            kind = found and getattr(importlib.import_module(found[1]), found[2], None)
+            if isinstance(kind, type) and issubclass(kind, UserError):
+                raise WorkerInputError(found[3]) from None
+        raise
+    return time.perf_counter() - start
+
+
+def create_on_beam(input_files: list[str], output_dir: str, settings: DatasetSettings,
+                   options: PipelineOptions) -> dict:
+    """create_pretraining_dataset with each input file's shards written by a pipeline's worker.
+
+    Returns:
+      The metadata, also written to metadata.json: the same as create_pretraining_dataset's.
+    """
+
+    def make_shards(jobs: list[ShardJob], output_dir: str, settings: DatasetSettings) -> None:
+        if not jobs:
+            return
+        _run(options, lambda pipeline: (
+            pipeline
+            | "Files" >> beam.Create(jobs)
+            | "Spread" >> beam.Reshuffle()
+            | "Shards" >> beam.Map(make_file_shards, output_dir, settings)))
+
+    return create_pretraining_dataset(input_files, output_dir, settings, make_shards=make_shards)
+
+
+def pack_on_beam(input_files: list[str], output_dir: str, settings: PackSettings, options: PipelineOptions) -> dict:
+    """pack_pretraining_dataset with its passes run by a pipeline (BeamPasses).
+
+    Returns:
+      The metadata, also written to metadata.json: the same as pack_pretraining_dataset's but
+      for its "seconds".
+    """
+    return pack_pretraining_dataset(input_files, output_dir, settings, passes=BeamPasses(options))
+
+
+class BeamPasses:
+    """The packer's three passes as one pipeline (pack_dataset.LocalPasses's interface).
+
+    Its work (each input's and each shard's summary, JSON) is in `output_dir/.work`, wherever
+    that is: every worker writes there, and the same command again finds what is done.
+    """
+
+    def __init__(self, options: PipelineOptions):
+        self.options = options
+
+    def work_directory(self, output_dir: str) -> str:
+        return os.path.join(output_dir, ".work")
+
+    def __call__(self, sources: list[str], expected: list, output_dir: str, work: str, settings: PackSettings):
+        """Runs the pipeline; returns (input summaries, plan, shard summaries, seconds)."""
+        inputs = [(index, path, entry) for index, (path, entry) in enumerate(zip(sources, expected))]
+        shapes = settings.shapes
+
+        def build(pipeline):
+            files_in = pipeline | "Files" >> beam.Create(inputs) | "Spread" >> beam.Reshuffle()
+            summaries = files_in | "Read" >> beam.Map(_summary, work, shapes.unpacked())
+            layout = beam.pvalue.AsSingleton(
+                summaries | "Combine" >> beam.CombineGlobally(_MergeSummaries())
+                | "Plan" >> beam.Map(_layout, settings, work))
+            shards = (files_in
+                      | "Assign" >> beam.FlatMap(_assign, layout, work, settings)
+                      | "ByBucket" >> beam.GroupByKey()
+                      | "Write" >> beam.Map(_write, layout, output_dir, work, settings))
+            _ = (shards | "Shards" >> beam.combiners.ToList()
+                 | "Audit" >> beam.Map(_audit, beam.pvalue.AsList(summaries), layout, work))
+
+        seconds = _run(self.options, build)
+        summaries = [_load(os.path.join(work, f"input-{index:05d}.json")) for index in range(len(sources))]
+        histogram = merge_histograms(*[s["histogram"] for s in summaries])
+        packing_plan = plan(histogram, shapes.max_seq_length, settings.algorithm, shapes.max_sequences_per_pack)
+        num_buckets = bucket_count(settings, histogram, max(s["max_token_id"] for s in summaries),
+                                   packing_plan.num_packs)
+        shards = [_load(os.path.join(work, f"shard-{b:05d}.json")) for b in range(num_buckets)]
+        return summaries, packing_plan, shards, {"pipeline": seconds}
+
+
+def _load(path: str) -> dict:
+    with files.open_file(path) as f:
+        return json.load(f)
+
+
+def _summary(element: tuple, work: str, shapes) -> dict:
+    """Pass 1 for one file: its summary, read back when an earlier run wrote it."""
+    index, path, expected = element
+    done = os.path.join(work, f"input-{index:05d}.json")
+    return _load(done) if files.exists(done) else read_input(index, path, work, shapes, expected)
+
+
+class _MergeSummaries(beam.CombineFn):
+    """The inputs' summaries, by file index (a merge of small dicts: each a histogram and checksums)."""
+
+    def create_accumulator(self) -> dict:
+        return {}
+
+    def add_input(self, accumulator: dict, summary: dict) -> dict:
+        accumulator[summary["file_index"]] = summary
+        return accumulator
+
+    def merge_accumulators(self, accumulators) -> dict:
+        merged = {}
+        for accumulator in accumulators:
+            merged.update(accumulator)
+        return merged
+
+    def extract_output(self, accumulator: dict) -> list[dict]:
+        return [accumulator[index] for index in sorted(accumulator)]
+
+
+def _layout(summaries: list[dict], settings: PackSettings, work: str) -> dict:
+    """What every worker of passes 2 and 3 needs: the plan of the merged histogram, each file's
+    sequences of each length before it, the buckets, and which shards an earlier run wrote."""
+    shapes = settings.shapes
+    histogram = merge_histograms(*[s["histogram"] for s in summaries])
+    packing_plan = plan(histogram, shapes.max_seq_length, settings.algorithm, shapes.max_sequences_per_pack)
+    max_token_id = max(s["max_token_id"] for s in summaries)
+    num_buckets = bucket_count(settings, histogram, max_token_id, packing_plan.num_packs)
+    done = [b for b in range(num_buckets) if files.exists(os.path.join(work, f"shard-{b:05d}.json"))]
+    return {"summaries": summaries, "histogram": histogram, "plan": packing_plan, "max_token_id": max_token_id,
+            "before": sequences_before(summaries, shapes.max_seq_length), "num_buckets": num_buckets, "done": done}
+
+
+def _assign(element: tuple, layout: dict, work: str, settings: PackSettings):
+    """Pass 2 for one file: (bucket, rows as bytes) for every bucket not written yet."""
+    index = element[0]
+    shapes = settings.shapes.unpacked()
+    slots = packer.SlotTable(layout["plan"].strategies, shapes.max_seq_length)
+    done = set(layout["done"])
+    for bucket, rows in assign_packs(layout["summaries"][index], layout["before"][index], layout["histogram"], work,
+                                     shapes, slots, layout["num_buckets"], layout["max_token_id"], settings.seed):
+        if bucket not in done:
+            yield bucket, rows.tobytes()
+
+
+def _write(element: tuple, layout: dict, output_dir: str, work: str, settings: PackSettings) -> dict:
+    """Pass 3 for one bucket: its rows, from every file, into its shard."""
+    bucket, parts = element
+    dtype = packer.row_dtype(settings.shapes.unpacked(), layout["max_token_id"])
+    rows = np.frombuffer(b"".join(parts), dtype=dtype)
+    return write_shard(rows, output_dir, work, settings, layout["plan"].num_packs, layout["num_buckets"], bucket)
+
+
+def _audit(written: list[dict], summaries: list[dict], layout: dict, work: str) -> None:
+    """Fails the pipeline unless the shards (written now, or by an earlier run) hold every input
+    sequence exactly once."""
+    earlier = [_load(os.path.join(work, f"shard-{b:05d}.json")) for b in layout["done"]]
+    audit_packs(summaries, written + earlier)

@@ -1,0 +1,149 @@
+r"""Data preparation on Apache Beam: create_pretraining_data and pack_pretraining_data as
+pipelines, with the same flags, checks and output, for a corpus larger than one machine.
+
+    python -m bert_packed.beam create --input_file='gs://B/text/*' --output_dir=gs://B/unpacked \
+        --max_seq_length=512 --max_predictions_per_seq=76 --dupe_factor=10 \
+        --runner=DataflowRunner --project=P --region=R --temp_location=gs://B/tmp \
+        --setup_file=./setup.py
+    python -m bert_packed.beam pack --input_files='gs://B/unpacked/part-*.tfrecord' \
+        --output_dir=gs://B/packed --runner=DataflowRunner ...
+
+Flags after the command's own are Beam's pipeline options (--runner, --project, --region,
+--temp_location, --flink_master, --spark_master_url, ...). With no --runner the pipeline runs
+here, on Beam's FnApiRunner: --direct_num_workers=N (0: one per core) and
+--direct_running_mode=multi_processing for N processes (in_memory: one thread; multi_threading).
+--num_workers is the single-machine commands' and is refused: the runner decides the workers.
+The workers' own output goes to a log file, named if the pipeline fails (--verbosity=1: shown).
+docs/data.md, "Beyond one machine", has the cluster commands.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import logging
+import os
+import sys
+import tempfile
+
+from absl import flags
+from absl import logging as absl_logging
+
+from bert_packed import files
+from bert_packed.cli.common import exit_with, expand_globs, run
+from bert_packed.errors import SettingsError
+
+FLAGS = flags.FLAGS
+# Each command's flags are its single-machine command's, defined when that module is imported.
+COMMANDS = {"create": "bert_packed.cli.create_pretraining_data", "pack": "bert_packed.cli.pack_pretraining_data"}
+
+
+def main(argv):
+    name = PROGRAM.split()[-1]
+    command = sys.modules[COMMANDS[name]]
+    if FLAGS["num_workers"].present:
+        raise SettingsError(f"--num_workers={FLAGS.num_workers}: the runner decides a pipeline's workers "
+                            f"(here: --direct_num_workers, with --direct_running_mode=multi_processing for processes)")
+    beam = _quiet_beam()
+    options = beam.pipeline_options(argv[1:])
+    if name == "create":
+        if FLAGS.output_file:
+            raise SettingsError("--output_file: a pipeline writes a dataset directory; give --output_dir")
+        settings = command.settings_from_flags()
+        input_files = expand_globs(FLAGS.input_file, "--input_file")
+        with _workers_output_logged():
+            metadata = beam.create_on_beam(input_files, FLAGS.output_dir, settings, options)
+    else:
+        input_files = expand_globs(FLAGS.input_files, "--input_files")
+        settings = command.settings_from_flags(input_files)
+        with _workers_output_logged():
+            metadata = beam.pack_on_beam(input_files, FLAGS.output_dir, settings, options)
+    command.report(PROGRAM, metadata, FLAGS.output_dir)
+
+
+class _NotBeams(logging.Filter):
+    """Leaves out Beam's own log lines (its runner's workers starting and stopping, an optional
+    client library missing): the command's output is its own (--verbosity=1 shows them)."""
+
+    def __init__(self, package: str):
+        super().__init__()
+        self.package = package
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.pathname.startswith(self.package)
+
+
+def _quiet_beam():
+    """Imports the pipelines (apache_beam, which logs as it is imported) with Beam's lines left out."""
+    handler = absl_logging.get_absl_handler()
+    if FLAGS.verbosity < 1 and not any(isinstance(f, _NotBeams) for f in handler.filters):
+        handler.addFilter(_NotBeams(os.path.dirname(importlib.util.find_spec("apache_beam").origin)))
+    from bert_packed.beam import pipelines as beam
+
+    return beam
+
+
+@contextlib.contextmanager
+def _workers_output_logged():
+    """Sends what the runner's worker processes print (Beam's lines at INFO, and their warnings)
+    to a log file, named at the end when they printed anything: they write to this process's
+    stderr, file descriptor 2, which it lends them for the pipeline's run."""
+    if FLAGS.verbosity >= 1:
+        yield
+        return
+    descriptor, log_path = tempfile.mkstemp(prefix="bert-packed-beam-", suffix=".log")
+    saved = os.dup(2)
+    stderr, handler = sys.stderr, absl_logging.get_absl_handler().python_handler
+    own = os.fdopen(os.dup(saved), "w", buffering=1)
+    stream = handler.stream
+    if _on_descriptor_2(stderr):  # this process's own lines still reach the terminal
+        sys.stderr = own
+    if _on_descriptor_2(stream):
+        handler.stream = own
+    os.dup2(descriptor, 2)
+    failed = True
+    try:
+        yield
+        failed = False
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(descriptor)
+        sys.stderr, handler.stream = stderr, stream
+        own.close()
+        if files.size(log_path):
+            (logging.error if failed else logging.info)("the pipeline's workers' own output (their warnings "
+                                                        "included): %s", log_path)
+        else:
+            files.remove(log_path)
+
+
+def _on_descriptor_2(stream) -> bool:
+    try:
+        return stream.fileno() == 2
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both of the last two
+        return False
+
+
+PROGRAM = "bert_packed.beam"
+
+
+def entry_point():
+    global PROGRAM
+    PROGRAM = "bert_packed.beam"
+    if sys.argv[1:2] in (["-h"], ["--help"], ["--helpshort"]):
+        exit_with(0, __doc__.strip())
+    name = sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("-") else ""
+    if name not in COMMANDS:
+        exit_with(2, f"{PROGRAM}: error: {'unknown command ' + repr(name) if name else 'no command'}: give create or "
+                     f"pack first, as in `python -m bert_packed.beam pack --input_files=... --output_dir=...` "
+                     f"(--help after it lists its flags)")
+    del sys.argv[1]
+    importlib.import_module(COMMANDS[name])
+    PROGRAM = f"bert_packed.beam {name}"
+    run(main, PROGRAM, "output_dir", "Finished shards are kept", pass_on=True)
+
+
+if __name__ == "__main__":
+    entry_point()

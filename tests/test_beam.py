@@ -1,0 +1,150 @@
+"""The Beam pipelines (bert_packed/beam) write what the single-machine commands write, byte for
+byte, on Beam's local FnApiRunner: in worker processes, after a failure, and from files with
+no metadata.json (the reference's own); bad input is one line before anything runs."""
+
+import filecmp
+import json
+import os
+import shutil
+
+import pytest
+from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, VOCAB, run_command, write_corpus
+
+from bert_packed.beam import pipelines
+from bert_packed.dataset_info import read_dataset_info
+
+SHAPES = [f"--max_seq_length={MAX_SEQ_LENGTH}", f"--max_predictions_per_seq={MAX_PREDICTIONS}"]
+TWO_PROCESSES = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
+
+
+def beam(command, *args):
+    single_machine = {"create": "create_pretraining_data", "pack": "pack_pretraining_data"}[command]
+    return run_command(single_machine, command, *args, launcher="beam")
+
+
+def same_files(first, second, but=("metadata.json",)):
+    """The names in `first` and `second` (temporary and lock files aside) that differ in bytes."""
+    names = sorted(n for n in set(os.listdir(first)) | set(os.listdir(second)) if not n.startswith("."))
+    return [n for n in names if n not in but and not (os.path.exists(os.path.join(second, n))
+                                                       and filecmp.cmp(os.path.join(first, n), os.path.join(second, n),
+                                                                       shallow=False))]
+
+
+def metadata_without_timings(directory):
+    metadata = json.load(open(os.path.join(directory, "metadata.json")))
+    metadata.pop("seconds", None)
+    return metadata
+
+
+@pytest.mark.slow
+def test_two_worker_processes_write_the_single_machine_commands_output(tmp_path):
+    corpus = write_corpus(str(tmp_path), num_files=3)
+    create = [f"--input_file={','.join(corpus)}", f"--vocab_file={VOCAB}", *SHAPES, "--dupe_factor=2",
+              "--eval_fraction=0.2", "--short_seq_prob=0.5", "--random_seed=7"]
+    assert run_command("create_pretraining_data", *create, f"--output_dir={tmp_path / 'local'}",
+                       "--num_workers=1").returncode == 0
+    result = beam("create", *create, f"--output_dir={tmp_path / 'beam'}", *TWO_PROCESSES)
+    assert result.returncode == 0, result.stderr
+    assert "bert_packed.beam create: " in result.stdout and "held out for evaluation" in result.stdout
+    assert same_files(tmp_path / "local", tmp_path / "beam", but=()) == []  # metadata.json too
+
+    # The reference's own files: shards with no metadata.json beside them, of several files.
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in sorted(os.listdir(tmp_path / "beam")):
+        if name.startswith("part-") and name.endswith(".tfrecord"):
+            shutil.copy(tmp_path / "beam" / name, bare / name)
+    assert len(os.listdir(bare)) == 6
+    pack = [f"--input_files={bare}/part-*", *SHAPES, "--num_shards=3", "--seed=3"]
+    assert run_command("pack_pretraining_data", *pack, f"--output_dir={tmp_path / 'packed_local'}",
+                       "--num_workers=1").returncode == 0
+    result = beam("pack", *pack, f"--output_dir={tmp_path / 'packed_beam'}", "--verify", *TWO_PROCESSES)
+    assert result.returncode == 0, result.stderr
+    assert ", verified ->" in result.stdout
+    packed = sorted(n for n in os.listdir(tmp_path / "packed_beam") if n.startswith("packed-"))
+    assert packed == [f"packed-0000{i}-of-00003.tfrecord" for i in range(3)]
+    assert same_files(tmp_path / "packed_local", tmp_path / "packed_beam") == []
+    assert metadata_without_timings(tmp_path / "packed_local") == metadata_without_timings(tmp_path / "packed_beam")
+    assert not os.path.exists(tmp_path / "packed_beam" / ".work")
+
+
+def test_a_failed_pack_pipeline_commits_nothing_and_the_same_command_completes_it(unpacked_dir, tmp_path,
+                                                                                  monkeypatch):
+    pack = [f"--input_files={unpacked_dir}/part-*.tfrecord", "--num_shards=3", "--seed=5"]
+    assert run_command("pack_pretraining_data", *pack, f"--output_dir={tmp_path / 'local'}").returncode == 0
+    output = tmp_path / "beam"
+    write_shard = pipelines.write_shard
+
+    def fails_on_the_second_bucket(rows, output_dir, work, settings, num_packs, num_buckets, bucket):
+        if bucket == 1:
+            raise OSError(28, "No space left on device")
+        return write_shard(rows, output_dir, work, settings, num_packs, num_buckets, bucket)
+
+    monkeypatch.setattr(pipelines, "write_shard", fails_on_the_second_bucket)
+    failed = beam("pack", *pack, f"--output_dir={output}")
+    assert failed.returncode == 2 and "the disk is full" in failed.stderr.splitlines()[-1], failed.stderr
+    assert not os.path.exists(output / "metadata.json") and read_dataset_info(str(output)) is None
+    written = sorted(n for n in os.listdir(output) if n.startswith("packed-"))
+    assert "packed-00001-of-00003.tfrecord" not in written and written  # the others may be written
+    before = {name: os.stat(output / name).st_mtime_ns for name in written}
+
+    monkeypatch.setattr(pipelines, "write_shard", write_shard)
+    result = beam("pack", *pack, f"--output_dir={output}")
+    assert result.returncode == 0, result.stderr
+    assert {name: os.stat(output / name).st_mtime_ns for name in written} == before  # not written again
+    assert same_files(tmp_path / "local", output) == []
+    assert metadata_without_timings(tmp_path / "local") == metadata_without_timings(output)
+    again = beam("pack", *pack, f"--output_dir={output}")
+    assert again.returncode == 0 and "already packed with these settings and inputs; nothing to do" in again.stderr
+
+
+def test_a_create_pipeline_resumes_the_shards_it_did_not_write(tmp_path):
+    corpus = write_corpus(str(tmp_path), num_files=2)
+    create = [f"--input_file={','.join(corpus)}", f"--vocab_file={VOCAB}", *SHAPES, "--dupe_factor=2",
+              f"--output_dir={tmp_path / 'beam'}"]
+    assert beam("create", *create).returncode == 0
+    kept = tmp_path / "kept"
+    shutil.copytree(tmp_path / "beam", kept)
+    for name in ("part-00001-001.tfrecord", "part-00001-001.json", "metadata.json"):  # as a killed run leaves it
+        os.remove(tmp_path / "beam" / name)
+    result = beam("create", *create)
+    assert result.returncode == 0 and "resuming: 3 of 4 shards already written" in result.stderr, result.stderr
+    assert same_files(kept, tmp_path / "beam", but=()) == []
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "no command: give create or pack first"),
+    (["split"], "unknown command 'split'"),
+    (["pack", "--bogus=1"], "--bogus: neither a flag of this command nor a Beam pipeline option"),
+    (["pack", "stray"], "'stray': neither a flag of this command nor a Beam pipeline option"),
+    (["pack", "--num_workers=2"], "--num_workers=2: the runner decides a pipeline's workers"),
+    (["pack", "--direct_num_workers=-1"], "--direct_num_workers must be >= 0"),
+    (["create", "--output_file=x.tfrecord"], "--output_file: a pipeline writes a dataset directory"),
+    (["pack", "--input_files=NOWHERE/part-*"], "--input_files: 'NOWHERE/part-*' matches no file"),
+])
+def test_bad_input_is_one_line_before_anything_runs(unpacked_dir, tmp_path, args, message):
+    output = tmp_path / "out"
+    inputs = {"pack": [f"--input_files={unpacked_dir}/part-*.tfrecord"],
+              "create": [f"--input_file={os.path.join(REPO, 'data', 'wikipedia_sample', 'wiki_00')}"]}
+    given = args[:1] + (inputs.get(args[0], []) if args and "--input_files" not in " ".join(args) else [])
+    result = run_command("pack_pretraining_data" if args[:1] != ["create"] else "create_pretraining_data",
+                         *given, *args[1:], f"--output_dir={output}", launcher="beam")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert not output.exists()
+
+
+def test_a_corrupt_record_found_by_a_worker_is_one_line_naming_it(unpacked_dir, tmp_path):
+    inputs = tmp_path / "inputs"
+    shutil.copytree(unpacked_dir, inputs)
+    name = sorted(n for n in os.listdir(inputs) if n.startswith("part-") and n.endswith(".tfrecord"))[1]
+    data = bytearray((inputs / name).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (inputs / name).write_bytes(data)
+    (inputs / "metadata.json").unlink()  # else the input's recorded head or size may name it first
+    result = beam("pack", f"--input_files={inputs}/part-*.tfrecord", *SHAPES, f"--output_dir={tmp_path / 'out'}")
+    assert result.returncode == 2
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"bert_packed.beam pack: error: {inputs / name}: record ") and "corrupt" in last, last
+    assert not (tmp_path / "out" / "metadata.json").exists()
