@@ -117,7 +117,7 @@ def test_a_create_pipeline_resumes_the_shards_it_did_not_write(tmp_path):
     (["split"], "unknown command 'split'"),
     (["pack", "--bogus=1"], "--bogus: neither a flag of this command nor a Beam pipeline option"),
     (["pack", "stray"], "'stray': neither a flag of this command nor a Beam pipeline option"),
-    (["pack", "--num_workers=2"], "--num_workers=2: the runner decides a pipeline's workers"),
+    (["pack", "--num_workers=2"], "--num_workers=2 is a cluster runner's option"),
     (["pack", "--direct_num_workers=-1"], "--direct_num_workers must be >= 0"),
     (["create", "--output_file=x.tfrecord"], "--output_file: a pipeline writes a dataset directory"),
     (["pack", "--input_files=NOWHERE/part-*"], "--input_files: 'NOWHERE/part-*' matches no file"),

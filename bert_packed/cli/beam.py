@@ -12,7 +12,7 @@ Flags after the command's own are Beam's pipeline options (--runner, --project, 
 --temp_location, --flink_master, --spark_master_url, ...). With no --runner the pipeline runs
 here, on Beam's FnApiRunner: --direct_num_workers=N (0: one per core) and
 --direct_running_mode=multi_processing for N processes (in_memory: one thread; multi_threading).
---num_workers is the single-machine commands' and is refused: the runner decides the workers.
+--num_workers goes on to the runner (Dataflow's first workers); with no --runner it is refused.
 The workers' own output goes to a log file, named if the pipeline fails (--verbosity=1: shown).
 docs/data.md, "Beyond one machine", has the cluster commands.
 """
@@ -42,11 +42,15 @@ COMMANDS = {"create": "bert_packed.cli.create_pretraining_data", "pack": "bert_p
 def main(argv):
     name = PROGRAM.split()[-1]
     command = sys.modules[COMMANDS[name]]
-    if FLAGS["num_workers"].present:
-        raise SettingsError(f"--num_workers={FLAGS.num_workers}: the runner decides a pipeline's workers "
-                            f"(here: --direct_num_workers, with --direct_running_mode=multi_processing for processes)")
     beam = _quiet_beam()
-    options = beam.pipeline_options(argv[1:])
+    # --num_workers is also Dataflow's pipeline option (its first workers), which absl parsed as
+    # the single-machine command's: it goes on to the runner, which alone decides the workers.
+    workers = [f"--num_workers={FLAGS.num_workers}"] if FLAGS["num_workers"].present else []
+    options = beam.pipeline_options(argv[1:] + workers)
+    if workers and not options.view_as(beam.StandardOptions).runner:
+        raise SettingsError(f"--num_workers={FLAGS.num_workers} is a cluster runner's option (Dataflow's first "
+                            f"workers); here, give --direct_num_workers (and --direct_running_mode=multi_processing "
+                            f"for processes)")
     if name == "create":
         if FLAGS.output_file:
             raise SettingsError("--output_file: a pipeline writes a dataset directory; give --output_dir")
