@@ -4,7 +4,7 @@ pipelines, with the same flags, checks and output, for a corpus larger than one 
     python -m bert_packed.beam create --input_file='gs://B/text/*' --output_dir=gs://B/unpacked \
         --max_seq_length=512 --max_predictions_per_seq=76 --dupe_factor=10 \
         --runner=DataflowRunner --project=P --region=R --temp_location=gs://B/tmp \
-        --setup_file=./setup.py
+        --extra_package=dist/bert_packed-0.1.0-py3-none-any.whl
     python -m bert_packed.beam pack --input_files='gs://B/unpacked/part-*.tfrecord' \
         --output_dir=gs://B/packed --runner=DataflowRunner ...
 
@@ -13,7 +13,8 @@ Flags after the command's own are Beam's pipeline options (--runner, --project, 
 here, on Beam's FnApiRunner: --direct_num_workers=N (0: one per core) and
 --direct_running_mode=multi_processing for N processes (in_memory: one thread; multi_threading).
 --num_workers goes on to the runner (Dataflow's first workers); with no --runner it is refused.
-The workers' own output goes to a log file, named if the pipeline fails (--verbosity=1: shown).
+Worker processes' own output goes to a log file, named at the end when they printed anything
+(--verbosity=1: shown instead).
 docs/data.md, "Beyond one machine", has the cluster commands.
 """
 
