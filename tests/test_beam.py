@@ -6,7 +6,11 @@ import filecmp
 import json
 import os
 import shutil
+import signal
+import threading
+import time
 
+import apache_beam
 import pytest
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, VOCAB, run_command, write_corpus
 
@@ -39,12 +43,19 @@ def metadata_without_timings(directory):
 @pytest.mark.slow
 def test_two_worker_processes_write_the_single_machine_commands_output(tmp_path):
     corpus = write_corpus(str(tmp_path), num_files=3)
+    with open(corpus[1], "a", encoding="utf-8") as f:  # a sentence longer than an instance, warned of
+        f.write('<doc id="9" url="https://en.wikipedia.org/wiki?curid=9" title="Long">\nLong\n\n' + "the " * 300
+                + "\n</doc>\n")
     create = [f"--input_file={','.join(corpus)}", f"--vocab_file={VOCAB}", *SHAPES, "--dupe_factor=2",
               "--eval_fraction=0.2", "--short_seq_prob=0.5", "--random_seed=7"]
-    assert run_command("create_pretraining_data", *create, f"--output_dir={tmp_path / 'local'}",
-                       "--num_workers=1").returncode == 0
+    local = run_command("create_pretraining_data", *create, f"--output_dir={tmp_path / 'local'}", "--num_workers=1")
+    assert local.returncode == 0
     result = beam("create", *create, f"--output_dir={tmp_path / 'beam'}", *TWO_PROCESSES)
     assert result.returncode == 0, result.stderr
+    # The workers' warnings, as the single-machine command's own; Beam's lines left out.
+    warnings = [line for line in local.stderr.splitlines() if line.startswith("warning:")]
+    assert warnings and [line for line in result.stderr.splitlines() if line.startswith("warning:")] == warnings
+    assert "Worker" not in result.stderr and "apache_beam" not in result.stderr
     assert "bert_packed.beam create: " in result.stdout and "held out for evaluation" in result.stdout
     assert same_files(tmp_path / "local", tmp_path / "beam", but=()) == []  # metadata.json too
 
@@ -96,6 +107,11 @@ def test_a_failed_pack_pipeline_commits_nothing_and_the_same_command_completes_i
     assert metadata_without_timings(tmp_path / "local") == metadata_without_timings(output)
     again = beam("pack", *pack, f"--output_dir={output}")
     assert again.returncode == 0 and "already packed with these settings and inputs; nothing to do" in again.stderr
+    os.remove(output / "packed-00002-of-00003.tfrecord")
+    gone = beam("pack", *pack, f"--output_dir={output}")
+    assert gone.returncode == 2 and gone.stderr.strip().endswith(
+        f"{output / 'packed-00002-of-00003.tfrecord'}: gone (1 of the 3 files its metadata.json lists): the dataset "
+        f"is no longer whole; remove {output} and run the same command again"), gone.stderr
 
 
 def test_a_create_pipeline_resumes_the_shards_it_did_not_write(tmp_path):
@@ -119,6 +135,8 @@ def test_a_create_pipeline_resumes_the_shards_it_did_not_write(tmp_path):
     (["pack", "stray"], "'stray': neither a flag of this command nor a Beam pipeline option"),
     (["pack", "--num_workers=2"], "--num_workers=2 is a cluster runner's option"),
     (["pack", "--direct_num_workers=-1"], "--direct_num_workers must be >= 0"),
+    (["pack", "--direct_running_mode=bogus"], "argument --direct_running_mode: invalid choice: 'bogus' (choose from"),
+    (["pack", "--runner=NoSuchRunner"], "--runner=NoSuchRunner: Unexpected pipeline runner: NoSuchRunner. Valid"),
     (["create", "--output_file=x.tfrecord"], "--output_file: a pipeline writes a dataset directory"),
     (["pack", "--input_files=NOWHERE/part-*"], "--input_files: 'NOWHERE/part-*' matches no file"),
 ])
@@ -133,6 +151,28 @@ def test_bad_input_is_one_line_before_anything_runs(unpacked_dir, tmp_path, args
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], result.stderr
     assert not output.exists()
+
+
+def test_an_interrupt_stops_the_wait_for_the_pipeline_even_when_beam_is_stuck():
+    # Interrupted while its workers start or stop, Beam waited for them forever: Ctrl-C now lands in
+    # the main thread, which only waits, and the command exits (the pipeline's thread a daemon).
+    release = threading.Event()
+
+    def interrupt_then_hang(element):
+        os.kill(os.getpid(), signal.SIGINT)
+        release.wait(60)  # as a worker that never stops
+        return element
+
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    start = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            pipelines._run(pipelines.pipeline_options([]),
+                           lambda pipeline: pipeline | apache_beam.Create([1]) | apache_beam.Map(interrupt_then_hang))
+        assert time.monotonic() - start < 30
+    finally:
+        release.set()
+        signal.signal(signal.SIGINT, handler)
 
 
 def test_a_corrupt_record_found_by_a_worker_is_one_line_naming_it(unpacked_dir, tmp_path):

@@ -30,16 +30,20 @@ commits nothing, and the same command again skips the files and shards already d
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
 import json
 import os
 import re
+import threading
 import time
 
 import apache_beam as beam
 import numpy as np
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+from apache_beam.runners.runner import PipelineRunner, create_runner
 
 from bert_packed import files
 from bert_packed.errors import SettingsError, UserError
@@ -68,10 +72,17 @@ def pipeline_options(args: list[str]) -> PipelineOptions:
     """Beam's pipeline options from command-line arguments (--runner=DataflowRunner --project=...).
 
     Raises:
-      SettingsError: an argument that is no pipeline option (Beam itself would drop it with a warning).
+      SettingsError: an argument that is no pipeline option (Beam itself would drop it with a
+        warning), an option's value Beam refuses (its argparse error), or a runner Beam does not know.
     """
     options = PipelineOptions(args)
-    unknown = sorted(set(options.get_all_options(retain_unknown_options=True)) - set(options.get_all_options()))
+    refused = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(refused):  # argparse's usage, then its error, then an exit
+            known = options.get_all_options(retain_unknown_options=True)
+    except SystemExit:
+        raise SettingsError(refused.getvalue().strip().splitlines()[-1].split("error: ", 1)[-1]) from None
+    unknown = sorted(set(known) - set(options.get_all_options()))
     # A value of its own (not after an option spelled without "="): Beam would drop it unsaid.
     stray = [arg for before, arg in zip(["="] + args, args)
              if not arg.startswith("-") and not (before.startswith("-") and "=" not in before)]
@@ -80,7 +91,23 @@ def pipeline_options(args: list[str]) -> PipelineOptions:
                             f"a Beam pipeline option (--help lists both)")
     if options.view_as(DirectOptions).direct_num_workers < 0:
         raise SettingsError("--direct_num_workers must be >= 0 (0: one per core)")
+    _runner(options)  # an unknown runner is refused here, before the output directory is claimed
     return options
+
+
+def _runner(options: PipelineOptions) -> PipelineRunner:
+    """--runner's runner, or with none Beam's FnApiRunner, which runs the pipeline here.
+
+    Raises:
+      SettingsError: a runner Beam does not know.
+    """
+    name = options.view_as(StandardOptions).runner
+    if not name:
+        return FnApiRunner()
+    try:
+        return create_runner(name)
+    except ValueError as error:  # Beam's message lists the runners it knows
+        raise SettingsError(f"--runner={name}: {error}") from None
 
 
 class WorkerInputError(UserError, RuntimeError):
@@ -91,25 +118,40 @@ def _run(options: PipelineOptions, build) -> float:
     """Builds the pipeline with build(pipeline) and runs it to the end; returns its seconds. With no
     --runner, Beam's FnApiRunner runs it here.
 
+    The pipeline runs in a thread of its own, and this (the main) thread waits for it: Ctrl-C and
+    SIGTERM, which Python delivers to the main thread, then stop the wait, never Beam's own code
+    (interrupted while its workers start or stop, Beam waits for them forever).
+
     Raises:
       WorkerInputError: a worker's UserError, which a runner gives back as text (the worker's
         traceback in a RuntimeError of its own).
     """
-    runner = None if options.view_as(StandardOptions).runner else FnApiRunner()
+    runner = _runner(options)
+    failed = []
+
+    def run_pipeline():
+        try:
+            with beam.Pipeline(runner=runner, options=options) as pipeline:
+                build(pipeline)
+        except Exception as error:  # noqa: BLE001 - raised again in the main thread
+            failed.append(error)
+
     start = time.perf_counter()
-    try:
-        with beam.Pipeline(runner=runner, options=options) as pipeline:
-            build(pipeline)
-    except UserError:
-        raise  # raised in this process (a runner running the jobs in its own threads)
-    except Exception as error:
-        for line in reversed(str(error).splitlines()):
-            found = re.match(r"(bert_packed(?:\.\w+)+)\.(\w+): (.+)", line.strip())
-            kind = found and getattr(importlib.import_module(found[1]), found[2], None)
-            if isinstance(kind, type) and issubclass(kind, UserError):
-                raise WorkerInputError(found[3]) from None
-        raise
-    return time.perf_counter() - start
+    # A daemon, as the threads Beam starts from it: an interrupted command exits without them.
+    thread = threading.Thread(target=run_pipeline, name="pipeline", daemon=True)
+    thread.start()
+    thread.join()
+    if not failed:
+        return time.perf_counter() - start
+    error = failed[0]
+    if isinstance(error, UserError):
+        raise error  # raised in this process (a runner running the jobs in its own threads)
+    for line in reversed(str(error).splitlines()):
+        found = re.match(r"(bert_packed(?:\.\w+)+)\.(\w+): (.+)", line.strip())
+        kind = found and getattr(importlib.import_module(found[1]), found[2], None)
+        if isinstance(kind, type) and issubclass(kind, UserError):
+            raise WorkerInputError(found[3]) from None
+    raise error
 
 
 def create_on_beam(input_files: list[str], output_dir: str, settings: DatasetSettings,

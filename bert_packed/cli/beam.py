@@ -13,8 +13,8 @@ Flags after the command's own are Beam's pipeline options (--runner, --project, 
 here, on Beam's FnApiRunner: --direct_num_workers=N (0: one per core) and
 --direct_running_mode=multi_processing for N processes (in_memory: one thread; multi_threading).
 --num_workers goes on to the runner (Dataflow's first workers); with no --runner it is refused.
-Worker processes' own output goes to a log file, named at the end when they printed anything
-(--verbosity=1: shown instead).
+Worker processes' warnings are shown as the command's own; the rest of what they print goes to a
+log file, named at the end when the pipeline failed (--verbosity=1: all of it shown instead).
 docs/data.md, "Beyond one machine", has the cluster commands.
 """
 
@@ -25,6 +25,7 @@ import importlib
 import importlib.util
 import logging
 import os
+import re
 import sys
 import tempfile
 
@@ -33,7 +34,7 @@ from absl import logging as absl_logging
 
 from bert_packed import files
 from bert_packed.cli.common import exit_with, expand_globs, run
-from bert_packed.errors import SettingsError
+from bert_packed.errors import SettingsError, UserError
 
 FLAGS = flags.FLAGS
 # Each command's flags are its single-machine command's, defined when that module is imported.
@@ -67,23 +68,42 @@ def main(argv):
     command.report(PROGRAM, metadata, FLAGS.output_dir)
 
 
-class _NotBeams(logging.Filter):
+class _OwnLines(logging.Filter):
     """Leaves out Beam's own log lines (its runner's workers starting and stopping, an optional
-    client library missing): the command's output is its own (--verbosity=1 shows them)."""
+    client library missing): the command's output is its own (--verbosity=1 shows them). A
+    worker process's warning (but Beam's own), which the runner logs as a line of its own
+    ("Worker: severity: WARN ... message: ..."), is shown as the command's: a long sentence, say."""
 
     def __init__(self, package: str):
         super().__init__()
         self.package = package
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not record.pathname.startswith(self.package)
+        if not record.pathname.startswith(self.package):
+            return True
+        if record.msg != "Worker: %s" or record.levelno < logging.WARNING:
+            return False
+        from apache_beam.portability.api import beam_fn_api_pb2
+        from google.protobuf import text_format
+
+        entry = text_format.Parse(record.args[0], beam_fn_api_pb2.LogEntry())
+        if entry.log_location.startswith(self.package):
+            return False
+        # Its template ("%s: a sentence of %s tokens ...": the place and the numbers left open), so
+        # that repeats are counted as the command's own are.
+        place, _, rest = entry.message.partition(": ") if ": " in entry.message else ("", "", entry.message)
+        values = re.findall(r"\d[\d,.]*", rest)
+        record.msg = ("%s: " if place else "") + re.sub(r"\d[\d,.]*", "%s", rest.replace("%", "%%"))
+        record.args = ((place,) if place else ()) + tuple(values)
+        return True
 
 
 def _quiet_beam():
     """Imports the pipelines (apache_beam, which logs as it is imported) with Beam's lines left out."""
     handler = absl_logging.get_absl_handler()
-    if FLAGS.verbosity < 1 and not any(isinstance(f, _NotBeams) for f in handler.filters):
-        handler.addFilter(_NotBeams(os.path.dirname(importlib.util.find_spec("apache_beam").origin)))
+    if FLAGS.verbosity < 1 and not any(isinstance(f, _OwnLines) for f in handler.filters):
+        # First, before the filter that counts repeated warnings: Beam's are not counted.
+        handler.filters.insert(0, _OwnLines(os.path.dirname(importlib.util.find_spec("apache_beam").origin)))
     from bert_packed.beam import pipelines as beam
 
     return beam
@@ -91,9 +111,10 @@ def _quiet_beam():
 
 @contextlib.contextmanager
 def _workers_output_logged():
-    """Sends what the runner's worker processes print (Beam's lines at INFO, and their warnings)
-    to a log file, named at the end when they printed anything: they write to this process's
-    stderr, file descriptor 2, which it lends them for the pipeline's run."""
+    """Sends what the runner's worker processes print (Beam's lines at INFO, a crash's traceback) to
+    a log file, named at the end when the pipeline failed (not for bad input, which its error
+    names): they write to this process's stderr, file descriptor 2, which it lends them for the
+    pipeline's run. Their warnings reach the command's output through the runner (_OwnLines)."""
     if FLAGS.verbosity >= 1:
         yield
         return
@@ -107,19 +128,20 @@ def _workers_output_logged():
     if _on_descriptor_2(stream):
         handler.stream = own
     os.dup2(descriptor, 2)
-    failed = True
+    keep = False
     try:
         yield
-        failed = False
+    except Exception as error:  # not an interrupt (BaseException): the command was stopped, not failed
+        keep = not isinstance(error, UserError)
+        raise
     finally:
         os.dup2(saved, 2)
         os.close(saved)
         os.close(descriptor)
         sys.stderr, handler.stream = stderr, stream
         own.close()
-        if files.size(log_path):
-            (logging.error if failed else logging.info)("the pipeline's workers' own output (their warnings "
-                                                        "included): %s", log_path)
+        if keep and files.size(log_path):
+            logging.error("the pipeline's workers' own output: %s", log_path)
         else:
             files.remove(log_path)
 
