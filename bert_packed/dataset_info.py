@@ -418,6 +418,20 @@ def read_dataset_info(directory: str) -> DatasetInfo | None:
     return DatasetInfo.from_dict(metadata, path)
 
 
+def require_listed_files(directory: str, info: DatasetInfo, names: list[str]) -> None:
+    """Raises DatasetFilesError when a file that `info` lists is not among `names` (a listing of
+    `directory`): a finished dataset with a shard deleted is not taken for finished.
+
+    One listing, not a read of each file: a rerun on a finished output stays cheap on a bucket.
+    """
+    present = set(names)
+    missing = [entry.name for entry in info.files + info.eval_files if entry.name not in present]
+    if missing:
+        raise DatasetFilesError(f"{os.path.join(directory, missing[0])}: gone ({len(missing):,} of the "
+                                f"{len(info.files) + len(info.eval_files):,} files its {METADATA_FILE} lists): the "
+                                f"dataset is no longer whole; remove {directory} and run the same command again")
+
+
 def shapes_given_or_recorded(paths: list[str], max_seq_length: int | None,
                              max_predictions_per_seq: int | None, defaults: tuple[int, int]) -> tuple[int, int]:
     """L and P: each as given (a flag the user set), else as the first metadata.json describing

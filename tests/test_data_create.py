@@ -22,7 +22,7 @@ from conftest import (
 )
 
 from bert_packed.cli.common import expand_globs
-from bert_packed.dataset_info import read_dataset_info
+from bert_packed.dataset_info import DatasetFilesError, read_dataset_info
 from bert_packed.features import Shapes
 from bert_packed.packing import load_histogram
 from bert_packed.pretraining_data.corpus import CorpusError, read_documents
@@ -302,6 +302,10 @@ def test_a_held_out_share_that_holds_out_nothing_writes_no_empty_eval_file(corpu
     with caplog.at_level(logging.INFO):
         assert create_pretraining_dataset(corpus, str(tmp_path), settings, num_workers=1) == metadata
     assert "already made with these settings and inputs; nothing to do" in caplog.text
+    # A shard deleted from the finished dataset: refused, not taken for finished.
+    os.remove(tmp_path / "part-00001-000.tfrecord")
+    with pytest.raises(DatasetFilesError, match=r"part-00001-000.tfrecord: gone \(1 of the 4 files its metadata.json"):
+        create_pretraining_dataset(corpus, str(tmp_path), settings, num_workers=1)
 
 
 def test_a_huge_line_without_a_boundary_is_cut_into_pieces_and_fills_instances(tmp_path, caplog):

@@ -51,6 +51,7 @@ from bert_packed.dataset_info import (
     metadata_path,
     read_dataset_info,
     refuse_other_output,
+    require_listed_files,
     write_dataset_info,
 )
 from bert_packed.errors import OutputDirectoryError, SettingsError, UserError
@@ -139,14 +140,15 @@ def _work_directory(output_dir: str) -> str:
 def _already_packed(input_files: list[str], output_dir: str, work: str, settings: PackSettings) -> dict | None:
     """The metadata of this very run, finished and clean in `output_dir` (nothing to do), else None."""
     info = read_dataset_info(output_dir) if files.isdir(output_dir) else None
-    if (info is None or any(".tmp-" in name for name in files.listdir(output_dir))
-            or files.exists(work)):
+    names = files.listdir(output_dir) if info is not None else []
+    if info is None or any(".tmp-" in name for name in names) or files.exists(work):
         return None
     sources = [files.absolute(path) for path in input_files]
     same = info.details.get("run_digest") == _digest({"settings": settings.to_dict(), "sources": sources}) and \
         info.details.get("inputs_digest") == _digest([FileIdentity.of(path).content for path in sources])
     if not same:
         return None
+    require_listed_files(output_dir, info, names)
     logging.info("%s: already packed with these settings and inputs; nothing to do", output_dir)
     return info.to_dict()
 

@@ -48,6 +48,7 @@ from bert_packed.dataset_info import (
     file_sha256,
     read_dataset_info,
     refuse_other_output,
+    require_listed_files,
     write_dataset_info,
 )
 from bert_packed.errors import OutputDirectoryError
@@ -155,7 +156,8 @@ def _already_created(input_files: list[str], output_dir: str, settings: DatasetS
     """The metadata of this very run, finished and clean in `output_dir` (nothing to do), else None."""
     info = read_dataset_info(output_dir) if files.isdir(output_dir) else None
     sources = [files.absolute(path) for path in input_files]
-    if (info is None or list(info.sources) != sources or any(".tmp-" in name for name in files.listdir(output_dir))
+    names = files.listdir(output_dir) if info is not None else []
+    if (info is None or list(info.sources) != sources or any(".tmp-" in name for name in names)
             or not all(files.exists(os.path.join(output_dir, shard_name(i, p) + ".json"))
                        for i in range(len(sources)) for p in _passes(settings))):
         return None
@@ -163,6 +165,7 @@ def _already_created(input_files: list[str], output_dir: str, settings: DatasetS
         _check_previous_run(output_dir, settings, sources)
     except OutputDirectoryError:
         return None  # said under the lock, as for any run
+    require_listed_files(output_dir, info, names)
     logging.info("%s: already made with these settings and inputs; nothing to do", output_dir)
     return info.to_dict()
 
