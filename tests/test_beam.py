@@ -4,6 +4,7 @@ no metadata.json (the reference's own); bad input is one line before anything ru
 
 import filecmp
 import json
+import logging
 import os
 import shutil
 import signal
@@ -15,6 +16,7 @@ import pytest
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, VOCAB, run_command, write_corpus
 
 from bert_packed.beam import pipelines
+from bert_packed.cli import beam as cli_beam
 from bert_packed.dataset_info import read_dataset_info
 
 SHAPES = [f"--max_seq_length={MAX_SEQ_LENGTH}", f"--max_predictions_per_seq={MAX_PREDICTIONS}"]
@@ -173,6 +175,31 @@ def test_an_interrupt_stops_the_wait_for_the_pipeline_even_when_beam_is_stuck():
     finally:
         release.set()
         signal.signal(signal.SIGINT, handler)
+
+
+def test_a_workers_warning_is_shown_as_the_commands_own_and_beams_lines_are_left_out():
+    from apache_beam.portability.api import beam_fn_api_pb2
+
+    package = os.path.dirname(apache_beam.__file__)
+    own_lines = cli_beam._OwnLines(package)
+
+    def runner_line(message, location, level=logging.WARNING):
+        """As Beam's runner logs what a worker process logged."""
+        entry = str(beam_fn_api_pb2.LogEntry(message=message, log_location=location)).replace("\n", " ")
+        return logging.LogRecord("beam", level, os.path.join(package, "runners", "local_job_service.py"), 367,
+                                 "Worker: %s", (entry,), None)
+
+    warning = runner_line("/data/a b.txt:377: a sentence of 4,836 characters is cut into 2 pieces of 100%",
+                          "/repo/bert_packed/pretraining_data/corpus.py:260")
+    assert own_lines.filter(warning)
+    assert warning.getMessage() == "/data/a b.txt:377: a sentence of 4,836 characters is cut into 2 pieces of 100%"
+    assert warning.msg == "%s: a sentence of %s characters is cut into %s pieces of %s%%"  # repeats counted as one kind
+    assert not own_lines.filter(runner_line("No semi_persistent_directory found", f"{package}/sdk_worker_main.py:421"))
+    assert not own_lines.filter(runner_line("Python sdk harness starting.", "/repo/bert_packed/x.py:1", logging.INFO))
+    assert not own_lines.filter(logging.LogRecord("beam", logging.WARNING, f"{package}/x.py", 1, "Worker: %s",
+                                                  ("not { a log entry",), None))
+    assert own_lines.filter(logging.LogRecord("bert_packed", logging.INFO, "/repo/bert_packed/x.py", 1, "mine", (),
+                                              None))
 
 
 def test_a_corrupt_record_found_by_a_worker_is_one_line_naming_it(unpacked_dir, tmp_path):

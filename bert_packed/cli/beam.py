@@ -71,7 +71,7 @@ def main(argv):
 class _OwnLines(logging.Filter):
     """Leaves out Beam's own log lines (its runner's workers starting and stopping, an optional
     client library missing): the command's output is its own (--verbosity=1 shows them). A
-    worker process's warning (but Beam's own), which the runner logs as a line of its own
+    worker process's warning that is not Beam's own, which the runner logs as a line of its own
     ("Worker: severity: WARN ... message: ..."), is shown as the command's: a long sentence, say."""
 
     def __init__(self, package: str):
@@ -86,7 +86,10 @@ class _OwnLines(logging.Filter):
         from apache_beam.portability.api import beam_fn_api_pb2
         from google.protobuf import text_format
 
-        entry = text_format.Parse(record.args[0], beam_fn_api_pb2.LogEntry())
+        try:
+            entry = text_format.Parse(str(record.args[0]), beam_fn_api_pb2.LogEntry())
+        except text_format.ParseError:  # not a log entry as this Beam writes them: its own line
+            return False
         if entry.log_location.startswith(self.package):
             return False
         # Its template ("%s: a sentence of %s tokens ...": the place and the numbers left open), so
