@@ -50,7 +50,8 @@ endif
 SEEDS ?= 1
 BASELINE_SEEDS ?=
 CURVES ?= $(DIR)/curves.png
-# Flags added to phase 1's command, to every phase-2 command and to the throughput measurement:
+# Flags added to phase 1's command, to every phase-2 command (the phase-1 weights' evaluation at
+# L=512 included) and to the throughput measurement:
 # the README test (tests/test_readme.py) runs the main job with them to make it small.
 PHASE1_FLAGS ?=
 PHASE2_FLAGS ?=
@@ -99,7 +100,7 @@ endif
 	@echo "== 6/9 the phase-1 weights evaluated at L=512 ($(DIR)/phase1_eval)"
 	@test -f $(DIR)/phase1_eval/eval_results.txt || $(PYTHON) run_pretraining.py \
 		--flagfile=configs/tiny_$(JOB)_phase2.cfg --do_train=false --do_eval \
-		--input_file='$(DIR)/unpacked/eval-*.tfrecord' --output_dir=$(DIR)/phase1_eval
+		--input_file='$(DIR)/unpacked/eval-*.tfrecord' --output_dir=$(DIR)/phase1_eval $(PHASE2_FLAGS)
 	@echo "== 7/9 phase 2 at L=512: $(PHASE2); seeds $(SEEDS)$(if $(BASELINE_SEEDS),; unpacked also $(BASELINE_SEEDS))"
 	@$(foreach seed,$(SEEDS),$(foreach config,$(PHASE2),\
 		echo "-- $(config), seed $(seed)" && $(PYTHON) run_pretraining.py --flagfile=configs/tiny_$(JOB)_$(config).cfg \
