@@ -99,9 +99,9 @@ def dataset_settings(dupe_factor=2, seed=12345, short_seq_prob=0.5, **masking):
 
 # The files that take longest, longest first: the two test processes (pytest-xdist, one file
 # each at a time) start them first, so that neither is left alone with a long file at the end.
-# xdist hands each process two files to start with (the first process the 1st and 3rd, the
-# other the 2nd and 4th), so a short file comes 3rd: the README's main job and its blocks (about
-# a third of the suite) are not paired with the trainer's tests.
+# xdist gives a process its next file once two or fewer of its tests are left to run, which for
+# the README's file (two short tests, then the main job and its blocks, about a third of the
+# suite) is at once: the 3rd file waits behind it, so a short one comes 3rd.
 LONGEST_FIRST = ("test_readme.py", "test_resume.py", "test_layout.py", "test_trainer.py", "test_trajectory.py",
                  "test_reference.py", "test_locks.py", "test_throughput.py", "test_storage.py")
 
