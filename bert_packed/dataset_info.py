@@ -418,18 +418,21 @@ def read_dataset_info(directory: str) -> DatasetInfo | None:
     return DatasetInfo.from_dict(metadata, path)
 
 
-def require_listed_files(directory: str, info: DatasetInfo, names: list[str]) -> None:
+def require_listed_files(directory: str, info: DatasetInfo, names: list[str], histogram_name: str) -> None:
     """Raises DatasetFilesError when a file that `info` lists is not among `names` (a listing of
     `directory`): a finished dataset with a shard deleted is not taken for finished.
+    `histogram_name` (histogram.json) is required too where `info` records its SHA-256.
 
     One listing, not a read of each file: a rerun on a finished output stays cheap on a bucket.
     """
+    listed = [entry.name for entry in info.files + info.eval_files]
+    listed += [histogram_name] if info.histogram_sha256 is not None else []
     present = set(names)
-    missing = [entry.name for entry in info.files + info.eval_files if entry.name not in present]
+    missing = [name for name in listed if name not in present]
     if missing:
         raise DatasetFilesError(f"{os.path.join(directory, missing[0])}: gone ({len(missing):,} of the "
-                                f"{len(info.files) + len(info.eval_files):,} files its {METADATA_FILE} lists): the "
-                                f"dataset is no longer whole; remove {directory} and run the same command again")
+                                f"{len(listed):,} files its {METADATA_FILE} lists): the dataset is no longer whole; "
+                                f"remove {directory} and run the same command again")
 
 
 def shapes_given_or_recorded(paths: list[str], max_seq_length: int | None,

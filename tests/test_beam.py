@@ -112,7 +112,7 @@ def test_a_failed_pack_pipeline_commits_nothing_and_the_same_command_completes_i
     os.remove(output / "packed-00002-of-00003.tfrecord")
     gone = beam("pack", *pack, f"--output_dir={output}")
     assert gone.returncode == 2 and gone.stderr.strip().endswith(
-        f"{output / 'packed-00002-of-00003.tfrecord'}: gone (1 of the 3 files its metadata.json lists): the dataset "
+        f"{output / 'packed-00002-of-00003.tfrecord'}: gone (1 of the 4 files its metadata.json lists): the dataset "
         f"is no longer whole; remove {output} and run the same command again"), gone.stderr
 
 
@@ -139,6 +139,7 @@ def test_a_create_pipeline_resumes_the_shards_it_did_not_write(tmp_path):
     (["pack", "--direct_num_workers=-1"], "--direct_num_workers must be >= 0"),
     (["pack", "--direct_running_mode=bogus"], "argument --direct_running_mode: invalid choice: 'bogus' (choose from"),
     (["pack", "--runner=NoSuchRunner"], "--runner=NoSuchRunner: Unexpected pipeline runner: NoSuchRunner. Valid"),
+    (["pack", "--runner=DataflowRunner"], "Missing GCS path option: temp_location. (and 3 more: "),
     (["create", "--output_file=x.tfrecord"], "--output_file: a pipeline writes a dataset directory"),
     (["pack", "--input_files=NOWHERE/part-*"], "--input_files: 'NOWHERE/part-*' matches no file"),
 ])
@@ -155,16 +156,39 @@ def test_bad_input_is_one_line_before_anything_runs(unpacked_dir, tmp_path, args
     assert not output.exists()
 
 
+# Set when a test lets its stuck pipeline go on. The functions the pipelines run are the module's
+# own, which Beam pickles by name: a closure's event would reach the pipeline as a copy.
+RELEASE = threading.Event()
+
+
+def interrupt_then_hang(element):
+    os.kill(os.getpid(), signal.SIGINT)
+    RELEASE.wait(60)  # as Beam waiting for a worker that never stops
+    return element
+
+
+def a_worker_dies(element):
+    """As Beam's thread that watches a worker process the OOM killer killed: it ends alone, and the
+    pipeline waits for that worker's answer forever."""
+    threading.Thread(target=exec, args=("raise RuntimeError('Worker subprocess exited with return code 137')",),
+                     name="run_worker").start()
+    RELEASE.wait(60)
+    return element
+
+
+def wait_for_the_pipeline():
+    """Lets a pipeline left running end (else a command run here later would not wait for it)."""
+    RELEASE.set()
+    for thread in threading.enumerate():
+        if thread.name == pipelines.PIPELINE_THREAD:
+            thread.join(60)
+    assert not pipelines.pipeline_left_running()
+
+
 def test_an_interrupt_stops_the_wait_for_the_pipeline_even_when_beam_is_stuck():
     # Interrupted while its workers start or stop, Beam waited for them forever: Ctrl-C now lands in
     # the main thread, which only waits, and the command exits (the pipeline's thread a daemon).
-    release = threading.Event()
-
-    def interrupt_then_hang(element):
-        os.kill(os.getpid(), signal.SIGINT)
-        release.wait(60)  # as a worker that never stops
-        return element
-
+    RELEASE.clear()
     handler = signal.signal(signal.SIGINT, signal.default_int_handler)
     start = time.monotonic()
     try:
@@ -173,8 +197,23 @@ def test_an_interrupt_stops_the_wait_for_the_pipeline_even_when_beam_is_stuck():
                            lambda pipeline: pipeline | apache_beam.Create([1]) | apache_beam.Map(interrupt_then_hang))
         assert time.monotonic() - start < 30
     finally:
-        release.set()
         signal.signal(signal.SIGINT, handler)
+        wait_for_the_pipeline()
+
+
+def test_a_failed_thread_of_the_runner_fails_the_run_instead_of_leaving_it_waiting():
+    RELEASE.clear()
+    excepthook = threading.excepthook
+    start = time.monotonic()
+    try:
+        with pytest.raises(pipelines.RunnerError, match=r"the runner failed: RuntimeError: Worker subprocess exited "
+                                                        r"with return code 137 \(a worker process killed"):
+            pipelines._run(pipelines.pipeline_options([]),
+                           lambda pipeline: pipeline | apache_beam.Create([1]) | apache_beam.Map(a_worker_dies))
+        assert time.monotonic() - start < 30
+    finally:
+        wait_for_the_pipeline()
+    assert threading.excepthook is excepthook  # put back as the pipeline's thread ended
 
 
 def test_a_workers_warning_is_shown_as_the_commands_own_and_beams_lines_are_left_out():

@@ -304,7 +304,10 @@ def test_a_held_out_share_that_holds_out_nothing_writes_no_empty_eval_file(corpu
     assert "already made with these settings and inputs; nothing to do" in caplog.text
     # A shard deleted from the finished dataset: refused, not taken for finished.
     os.remove(tmp_path / "part-00001-000.tfrecord")
-    with pytest.raises(DatasetFilesError, match=r"part-00001-000.tfrecord: gone \(1 of the 4 files its metadata.json"):
+    with pytest.raises(DatasetFilesError, match=r"part-00001-000.tfrecord: gone \(1 of the 5 files its metadata.json"):
+        create_pretraining_dataset(corpus, str(tmp_path), settings, num_workers=1)
+    os.remove(tmp_path / "histogram.json")  # which it records the SHA-256 of
+    with pytest.raises(DatasetFilesError, match=r"part-00001-000.tfrecord: gone \(2 of the 5 files"):
         create_pretraining_dataset(corpus, str(tmp_path), settings, num_workers=1)
 
 

@@ -42,6 +42,7 @@ import time
 import apache_beam as beam
 import numpy as np
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options_validator import PipelineOptionsValidator
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.runners.runner import PipelineRunner, create_runner
 
@@ -91,7 +92,12 @@ def pipeline_options(args: list[str]) -> PipelineOptions:
                             f"a Beam pipeline option (--help lists both)")
     if options.view_as(DirectOptions).direct_num_workers < 0:
         raise SettingsError("--direct_num_workers must be >= 0 (0: one per core)")
-    _runner(options)  # an unknown runner is refused here, before the output directory is claimed
+    # Beam checks the options for its runner (Dataflow's project, region and temp_location, say) as
+    # it builds a pipeline: here, before the output directory is claimed.
+    errors = PipelineOptionsValidator(options, _runner(options)).validate()
+    if errors:
+        raise SettingsError(f"{errors[0]}{f' (and {len(errors) - 1} more: {errors[1]} ...)' if len(errors) > 1 else ''}"
+                            f" (Beam's check of the pipeline options)")
     return options
 
 
@@ -114,6 +120,21 @@ class WorkerInputError(UserError, RuntimeError):
     """Bad input that a worker found (a corrupt record, say): its one line, as the worker said it."""
 
 
+class RunnerError(UserError, RuntimeError):
+    """The runner failed for a reason of its machine's (a worker process killed), not a bug here:
+    one line, and the workers' log kept."""
+
+
+# The thread that runs the pipeline: one left running (the command interrupted, or the runner
+# failed) is not waited for when the command exits (bert_packed.cli.beam).
+PIPELINE_THREAD = "pipeline"
+
+
+def pipeline_left_running() -> bool:
+    """Whether a pipeline's thread still runs (interrupted, or its runner failed)."""
+    return any(thread.name == PIPELINE_THREAD and thread.is_alive() for thread in threading.enumerate())
+
+
 def _run(options: PipelineOptions, build) -> float:
     """Builds the pipeline with build(pipeline) and runs it to the end; returns its seconds. With no
     --runner, Beam's FnApiRunner runs it here.
@@ -125,9 +146,20 @@ def _run(options: PipelineOptions, build) -> float:
     Raises:
       WorkerInputError: a worker's UserError, which a runner gives back as text (the worker's
         traceback in a RuntimeError of its own).
+      RunnerError: a thread of the runner failed, the pipeline left running.
     """
     runner = _runner(options)
     failed = []
+
+    # A thread of Beam's that fails (one watching a worker process that was killed, or could not
+    # start) ends alone, and the pipeline waits for that worker forever: it fails the run instead.
+    # The hook is put back as the pipeline's thread ends; left running, the command exits with it
+    # in place, and Beam's threads' tracebacks unsaid.
+    thread_failures = []
+    excepthook = threading.excepthook
+
+    def hook(args):
+        thread_failures.append(args.exc_value)
 
     def run_pipeline():
         try:
@@ -135,12 +167,23 @@ def _run(options: PipelineOptions, build) -> float:
                 build(pipeline)
         except Exception as error:  # noqa: BLE001 - raised again in the main thread
             failed.append(error)
+        finally:
+            if threading.excepthook is hook:
+                threading.excepthook = excepthook
 
+    threading.excepthook = hook
     start = time.perf_counter()
     # A daemon, as the threads Beam starts from it: an interrupted command exits without them.
-    thread = threading.Thread(target=run_pipeline, name="pipeline", daemon=True)
+    thread = threading.Thread(target=run_pipeline, name=PIPELINE_THREAD, daemon=True)
     thread.start()
-    thread.join()
+    while thread.is_alive() and not thread_failures:
+        thread.join(0.5)
+    if thread_failures:
+        thread.join(5)  # a failure as the pipeline ends lets it end
+    if thread.is_alive():
+        raise RunnerError(f"the runner failed: {type(thread_failures[0]).__name__}: {thread_failures[0]} (a worker "
+                          f"process killed, out of memory say, or one that could not start). Finished files are kept; "
+                          f"run the same command again to continue")
     if not failed:
         return time.perf_counter() - start
     error = failed[0]

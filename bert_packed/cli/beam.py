@@ -58,12 +58,12 @@ def main(argv):
             raise SettingsError("--output_file: a pipeline writes a dataset directory; give --output_dir")
         settings = command.settings_from_flags()
         input_files = expand_globs(FLAGS.input_file, "--input_file")
-        with _workers_output_logged():
+        with _workers_output_logged(beam):
             metadata = beam.create_on_beam(input_files, FLAGS.output_dir, settings, options)
     else:
         input_files = expand_globs(FLAGS.input_files, "--input_files")
         settings = command.settings_from_flags(input_files)
-        with _workers_output_logged():
+        with _workers_output_logged(beam):
             metadata = beam.pack_on_beam(input_files, FLAGS.output_dir, settings, options)
     command.report(PROGRAM, metadata, FLAGS.output_dir)
 
@@ -92,9 +92,11 @@ class _OwnLines(logging.Filter):
             return False
         if entry.log_location.startswith(self.package):
             return False
-        # Its template ("%s: a sentence of %s tokens ...": the place and the numbers left open), so
-        # that repeats are counted as the command's own are.
-        place, _, rest = entry.message.partition(": ") if ": " in entry.message else ("", "", entry.message)
+        # Its template ("%s: a sentence of %s tokens ...": the place, `file:line`, and the numbers
+        # left open), so that repeats are counted as the command's own are. The place is up to the
+        # last ":<line>: ", since a file's name may hold ": " and digits.
+        found = re.match(r"(.*:\d+): (.*)", entry.message, re.S)
+        place, rest = (found[1], found[2]) if found else ("", entry.message)
         values = re.findall(r"\d[\d,.]*", rest)
         record.msg = ("%s: " if place else "") + re.sub(r"\d[\d,.]*", "%s", rest.replace("%", "%%"))
         record.args = ((place,) if place else ()) + tuple(values)
@@ -113,7 +115,7 @@ def _quiet_beam():
 
 
 @contextlib.contextmanager
-def _workers_output_logged():
+def _workers_output_logged(beam):
     """Sends what the runner's worker processes print (Beam's lines at INFO, a crash's traceback) to
     a log file, named at the end when the pipeline failed (not for bad input, which its error
     names): they write to this process's stderr, file descriptor 2, which it lends them for the
@@ -135,7 +137,7 @@ def _workers_output_logged():
     try:
         yield
     except Exception as error:  # not an interrupt (BaseException): the command was stopped, not failed
-        keep = not isinstance(error, UserError)
+        keep = not isinstance(error, UserError) or isinstance(error, beam.RunnerError)
         raise
     finally:
         os.dup2(saved, 2)
@@ -172,7 +174,17 @@ def entry_point():
     del sys.argv[1]
     importlib.import_module(COMMANDS[name])
     PROGRAM = f"bert_packed.beam {name}"
-    run(main, PROGRAM, "output_dir", "Finished shards are kept", pass_on=True)
+    try:
+        run(main, PROGRAM, "output_dir", "Finished shards are kept", pass_on=True)
+    except SystemExit as done:
+        pipelines = sys.modules.get("bert_packed.beam.pipelines")
+        if pipelines is not None and pipelines.pipeline_left_running():
+            # Its last line said: Python would wait at exit for Beam's threads, which wait for the
+            # interrupted or failed pipeline's workers (forever, for one that was killed).
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(done.code if isinstance(done.code, int) else int(done.code is not None))
+        raise
 
 
 if __name__ == "__main__":

@@ -148,7 +148,7 @@ def _already_packed(input_files: list[str], output_dir: str, work: str, settings
         info.details.get("inputs_digest") == _digest([FileIdentity.of(path).content for path in sources])
     if not same:
         return None
-    require_listed_files(output_dir, info, names)
+    require_listed_files(output_dir, info, names, HISTOGRAM_FILE)
     logging.info("%s: already packed with these settings and inputs; nothing to do", output_dir)
     return info.to_dict()
 

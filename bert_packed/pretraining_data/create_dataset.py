@@ -165,7 +165,7 @@ def _already_created(input_files: list[str], output_dir: str, settings: DatasetS
         _check_previous_run(output_dir, settings, sources)
     except OutputDirectoryError:
         return None  # said under the lock, as for any run
-    require_listed_files(output_dir, info, names)
+    require_listed_files(output_dir, info, names, HISTOGRAM_FILE)
     logging.info("%s: already made with these settings and inputs; nothing to do", output_dir)
     return info.to_dict()
 
