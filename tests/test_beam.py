@@ -211,9 +211,9 @@ def test_a_failed_thread_of_the_runner_fails_the_run_instead_of_leaving_it_waiti
             pipelines._run(pipelines.pipeline_options([]),
                            lambda pipeline: pipeline | apache_beam.Create([1]) | apache_beam.Map(a_worker_dies))
         assert time.monotonic() - start < 30
+        assert threading.excepthook is excepthook  # put back
     finally:
         wait_for_the_pipeline()
-    assert threading.excepthook is excepthook  # put back as the pipeline's thread ended
 
 
 def test_a_workers_warning_is_shown_as_the_commands_own_and_beams_lines_are_left_out():

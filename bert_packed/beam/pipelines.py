@@ -151,35 +151,29 @@ def _run(options: PipelineOptions, build) -> float:
     runner = _runner(options)
     failed = []
 
-    # A thread of Beam's that fails (one watching a worker process that was killed, or could not
-    # start) ends alone, and the pipeline waits for that worker forever: it fails the run instead.
-    # The hook is put back as the pipeline's thread ends; left running, the command exits with it
-    # in place, and Beam's threads' tracebacks unsaid.
-    thread_failures = []
-    excepthook = threading.excepthook
-
-    def hook(args):
-        thread_failures.append(args.exc_value)
-
     def run_pipeline():
         try:
             with beam.Pipeline(runner=runner, options=options) as pipeline:
                 build(pipeline)
         except Exception as error:  # noqa: BLE001 - raised again in the main thread
             failed.append(error)
-        finally:
-            if threading.excepthook is hook:
-                threading.excepthook = excepthook
 
-    threading.excepthook = hook
+    # A thread of Beam's that fails (one watching a worker process that was killed, or could not
+    # start) ends alone, and the pipeline waits for that worker forever: it fails the run instead.
+    thread_failures = []
+    excepthook = threading.excepthook
+    threading.excepthook = lambda args: thread_failures.append(args.exc_value)
     start = time.perf_counter()
     # A daemon, as the threads Beam starts from it: an interrupted command exits without them.
     thread = threading.Thread(target=run_pipeline, name=PIPELINE_THREAD, daemon=True)
-    thread.start()
-    while thread.is_alive() and not thread_failures:
-        thread.join(0.5)
-    if thread_failures:
-        thread.join(5)  # a failure as the pipeline ends lets it end
+    try:
+        thread.start()
+        while thread.is_alive() and not thread_failures:
+            thread.join(0.5)
+        if thread_failures:
+            thread.join(5)  # a failure as the pipeline ends lets it end
+    finally:
+        threading.excepthook = excepthook
     if thread.is_alive():
         raise RunnerError(f"the runner failed: {type(thread_failures[0]).__name__}: {thread_failures[0]} (a worker "
                           f"process killed, out of memory say, or one that could not start). Finished files are kept; "
