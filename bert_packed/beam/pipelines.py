@@ -74,7 +74,8 @@ def pipeline_options(args: list[str]) -> PipelineOptions:
 
     Raises:
       SettingsError: an argument that is no pipeline option (Beam itself would drop it with a
-        warning), an option's value Beam refuses (its argparse error), or a runner Beam does not know.
+        warning), an option's value Beam refuses (its argparse error), a runner Beam does not know,
+        or options Beam's own check refuses for the runner (Dataflow's without --temp_location).
     """
     options = PipelineOptions(args)
     refused = io.StringIO()
