@@ -97,8 +97,9 @@ class _OwnLines(logging.Filter):
         # last ":<line>: ", since a file's name may hold ": " and digits.
         found = re.match(r"(.*:\d+): (.*)", entry.message, re.S)
         place, rest = (found[1], found[2]) if found else ("", entry.message)
-        values = re.findall(r"\d[\d,.]*", rest)
-        record.msg = ("%s: " if place else "") + re.sub(r"\d[\d,.]*", "%s", rest.replace("%", "%%"))
+        number = re.compile(r"\d[\d,.]*")
+        values = number.findall(rest)
+        record.msg = ("%s: " if place else "") + number.sub("%s", rest.replace("%", "%%"))
         record.args = ((place,) if place else ()) + tuple(values)
         return True
 
