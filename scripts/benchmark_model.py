@@ -31,7 +31,7 @@ from absl import flags
 from bert_packed.cli.common import run
 from bert_packed.features import Shapes, model_features
 from bert_packed.model import BertConfig, BertPretrainingModel
-from bert_packed.model.modeling import attention_bias_from_mask
+from bert_packed.model.modeling import attention_bias_from_mask, fold_seed
 from bert_packed.packing import packer
 from bert_packed.training import loss_from_sums, pretraining_sums
 
@@ -39,22 +39,24 @@ FLAGS = flags.FLAGS
 flags.DEFINE_integer("rounds", 40, "Rounds of one timed step of each model in turn.", lower_bound=1)
 
 PROGRAM = "benchmark_model"
+SEED = tf.constant([1, 2])  # every step draws the same dropout masks: the variants differ in nothing else
 
 
 class PlainBert(BertPretrainingModel):
     """BERT without the packing machinery, for timing only: one sequence a row assumed."""
 
-    def encode(self, features, training=False):
+    def encode(self, features, training=False, dropout_seed=None):
+        seed = (lambda index: fold_seed(dropout_seed, index)) if training else (lambda index: None)
         length = tf.shape(features["input_ids"])[1]
         positions = tf.broadcast_to(tf.range(length)[None, :], tf.shape(features["input_ids"]))
-        hidden = self.embeddings(features["input_ids"], features["segment_ids"], positions, training=training)
+        hidden = self.embeddings(features["input_ids"], features["segment_ids"], positions, seed(0))
         bias = attention_bias_from_mask(features["sequence_ids"][:, None, :] > 0)  # [B, 1, 1, L]
-        for layer in self.encoder_layers:
-            hidden = layer(hidden, bias, training=training)
+        for i, layer in enumerate(self.encoder_layers):
+            hidden = layer(hidden, bias, seed(i + 1))
         return hidden
 
-    def call(self, features, training=False):
-        sequence_output = self.encode(features, training=training)
+    def call(self, features, training=False, dropout_seed=None):
+        sequence_output = self.encode(features, training=training, dropout_seed=dropout_seed)
         cls = tf.zeros_like(features["next_sentence_positions"])
         return {"mlm_logits": self.masked_lm(sequence_output, features["masked_lm_positions"],
                                              self.embeddings.word_embeddings),
@@ -88,7 +90,7 @@ def step_function(model):
     @tf.function
     def step(features):
         with tf.GradientTape() as tape:
-            loss = loss_from_sums(pretraining_sums(model(features, training=True), features))
+            loss = loss_from_sums(pretraining_sums(model(features, training=True, dropout_seed=SEED), features))
         return tape.gradient(loss, model.trainable_variables)
     return step
 

@@ -289,8 +289,8 @@ def assert_the_workers_agree(run, packed_dir, eval_file, tmp_path):
     # The logs' sizes are each worker's own (their clocks differ); everything else is shared.
     names = [n for n in chief.get_variable_to_shape_map() if n != "_CHECKPOINTABLE_OBJECT_GRAPH"
              and not n.startswith("log_sizes")]
-    # Weights (reached through the optimizer), their slots, the counters and dropout's state.
-    assert {"model", "optimizer", "step", "sequences", "dropout_seeds"} <= {n.split("/")[0] for n in names}
+    # Weights (reached through the optimizer), their slots and the counters.
+    assert {"model", "optimizer", "step", "sequences"} <= {n.split("/")[0] for n in names}
     assert len([n for n in names if n.startswith("optimizer/")]) > 2 * (5 + 16 * TINY["num_hidden_layers"])  # m, v
     for name in names:
         np.testing.assert_array_equal(chief.get_tensor(name), other.get_tensor(name))

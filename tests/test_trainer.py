@@ -111,6 +111,32 @@ def test_an_interrupted_run_resumes_with_exactly_the_same_losses(packed_dir, tmp
     assert [r["sequences"] for r in resumed] == [r["sequences"] for r in straight]
 
 
+def test_recompute_trains_the_same_run_and_a_run_stopped_with_it_resumes_exactly(packed_dir, tmp_path):
+    """Recompute changes memory, not the run: with dropout on, a run stopped during step 2 with
+    --recompute=attention and resumed with --recompute=layer (a setting a resumed run may change)
+    logs the losses of the run without recompute (its backward passes redraw the same masks)."""
+    files = tfrecords(packed_dir)
+    make_trainer(config(tmp_path / "straight", files, num_train_steps=4)).train()
+    interrupted = make_trainer(config(tmp_path / "resumed", files, num_train_steps=4, recompute="attention"))
+    update = interrupted.update.loop
+
+    def update_then_sigterm(iterator, num_updates):
+        result = update(iterator, num_updates)
+        if int(interrupted.step) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return result
+
+    interrupted.update.loop = update_then_sigterm
+    interrupted.train()
+    assert [r["step"] for r in read_log(tmp_path / "resumed" / "train_log.jsonl")] == [1, 2]
+    make_trainer(config(tmp_path / "resumed", files, num_train_steps=4, recompute="layer")).train()
+    straight = read_log(tmp_path / "straight" / "train_log.jsonl")
+    resumed = read_log(tmp_path / "resumed" / "train_log.jsonl")
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
+    assert [r["sequences"] for r in resumed] == [r["sequences"] for r in straight]
+    np.testing.assert_allclose([r["loss"] for r in resumed], [r["loss"] for r in straight], rtol=1e-6)
+
+
 def test_a_crash_after_the_checkpoint_resumes_without_repeated_log_lines(packed_dir, tmp_path):
     files = tfrecords(packed_dir)
     straight = make_trainer(config(tmp_path / "straight", files, num_train_steps=4))
@@ -478,10 +504,12 @@ def test_the_end_of_a_run_evaluates_at_the_last_step_and_exports_its_weights(pac
     assert eval_log[-1]["sequences"] == train_log[-1]["sequences"]
     assert len({r["step"] for r in eval_log}) == len(eval_log)  # no step evaluated twice
     # The weights, with google-research names: the --init_checkpoint of a next phase.
-    from bert_packed.model import BertPretrainingModel, load_google_checkpoint
+    from bert_packed.model import BertPretrainingModel, google_variable_names, load_google_checkpoint
 
     loaded = BertPretrainingModel(BertConfig(**TINY))
-    assert load_google_checkpoint(loaded, str(tmp_path / "run" / "model.ckpt-3")) == len(loaded.trainable_weights)
+    # Each layer's query, key and value are three weights there, one fused projection in the model.
+    assert load_google_checkpoint(loaded, str(tmp_path / "run" / "model.ckpt-3")) == \
+        len(loaded.trainable_weights) + 4 * TINY["num_hidden_layers"] == len(google_variable_names(loaded))
     for mine, theirs in zip(loaded.trainable_weights, trainer.model.trainable_weights):
         np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
     assert sorted(p.name for p in (tmp_path / "run").iterdir() if p.name.startswith("model.ckpt")) == [
@@ -849,7 +877,7 @@ def test_masked_lm_only_trains_without_the_next_sentence_head(packed_dir, unpack
     export without them and load into a masked-LM-only model."""
     import tensorflow as tf
 
-    from bert_packed.model import BertPretrainingModel, load_google_checkpoint
+    from bert_packed.model import BertPretrainingModel, google_variable_names, load_google_checkpoint
     from bert_packed.model.checkpoint import CheckpointError
 
     files, eval_files = tfrecords(packed_dir), tuple(tfrecords(unpacked_dir))
@@ -873,7 +901,7 @@ def test_masked_lm_only_trains_without_the_next_sentence_head(packed_dir, unpack
     assert not {name for name in exported if name.startswith(("bert/pooler", "cls/seq_relationship"))}
     masked_lm_only = BertPretrainingModel(BertConfig(**TINY), next_sentence_prediction=False)
     assert load_google_checkpoint(masked_lm_only, str(tmp_path / "run" / "model.ckpt-2")) == len(
-        trainer.model.trainable_weights)
+        google_variable_names(masked_lm_only))
     with pytest.raises(CheckpointError, match=r"no next-sentence head \(pooler, seq_relationship\): weights trained "
                                               r"with --nsp_loss=false; give --nsp_loss=false"):
         load_google_checkpoint(BertPretrainingModel(BertConfig(**TINY)), str(tmp_path / "run" / "model.ckpt-2"))

@@ -92,8 +92,8 @@ def _set_up_unless_in_place(config: TrainConfig) -> None:
 
     Setting TensorFlow's seed clears its kernel cache, and each compiled function of every step
     then costs about a second to instantiate again. A step built before needs no seed (its weights
-    and dropout's state come back from memory, and no graph of the package draws from a stateful
-    random op), only the same seed for the datasets' shuffles, determinism and precision.
+    come back from memory, and dropout draws from the run's seed statelessly), only the same seed
+    for the datasets' shuffles, determinism and precision.
     """
     # Only set_up_process sets the seed, and it enables op determinism with it, for good.
     seeded = tf.compat.v1.random.get_seed(0)[0] == config.run.seed

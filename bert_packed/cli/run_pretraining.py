@@ -38,6 +38,7 @@ from bert_packed.training.config import (
     LOSS_AVERAGING,
     OPTIMIZERS,
     PRECISIONS,
+    RECOMPUTE,
     STATUSES,
     BatchConfig,
     EvalConfig,
@@ -149,6 +150,10 @@ flags.DEFINE_bool("deterministic", RunConfig.deterministic, "Same flags, same re
                                                             "order).")
 flags.DEFINE_enum("precision", ModelConfig.precision, list(PRECISIONS), "fp16 uses dynamic loss scaling.")
 flags.DEFINE_bool("xla", ModelConfig.xla, "Compile the forward and backward pass with XLA.")
+flags.DEFINE_enum("recompute", ModelConfig.recompute, list(RECOMPUTE),
+                  "What the backward pass recomputes instead of keeping: none; attention (scores, softmax, dropout, "
+                  "probabilities x values: most of a row's memory at L=512); layer (each whole transformer layer). The "
+                  "same gradients in less memory, at the cost of time (docs/launch.md#memory).")
 flags.DEFINE_bool("nsp_loss", ModelConfig.nsp_loss, "Train the next-sentence head on its loss; --nsp_loss=false: "
                                                     "masked-LM only, no NSP head (RoBERTa's objective; the MLPerf "
                                                     "metric, MLM accuracy, is unchanged).")
@@ -171,7 +176,7 @@ HELP_GROUPS = {
     "data": ["input_file", "input_files", "eval_files", "input_mode", "eval_input_mode", "max_seq_length",
              "max_predictions_per_seq", "max_sequences_per_pack", "online_packing_window", "bucket_boundaries",
              "train_on_held_out_files"],
-    "model": ["bert_config_file", "init_checkpoint", "loss_averaging", "precision", "xla", "nsp_loss"],
+    "model": ["bert_config_file", "init_checkpoint", "loss_averaging", "precision", "xla", "recompute", "nsp_loss"],
     "batch and schedule": ["train_batch_size", "adjust_batch_for_packing", "steps_per_update", "num_train_steps",
                            "num_warmup_steps", "start_warmup_step", "poly_power", "learning_rate"],
     "optimizer": ["optimizer", "lamb_beta_1", "lamb_beta_2", "adjust_betas_for_packing", "lamb_weight_decay_rate",

@@ -9,7 +9,7 @@ import importlib
 _EXPORTS = {
     "bert_packed.model.checkpoint": ("CheckpointError", "export_google_checkpoint", "google_variable_names",
                                      "load_google_checkpoint"),
-    "bert_packed.model.config": ("BertConfig", "ConfigError"),
+    "bert_packed.model.config": ("RECOMPUTE", "BertConfig", "ConfigError"),
     "bert_packed.model.huggingface": ("export_huggingface", "load_huggingface", "load_weights",
                                       "require_same_model"),
     "bert_packed.model.modeling": ("BertEmbeddings", "BertPretrainingModel", "MaskedLMHead", "NextSentenceHead",

@@ -2,7 +2,8 @@
 
 The TF1 names (bert/embeddings/word_embeddings, bert/encoder/layer_0/attention/self/query/kernel,
 ..., cls/predictions/output_bias, cls/seq_relationship/output_weights) map one to one onto the
-model's weights. Dense kernels are [in, out] in both; cls/seq_relationship/output_weights is
+model's weights, but for query, key and value: each is a third of the fused projection's columns
+(Part). Dense kernels are [in, out] in both; cls/seq_relationship/output_weights is
 stored [2, H], the transpose of the classifier's kernel. Optimizer slots and other variables in
 a checkpoint are ignored.
 """
@@ -27,6 +28,23 @@ class CheckpointError(UserError, ValueError):
     """A checkpoint does not hold every model weight with the right shape, or cannot be read."""
 
 
+class Part:
+    """Columns of a weight (its last axis), read and written as a weight of its own: the query, key
+    and value thirds of a fused [H, 3H] projection keep their names in every file format."""
+
+    def __init__(self, weight, columns: slice):
+        self.weight, self.columns = weight, columns
+        self.shape = (*weight.shape[:-1], columns.stop - columns.start)
+
+    def numpy(self) -> np.ndarray:
+        return self.weight.numpy()[..., self.columns]
+
+    def assign(self, value) -> None:
+        whole = self.weight.numpy()
+        whole[..., self.columns] = value
+        self.weight.assign(whole)
+
+
 def google_variable_names(model: BertPretrainingModel) -> list[tuple[str, object, bool]]:
     """(TF1 name, model weight, stored transposed) for every weight of the model (a model without
     the next-sentence head has no pooler and no seq_relationship)."""
@@ -47,9 +65,10 @@ def google_variable_names(model: BertPretrainingModel) -> list[tuple[str, object
     layer_norm("bert/embeddings/LayerNorm", embeddings.layer_norm)
     for i, layer in enumerate(model.encoder_layers):
         prefix = f"bert/encoder/layer_{i}"
-        dense(f"{prefix}/attention/self/query", layer.query)
-        dense(f"{prefix}/attention/self/key", layer.key)
-        dense(f"{prefix}/attention/self/value", layer.value)
+        for index, name in enumerate(("query", "key", "value")):  # the fused kernel's thirds
+            columns = slice(index * model.config.hidden_size, (index + 1) * model.config.hidden_size)
+            names.extend([(f"{prefix}/attention/self/{name}/kernel", Part(layer.query_key_value.kernel, columns), False),
+                          (f"{prefix}/attention/self/{name}/bias", Part(layer.query_key_value.bias, columns), False)])
         dense(f"{prefix}/attention/output/dense", layer.attention_output)
         layer_norm(f"{prefix}/attention/output/LayerNorm", layer.attention_layer_norm)
         dense(f"{prefix}/intermediate/dense", layer.intermediate)

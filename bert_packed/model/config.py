@@ -9,6 +9,11 @@ import math
 from bert_packed import files
 from bert_packed.errors import UserError
 
+# What the backward pass recomputes instead of keeping from the forward pass: nothing; the
+# attention block (scores, softmax, dropout, probabilities x values: the [B, N, L, L] tensors,
+# most of a packed row's memory at L=512); or each whole transformer layer (only its input kept).
+RECOMPUTE = ("none", "attention", "layer")
+
 
 class ConfigError(UserError, ValueError):
     """A BERT config file is unreadable or has a bad value."""

@@ -12,6 +12,12 @@ I intermediate_size, V vocab_size, P' predictions per row, S sequences per row.
 
 Mixed precision: under a `mixed_bfloat16` or `mixed_float16` policy the matmuls run in half
 precision while LayerNorm, the attention softmax and the returned logits are float32.
+
+Dropout is stateless: each site's mask is a function of a seed the caller gives (the trainer
+derives it from the run's seed, the micro-step and the replica), folded with the layer and the
+site. So a forward pass recomputed in the backward pass (`recompute`), a resumed run and a
+repeated run draw the same masks; Keras's stateful seed generator, which draws a new mask when a
+block is recomputed (wrong gradients), is not used.
 """
 
 from __future__ import annotations
@@ -21,9 +27,35 @@ import math
 import keras
 import tensorflow as tf
 
-from bert_packed.model.config import BertConfig
+from bert_packed.model.config import RECOMPUTE, BertConfig
 
 LAYER_NORM_EPSILON = 1e-12  # google-research/bert's, in every layer norm
+# The dropout sites of a transformer layer, folded into its seed.
+ATTENTION_PROBABILITIES, ATTENTION_OUTPUT, FEED_FORWARD_OUTPUT = 1, 2, 3
+
+
+def dropout(x: tf.Tensor, rate: float, seed: tf.Tensor) -> tf.Tensor:
+    """Inverted dropout whose mask is a function of `seed` alone (the same seed, the same mask).
+
+    Args:
+      x: any shape, any float dtype.
+      rate: the probability of dropping an element, in [0, 1).
+      seed: int32 [2], a stateless seed (tf.random.stateless_*).
+
+    Returns:
+      x with each element zeroed with probability `rate` and the rest scaled by 1 / (1 - rate).
+    """
+    if rate == 0.0:
+        return x
+    keep = tf.random.stateless_uniform(tf.shape(x), seed, dtype=tf.float32, alg="philox") >= rate
+    return x * tf.cast(keep, x.dtype) * tf.cast(1.0 / (1.0 - rate), x.dtype)
+
+
+def fold_seed(seed: tf.Tensor, *indices: int) -> tf.Tensor:
+    """`seed` folded with each of `indices` in turn: a distinct stateless seed for each tuple."""
+    for index in indices:
+        seed = tf.random.experimental.stateless_fold_in(seed, index)
+    return seed
 
 
 def attention_mask_from_sequence_ids(sequence_ids: tf.Tensor) -> tf.Tensor:
@@ -72,7 +104,6 @@ class BertEmbeddings(keras.layers.Layer):
         self.initializer_range = initializer_range
         self.dropout = dropout
         self.layer_norm = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, dtype="float32", name="LayerNorm")
-        self.dropout_layer = keras.layers.Dropout(dropout)
 
     def build(self, input_shape=None):
         init = _initializer(self.initializer_range)
@@ -84,12 +115,13 @@ class BertEmbeddings(keras.layers.Layer):
             name="token_type_embeddings", shape=[self.type_vocab_size, self.hidden_size], initializer=init)
         self.layer_norm.build([None, None, self.hidden_size])
 
-    def call(self, input_ids, segment_ids, positions, training=False):
+    def call(self, input_ids, segment_ids, positions, seed=None):
+        """Args: int [B, L] each; seed: int32 [2] to apply dropout with (None: no dropout)."""
         embeddings = (tf.gather(self.word_embeddings, input_ids)            # [B, L, H]
                       + tf.gather(self.position_embeddings, positions)
                       + tf.gather(self.token_type_embeddings, segment_ids))
         embeddings = tf.cast(self.layer_norm(embeddings), self.compute_dtype)
-        return self.dropout_layer(embeddings, training=training)
+        return embeddings if seed is None else dropout(embeddings, self.dropout, seed)
 
     def get_config(self):
         return {**super().get_config(), "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
@@ -98,21 +130,30 @@ class BertEmbeddings(keras.layers.Layer):
 
 
 class TransformerLayer(keras.layers.Layer):
-    """Post-LayerNorm transformer layer: self-attention, then an exact-erf GELU feed-forward."""
+    """Post-LayerNorm transformer layer: self-attention, then an exact-erf GELU feed-forward.
+
+    The query, key and value projections are one [H, 3H] dense layer (`query_key_value`, its
+    columns query, key, value): one matrix product instead of three. Checkpoints keep the three
+    google-research names (model/checkpoint.py splits and joins the kernel).
+
+    Args:
+      recompute: one of RECOMPUTE: what the backward pass recomputes instead of keeping.
+    """
 
     def __init__(self, hidden_size, num_attention_heads, intermediate_size, initializer_range, hidden_dropout_prob,
-                 attention_probs_dropout_prob, **kwargs):
+                 attention_probs_dropout_prob, recompute="none", **kwargs):
         super().__init__(**kwargs)
+        if recompute not in RECOMPUTE:
+            raise ValueError(f"recompute={recompute!r}: expected one of {RECOMPUTE}")
         self.hidden_size = hidden_size
         self.num_attention_heads = num_attention_heads
         self.intermediate_size = intermediate_size
         self.initializer_range = initializer_range
         self.hidden_dropout_prob = hidden_dropout_prob
         self.attention_probs_dropout_prob = attention_probs_dropout_prob
+        self.recompute = recompute
         init = _initializer(initializer_range)
-        self.query = keras.layers.Dense(hidden_size, kernel_initializer=init, name="query")
-        self.key = keras.layers.Dense(hidden_size, kernel_initializer=init, name="key")
-        self.value = keras.layers.Dense(hidden_size, kernel_initializer=init, name="value")
+        self.query_key_value = keras.layers.Dense(3 * hidden_size, kernel_initializer=init, name="query_key_value")
         self.attention_output = keras.layers.Dense(hidden_size, kernel_initializer=init, name="attention_output")
         self.attention_layer_norm = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, dtype="float32",
                                                                     name="attention_layer_norm")
@@ -120,46 +161,67 @@ class TransformerLayer(keras.layers.Layer):
         self.output_dense = keras.layers.Dense(hidden_size, kernel_initializer=init, name="output")
         self.output_layer_norm = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, dtype="float32",
                                                                  name="output_layer_norm")
-        self.attention_dropout = keras.layers.Dropout(attention_probs_dropout_prob)
-        self.hidden_dropout = keras.layers.Dropout(hidden_dropout_prob)
 
     def build(self, input_shape):
         hidden, intermediate = [None, None, self.hidden_size], [None, None, self.intermediate_size]
-        for layer in (self.query, self.key, self.value, self.attention_output, self.intermediate):
+        for layer in (self.query_key_value, self.attention_output, self.intermediate):
             layer.build(hidden)
         self.output_dense.build(intermediate)
         self.attention_layer_norm.build(hidden)
         self.output_layer_norm.build(hidden)
 
-    def call(self, hidden_states, attention_bias, training=False):
+    def call(self, hidden_states, attention_bias, seed=None):
+        """One layer.
+
+        Args:
+          hidden_states: [B, L, H] (compute dtype).
+          attention_bias: float32 [B, 1, L, L] (attention_bias_from_mask).
+          seed: int32 [2], this layer's dropout seed; None: no dropout (inference).
+
+        Returns:
+          [B, L, H] (compute dtype).
+        """
+        if seed is None:
+            return self._layer(hidden_states, attention_bias, None)
+        if self.recompute == "layer":
+            return tf.recompute_grad(self._layer)(hidden_states, attention_bias, seed)
+        return self._layer(hidden_states, attention_bias, seed)
+
+    def _layer(self, hidden_states, attention_bias, seed):
         batch, length = tf.shape(hidden_states)[0], tf.shape(hidden_states)[1]
         heads, head_size = self.num_attention_heads, self.hidden_size // self.num_attention_heads
-
-        def split_heads(x):  # [B, L, H] -> [B, N, L, D]
-            return tf.transpose(tf.reshape(x, [batch, length, heads, head_size]), [0, 2, 1, 3])
-
-        query = split_heads(self.query(hidden_states))
-        key = split_heads(self.key(hidden_states))
-        value = split_heads(self.value(hidden_states))
-        scores = tf.matmul(query, key, transpose_b=True)                      # [B, N, L, L]
-        scores = tf.cast(scores, tf.float32) * (1.0 / math.sqrt(head_size))
-        scores += tf.cast(attention_bias, tf.float32)  # [B, 1, L, L]; Keras casts float inputs to compute dtype
-        probabilities = tf.nn.softmax(scores, axis=-1)                        # float32
-        probabilities = self.attention_dropout(tf.cast(probabilities, self.compute_dtype), training=training)
-        context = tf.matmul(probabilities, value)                             # [B, N, L, D]
+        projected = tf.reshape(self.query_key_value(hidden_states), [batch, length, 3, heads, head_size])
+        query, key, value = tf.unstack(tf.transpose(projected, [2, 0, 3, 1, 4]))   # [B, N, L, D] each
+        if seed is not None and self.recompute == "attention":
+            context = tf.recompute_grad(self._attention)(query, key, value, attention_bias, seed)
+        else:
+            context = self._attention(query, key, value, attention_bias, seed)
         context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [batch, length, self.hidden_size])
 
-        attention = self.hidden_dropout(self.attention_output(context), training=training)
+        attention = self._dropout(self.attention_output(context), self.hidden_dropout_prob, seed, ATTENTION_OUTPUT)
         hidden_states = tf.cast(self.attention_layer_norm(hidden_states + attention), self.compute_dtype)
         intermediate = tf.nn.gelu(self.intermediate(hidden_states), approximate=False)   # [B, L, I]
-        output = self.hidden_dropout(self.output_dense(intermediate), training=training)
+        output = self._dropout(self.output_dense(intermediate), self.hidden_dropout_prob, seed, FEED_FORWARD_OUTPUT)
         return tf.cast(self.output_layer_norm(hidden_states + output), self.compute_dtype)
+
+    def _attention(self, query, key, value, attention_bias, seed):
+        """softmax(Q K^T / sqrt(D) + bias), dropped out, times V: [B, N, L, D] from [B, N, L, D] each."""
+        scores = tf.matmul(query, key, transpose_b=True)                      # [B, N, L, L]
+        scores = tf.cast(scores, tf.float32) * (1.0 / math.sqrt(self.hidden_size // self.num_attention_heads))
+        scores += tf.cast(attention_bias, tf.float32)  # [B, 1, L, L]; Keras casts float inputs to compute dtype
+        probabilities = tf.cast(tf.nn.softmax(scores, axis=-1), self.compute_dtype)
+        probabilities = self._dropout(probabilities, self.attention_probs_dropout_prob, seed, ATTENTION_PROBABILITIES)
+        return tf.matmul(probabilities, value)                                # [B, N, L, D]
+
+    @staticmethod
+    def _dropout(x, rate, seed, site):
+        return x if seed is None else dropout(x, rate, fold_seed(seed, site))
 
     def get_config(self):
         return {**super().get_config(), "hidden_size": self.hidden_size,
                 "num_attention_heads": self.num_attention_heads, "intermediate_size": self.intermediate_size,
                 "initializer_range": self.initializer_range, "hidden_dropout_prob": self.hidden_dropout_prob,
-                "attention_probs_dropout_prob": self.attention_probs_dropout_prob}
+                "attention_probs_dropout_prob": self.attention_probs_dropout_prob, "recompute": self.recompute}
 
 
 class MaskedLMHead(keras.layers.Layer):
@@ -228,23 +290,29 @@ class BertPretrainingModel(keras.Model):
       config: the BERT hyper-parameters.
       next_sentence_prediction: with the next-sentence head (pooler and classifier); without it
         the model is masked-LM only (RoBERTa's objective), and no [CLS] output is gathered.
+      recompute: one of RECOMPUTE: what the backward pass of training recomputes instead of
+        keeping (the same gradients, less memory, more time: docs/launch.md).
+
+    Called as model(features, training=False, dropout_seed=None): in training, dropout draws its
+    masks from `dropout_seed` (int32 [2]; None: a random one), folded with each layer and site.
 
     Returns:
       {"mlm_logits": float32 [B, P', V], "nsp_logits": float32 [B, S, 2]} ("nsp_logits" only
       with the next-sentence head).
     """
 
-    def __init__(self, config: BertConfig, next_sentence_prediction: bool = True, **kwargs):
+    def __init__(self, config: BertConfig, next_sentence_prediction: bool = True, recompute: str = "none", **kwargs):
         super().__init__(**kwargs)
         self.config = config
         self.next_sentence_prediction = next_sentence_prediction
+        self.recompute = recompute
         self.embeddings = BertEmbeddings(config.vocab_size, config.hidden_size, config.max_position_embeddings,
                                          config.type_vocab_size, config.initializer_range,
                                          config.hidden_dropout_prob, name="embeddings")
         self.encoder_layers = [
             TransformerLayer(config.hidden_size, config.num_attention_heads, config.intermediate_size,
                              config.initializer_range, config.hidden_dropout_prob,
-                             config.attention_probs_dropout_prob, name=f"layer_{i}")
+                             config.attention_probs_dropout_prob, recompute, name=f"layer_{i}")
             for i in range(config.num_hidden_layers)]
         self.masked_lm = MaskedLMHead(config.hidden_size, config.vocab_size, config.initializer_range,
                                       name="masked_lm")
@@ -260,17 +328,19 @@ class BertPretrainingModel(keras.Model):
             self.next_sentence.build()
         self.built = True
 
-    def encode(self, features, training=False):
+    def encode(self, features, training=False, dropout_seed=None):
         """The encoder's output for every token: [B, L, H] (compute dtype)."""
-        hidden = self.embeddings(features["input_ids"], features["segment_ids"], features["positions"],
-                                 training=training)
+        if training and dropout_seed is None:
+            dropout_seed = tf.random.uniform([2], maxval=tf.int32.max, dtype=tf.int32)
+        seed = (lambda index: fold_seed(dropout_seed, index)) if training else (lambda index: None)
+        hidden = self.embeddings(features["input_ids"], features["segment_ids"], features["positions"], seed(0))
         bias = attention_bias_from_mask(attention_mask_from_sequence_ids(features["sequence_ids"]))
-        for layer in self.encoder_layers:
-            hidden = layer(hidden, bias, training=training)
+        for i, layer in enumerate(self.encoder_layers):
+            hidden = layer(hidden, bias, seed(i + 1))
         return hidden
 
-    def call(self, features, training=False):
-        sequence_output = self.encode(features, training=training)
+    def call(self, features, training=False, dropout_seed=None):
+        sequence_output = self.encode(features, training=training, dropout_seed=dropout_seed)
         outputs = {"mlm_logits": self.masked_lm(sequence_output, features["masked_lm_positions"],
                                                 self.embeddings.word_embeddings)}
         if self.next_sentence is not None:
@@ -278,8 +348,10 @@ class BertPretrainingModel(keras.Model):
         return outputs
 
     def get_config(self):
-        return {"config": self.config.to_dict(), "next_sentence_prediction": self.next_sentence_prediction}
+        return {"config": self.config.to_dict(), "next_sentence_prediction": self.next_sentence_prediction,
+                "recompute": self.recompute}
 
     @classmethod
     def from_config(cls, config):
-        return cls(BertConfig(**config["config"]), config.get("next_sentence_prediction", True))
+        return cls(BertConfig(**config["config"]), config.get("next_sentence_prediction", True),
+                   config.get("recompute", "none"))

@@ -29,7 +29,7 @@ import math
 
 from bert_packed.errors import SettingsError
 from bert_packed.features import EVAL_INPUT_MODES, INPUT_MODES, PACK_MODES
-from bert_packed.model.config import BertConfig
+from bert_packed.model.config import RECOMPUTE, BertConfig
 from bert_packed.pretraining_data.tokenization import DEFAULT_VOCAB_FILE
 
 # Sequences the on-the-fly packer may hold at once: on the real Wikipedia-512 lengths at depth 3 it
@@ -131,6 +131,8 @@ class ModelConfig:
       xla: compile the forward and backward pass with XLA.
       nsp_loss: the next-sentence head and its loss; False: masked-LM only (RoBERTa's objective,
         Graphcore's MLPerf packed configs), the MLPerf metric unchanged.
+      recompute: what the backward pass recomputes instead of keeping (model.RECOMPUTE: none,
+        attention, layer): the same gradients in less memory, so a run may change it on resume.
     """
 
     bert: BertConfig
@@ -139,8 +141,10 @@ class ModelConfig:
     precision: str = "fp32"
     xla: bool = False
     nsp_loss: bool = True
+    recompute: str = changeable("none")
 
     def __post_init__(self):
+        require(self.recompute in RECOMPUTE, f"--recompute={self.recompute}: expected one of {', '.join(RECOMPUTE)}")
         require(self.loss_averaging in LOSS_AVERAGING,
                 f"--loss_averaging={self.loss_averaging}: expected one of {', '.join(LOSS_AVERAGING)}")
         require(self.precision in PRECISIONS, f"--precision={self.precision}: expected one of {', '.join(PRECISIONS)}")

@@ -54,7 +54,7 @@ class CompiledStep:
         self.batching = batching(config, train_data.input_mode, train_data.packing_factor,
                                  train_data.shapes.max_sequences_per_pack, strategy.num_replicas_in_sync)
         with strategy.scope():
-            self.model = BertPretrainingModel(config.model.bert, config.model.nsp_loss)
+            self.model = BertPretrainingModel(config.model.bert, config.model.nsp_loss, config.model.recompute)
             self.model.build()
             self.schedule = make_schedule(config, self.batching)
             self.optimizer = make_optimizer(config, self.batching, self.schedule)
@@ -62,14 +62,10 @@ class CompiledStep:
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
             self.sequences = tf.Variable(0, dtype=tf.int64, trainable=False, name="sequences")
             self.log_sizes = tf.Variable([0] * len(LOGS), dtype=tf.int64, trainable=False, name="log_sizes")
-        self.update = Update(config, self.batching, self.model, self.optimizer, strategy)
+        self.update = Update(config, self.batching, self.model, self.optimizer, strategy, self.step)
         self._evaluate_batch = tf.function(self._evaluate_batch_fn)
-        # Dropout's random state is not among the weights Keras checkpoints: add it, so that a
-        # resumed deterministic run draws the same masks as an uninterrupted one.
-        seeds = {f"seed_{i}": v.value for i, v in enumerate(
-            v for v in self.model.variables if v.path.endswith("seed_generator_state"))}
         self.state = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.step,
-                                         sequences=self.sequences, log_sizes=self.log_sizes, dropout_seeds=seeds)
+                                         sequences=self.sequences, log_sizes=self.log_sizes)
 
     def run_updates(self, iterator, num_updates: int) -> np.ndarray:
         """Runs `num_updates` updates on batches of `iterator` in one compiled call.
@@ -109,7 +105,7 @@ class CompiledStep:
         return [*self.model.variables, *self.optimizer.variables, self.step, self.sequences, self.log_sizes]
 
     def initial_state(self) -> list[np.ndarray]:
-        """Every variable's value now (weights, optimizer slots, dropout's state, counters)."""
+        """Every variable's value now (weights, optimizer slots, counters)."""
         return [v.numpy() for v in self._variables()]
 
     def set_schedule(self, config: TrainConfig) -> None:

@@ -11,6 +11,9 @@ Gradient clipping, two orders (both allowed by the MLPerf rules):
   after the all-reduce  the counts that normalise the losses are summed over the whole update
       first (they come from the features alone), the gradients are summed over micro-batches and
       replicas, and that one gradient is clipped: the update of one big batch.
+
+Dropout's masks come from a seed of (the run's seed, the micro-step, the replica): a resumed run,
+a repeated one and a backward pass that recomputes a block draw the same masks.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from bert_packed.model.modeling import fold_seed
 from bert_packed.training.config import Batching, TrainConfig
 from bert_packed.training.losses import loss_from_sums, normalizers, pretraining_sums
 from bert_packed.training.optimizers import AdamWeightDecay, Lamb, PolynomialWarmup
@@ -62,7 +66,8 @@ class Update:
       stop_requested: a flag the loop reads before each update.
     """
 
-    def __init__(self, config: TrainConfig, batching: Batching, model, optimizer, strategy: tf.distribute.Strategy):
+    def __init__(self, config: TrainConfig, batching: Batching, model, optimizer, strategy: tf.distribute.Strategy,
+                 step: tf.Variable):
         self.model = model
         self.optimizer = optimizer
         self._loss_scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
@@ -71,6 +76,8 @@ class Update:
         self._steps_per_update = batching.steps_per_update
         self._loss_averaging = config.model.loss_averaging
         self._clip_after_allreduce = config.optimizer.clip_by_global_norm_after_gradient_allreduce
+        self._step = step  # micro-steps done before the compiled call
+        self._seed = tf.constant([config.run.seed % 2**31, config.run.seed // 2**31 % 2**31], tf.int32)
         self._gradients = tf.function(self._gradients_fn, jit_compile=True) if config.model.xla else self._gradients_fn
         # Set (to 1) by a signal while a compiled loop runs (loop.Stop): the loop ends after the
         # update in hand, on every worker after the same update (each update sums the flags).
@@ -85,7 +92,8 @@ class Update:
                 break
             learning_rate = tf.cast(self.optimizer_itself.learning_rate, tf.float32)
             batches = [next(iterator) for _ in range(self._steps_per_update)]
-            sums = self._strategy.run(self._replica_update, args=(batches,))
+            first_micro_step = self._step + tf.cast(index, tf.int64) * self._steps_per_update
+            sums = self._strategy.run(self._replica_update, args=(batches, first_micro_step))
             sums = {k: self._strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for k, v in sums.items()}
             results = results.write(index, tf.stack([learning_rate] + [sums[k] for k in SUM_KEYS]))
         return results.stack()
@@ -94,32 +102,35 @@ class Update:
         """The loss scale of fp16 (1 otherwise)."""
         return tf.cast(self.optimizer.dynamic_scale, tf.float32) if self._loss_scaled else 1.0
 
-    def _replica_update(self, batches):
+    def _replica_update(self, batches, first_micro_step):
         context = tf.distribute.get_replica_context()
         variables = self.model.trainable_variables
         replicas = context.num_replicas_in_sync
+        seeds = tf.stack([fold_seed(self._seed, tf.cast(first_micro_step + k, tf.int32), context.replica_id_in_sync_group)
+                          for k in range(len(batches))])  # [steps_per_update, 2]
         if self._clip_after_allreduce:
             counts = {}
             for features in batches:
                 for name, value in normalizers(features).items():
                     counts[name] = counts.get(name, 0.0) + value
             counts = {k: context.all_reduce(tf.distribute.ReduceOp.SUM, v) for k, v in counts.items()}
-            gradients, totals = self._gradients(batches, counts)
+            gradients, totals = self._gradients(batches, counts, seeds)
             # Each replica's loss is divided by the global counts, so the replicas' gradients add up
             # to the global gradient: all-reduce and clip it here.
             gradients = context.all_reduce(tf.distribute.ReduceOp.SUM, gradients)
             gradients, _ = tf.clip_by_global_norm([g / self._scale() for g in gradients], CLIP_NORM)
             gradients = [g / replicas for g in gradients]
         else:
-            gradients, totals = self._gradients(batches, None)
+            gradients, totals = self._gradients(batches, None, seeds)
             gradients = [g / (len(batches) * replicas) for g in gradients]
         # Keras sums what each replica hands it.
         self.optimizer.apply_gradients(zip([g * self._scale() for g in gradients], variables))
         totals["gradient_norm"] = tf.linalg.global_norm(gradients)  # checked (finite) by the host
         return totals
 
-    def _gradients_fn(self, batches, counts):
-        """Summed gradients and sums of the micro-batches (XLA-compiled with --xla).
+    def _gradients_fn(self, batches, counts, seeds):
+        """Summed gradients and sums of the micro-batches (XLA-compiled with --xla), each drawing
+        its dropout from its row of `seeds` (int32 [steps_per_update, 2]).
 
         With `counts`, every loss is divided by those (an update's global counts) and the sum is
         returned loss-scaled; without, each micro-batch's loss by its own counts, and each
@@ -128,9 +139,9 @@ class Update:
         variables = self.model.trainable_variables
         gradients = [tf.zeros_like(v) for v in variables]
         totals = {}
-        for features in batches:
+        for features, seed in zip(batches, tf.unstack(seeds)):
             with tf.GradientTape() as tape:
-                sums = pretraining_sums(self.model(features, training=True), features)
+                sums = pretraining_sums(self.model(features, training=True, dropout_seed=seed), features)
                 loss = loss_from_sums(sums, self._loss_averaging, counts)
                 if self._loss_scaled:
                     loss = self.optimizer.scale_loss(loss)
