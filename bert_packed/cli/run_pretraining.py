@@ -330,13 +330,17 @@ def main(argv):
     del argv
     import_tensorflow(FLAGS.verbosity)
     from bert_packed.training.loop import evaluate_only, train_and_evaluate
+    from bert_packed.training.memory import check_replica_memory
     from bert_packed.training.process import set_up_process
     from bert_packed.training.step import CompiledStep
 
     with one_reading_per_file():  # each file's size and first 64 KiB read once: one request on a bucket
         config, train_data, eval_data = build_config()  # every check of flags and data, before any device is touched
     set_up_process(config)
-    step = CompiledStep(config, train_data, make_strategy())
+    strategy = make_strategy()
+    if FLAGS.do_train:  # before anything compiles
+        check_replica_memory(config, train_data, strategy)
+    step = CompiledStep(config, train_data, strategy)
     if not FLAGS.do_train:
         record = evaluate_only(config, eval_data, step)
         print(f"{PROGRAM}: evaluated {record['checkpoint']} (step {record['step']}): masked-LM accuracy "

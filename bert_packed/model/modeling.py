@@ -87,6 +87,25 @@ def attention_bias_from_mask(mask: tf.Tensor) -> tf.Tensor:
     return (1.0 - tf.cast(mask[:, None, :, :], tf.float32)) * -10000.0
 
 
+def recomputed(function, inputs: tuple, attention_bias: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+    """function(*inputs, attention_bias, seed), whose backward pass recomputes it instead of keeping
+    its activations.
+
+    tf.recompute_grad differentiates with respect to every argument and makes each argument's
+    recomputation depend on the incoming gradient, so that XLA cannot merge the recomputation
+    with the forward pass (and keep what it was to free). So the inputs to differentiate are
+    arguments; the attention bias, which needs no gradient, is closed over; and the seed is an
+    argument as float64 (int32 values are exact in it; an int argument cannot be watched): closed
+    over, XLA could keep the forward pass's random numbers for the backward pass instead of
+    drawing them again.
+    """
+    def with_seed(*arguments):
+        *tensors, seed_value = arguments
+        return function(*tensors, attention_bias, tf.cast(seed_value, tf.int32))
+
+    return tf.recompute_grad(with_seed)(*inputs, tf.cast(seed, tf.float64))
+
+
 def _initializer(config_range: float):
     return keras.initializers.TruncatedNormal(stddev=config_range)
 
@@ -184,7 +203,7 @@ class TransformerLayer(keras.layers.Layer):
         if seed is None:
             return self._layer(hidden_states, attention_bias, None)
         if self.recompute == "layer":
-            return tf.recompute_grad(self._layer)(hidden_states, attention_bias, seed)
+            return recomputed(self._layer, (hidden_states,), attention_bias, seed)
         return self._layer(hidden_states, attention_bias, seed)
 
     def _layer(self, hidden_states, attention_bias, seed):
@@ -193,7 +212,7 @@ class TransformerLayer(keras.layers.Layer):
         projected = tf.reshape(self.query_key_value(hidden_states), [batch, length, 3, heads, head_size])
         query, key, value = tf.unstack(tf.transpose(projected, [2, 0, 3, 1, 4]))   # [B, N, L, D] each
         if seed is not None and self.recompute == "attention":
-            context = tf.recompute_grad(self._attention)(query, key, value, attention_bias, seed)
+            context = recomputed(self._attention, (query, key, value), attention_bias, seed)
         else:
             context = self._attention(query, key, value, attention_bias, seed)
         context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [batch, length, self.hidden_size])

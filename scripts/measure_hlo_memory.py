@@ -1,0 +1,123 @@
+"""The training step's memory (and time) on a GPU where TensorFlow is not installed, through JAX's XLA.
+
+    python scripts/benchmark_memory.py --export_hlo=hlo                   # where TensorFlow is
+    python scripts/measure_hlo_memory.py --hlo_dir=hlo --output_json=gpu.json [--time=KEY,...]
+    python scripts/benchmark_memory.py --measurements=gpu.json --write_plan   # back where TensorFlow is
+
+benchmark_memory.py --export_hlo writes the HLO of each configuration's compiled step (the program
+TensorFlow hands XLA for update.Update._gradients, before XLA's passes). This script compiles each
+with the XLA of the JAX installed here for this machine's first accelerator, and reads the bytes
+of its buffer assignment: arguments (the weights and the batch), outputs (the gradients and the
+sums) and temporaries (the activations among them). Compiled, not run; with autotuning off,
+which changes no buffer but the matrix products' workspaces. With --time, the named
+configurations are also compiled with autotuning and run on zeros (--calls times after two
+warm-up calls): the forward and backward pass alone, without TensorFlow's optimizer update,
+input pipeline or all-reduce.
+
+It needs JAX (with the accelerator's plugin), NumPy and absl-py, not TensorFlow or this package.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import lzma
+import multiprocessing
+import os
+import statistics
+import time
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("hlo_dir", None, "What benchmark_memory.py --export_hlo wrote (manifest.json and the HLO files).")
+flags.DEFINE_string("output_json", None, "Where the figures go (benchmark_memory.py --measurements reads them).")
+flags.DEFINE_list("time", [], "Configurations (manifest keys) to run and time too.")
+flags.DEFINE_integer("calls", 10, "Timed calls of each --time configuration.", lower_bound=1)
+flags.DEFINE_integer("workers", 8, "Processes compiling at once.", lower_bound=1)
+flags.mark_flags_as_required(["hlo_dir", "output_json"])
+
+
+def compile_hlo(path: str):
+    """(the loaded executable, its argument shapes) of an HLO file, for the first device."""
+    import jax
+    from jax._src.lib import xla_client
+
+    serialized = lzma.open(path).read()
+    shapes = xla_client.XlaComputation(serialized).program_shape().parameter_shapes()
+    options = xla_client.CompileOptions()
+    module = xla_client._xla.mlir.hlo_to_stablehlo(serialized)
+    executable = jax.devices()[0].client.compile_and_load(module, jax.devices()[:1], options)
+    return executable, shapes
+
+
+def bytes_of(path: str) -> dict:
+    """The buffer assignment's sizes of one HLO file, compiled without autotuning."""
+    start = time.perf_counter()
+    executable, _ = compile_hlo(path)
+    stats = executable.get_compiled_memory_stats()
+    return {"arguments": stats.argument_size_in_bytes, "outputs": stats.output_size_in_bytes,
+            "temporaries": stats.temp_size_in_bytes, "aliased": stats.alias_size_in_bytes,
+            "total": stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
+            - stats.alias_size_in_bytes, "compile_seconds": time.perf_counter() - start}
+
+
+def _worker_start() -> None:
+    # Each process compiles only (before JAX loads): no GPU memory taken ahead for arrays it never
+    # makes, and no autotuning, which times kernels and changes no buffer but workspaces.
+    os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_gpu_autotune_level=0".strip()
+
+
+def seconds_a_call(path: str, calls: int) -> dict:
+    """Runs one HLO file's program on zeros: the median seconds a call, and all of them."""
+    import jax
+    import numpy as np
+
+    executable, shapes = compile_hlo(path)
+    arguments = [jax.device_put(np.zeros(shape.dimensions(), shape.numpy_dtype())) for shape in shapes]
+    for _ in range(2):
+        jax.block_until_ready(executable.execute(arguments))
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        jax.block_until_ready(executable.execute(arguments))
+        times.append(time.perf_counter() - start)
+    return {"median_seconds": statistics.median(times), "seconds": times}
+
+
+def main(argv) -> None:
+    del argv
+    with open(os.path.join(FLAGS.hlo_dir, "manifest.json")) as f:
+        manifest = json.load(f)
+    paths = {key: os.path.join(FLAGS.hlo_dir, name) for key, name in manifest.items()}
+    measured = {}
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(FLAGS.workers, mp_context=context, initializer=_worker_start) as pool:
+        futures = {pool.submit(bytes_of, path): key for key, path in paths.items()}
+        for done in concurrent.futures.as_completed(futures):
+            key = futures[done]
+            try:
+                measured[key] = done.result()
+            except Exception as e:  # noqa: BLE001 - one configuration XLA refuses is reported, not fatal
+                measured[key] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+            figures = measured[key]
+            print(f"{key}: " + (figures["error"] if "error" in figures else
+                                f"{figures['total'] / 2**30:.3f} GiB ({figures['compile_seconds']:.0f} s)"), flush=True)
+    import jax
+
+    device = jax.devices()[0]
+    times = {}
+    for key in FLAGS.time:
+        times[key] = seconds_a_call(paths[key], FLAGS.calls)
+        print(f"{key}: {times[key]['median_seconds'] * 1000:.1f} ms a call", flush=True)
+    result = {"measured_by": f"XLA's buffer assignment for {device.device_kind} (JAX {jax.__version__}'s XLA)",
+              "device": device.device_kind,
+              "bytes": {key: figures["total"] for key, figures in measured.items() if "total" in figures},
+              "details": measured, "times": times}
+    with open(FLAGS.output_json, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    app.run(main)
