@@ -324,6 +324,7 @@ def build_config():
 def main(argv):
     del argv
     import_tensorflow(FLAGS.verbosity)
+    from bert_packed.training.distribution import leave_together
     from bert_packed.training.loop import evaluate_only, train_and_evaluate
     from bert_packed.training.process import set_up_process
     from bert_packed.training.step import CompiledStep
@@ -334,11 +335,13 @@ def main(argv):
     step = CompiledStep(config, train_data, make_strategy())
     if not FLAGS.do_train:
         record = evaluate_only(config, eval_data, step)
+        leave_together(step.strategy)
         print(f"{PROGRAM}: evaluated {record['checkpoint']} (step {record['step']}): masked-LM accuracy "
               f"{record.get('mlm_accuracy', 0):.4f}, loss {record.get('loss', 0):.4f} over "
               f"{record.get('num_sequences', 0):,.0f} sequences -> {RunDirectory(config.run.output_dir).file(EVAL_RESULTS)}")
         return
     result = train_and_evaluate(config, train_data, eval_data, step)
+    leave_together(step.strategy)  # the chief last: its process holds the workers' coordination service
     if result.stopped_by:
         status = EXIT_STATUS[result.stopped_by]
         exit_with(status, f"{PROGRAM}: stopped by {result.stopped_by} after saving step {result.step}; the same "
