@@ -95,3 +95,13 @@ def test_tensorflow_loads_quietly_but_its_errors_still_show(tmp_path):
                               "[thread.start() for thread in threads]\n[thread.join() for thread in threads]"],
                              capture_output=True, text=True, env=environment, timeout=60)
     assert threads.returncode == 0 and threads.stderr == "E0000 00:00:1795449405.870070 1 loader.cc:1] a real problem\n"
+
+
+def test_run_pretraining_s_help_lists_every_flag_in_one_group():
+    from absl import flags
+    from conftest import command_in_this_process
+
+    with command_in_this_process("run_pretraining") as module:
+        defined = [flag.name for flag in flags.FLAGS.get_flags_for_module(module.__name__)]
+    grouped = [name for names in module.HELP_GROUPS.values() for name in names]
+    assert sorted(grouped) == sorted(defined)  # each once: none left out, none twice, none gone

@@ -279,6 +279,14 @@ def weights_of(model):
     return [w.numpy() for w in model.weights]
 
 
+def coordination_errors(stderr):
+    """The lines of a worker's stderr that say it outlived the coordination service in the chief's
+    process (TensorFlow's "E0000 ... StartAbort UNAVAILABLE: Failed to send RPC to coordination
+    service"): the workers did not leave together."""
+    return [line for line in stderr.splitlines() if line.startswith("E0000") or "StartAbort" in line
+            or "coordination service" in line]
+
+
 def assert_the_workers_agree(run, packed_dir, eval_file, tmp_path):
     """Both workers of `run` hold the same weights, optimizer state and counters at step 20, and
     their evaluation together equals one process's of that checkpoint."""
@@ -307,10 +315,11 @@ def assert_the_workers_agree(run, packed_dir, eval_file, tmp_path):
 def test_two_local_workers_train_together_and_killed_together_resume_together(packed_dir, other_text_dir,
                                                                              bert_config_file, tmp_path):
     """Two workers under multi_worker_mirrored train together: they hold the same weights, say
-    little, and evaluate an eval file together (each a share of its records) to the
-    single-process figure. Both killed -9 after their first checkpoint, one before its last save
-    completed, and started again, they agree on a step both can restore, and the chief's logs
-    and every worker's weights are the uninterrupted pair's."""
+    little, leave together (no worker outlives the chief's coordination service), and evaluate an
+    eval file together (each a share of its records) to the single-process figure. Both killed -9
+    after their first checkpoint, one before its last save completed, and started again, they
+    agree on a step both can restore, and the chief's logs and every worker's weights are the
+    uninterrupted pair's."""
     import tensorflow as tf
     from test_trainer import free_ports
 
@@ -333,6 +342,7 @@ def test_two_local_workers_train_together_and_killed_together_resume_together(pa
         for process in processes:
             _, stderr = process.communicate(timeout=600)
             assert process.returncode == 0, stderr[-3000:]
+            assert not coordination_errors(stderr), stderr
             # tf.distribute's own INFO lines ("Collective all_reduce tensors: ...", one an update) stay out.
             assert not [line for line in stderr.splitlines() if "Collective" in line or "Strategy" in line], stderr
             assert "retracing" not in stderr  # the workers' collectives for deciding together are compiled once

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 
 from absl import flags
 
@@ -34,11 +33,14 @@ from bert_packed.features import EVAL_INPUT_MODES, INPUT_MODES, Shapes
 from bert_packed.run_directory import EVAL_RESULTS, RunDirectory
 from bert_packed.tensorflow_loading import import_tensorflow
 from bert_packed.training.config import (
+    ALL_REDUCE_ALGORITHMS,
+    CLUSTER_RESOLVERS,
     DIVISIONS,
     LOSS_AVERAGING,
     OPTIMIZERS,
     PRECISIONS,
     RECOMPUTE,
+    SLURM_PORT_BASE,
     STATUSES,
     BatchConfig,
     EvalConfig,
@@ -158,7 +160,18 @@ flags.DEFINE_bool("nsp_loss", ModelConfig.nsp_loss, "Train the next-sentence hea
                                                     "masked-LM only, no NSP head (RoBERTa's objective; the MLPerf "
                                                     "metric, MLM accuracy, is unchanged).")
 flags.DEFINE_enum("distribution_strategy", "default", ["default", "mirrored", "multi_worker_mirrored", "tpu"],
-                  "tf.distribute strategy (multi_worker_mirrored reads TF_CONFIG).")
+                  "tf.distribute strategy (multi_worker_mirrored: the cluster from --cluster_resolver).")
+flags.DEFINE_enum("cluster_resolver", "auto", list(CLUSTER_RESOLVERS),
+                  "With multi_worker_mirrored, where the cluster comes from: tf_config (TF_CONFIG, as Kubeflow's TFJob "
+                  "sets it), slurm (the Slurm job step srun starts, through TensorFlow's SlurmClusterResolver), or "
+                  "auto: TF_CONFIG when set, else Slurm inside a job step, else this host alone.")
+flags.DEFINE_integer("slurm_port_base", SLURM_PORT_BASE, "Under Slurm, the port of each host's first task (task k of "
+                                                         "a host listens on slurm_port_base + k): open it between the "
+                                                         "hosts (TensorFlow's default).")
+flags.DEFINE_enum("all_reduce_alg", "auto", list(ALL_REDUCE_ALGORITHMS),
+                  "What sums the gradients: nccl (give it on GPUs); ring (TensorFlow's own collectives over gRPC; on "
+                  "one host, its reduction to one device); auto: TensorFlow's choice, which under multi_worker_mirrored "
+                  "is its ring (docs/launch.md).")
 flags.DEFINE_float("target_mlm_accuracy", EvalConfig.target_mlm_accuracy, "Stop when evaluation reaches this masked-LM "
                                                                         "accuracy.")
 flags.DEFINE_integer("eval_every_samples", EvalConfig.eval_every_samples, "Evaluate every this many sequences; -1: the "
@@ -187,8 +200,8 @@ HELP_GROUPS = {
                                   "keep_checkpoint_max", "iterations_per_loop", "log_every_steps",
                                   "start_over_if_no_checkpoint_restores", "export_huggingface_dir", "vocab_file",
                                   "do_lower_case"],
-    "distribution": ["distribution_strategy", "num_gpus", "use_tpu", "tpu_name", "tpu", "tpu_zone", "gcp_project",
-                     "master", "num_tpu_cores"],
+    "distribution": ["distribution_strategy", "num_gpus", "cluster_resolver", "slurm_port_base", "all_reduce_alg",
+                     "use_tpu", "tpu_name", "tpu", "tpu_zone", "gcp_project", "master", "num_tpu_cores"],
     "MLPerf logging": ["submission_division", "submission_org", "submission_platform", "submission_status"],
 }
 FIRST_RUN = ("bert_config_file", "input_files", "eval_files", "output_dir", "init_checkpoint", "train_batch_size",
@@ -223,6 +236,10 @@ def strategy_name() -> str:
     wanted = "tpu" if FLAGS.use_tpu else "mirrored" if FLAGS.num_gpus > 1 else None
     if wanted is None:
         return name
+    if explicit and name == "multi_worker_mirrored" and not FLAGS.use_tpu:
+        raise SettingsError(f"--num_gpus={FLAGS.num_gpus} mirrors over one host's GPUs, but under "
+                            f"--distribution_strategy=multi_worker_mirrored each worker trains on every GPU it sees: "
+                            f"leave --num_gpus out")
     if explicit and name != wanted:
         what = "--use_tpu" if FLAGS.use_tpu else f"--num_gpus={FLAGS.num_gpus}"
         raise SettingsError(f"{what} asks for --distribution_strategy={wanted}, but --distribution_strategy={name}")
@@ -246,20 +263,46 @@ def check_reference_flags() -> None:
             raise SettingsError(f"--num_gpus={FLAGS.num_gpus}: cannot be honoured, {visible} GPUs are visible")
 
 
-def make_strategy():
+def cluster_of_this_task():
+    """The cluster this process is a task of (a TensorFlow ClusterResolver) under
+    multi_worker_mirrored, else None; the distribution flags that cannot be honoured, named.
+
+    It comes first: under Slurm the resolver gives this task its GPUs (CUDA_VISIBLE_DEVICES),
+    before any GPU is used, and a wrong launch is said before any other work.
+    """
+    from bert_packed.training import distribution
+
+    name = strategy_name()
+    if name == "multi_worker_mirrored":
+        return distribution.cluster_resolver(FLAGS.cluster_resolver, FLAGS.slurm_port_base)
+    if FLAGS["cluster_resolver"].present:
+        raise SettingsError(f"--cluster_resolver={FLAGS.cluster_resolver} applies to "
+                            f"--distribution_strategy=multi_worker_mirrored, not {name}")
+    if FLAGS["all_reduce_alg"].present and name != "mirrored":
+        raise SettingsError(f"--all_reduce_alg={FLAGS.all_reduce_alg} applies to --distribution_strategy=mirrored "
+                            f"(--num_gpus) or multi_worker_mirrored, not {name}")
+    if name in ("default", "mirrored"):
+        tasks, variable = distribution.tasks_in_environment()
+        if tasks > 1:
+            what = f"--num_gpus={FLAGS.num_gpus}" if FLAGS.num_gpus > 1 else f"--distribution_strategy={name}"
+            raise SettingsError(f"{what} trains on this host alone, but {variable} names {tasks} tasks (a multi-worker "
+                                f"cluster): give --distribution_strategy=multi_worker_mirrored, under which each "
+                                f"worker trains on every GPU it sees")
+    return None
+
+
+def make_strategy(cluster):
+    """The tf.distribute strategy the flags ask for; `cluster`: what cluster_of_this_task returned."""
     import tensorflow as tf
+
+    from bert_packed.training import distribution
 
     name = strategy_name()
     if name == "mirrored":
         devices = [f"/gpu:{i}" for i in range(FLAGS.num_gpus)] if FLAGS.num_gpus > 1 else None
-        return tf.distribute.MirroredStrategy(devices)
+        return distribution.mirrored(devices, FLAGS.all_reduce_alg)
     if name == "multi_worker_mirrored":
-        try:
-            return tf.distribute.MultiWorkerMirroredStrategy()
-        except (ValueError, KeyError, TypeError, tf.errors.InvalidArgumentError) as e:  # bad JSON is a ValueError
-            raise SettingsError(f"TF_CONFIG={os.environ.get('TF_CONFIG', '')}: cannot be used ({str(e).splitlines()[0]}); "
-                                f"expected {{\"cluster\": {{\"worker\": [\"host:port\", ...]}}, \"task\": {{\"type\": "
-                                f"\"worker\", \"index\": N}}}} (docs/launch.md)") from None
+        return distribution.multi_worker_mirrored(cluster, FLAGS.all_reduce_alg)
     if name == "tpu":
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
             tpu=one_of_two_spellings("tpu", "tpu_name") or FLAGS.master, zone=FLAGS.tpu_zone,
@@ -329,25 +372,29 @@ def build_config():
 def main(argv):
     del argv
     import_tensorflow(FLAGS.verbosity)
+    from bert_packed.training.distribution import leave_together
     from bert_packed.training.loop import evaluate_only, train_and_evaluate
     from bert_packed.training.memory import check_replica_memory
     from bert_packed.training.process import set_up_process
     from bert_packed.training.step import CompiledStep
 
+    cluster = cluster_of_this_task()
     with one_reading_per_file():  # each file's size and first 64 KiB read once: one request on a bucket
         config, train_data, eval_data = build_config()  # every check of flags and data, before any device is touched
     set_up_process(config)
-    strategy = make_strategy()
+    strategy = make_strategy(cluster)
     if FLAGS.do_train:  # before anything compiles
         check_replica_memory(config, train_data, strategy)
     step = CompiledStep(config, train_data, strategy)
     if not FLAGS.do_train:
         record = evaluate_only(config, eval_data, step)
+        leave_together(step.strategy)
         print(f"{PROGRAM}: evaluated {record['checkpoint']} (step {record['step']}): masked-LM accuracy "
               f"{record.get('mlm_accuracy', 0):.4f}, loss {record.get('loss', 0):.4f} over "
               f"{record.get('num_sequences', 0):,.0f} sequences -> {RunDirectory(config.run.output_dir).file(EVAL_RESULTS)}")
         return
     result = train_and_evaluate(config, train_data, eval_data, step)
+    leave_together(step.strategy)  # the chief last: its process holds the workers' coordination service
     if result.stopped_by:
         status = EXIT_STATUS[result.stopped_by]
         exit_with(status, f"{PROGRAM}: stopped by {result.stopped_by} after saving step {result.step}; the same "

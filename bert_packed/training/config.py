@@ -45,6 +45,14 @@ PRECISIONS = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float1
 OPTIMIZERS = ("lamb", "adamw")
 DIVISIONS = ("closed", "open")
 STATUSES = ("onprem", "cloud", "preview", "research")
+# How a run is launched on several devices and hosts (bert_packed/training/distribution.py acts on
+# these): not settings of the run, which resumes the same under another launcher.
+# Where a multi-worker run's cluster comes from: TF_CONFIG, a Slurm job step, or whichever is there.
+CLUSTER_RESOLVERS = ("auto", "tf_config", "slurm")
+# What sums the gradients across devices and hosts: NCCL, TensorFlow's ring, or TensorFlow's choice.
+ALL_REDUCE_ALGORITHMS = ("auto", "nccl", "ring")
+# TensorFlow's SlurmClusterResolver's own port_base: task k of a host listens on SLURM_PORT_BASE + k.
+SLURM_PORT_BASE = 8888
 
 
 def changeable(default):

@@ -1,0 +1,202 @@
+"""Launched by a scheduler: the cluster comes from a Slurm job step (TensorFlow's own
+SlurmClusterResolver) or from TF_CONFIG as Kubeflow's TFJob sets it; what sums the gradients is a
+flag; a launch given wrongly is one line naming the variable or flag; the workers leave together."""
+
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+import types
+
+import pytest
+import tensorflow as tf
+from conftest import REPO, run_command, tfrecords
+from test_resume import assert_the_workers_agree, coordination_errors
+from test_resume import run_command as run_pretraining_process
+
+from bert_packed.training import distribution
+
+
+def slurm_step(rank, nodelist, tasks_per_node, num_tasks, node, **more):
+    """The variables srun sets in task `rank` of a job step (those SlurmClusterResolver reads, and
+    a few it does not)."""
+    return {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_PROCID": str(rank), "SLURM_STEP_NUM_TASKS": str(num_tasks),
+            "SLURM_STEP_NODELIST": nodelist, "SLURM_STEP_TASKS_PER_NODE": tasks_per_node, "SLURMD_NODENAME": node,
+            **more}
+
+
+@pytest.fixture
+def environment(monkeypatch):
+    """Sets the launcher's variables in this process, none of the machine's own left."""
+    for name in list(os.environ):
+        if name.startswith("SLURM") or name == "TF_CONFIG":
+            monkeypatch.delenv(name)
+
+    def set_up(variables):
+        for name, value in variables.items():
+            monkeypatch.setenv(name, value)
+
+    return set_up
+
+
+@pytest.mark.parametrize("variables, resolved", [
+    # One task a host, owning the GPUs Slurm gave it (the documented layout).
+    (slurm_step(1, "gpu[07-08]", "1(x2)", 2, "gpu08", CUDA_VISIBLE_DEVICES="0,1,2,3,4,5,6,7"),
+     ({"worker": ["gpu07:9000", "gpu08:9000"]}, 1, 8, "0,1,2,3,4,5,6,7")),
+    # Two tasks a host that see the host's 4 GPUs: consecutive ports, each its share, as Slurm listed them.
+    (slurm_step(3, "gpu[07-08]", "2(x2)", 4, "gpu08", CUDA_VISIBLE_DEVICES="4,5,6,7"),
+     ({"worker": ["gpu07:9000", "gpu07:9001", "gpu08:9000", "gpu08:9001"]}, 3, 2, "6,7")),
+    # One task a GPU, bound by Slurm (--gpus-per-task=1): each keeps its own.
+    (slurm_step(2, "gpu07", "4", 4, "gpu07", CUDA_VISIBLE_DEVICES="2", SLURM_GPUS_PER_TASK="1"),
+     ({"worker": ["gpu07:9000", "gpu07:9001", "gpu07:9002", "gpu07:9003"]}, 2, 1, "2")),
+    # Hosts without GPUs.
+    (slurm_step(0, "cpu1,cpu2", "1,1", 2, "cpu1", CUDA_VISIBLE_DEVICES=""), ({"worker": ["cpu1:9000", "cpu2:9000"]}, 0,
+                                                                              0, "")),
+])
+def test_slurm_s_resolver_gives_each_task_its_address_its_id_and_its_gpus(environment, variables, resolved):
+    environment(variables)
+    resolver = distribution.cluster_resolver("auto", 9000)
+    cluster, task, gpus, visible = resolved
+    assert resolver.cluster_spec().as_dict() == cluster
+    assert (resolver.task_type, resolver.task_id) == ("worker", task)
+    assert resolver.num_accelerators() == {"GPU": gpus}
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == visible
+
+
+def test_a_tfjob_s_tf_config_is_taken_as_it_is(environment):
+    """Kubeflow's TFJob with a Chief and two Workers: its TF_CONFIG (and its "environment" key)."""
+    cluster = {"chief": ["bert-chief-0.default.svc:2222"],
+               "worker": ["bert-worker-0.default.svc:2222", "bert-worker-1.default.svc:2222"]}
+    environment({"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 1},
+                                          "environment": "cloud"})})
+    resolver = distribution.cluster_resolver("auto", 9000)
+    assert resolver.cluster_spec().as_dict() == cluster and (resolver.task_type, resolver.task_id) == ("worker", 1)
+    assert distribution.tasks_in_environment() == (3, "TF_CONFIG")
+
+
+TWO_WORKERS = json.dumps({"cluster": {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]},
+                          "task": {"type": "worker", "index": 0}})
+MULTI_WORKER = "--distribution_strategy=multi_worker_mirrored"
+
+
+@pytest.mark.parametrize("variables, flags, message", [
+    # A batch script's own variables, outside srun.
+    ({"SLURM_JOB_ID": "4242", "SLURM_PROCID": "0"}, [MULTI_WORKER],
+     "SLURM_STEP_NUM_TASKS, SLURM_STEP_NODELIST, SLURM_STEP_TASKS_PER_NODE not set: the cluster comes from a Slurm job "
+     "step, whose variables srun sets in each task it starts"),
+    ({k: v for k, v in slurm_step(0, "gpu[1-2]", "1(x2)", 2, "gpu1").items() if k != "SLURM_STEP_NODELIST"},
+     [MULTI_WORKER], "SLURM_STEP_NODELIST not set"),
+    ({}, [MULTI_WORKER, "--cluster_resolver=slurm"], "SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_STEP_NODELIST, "
+                                                     "SLURM_STEP_TASKS_PER_NODE not set"),
+    (slurm_step(0, "gpu1,gpu1", "1(x2)", 2, "gpu1"), [MULTI_WORKER],
+     "SLURM_STEP_NODELIST=gpu1,gpu1 names gpu1 twice: a host is listed once"),
+    (slurm_step(0, "gpu[9-10]", "1(x2)", 2, "gpu9"), [MULTI_WORKER],
+     "SLURM_PROCID=0 runs on gpu9 (SLURMD_NODENAME), but SlurmClusterResolver, which numbers tasks host by host in the "
+     "order of the hosts' names, puts task 0 on gpu10"),
+    (slurm_step(0, "gpu[1-2]", "2(x2)", 4, "gpu1"), [MULTI_WORKER, "--slurm_port_base=65535"],
+     "--slurm_port_base=65535: the 2 tasks of a host listen on it and the ports after it: must be in [1, 65534]"),
+    (slurm_step(0, "gpu[1-2]", "1(x2)", 3, "gpu1"), [MULTI_WORKER],
+     "SLURM_STEP_TASKS_PER_NODE=1(x2) counts 2 tasks, SLURM_STEP_NUM_TASKS=3: expected the same"),
+    ({"TF_CONFIG": TWO_WORKERS.replace("2223", "2222")}, [MULTI_WORKER],
+     "TF_CONFIG names 127.0.0.1:2222 twice (worker 0 and worker 1): each task listens on a host:port of its own"),
+    # A TF_CONFIG exported before srun: every task is index 0.
+    ({"TF_CONFIG": TWO_WORKERS, **slurm_step(1, "gpu[1-2]", "1(x2)", 2, "gpu2")}, [MULTI_WORKER],
+     "TF_CONFIG makes this task 0 of 2, the Slurm job step SLURM_PROCID=1 of SLURM_STEP_NUM_TASKS=2"),
+    ({"TF_CONFIG": TWO_WORKERS}, ["--num_gpus=2"], "--num_gpus=2 trains on this host alone, but TF_CONFIG names 2 "
+                                                   "tasks (a multi-worker cluster)"),
+    (slurm_step(0, "gpu[1-2]", "1(x2)", 2, "gpu1"), ["--num_gpus=8"],
+     "--num_gpus=8 trains on this host alone, but SLURM_STEP_NUM_TASKS names 2 tasks"),
+    (slurm_step(0, "gpu[1-2]", "1(x2)", 2, "gpu1"), [], "--distribution_strategy=default trains on this host alone"),
+    ({}, [MULTI_WORKER, "--num_gpus=8"], "--num_gpus=8 mirrors over one host's GPUs, but under "
+                                         "--distribution_strategy=multi_worker_mirrored each worker trains on every "
+                                         "GPU it sees: leave --num_gpus out"),
+    ({}, ["--cluster_resolver=slurm"], "--cluster_resolver=slurm applies to --distribution_strategy="
+                                       "multi_worker_mirrored, not default"),
+    ({}, ["--all_reduce_alg=nccl"], "--all_reduce_alg=nccl applies to --distribution_strategy=mirrored (--num_gpus) or "
+                                    "multi_worker_mirrored, not default"),
+])
+def test_a_launch_given_wrongly_is_one_line_before_anything_starts(packed_dir, bert_config_file, tmp_path, environment,
+                                                                   variables, flags, message):
+    environment(variables)
+    result = run_command("run_pretraining", f"--bert_config_file={bert_config_file}",
+                         f"--input_files={packed_dir}/packed-*.tfrecord", f"--output_dir={tmp_path / 'run'}", *flags)
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("run_pretraining: error: ") and message in lines[0], result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_chief_leaves_once_the_other_workers_processes_have_ended(tmp_path):
+    """The chief returns once every other worker's server port refuses connections; any other
+    worker returns at once."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    other = f"127.0.0.1:{listener.getsockname()[1]}"
+    cluster = {"worker": ["127.0.0.1:1", other]}
+
+    def strategy(index):
+        return types.SimpleNamespace(cluster_resolver=tf.distribute.cluster_resolver.SimpleClusterResolver(
+            tf.train.ClusterSpec(cluster), task_type="worker", task_id=index))
+
+    start = time.monotonic()
+    distribution.leave_together(strategy(1))
+    assert time.monotonic() - start < 0.5
+    threading.Timer(1.5, listener.close).start()  # the other worker's process ends
+    distribution.leave_together(strategy(0))
+    assert 1.5 <= time.monotonic() - start < 3.0
+
+
+@pytest.mark.parametrize("all_reduce_alg, kind", [("auto", None), ("nccl", "NcclAllReduce"),
+                                                  ("ring", "ReductionToOneDevice")])
+def test_on_one_host_all_reduce_alg_picks_what_sums_the_replicas(all_reduce_alg, kind):
+    """MirroredStrategy has no ring: "ring" is TensorFlow's reduction without NCCL; "auto" leaves
+    the choice to TensorFlow (kind None: what it picks for the same devices)."""
+
+    def summed_by(strategy):
+        return type(strategy.extended._cross_device_ops).__name__
+
+    strategy = distribution.mirrored(["/cpu:0"], all_reduce_alg)
+    assert summed_by(strategy) == (kind or summed_by(tf.distribute.MirroredStrategy(["/cpu:0"])))
+
+
+def free_port_pair():
+    """A port p of this host such that p and p + 1 are free."""
+    for _ in range(100):
+        with socket.socket() as first, socket.socket() as second:
+            first.bind(("127.0.0.1", 0))
+            port = first.getsockname()[1]
+            try:
+                second.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no two consecutive free ports")
+
+
+@pytest.mark.slow
+def test_two_slurm_tasks_on_one_host_train_together_and_leave_together(packed_dir, other_text_dir, bert_config_file,
+                                                                      tmp_path):
+    """Two tasks of a Slurm job step on one host, as srun starts them (SLURM_PROCID 0 and 1, the
+    host's 2 tasks in SLURM_STEP_TASKS_PER_NODE): SlurmClusterResolver gives them ports
+    slurm_port_base and slurm_port_base + 1; they train together to the same weights, evaluate
+    together to the single-process figure, and both exit 0 without a word from the coordination
+    service (the chief leaves last)."""
+    eval_file = tfrecords(other_text_dir)[0]
+    port = free_port_pair()
+    out = tmp_path / "run"
+    command = run_pretraining_process(out, f"--bert_config_file={bert_config_file}",
+                                      f"--input_files={packed_dir}/packed-*.tfrecord", MULTI_WORKER,
+                                      f"--slurm_port_base={port}", "--all_reduce_alg=ring", "--num_train_steps=20",
+                                      f"--eval_files={eval_file}", "--eval_every_samples=0", "--eval_batch_size=6")
+    own = {name: value for name, value in os.environ.items() if not name.startswith("SLURM") and name != "TF_CONFIG"}
+    tasks = [subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              env={**own, **slurm_step(rank, "localhost", "2", 2, "localhost", SLURM_LOCALID=str(rank),
+                                                       SLURM_NODEID="0")})
+             for rank in range(2)]
+    for task in tasks:
+        _, stderr = task.communicate(timeout=300)
+        assert task.returncode == 0, stderr[-3000:]
+        assert not coordination_errors(stderr), stderr
+    assert (out / ".workers" / "worker-1" / "checkpoints").is_dir()  # task 1 is a worker of the chief's cluster
+    assert_the_workers_agree(out, packed_dir, eval_file, tmp_path)
