@@ -25,7 +25,7 @@ from bert_packed.tensorflow_loading import import_tensorflow
 
 import_tensorflow(verbosity=0)  # first: TensorFlow's start-up notices stay out of the tables
 
-import numpy as np
+from _wikipedia_like_data import write_data
 from absl import flags
 
 from bert_packed.cli.common import run
@@ -33,10 +33,6 @@ from bert_packed.curves import describe_speedup, median_and_range, summary
 from bert_packed.features import Shapes
 from bert_packed.files import write_text_atomically
 from bert_packed.model import BertConfig
-from bert_packed.packing import wikipedia_like_histogram
-from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset
-from bert_packed.pretraining_data.instances import Instance, instance_features
-from bert_packed.records import TFRecordWriter
 from bert_packed.training.process import set_up_process
 from bert_packed.training.throughput import BF16_PEAK_TFLOPS, Measured, benchmark_run, measure_alternately
 
@@ -58,27 +54,6 @@ flags.DEFINE_string("output_json", None, "Also write the measurements here.")
 PROGRAM = "benchmark_wikipedia_like_training"
 
 
-def synthetic_instances(count: int, seed: int) -> list[Instance]:
-    """Instances whose lengths follow Wikipedia at 512; content random, layout as MLPerf's."""
-    rng = np.random.default_rng(seed)
-    histogram = wikipedia_like_histogram(count, 512, seed=seed)
-    lengths = rng.permutation(np.repeat(np.arange(1, 513), histogram))
-    instances = []
-    for length in np.maximum(lengths, 5):
-        ids = rng.integers(1000, 30000, length).astype(np.int32)
-        boundary = int(rng.integers(2, length - 1))
-        ids[0], ids[boundary - 1], ids[-1] = 101, 102, 102
-        segments = np.zeros(length, dtype=np.int32)
-        segments[boundary:] = 1
-        candidates = np.setdiff1d(np.arange(1, length - 1), [boundary - 1])
-        count_masked = min(76, max(1, round(length * 0.15)), len(candidates))
-        positions = np.sort(rng.choice(candidates, count_masked, replace=False)).astype(np.int32)
-        original = ids[positions].copy()
-        ids[positions] = 103
-        instances.append(Instance(ids, segments, positions, original, bool(rng.integers(0, 2))))
-    return instances
-
-
 def device_and_peak() -> tuple[str, float | None]:
     """The first GPU's name and its bf16 peak in TFLOP/s (None when unknown), or the CPU."""
     import tensorflow as tf
@@ -88,25 +63,6 @@ def device_and_peak() -> tuple[str, float | None]:
         return "CPU", None
     name = tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
     return name, next((peak for card, peak in BF16_PEAK_TFLOPS if card in name), None)
-
-
-def write_data(directory: str, sequences: int) -> tuple[list[str], list[str], float]:
-    """(unpacked files, packed files, packing factor) of `sequences` Wikipedia-like sequences."""
-    unpacked = os.path.join(directory, "unpacked")
-    os.makedirs(unpacked)
-    files = []
-    for shard, chunk in enumerate(np.array_split(np.arange(sequences), 4)):
-        files.append(os.path.join(unpacked, f"part-{shard:05d}.tfrecord"))
-        with TFRecordWriter(files[-1]) as writer:
-            writer.write_examples(instance_features(synthetic_instances(len(chunk), seed=shard), Shapes(512, 76)))
-    metadata = pack_pretraining_dataset(files, os.path.join(directory, "packed"),
-                                        PackSettings(Shapes(512, 76, 3), "lp", num_shards=4))
-    packed = sorted(os.path.join(directory, "packed", name) for name in os.listdir(os.path.join(directory, "packed"))
-                    if name.endswith(".tfrecord"))
-    print(f"\nWikipedia-like lengths at L=512: {metadata['num_sequences']:,} sequences, "
-          f"{metadata['padding_fraction_unpacked']:.1%} padding unpacked, packing factor "
-          f"{metadata['packing_factor']:.3f}")
-    return files, packed, metadata["packing_factor"]
 
 
 def main(argv) -> int:

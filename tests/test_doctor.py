@@ -1,0 +1,84 @@
+"""The install's check (bert-packed-doctor) and the device check (scripts/device_check.py), on this CPU."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import REPO, run_command
+
+from bert_packed.features import Shapes
+from bert_packed.training import doctor
+
+
+def test_the_doctor_on_a_machine_without_a_gpu_says_so_and_checks_the_cpu():
+    result = run_command("doctor")
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("ok      TensorFlow") and f"{tf.__version__}, a CPU build (no CUDA)" in lines[0]
+    assert any(line.startswith("ok      GPUs") and "none: no NVIDIA driver found" in line for line in lines)
+    assert any(line.startswith("ok      XLA") and "compiles and runs on /CPU:0" in line for line in lines)
+    packed = next(line for line in lines if line.startswith("ok      packed training"))
+    agreement = float(packed.split("agree to ")[1].split(" of")[0])
+    assert 0 <= agreement <= doctor.PACKED_TOLERANCE
+    assert lines[-1] == "bert-packed-doctor: no problem found"
+
+
+def test_a_gpu_the_driver_lists_but_a_cpu_build_cannot_use_is_one_problem_with_its_fix(monkeypatch):
+    monkeypatch.setattr(doctor, "driver_gpus", lambda: ["NVIDIA H100 80GB HBM3, 81559 MiB, 580.159.04"])
+    (finding,) = doctor.gpus()
+    assert finding.found == "the driver lists 1 (NVIDIA H100 80GB HBM3, 81559 MiB, 580.159.04); this TensorFlow is a CPU build"
+    assert finding.fix.startswith("install the GPU build beside nothing else: pip uninstall tensorflow-cpu, then pip install")
+    from bert_packed.cli.doctor import report
+
+    lines, problems = report([doctor.Finding("TensorFlow", "2.21.0"), finding])
+    assert problems == 1 and lines[1].startswith("PROBLEM GPUs") and lines[2].strip().startswith("fix: install the GPU")
+
+
+def test_the_packed_training_check_fails_when_packed_rows_are_computed_wrongly(monkeypatch):
+    """Packs whose rows another sequence's tokens leak into (a mask that lets attention cross
+    sequences) train other weights than the sequences one a row: the check says so."""
+    layouts = doctor.same_sequences_packed_or_not
+
+    def leaking(shapes, count, vocab_size, **kwargs):
+        packed, one_a_row = layouts(shapes, count, vocab_size, **kwargs)
+        return {**packed, "sequence_ids": tf.cast(packed["sequence_ids"] > 0, tf.int32)}, one_a_row
+
+    monkeypatch.setattr(doctor, "same_sequences_packed_or_not", leaking)
+    (finding,) = doctor.packed_updates("/CPU:0")
+    assert finding.fix is not None and "computes packed rows wrongly" in finding.fix
+
+
+def test_the_same_sequences_packed_or_one_a_row_hold_the_same_tokens_and_predictions():
+    packed, one_a_row = doctor.same_sequences_packed_or_not(Shapes(64, 8, 3), 12, 100)
+    assert packed["input_ids"].shape == (4, 64) and one_a_row["input_ids"].shape == (12, 64)
+    for name in ("input_ids", "masked_lm_ids"):
+        ids = lambda features: np.sort(features[name].numpy()[features[name].numpy() > 0])
+        np.testing.assert_array_equal(ids(packed), ids(one_a_row))
+    assert set(np.unique(packed["sequence_ids"].numpy())) == {0, 1, 2, 3}
+    assert int(tf.reduce_sum(packed["next_sentence_weights"])) == 12
+
+
+@pytest.mark.slow
+def test_the_device_check_runs_on_the_cpu_with_the_tiny_config(tmp_path):
+    output = tmp_path / "device_check.json"
+    result = subprocess.run(
+        [sys.executable, os.path.join(REPO, "scripts", "device_check.py"), "--check_layers=1", "--batch_size=2",
+         "--sequences=200", "--rounds=1", "--updates=1", f"--output_json={output}"],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    figures = json.loads(output.read_text())
+    assert figures["device"] == "CPU" and figures["bert_config"]["hidden_size"] == 128 and figures["failed"] == []
+    for precision in ("fp32", "bf16"):
+        measured = figures["packed_equals_unpacked"][precision]
+        assert all(measured[name] <= bound for name, bound in zip(("loss", "logits", "gradients"),
+                                                                   measured["tolerances"]))
+    assert max(figures["recompute"].values()) <= 1e-6
+    assert figures["deterministic"]["bit_equal"] is True
+    assert figures["throughput"]["rows_a_micro_batch"] == 2 and 1.6 < figures["throughput"]["packing_factor"] < 2.4
+    assert figures["throughput"]["packed"]["sequences_per_second"] > 0
+    table = result.stdout.splitlines()
+    assert "| check | result | passed |" in table and table[-1] == "device_check: every check passed"
