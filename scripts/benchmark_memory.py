@@ -25,6 +25,7 @@
 
 from __future__ import annotations
 
+import gc
 import glob
 import json
 import lzma
@@ -172,6 +173,9 @@ def measure_here_or_export(work: str) -> dict:
             with open(os.path.join(FLAGS.export_hlo, "manifest.json")) as f:
                 manifest = json.load(f)
     for name, bert, length, precision, recompute in configurations():
+        keys = [configuration_name(name, length, precision, recompute, int(rows)) for rows in FLAGS.rows]
+        if all(key in manifest for key in keys):  # exported by an earlier run
+            continue
         step = compiled_step(bert, length, precision, recompute, work)
         for rows in map(int, FLAGS.rows):
             key = configuration_name(name, length, precision, recompute, rows)
@@ -179,15 +183,14 @@ def measure_here_or_export(work: str) -> dict:
             if FLAGS.export_hlo:
                 export_hlo(step, length, rows, os.path.join(FLAGS.export_hlo, f"{key}.hlo.pb.xz"))
                 manifest[key] = f"{key}.hlo.pb.xz"
+                write_text_atomically(os.path.join(FLAGS.export_hlo, "manifest.json"), json.dumps(manifest, indent=1))
                 print(f"{key}: HLO written in {time.perf_counter() - start:.1f} s", flush=True)
             else:
                 measured[key] = xla_bytes_here(step, length, rows)
                 print(f"{key}: {measured[key] / GIB:.3f} GiB (compiled in {time.perf_counter() - start:.1f} s)",
                       flush=True)
         del step
-    if FLAGS.export_hlo:
-        with open(os.path.join(FLAGS.export_hlo, "manifest.json"), "w") as f:
-            json.dump(manifest, f, indent=1)
+        gc.collect()
     return measured
 
 
@@ -269,8 +272,8 @@ def main(argv) -> None:
             device = tf.config.list_logical_devices()[-1].device_type
             measured_by = f"XLA's buffer assignment, TensorFlow {tf.__version__} on {device}"
         if FLAGS.export_hlo:
-            print(f"\nHLO of {len(os.listdir(FLAGS.export_hlo)) - 1} steps in {FLAGS.export_hlo}: "
-                  f"python scripts/measure_hlo_memory.py {FLAGS.export_hlo} on the GPU machine")
+            print(f"\nHLO of {len(os.listdir(FLAGS.export_hlo)) - 1} programs in {FLAGS.export_hlo}: on the GPU machine, "
+                  f"python scripts/measure_hlo_memory.py --hlo_dir={FLAGS.export_hlo} --output_json=gpu.json")
             return
         lines = fits(measured, measured_by)
         plan = tuple(lines)

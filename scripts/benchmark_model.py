@@ -13,6 +13,11 @@
 2. FLOPs per token of forward + backward (3x the forward multiply-adds x 2) for base and large
    at L=128 and 512, split between attention scores/context (the L x L part, computed in full
    for a packed row since TensorFlow has no variable-length attention) and everything else.
+3. The query, key and value projections as the model computes them, one [H, 3H] product,
+   against three [H, H] products, forward and backward at BERT-Large's H=1024 on rows of 512,
+   with and without XLA, one step of each in turn: the fused projection's speed ratio. XLA merges
+   three products of one input only while each output is under 32 MB (so 2 rows: merged anyway;
+   16 rows in float32, or MLPerf's 56 in bf16: not).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from bert_packed.training import loss_from_sums, pretraining_sums
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("rounds", 40, "Rounds of one timed step of each model in turn.", lower_bound=1)
+flags.DEFINE_string("export_hlo", None, "Only write the projections' HLO (part 3) here, for a GPU without TensorFlow.")
 
 PROGRAM = "benchmark_model"
 SEED = tf.constant([1, 2])  # every step draws the same dropout masks: the variants differ in nothing else
@@ -124,8 +130,68 @@ def flops_per_token(config: BertConfig, length: int) -> tuple[float, float]:
     return 3 * attention * config.num_hidden_layers, 3 * dense * config.num_hidden_layers
 
 
+def projection_steps(rows: int, xla: bool, dtype=tf.float32, hidden: int = 1024, length: int = 512):
+    """(input, {"fused": step, "three": step}): forward and backward of the query, key and value
+    projections of `rows` rows, as one [H, 3H] product and as three [H, H] ones."""
+    x = tf.cast(tf.random.normal([rows, length, hidden]), dtype)
+    fused = tf.Variable(tf.cast(tf.random.normal([hidden, 3 * hidden], stddev=0.02), dtype))
+    three = [tf.Variable(w) for w in tf.split(fused, 3, axis=1)]
+
+    def step(weights, project):
+        @tf.function(jit_compile=xla)
+        def forward_backward(x):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                query, key, value = project(x)
+                loss = tf.reduce_sum(query * key) + tf.reduce_sum(value)
+            return tape.gradient(loss, [x, *weights])
+        return forward_backward
+
+    return x, {"fused": step([fused], lambda x: tf.split(x @ fused, 3, axis=-1)),
+               "three": step(three, lambda x: [x @ w for w in three])}
+
+
+def time_projections(rows: int, xla: bool, rounds: int) -> float:
+    """The median per-round ratio of three [H, H] projections' step time to one [H, 3H]'s."""
+    x, steps = projection_steps(rows, xla)
+    for function in steps.values():
+        function(x)
+    times = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, function in steps.items():
+            start = time.perf_counter()
+            function(x)[0].numpy()
+            times[name].append(time.perf_counter() - start)
+    return statistics.median(t / f for t, f in zip(times["three"], times["fused"]))
+
+
+def export_projections(directory: str, rows: int = 56) -> None:
+    """The projections' HLO at MLPerf's 56 rows of 512 a GPU in bf16, for scripts/measure_hlo_memory.py
+    --time (a GPU where TensorFlow is not installed), added to the manifest there."""
+    import json
+    import lzma
+    import os
+
+    os.makedirs(directory, exist_ok=True)
+    manifest_path = os.path.join(directory, "manifest.json")
+    manifest = json.load(open(manifest_path)) if os.path.exists(manifest_path) else {}
+    x, steps = projection_steps(rows, True, tf.bfloat16)
+    for name, function in steps.items():
+        key = f"projections_{name}_rows{rows}_bf16"
+        with lzma.open(os.path.join(directory, f"{key}.hlo.pb.xz"), "wb") as f:
+            f.write(function.experimental_get_compiler_ir(x)(stage="hlo_serialized"))
+        manifest[key] = f"{key}.hlo.pb.xz"
+    with open(manifest_path, "w") as f:
+        json.dump(manifest, f, indent=1)
+    print(f"projections' HLO in {directory}: python scripts/measure_hlo_memory.py --hlo_dir={directory} "
+          f"--time=projections_fused_rows{rows}_bf16,projections_three_rows{rows}_bf16 on the GPU machine")
+
+
 def main(argv) -> None:
     del argv
+    if FLAGS.export_hlo:
+        export_projections(FLAGS.export_hlo)
+        return
     print("| config | L | batch | packed (s/step) | one-sequence rows | plain BERT | packing overhead vs plain |")
     print("|---|---|---|---|---|---|---|")
     for name, length, batch_size in [("tiny", 128, 32), ("tiny", 512, 8), ("mini", 128, 16), ("mini", 512, 4)]:
@@ -142,6 +208,12 @@ def main(argv) -> None:
             attention, other = flops_per_token(config, length)
             print(f"| {name} | {length} | {attention / 1e9:.3f} | {other / 1e9:.3f} | "
                   f"{attention / (attention + other):.1%} |")
+    print("\n| rows of 512 | XLA | three [H, H] projections' time / one [H, 3H]'s (median of rounds) |")
+    print("|---|---|---|")
+    for rows in (2, 16):
+        for xla in (False, True):
+            print(f"| {rows} | {'yes' if xla else 'no'} | {time_projections(rows, xla, max(3, FLAGS.rounds // 8)):.2f} |",
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ configurations are also compiled with autotuning and run on zeros (--calls times
 warm-up calls): the forward and backward pass alone, without TensorFlow's optimizer update,
 input pipeline or all-reduce.
 
-It needs JAX (with the accelerator's plugin), NumPy and absl-py, not TensorFlow or this package.
+It needs JAX (with the accelerator's plugin), NumPy and absl-py, and this checkout on PYTHONPATH (or
+installed without its dependencies), not TensorFlow.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ import statistics
 import time
 
 from absl import app, flags
+
+from bert_packed.files import write_text_atomically
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("hlo_dir", None, "What benchmark_memory.py --export_hlo wrote (manifest.json and the HLO files).")
@@ -107,16 +110,24 @@ def main(argv) -> None:
     import jax
 
     device = jax.devices()[0]
-    times = {}
-    for key in FLAGS.time:
-        times[key] = seconds_a_call(paths[key], FLAGS.calls)
-        print(f"{key}: {times[key]['median_seconds'] * 1000:.1f} ms a call", flush=True)
     result = {"measured_by": f"XLA's buffer assignment for {device.device_kind} (JAX {jax.__version__}'s XLA)",
               "device": device.device_kind,
               "bytes": {key: figures["total"] for key, figures in measured.items() if "total" in figures},
-              "details": measured, "times": times}
-    with open(FLAGS.output_json, "w") as f:
-        json.dump(result, f, indent=1)
+              "details": measured, "times": {}}
+    write(result)  # the memory, kept if a timing below runs out of time
+    for key in FLAGS.time:
+        try:
+            result["times"][key] = seconds_a_call(paths[key], FLAGS.calls)
+        except Exception as e:  # noqa: BLE001 - a configuration that does not fit is reported, not fatal
+            result["times"][key] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+        timed = result["times"][key]
+        print(f"{key}: " + (timed["error"] if "error" in timed else f"{timed['median_seconds'] * 1000:.1f} ms a call"),
+              flush=True)
+        write(result)
+
+
+def write(result: dict) -> None:
+    write_text_atomically(FLAGS.output_json, json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":

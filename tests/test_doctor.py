@@ -56,7 +56,7 @@ def test_the_same_sequences_packed_or_one_a_row_hold_the_same_tokens_and_predict
     packed, one_a_row = doctor.same_sequences_packed_or_not(Shapes(64, 8, 3), 12, 100)
     assert packed["input_ids"].shape == (4, 64) and one_a_row["input_ids"].shape == (12, 64)
     for name in ("input_ids", "masked_lm_ids"):
-        ids = lambda features: np.sort(features[name].numpy()[features[name].numpy() > 0])
+        ids = lambda features, name=name: np.sort(features[name].numpy()[features[name].numpy() > 0])
         np.testing.assert_array_equal(ids(packed), ids(one_a_row))
     assert set(np.unique(packed["sequence_ids"].numpy())) == {0, 1, 2, 3}
     assert int(tf.reduce_sum(packed["next_sentence_weights"])) == 12

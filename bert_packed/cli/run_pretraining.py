@@ -149,7 +149,9 @@ flags.DEFINE_bool("adjust_batch_for_packing", BatchConfig.adjust_batch_for_packi
 flags.DEFINE_enum("loss_averaging", ModelConfig.loss_averaging, list(LOSS_AVERAGING), "MLM loss basis.")
 flags.DEFINE_integer("seed", RunConfig.seed, "Seed for initialisation, data order and dropout.")
 flags.DEFINE_bool("deterministic", RunConfig.deterministic, "Same flags, same results (op determinism, fixed data "
-                                                            "order).")
+                                                            "order): bit-equal on a CPU (tested); on a GPU not yet "
+                                                            "shown (scripts/device_check.py checks it; "
+                                                            "docs/training.md#determinism).")
 flags.DEFINE_enum("precision", ModelConfig.precision, list(PRECISIONS), "fp16 uses dynamic loss scaling.")
 flags.DEFINE_bool("xla", ModelConfig.xla, "Compile the forward and backward pass with XLA.")
 flags.DEFINE_enum("recompute", ModelConfig.recompute, list(RECOMPUTE),

@@ -155,13 +155,14 @@ def largest_rows(bert: BertConfig, max_seq_length: int, precision: str, recomput
 
 def check_micro_batch(bert: BertConfig, max_seq_length: int, precision: str, recompute: str, rows: int,
                       num_replicas: int, train_batch_size: int, steps_per_update: int, device_bytes: int,
-                      device_name: str) -> str | None:
+                      device_name: str, plan: tuple[Measured, ...] | None = None) -> str | None:
     """Refuses a micro-batch whose rows cannot fit one replica's device.
 
     Args:
       rows: the micro-batch's rows, all replicas (Batching.rows_per_micro_batch).
       train_batch_size, steps_per_update: the flags that made it, for the advice.
       device_bytes, device_name: one replica's device memory and its name.
+      plan: the measurements (default: read_plan()).
 
     Returns:
       A line for the log: what the micro-batch needs and the device has; None when unplanned.
@@ -171,7 +172,7 @@ def check_micro_batch(bert: BertConfig, max_seq_length: int, precision: str, rec
         --steps_per_update that keeps the batch.
     """
     per_replica = rows // num_replicas
-    needed = step_bytes(bert, max_seq_length, precision, recompute, per_replica)
+    needed = step_bytes(bert, max_seq_length, precision, recompute, per_replica, plan)
     if needed is None:
         return None
     usable = device_bytes * (1 - HEADROOM)
@@ -179,7 +180,7 @@ def check_micro_batch(bert: BertConfig, max_seq_length: int, precision: str, rec
             f"--recompute={recompute} ({precision}); {device_name} has {device_bytes / GIB:.1f} GiB")
     if needed <= usable:
         return f"memory: {said}, {HEADROOM:.0%} of it kept free"
-    fitting = largest_rows(bert, max_seq_length, precision, recompute, device_bytes)
+    fitting = largest_rows(bert, max_seq_length, precision, recompute, device_bytes, plan)
     advice = []
     # The smallest split of the replica's rows into equal micro-batches that fit: the batch of an
     # update stays train_batch_size x steps_per_update.
@@ -189,7 +190,8 @@ def check_micro_batch(bert: BertConfig, max_seq_length: int, precision: str, rec
         advice.append(f"--train_batch_size={train_batch_size // split} --steps_per_update={steps_per_update * split} "
                       f"keeps the batch of {train_batch_size * steps_per_update} rows an update")
     for other in ("attention", "layer"):
-        if other != recompute and (largest_rows(bert, max_seq_length, precision, other, device_bytes) or 0) >= per_replica:
+        if other != recompute and (largest_rows(bert, max_seq_length, precision, other, device_bytes, plan) or 0) \
+                >= per_replica:
             advice.append(f"or --recompute={other} fits {per_replica} rows")
             break
     fits = f"at most {fitting} rows fit" if fitting else "not even one row fits"

@@ -1,0 +1,109 @@
+"""The memory plan: a replica's bytes from the measured step, and the run's refusal of a micro-batch
+that cannot fit (the device's memory given by a test-only override: this machine has no GPU)."""
+
+import dataclasses
+
+import pytest
+from conftest import MAX_SEQ_LENGTH, REPO, run_command, tfrecords
+
+from bert_packed.errors import SettingsError
+from bert_packed.model import BertConfig
+from bert_packed.training import memory
+
+LARGE = BertConfig.from_json_file(f"{REPO}/configs/bert_config_large.json")
+SIZES = {**memory.model_sizes(LARGE), "vocab_size": LARGE.vocab_size}
+GB = 10**9
+# A plan of round numbers: at L=128, 2 GB fixed and 0.1 GB a row; at L=512, 2.2 GB and 1 GB a row.
+PLAN = (memory.Measured(SIZES, 128, "bf16", "none", 2 * GB, GB // 10, "test"),
+        memory.Measured(SIZES, 512, "bf16", "none", 22 * GB // 10, GB, "test"),
+        memory.Measured(SIZES, 512, "bf16", "attention", 22 * GB // 10, GB // 4, "test"))
+
+
+def test_the_parameter_count_is_the_model_s():
+    from bert_packed.model import BertPretrainingModel
+
+    for bert, head in ((BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                   intermediate_size=48, max_position_embeddings=64), True),
+                       (BertConfig(vocab_size=90, hidden_size=16, num_hidden_layers=1, num_attention_heads=4,
+                                   intermediate_size=40, max_position_embeddings=32), False)):
+        model = BertPretrainingModel(bert, next_sentence_prediction=head)
+        model.build()
+        assert memory.parameter_count(bert, head) == sum(int(w.numpy().size) for w in model.weights)
+
+
+def test_a_replica_s_bytes_are_the_measured_step_s_and_the_optimizer_s():
+    optimizer = memory.optimizer_bytes(LARGE)
+    assert optimizer == 4 * (3 * memory.parameter_count(LARGE) + 4 * LARGE.vocab_size * LARGE.hidden_size)
+    assert memory.step_bytes(LARGE, 512, "bf16", "none", 3, PLAN) == 22 * GB // 10 + 3 * GB + optimizer
+    assert memory.step_bytes(LARGE, 128, "bf16", "none", 10, PLAN) == 2 * GB + GB + optimizer
+    # Between two measured lengths, per_row = a L + b L^2 through both, fixed linear.
+    fixed, per_row = memory.step_line(LARGE, 256, "bf16", "none", PLAN)
+    b = (GB / 512 - GB / 10 / 128) / (512 - 128)
+    assert per_row == round((GB / 10 / 128 - b * 128) * 256 + b * 256**2)
+    assert fixed == round(2 * GB + 0.2 * GB * (256 - 128) / 384) + optimizer
+    # Another vocabulary: its weights, gradients and moments, 16 bytes a weight.
+    other = dataclasses.replace(LARGE, vocab_size=LARGE.vocab_size + 1000)
+    assert memory.step_line(other, 512, "bf16", "none", PLAN)[0] == \
+        memory.step_line(LARGE, 512, "bf16", "none", PLAN)[0] + 16 * 1000 * 1024 + memory.optimizer_bytes(other) - optimizer
+    # Unmeasured: another precision, a length beyond the measured ones, another model.
+    assert memory.step_bytes(LARGE, 512, "fp32", "none", 1, PLAN) is None
+    assert memory.step_bytes(LARGE, 1024, "bf16", "none", 1, PLAN) is None
+    assert memory.step_bytes(dataclasses.replace(LARGE, num_hidden_layers=12), 512, "bf16", "none", 1, PLAN) is None
+
+
+def test_a_micro_batch_that_cannot_fit_names_the_largest_that_does_and_the_accumulation_that_keeps_the_batch():
+    optimizer = memory.optimizer_bytes(LARGE)
+    device = 40 * GB + optimizer  # 0.95 of it less the fixed bytes: 35.8 GB, 35 rows of 1 GB
+    assert memory.largest_rows(LARGE, 512, "bf16", "none", device, PLAN) == int((device * 0.95 - 2.2 * GB - optimizer) // GB)
+    check = lambda rows, recompute="none", batch=None: memory.check_micro_batch(
+        LARGE, 512, "bf16", recompute, rows, 8, batch or rows, 1, device, "Test GPU", PLAN)
+    assert check(8 * 30).startswith("memory: 30 rows of 512 a replica need about ")
+    with pytest.raises(SettingsError) as refused:
+        check(448)
+    message = str(refused.value)
+    assert message.startswith("--train_batch_size=448: 56 rows of 512 a replica need about ")
+    assert "Test GPU has " in message and "at most 35 rows fit" in message
+    assert "--train_batch_size=224 --steps_per_update=2 keeps the batch of 448 rows an update" in message
+    assert "or --recompute=attention fits 56 rows" in message and message.endswith("(docs/launch.md#memory)")
+    assert check(448, "attention").startswith("memory: 56 rows")
+    with pytest.raises(SettingsError, match="not even one row fits"):
+        memory.check_micro_batch(LARGE, 512, "bf16", "none", 8, 8, 8, 1, 2 * GB, "Test GPU", PLAN)
+
+
+def test_the_shipped_plan_holds_every_shipped_model_at_both_lengths_and_every_recompute_mode():
+    plan = memory.read_plan()
+    for name in ("tiny", "base", "large"):
+        bert = BertConfig.from_json_file(f"{REPO}/configs/bert_config_{name}.json")
+        for length in (128, 512):
+            for precision in ("bf16", "fp32"):
+                for recompute in ("none", "attention", "layer"):
+                    fixed, per_row = memory.step_line(bert, length, precision, recompute, plan)
+                    assert fixed > memory.optimizer_bytes(bert) and per_row > 0, (name, length, precision, recompute)
+    large = lambda recompute: memory.step_line(LARGE, 512, "bf16", recompute, plan)[1]
+    assert large("layer") < large("attention") < large("none")
+
+
+def test_a_run_on_a_gpu_refuses_a_micro_batch_that_cannot_fit_before_anything_compiles(packed_dir, tmp_path,
+                                                                                      monkeypatch):
+    """BERT-Large at the test data's L on a card of 16 GB (the override stands in for the GPU):
+    one line, exit 2, no output directory."""
+    import keras
+
+    monkeypatch.setattr(memory, "device_memory", lambda strategy: (16 * 2**30, "a test card of 16 GB"))
+    per_row = memory.step_line(LARGE, MAX_SEQ_LENGTH, "bf16", "none")[1]
+    fitting = memory.largest_rows(LARGE, MAX_SEQ_LENGTH, "bf16", "none", 16 * 2**30)
+    rows = 2 * fitting  # two micro-batches' worth: half of it fits
+    policy = keras.mixed_precision.global_policy().name
+    try:
+        result = run_command("run_pretraining", f"--bert_config_file={REPO}/configs/bert_config_large.json",
+                             f"--input_files={tfrecords(packed_dir)[0]}", f"--output_dir={tmp_path / 'run'}",
+                             "--precision=bf16", "--xla", f"--train_batch_size={rows}")
+    finally:  # the run set bf16's policy for the whole process
+        keras.mixed_precision.set_global_policy(policy)
+    assert result.returncode == 2, result.stderr[-3000:]
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"run_pretraining: error: --train_batch_size={rows}: {rows} rows of {MAX_SEQ_LENGTH} a "
+                           f"replica need about "), line
+    assert f"a test card of 16 GB has 16.0 GiB, less 5% kept free; at most {fitting} rows fit" in line
+    assert f"--train_batch_size={rows // 2} --steps_per_update=2 keeps the batch of {rows} rows an update" in line
+    assert per_row > 0 and not (tmp_path / "run").exists()
