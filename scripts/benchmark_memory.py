@@ -65,8 +65,6 @@ flags.DEFINE_list("lengths", ["512", "128"], "max_seq_length of the packed rows 
 flags.DEFINE_list("precisions", ["bf16", "fp32"], "Compute precisions.")
 flags.DEFINE_list("recompute", list(RECOMPUTE), "Recompute modes.")
 flags.DEFINE_list("rows", ["1", "2", "4"], "Rows a replica, fitted to fixed + rows x per_row.")
-flags.DEFINE_integer("micro_batches", 1, "Micro-batches the step accumulates (--steps_per_update): more than one "
-                                         "measures whether accumulating costs memory.", lower_bound=1)
 flags.DEFINE_string("export_hlo", None, "Write each step's HLO here (with manifest.json) instead of measuring.")
 flags.DEFINE_string("measurements", None, "Fit the figures of this file (scripts/measure_hlo_memory.py) instead of "
                                           "compiling here.")
@@ -84,8 +82,7 @@ MLPERF_ROWS, MLPERF_REPLICAS = 448, 8
 
 
 def configuration_name(bert_name: str, length: int, precision: str, recompute: str, rows: int) -> str:
-    accumulated = f"_x{FLAGS.micro_batches}" if FLAGS.micro_batches > 1 else ""
-    return f"{bert_name}_L{length}_{precision}_{recompute}_rows{rows}{accumulated}"
+    return f"{bert_name}_L{length}_{precision}_{recompute}_rows{rows}"
 
 
 def compiled_step(bert: BertConfig, length: int, precision: str, recompute: str, work: str) -> CompiledStep:
@@ -121,11 +118,9 @@ def packed_shapes(length: int) -> Shapes:
 
 
 def gradient_inputs(step: CompiledStep, length: int, rows: int) -> tuple:
-    """The arguments of the compiled gradients (update.Update._gradients) for --micro_batches
-    micro-batches of `rows` rows."""
-    micro_batches = [batch(packed_shapes(length), rows, step.config.model.bert.vocab_size)] * FLAGS.micro_batches
-    seeds = tf.constant([[1, 2 + index] for index in range(FLAGS.micro_batches)], tf.int32)
-    return micro_batches, None, seeds
+    """The arguments of the compiled gradients (update.Update._gradients: one micro-batch; an
+    update of several calls it once for each, in turn) for a micro-batch of `rows` rows."""
+    return batch(packed_shapes(length), rows, step.config.model.bert.vocab_size), None, tf.constant([1, 2], tf.int32)
 
 
 def xla_bytes_here(step: CompiledStep, length: int, rows: int) -> int:
