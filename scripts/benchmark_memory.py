@@ -66,8 +66,9 @@ flags.DEFINE_list("precisions", ["bf16", "fp32"], "Compute precisions.")
 flags.DEFINE_list("recompute", list(RECOMPUTE), "Recompute modes.")
 flags.DEFINE_list("rows", ["1", "2", "4"], "Rows a replica, fitted to fixed + rows x per_row.")
 flags.DEFINE_string("export_hlo", None, "Write each step's HLO here (with manifest.json) instead of measuring.")
-flags.DEFINE_string("measurements", None, "Fit the figures of this file (scripts/measure_hlo_memory.py) instead of "
-                                          "compiling here.")
+flags.DEFINE_list("measurements", [], "Fit the figures of these files (--output_json of this script, or of "
+                                     "scripts/measure_hlo_memory.py) instead of compiling here; a configuration is "
+                                     "taken from the first file that measured it.")
 flags.DEFINE_bool("write_plan", False, f"Write the fits to {os.path.relpath(PLAN_FILE, ROOT)}.")
 flags.DEFINE_bool("time", False, "Also time forward and backward of each recompute mode (part 3).")
 flags.DEFINE_string("time_config", "base", "The BERT config timed by --time.")
@@ -143,11 +144,19 @@ def export_hlo(step: CompiledStep, length: int, rows: int, path: str) -> None:
         f.write(serialized)
 
 
-def fit(rows: list[int], values: list[int]) -> tuple[int, int, float]:
-    """(fixed, per_row, the largest residual as a share of its value) of values = fixed + rows x per_row."""
-    per_row, fixed = np.polyfit(np.array(rows, float), np.array(values, float), 1)
-    residual = max(abs(fixed + r * per_row - v) / v for r, v in zip(rows, values))
-    return round(fixed), round(per_row), residual
+def fit(points: dict[int, int]) -> tuple[int, int, float]:
+    """(fixed, per_row, the plan's largest excess over a measurement) of {rows: bytes}.
+
+    The line goes through the fewest rows measured and rises as steeply as the steepest measured
+    rise from there, so that it is never below a measurement: with recompute XLA keeps more a row
+    at many rows than at few (BERT-Large at L=512, attention: 0.43 GiB a row from 1 to 4 rows,
+    0.53 from 1 to 56), and a line fitted to few rows would plan too little for many.
+    """
+    first = min(points)
+    per_row = max((points[r] - points[first]) / (r - first) for r in points if r != first)
+    fixed = points[first] - first * per_row
+    excess = max((fixed + r * per_row - value) / value for r, value in points.items())
+    return round(fixed), round(per_row), excess
 
 
 def configurations():
@@ -189,22 +198,39 @@ def measure_here_or_export(work: str) -> dict:
     return measured
 
 
-def fits(measured: dict, measured_by: str) -> list[Measured]:
+KEY = re.compile(r"^(?P<model>[a-z]+)_L(?P<length>\d+)_(?P<precision>[a-z0-9]+)_(?P<recompute>[a-z]+)_rows(?P<rows>\d+)$")
+
+
+def fits(sources: list[dict]) -> list[Measured]:
+    """The plan's lines: each configuration fitted from the first source that measured it at two
+    row counts or more; bf16 and fp16 not from a CPU (XLA on a CPU runs their products in float32
+    and keeps both copies: BERT-Large at L=512 took 2.4 GiB a row on this CPU, 0.95 on an H100).
+
+    Args:
+      sources: {"bytes": by configuration name, "measured_by", "device"}, in order of preference.
+    """
     lines = []
-    print(f"\n{measured_by}: the compiled step's bytes = fixed + rows x per_row (the optimizer's state is added by the "
-          f"plan)\n")
-    print("| model | L | precision | recompute | fixed (GiB) | per row (GiB) | rows 1 / 2 / 4 (GiB) | worst residual |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\nThe compiled step's bytes = fixed + rows x per_row (the plan adds the optimizer's state)\n")
+    print("| model | L | precision | recompute | fixed (GiB) | per row (GiB) | measured (rows: GiB) | plan's largest excess "
+          "| measured by |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, bert, length, precision, recompute in configurations():
-        keys = {int(r): configuration_name(name, length, precision, recompute, int(r)) for r in FLAGS.rows}
-        if not all(key in measured for key in keys.values()):
+        for source in sources:
+            if precision != "fp32" and source["device"] == "CPU":
+                continue
+            points = {int(match["rows"]): value for key, value in source["bytes"].items()
+                      if (match := KEY.match(key)) and (match["model"], int(match["length"]), match["precision"],
+                                                        match["recompute"]) == (name, length, precision, recompute)}
+            if len(points) >= 2:
+                break
+        else:
             continue
-        fixed, per_row, residual = fit(list(keys), [measured[key] for key in keys.values()])
+        fixed, per_row, excess = fit(points)
         lines.append(Measured({**model_sizes(bert), "vocab_size": bert.vocab_size}, length, precision, recompute,
-                              fixed, per_row, measured_by))
-        values = " / ".join(f"{measured[key] / GIB:.2f}" for key in keys.values())
+                              fixed, per_row, source["measured_by"]))
+        values = ", ".join(f"{rows}: {points[rows] / GIB:.2f}" for rows in sorted(points))
         print(f"| {name} | {length} | {precision} | {recompute} | {fixed / GIB:.2f} | {per_row / GIB:.3f} | {values} | "
-              f"{residual:.1%} |")
+              f"{excess:.1%} | {source['measured_by']} |")
     return lines
 
 
@@ -216,8 +242,9 @@ def cluster_table(plan: tuple[Measured, ...]) -> None:
         for precision in ("bf16", "fp32"):
             if step_line(large, length, precision, "none", plan)[0] is None:
                 continue
-            print(f"\nBERT-Large, L={length}, {precision}: the most rows a replica holds (and --steps_per_update for "
-                  f"MLPerf's {MLPERF_ROWS} rows on {MLPERF_REPLICAS} replicas, {per_replica} a replica)\n")
+            print(f"\nBERT-Large, L={length}, {precision}: the most rows a replica holds: the micro-batch x "
+                  f"--steps_per_update that make MLPerf's {MLPERF_ROWS} rows on {MLPERF_REPLICAS} replicas "
+                  f"({per_replica} a replica)\n")
             print("| recompute | " + " | ".join(f"{gb} GB" for gb in CARDS_GB) + " |")
             print("|---|" + "---|" * len(CARDS_GB))
             for recompute in RECOMPUTE:
@@ -229,7 +256,7 @@ def cluster_table(plan: tuple[Measured, ...]) -> None:
                         continue
                     split = next((k for k in range(1, per_replica + 1) if per_replica % k == 0
                                   and per_replica // k <= rows), None)
-                    cells.append(f"{rows} (x{split}: {per_replica // split})" if split else f"{rows}")
+                    cells.append(f"{rows}: {per_replica // split} x {split}" if split else f"{rows}")
                 print(f"| {recompute} | " + " | ".join(cells) + " |")
 
 
@@ -259,27 +286,27 @@ def main(argv) -> None:
     del argv
     with tempfile.TemporaryDirectory() as work:
         if FLAGS.measurements:
-            with open(FLAGS.measurements) as f:
-                given = json.load(f)
-            measured, measured_by = given["bytes"], given["measured_by"]
+            sources = []
+            for path in FLAGS.measurements:
+                with open(path) as f:
+                    sources.append(json.load(f))
         else:
-            measured = measure_here_or_export(work)
             device = tf.config.list_logical_devices()[-1].device_type
-            measured_by = f"XLA's buffer assignment, TensorFlow {tf.__version__} on {device}"
+            sources = [{"bytes": measure_here_or_export(work), "device": device,
+                        "measured_by": f"XLA's buffer assignment, TensorFlow {tf.__version__} on {device}"}]
         if FLAGS.export_hlo:
             print(f"\nHLO of {len(os.listdir(FLAGS.export_hlo)) - 1} programs in {FLAGS.export_hlo}: on the GPU machine, "
                   f"python scripts/measure_hlo_memory.py --hlo_dir={FLAGS.export_hlo} --output_json=gpu.json")
             return
-        lines = fits(measured, measured_by)
+        lines = fits(sources)
         plan = tuple(lines)
         cluster_table(plan)
         if FLAGS.write_plan:
             entries = [line.__dict__ for line in lines]
             write_text_atomically(PLAN_FILE, json.dumps({"measured": entries}, indent=1) + "\n")
             print(f"\nplan: {len(entries)} configurations -> {PLAN_FILE}")
-        if FLAGS.output_json:
-            write_text_atomically(FLAGS.output_json, json.dumps({"bytes": measured, "measured_by": measured_by},
-                                                                indent=1) + "\n")
+        if FLAGS.output_json and not FLAGS.measurements:
+            write_text_atomically(FLAGS.output_json, json.dumps(sources[0], indent=1) + "\n")
         if FLAGS.time:
             time_recompute(work)
 

@@ -38,6 +38,7 @@ flags.DEFINE_string("output_json", None, "Where the figures go (benchmark_memory
 flags.DEFINE_list("time", [], "Configurations (manifest keys) to run and time too.")
 flags.DEFINE_integer("calls", 10, "Timed calls of each --time configuration.", lower_bound=1)
 flags.DEFINE_integer("workers", 8, "Processes compiling at once.", lower_bound=1)
+flags.DEFINE_list("first", [], "Configurations whose names start so are compiled first, in this order.")
 flags.mark_flags_as_required(["hlo_dir", "output_json"])
 
 
@@ -93,28 +94,27 @@ def main(argv) -> None:
     del argv
     with open(os.path.join(FLAGS.hlo_dir, "manifest.json")) as f:
         manifest = json.load(f)
-    paths = {key: os.path.join(FLAGS.hlo_dir, name) for key, name in manifest.items()}
-    measured = {}
+    rank = lambda key: next((i for i, prefix in enumerate(FLAGS.first) if key.startswith(prefix)), len(FLAGS.first))
+    paths = {key: os.path.join(FLAGS.hlo_dir, manifest[key]) for key in sorted(manifest, key=rank)}
+    import jax
+
+    device = jax.devices()[0]
+    result = {"measured_by": f"XLA's buffer assignment for {device.device_kind} (JAX {jax.__version__}'s XLA)",
+              "device": device.device_kind, "bytes": {}, "details": {}, "times": {}}
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(FLAGS.workers, mp_context=context, initializer=_worker_start) as pool:
         futures = {pool.submit(bytes_of, path): key for key, path in paths.items()}
         for done in concurrent.futures.as_completed(futures):
             key = futures[done]
             try:
-                measured[key] = done.result()
+                figures = done.result()
+                result["bytes"][key] = figures["total"]
             except Exception as e:  # noqa: BLE001 - one configuration XLA refuses is reported, not fatal
-                measured[key] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
-            figures = measured[key]
+                figures = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+            result["details"][key] = figures
+            write(result)  # each figure kept as it comes: a run stopped at its time limit keeps what it measured
             print(f"{key}: " + (figures["error"] if "error" in figures else
                                 f"{figures['total'] / 2**30:.3f} GiB ({figures['compile_seconds']:.0f} s)"), flush=True)
-    import jax
-
-    device = jax.devices()[0]
-    result = {"measured_by": f"XLA's buffer assignment for {device.device_kind} (JAX {jax.__version__}'s XLA)",
-              "device": device.device_kind,
-              "bytes": {key: figures["total"] for key, figures in measured.items() if "total" in figures},
-              "details": measured, "times": {}}
-    write(result)  # the memory, kept if a timing below runs out of time
     for key in FLAGS.time:
         try:
             result["times"][key] = seconds_a_call(paths[key], FLAGS.calls)

@@ -9,6 +9,7 @@ from conftest import MAX_SEQ_LENGTH, REPO, run_command, tfrecords
 from bert_packed.errors import SettingsError
 from bert_packed.model import BertConfig
 from bert_packed.training import memory
+from bert_packed.training.config import make_config
 
 LARGE = BertConfig.from_json_file(f"{REPO}/configs/bert_config_large.json")
 SIZES = {**memory.model_sizes(LARGE), "vocab_size": LARGE.vocab_size}
@@ -55,19 +56,22 @@ def test_a_micro_batch_that_cannot_fit_names_the_largest_that_does_and_the_accum
     optimizer = memory.optimizer_bytes(LARGE)
     device = 40 * GB + optimizer  # 0.95 of it less the fixed bytes: 35.8 GB, 35 rows of 1 GB
     assert memory.largest_rows(LARGE, 512, "bf16", "none", device, PLAN) == int((device * 0.95 - 2.2 * GB - optimizer) // GB)
-    check = lambda rows, recompute="none", batch=None: memory.check_micro_batch(
-        LARGE, 512, "bf16", recompute, rows, 8, batch or rows, 1, device, "Test GPU", PLAN)
+    config = lambda rows, recompute="none": make_config(bert=LARGE, precision="bf16", recompute=recompute, xla=True,
+                                                       train_batch_size=rows, num_train_steps=6700, output_dir="run")
+    check = lambda rows, recompute="none": memory.check_micro_batch(config(rows, recompute), 512, rows, 8, device,
+                                                                    "Test GPU", PLAN)
     assert check(8 * 30).startswith("memory: 30 rows of 512 a replica need about ")
     with pytest.raises(SettingsError) as refused:
         check(448)
     message = str(refused.value)
     assert message.startswith("--train_batch_size=448: 56 rows of 512 a replica need about ")
     assert "Test GPU has " in message and "at most 35 rows fit" in message
-    assert "--train_batch_size=224 --steps_per_update=2 keeps the batch of 448 rows an update" in message
+    assert ("--train_batch_size=224 --steps_per_update=2 --num_train_steps=13400 keep the 448 rows an update and the "
+            "6700 updates") in message
     assert "or --recompute=attention fits 56 rows" in message and message.endswith("(docs/launch.md#memory)")
     assert check(448, "attention").startswith("memory: 56 rows")
     with pytest.raises(SettingsError, match="not even one row fits"):
-        memory.check_micro_batch(LARGE, 512, "bf16", "none", 8, 8, 8, 1, 2 * GB, "Test GPU", PLAN)
+        memory.check_micro_batch(config(8), 512, 8, 8, 2 * GB, "Test GPU", PLAN)
 
 
 def test_the_shipped_plan_holds_every_shipped_model_at_both_lengths_and_every_recompute_mode():
@@ -105,5 +109,6 @@ def test_a_run_on_a_gpu_refuses_a_micro_batch_that_cannot_fit_before_anything_co
     assert line.startswith(f"run_pretraining: error: --train_batch_size={rows}: {rows} rows of {MAX_SEQ_LENGTH} a "
                            f"replica need about "), line
     assert f"a test card of 16 GB has 16.0 GiB, less 5% kept free; at most {fitting} rows fit" in line
-    assert f"--train_batch_size={rows // 2} --steps_per_update=2 keeps the batch of {rows} rows an update" in line
+    assert (f"--train_batch_size={rows // 2} --steps_per_update=2 --num_train_steps=200 keep the {rows} rows an update "
+            f"and the 100 updates") in line
     assert per_row > 0 and not (tmp_path / "run").exists()

@@ -81,7 +81,7 @@ def parameter_count(bert: BertConfig, next_sentence_prediction: bool = True) -> 
     """The model's weights, counted as BertPretrainingModel holds them.
 
     >>> parameter_count(BertConfig())  # BERT-Large
-    335174458
+    336226108
     """
     hidden, intermediate = bert.hidden_size, bert.intermediate_size
     embeddings = (bert.vocab_size + bert.max_position_embeddings + bert.type_vocab_size + 2) * hidden
@@ -153,14 +153,14 @@ def largest_rows(bert: BertConfig, max_seq_length: int, precision: str, recomput
     return max(0, int((device_bytes * (1 - HEADROOM) - fixed) // per_row))
 
 
-def check_micro_batch(bert: BertConfig, max_seq_length: int, precision: str, recompute: str, rows: int,
-                      num_replicas: int, train_batch_size: int, steps_per_update: int, device_bytes: int,
+def check_micro_batch(config: TrainConfig, max_seq_length: int, rows: int, num_replicas: int, device_bytes: int,
                       device_name: str, plan: tuple[Measured, ...] | None = None) -> str | None:
     """Refuses a micro-batch whose rows cannot fit one replica's device.
 
     Args:
+      config: the run's settings (the model, precision, recompute; the flags the advice changes).
+      max_seq_length: L of the rows.
       rows: the micro-batch's rows, all replicas (Batching.rows_per_micro_batch).
-      train_batch_size, steps_per_update: the flags that made it, for the advice.
       device_bytes, device_name: one replica's device memory and its name.
       plan: the measurements (default: read_plan()).
 
@@ -168,9 +168,10 @@ def check_micro_batch(bert: BertConfig, max_seq_length: int, precision: str, rec
       A line for the log: what the micro-batch needs and the device has; None when unplanned.
 
     Raises:
-      SettingsError: the rows do not fit, naming the largest micro-batch that does and the
-        --steps_per_update that keeps the batch.
+      SettingsError: the rows do not fit, naming the largest micro-batch that does and the flags
+        that keep the batch and the run's updates.
     """
+    bert, precision, recompute = config.model.bert, config.model.precision, config.model.recompute
     per_replica = rows // num_replicas
     needed = step_bytes(bert, max_seq_length, precision, recompute, per_replica, plan)
     if needed is None:
@@ -181,22 +182,39 @@ def check_micro_batch(bert: BertConfig, max_seq_length: int, precision: str, rec
     if needed <= usable:
         return f"memory: {said}, {HEADROOM:.0%} of it kept free"
     fitting = largest_rows(bert, max_seq_length, precision, recompute, device_bytes, plan)
-    advice = []
-    # The smallest split of the replica's rows into equal micro-batches that fit: the batch of an
-    # update stays train_batch_size x steps_per_update.
+    batch = config.batch.train_batch_size
+    # The smallest split of the replica's rows into equal micro-batches that fit.
     split = next((k for k in range(2, per_replica + 1) if per_replica % k == 0 and per_replica // k <= fitting
-                  and train_batch_size % k == 0), None) if fitting else None
-    if split:
-        advice.append(f"--train_batch_size={train_batch_size // split} --steps_per_update={steps_per_update * split} "
-                      f"keeps the batch of {train_batch_size * steps_per_update} rows an update")
+                  and batch % k == 0), None) if fitting else None
+    advice = [accumulation_flags(config, split)] if split else []
     for other in ("attention", "layer"):
         if other != recompute and (largest_rows(bert, max_seq_length, precision, other, device_bytes, plan) or 0) \
                 >= per_replica:
             advice.append(f"or --recompute={other} fits {per_replica} rows")
             break
     fits = f"at most {fitting} rows fit" if fitting else "not even one row fits"
-    raise SettingsError(f"--train_batch_size={train_batch_size}: {said}, less {HEADROOM:.0%} kept free; {fits}"
+    raise SettingsError(f"--train_batch_size={batch}: {said}, less {HEADROOM:.0%} kept free; {fits}"
                         + (": " + ", ".join(advice) if advice else "") + " (docs/launch.md#memory)")
+
+
+def accumulation_flags(config: TrainConfig, split: int) -> str:
+    """The flags that split each micro-batch into `split`, keeping an update's batch and the run's
+    updates: steps count micro-steps (the reference's), so the step counts grow by `split` too.
+
+    >>> from bert_packed.training.config import make_config
+    >>> print(accumulation_flags(make_config(bert=BertConfig(), train_batch_size=448, num_train_steps=6700,
+    ...                                      num_warmup_steps=100, output_dir="run"), 2).replace(" keep", "\\n keep"))
+    --train_batch_size=224 --steps_per_update=2 --num_train_steps=13400 --num_warmup_steps=200
+     keep the 448 rows an update and the 6700 updates
+    """
+    batch, optimizer = config.batch, config.optimizer
+    flags = [f"--train_batch_size={batch.train_batch_size // split}",
+             f"--steps_per_update={batch.steps_per_update * split}",
+             f"--num_train_steps={optimizer.num_train_steps * split}"]
+    flags += [f"--{name}={getattr(optimizer, name) * split}" for name in ("num_warmup_steps", "start_warmup_step")
+              if getattr(optimizer, name)]
+    return (f"{' '.join(flags)} keep the {batch.train_batch_size * batch.steps_per_update} rows an update and the "
+            f"{optimizer.num_train_steps // batch.steps_per_update} updates")
 
 
 def device_memory(strategy) -> tuple[int, str] | None:
@@ -229,9 +247,8 @@ def check_replica_memory(config: TrainConfig, train_data, strategy) -> None:
     shapes = train_data.shapes
     batch = batching(config, train_data.input_mode, train_data.packing_factor, shapes.max_sequences_per_pack,
                      strategy.num_replicas_in_sync)
-    line = check_micro_batch(config.model.bert, shapes.max_seq_length, config.model.precision, config.model.recompute,
-                             batch.rows_per_micro_batch, strategy.num_replicas_in_sync, config.batch.train_batch_size,
-                             config.batch.steps_per_update, *device)
+    line = check_micro_batch(config, shapes.max_seq_length, batch.rows_per_micro_batch, strategy.num_replicas_in_sync,
+                             *device)
     logging.info(line or f"memory: no plan for this BERT config at L={shapes.max_seq_length} "
                          f"({config.model.precision}, --recompute={config.model.recompute}): the micro-batch is not "
                          f"checked against the device (scripts/benchmark_memory.py measures one)")
