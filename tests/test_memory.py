@@ -74,6 +74,13 @@ def test_a_micro_batch_that_cannot_fit_names_the_largest_that_does_and_the_accum
         memory.check_micro_batch(config(8), 512, 8, 8, 2 * GB, "Test GPU", PLAN)
 
 
+def test_on_a_machine_without_a_gpu_there_is_no_device_memory_to_check():
+    import tensorflow as tf
+
+    assert memory.device_memory(tf.distribute.get_strategy()) is None
+    assert memory.device_memory(tf.distribute.MirroredStrategy(["/cpu:0"])) is None
+
+
 def test_the_shipped_plan_holds_every_shipped_model_at_both_lengths_and_every_recompute_mode():
     plan = memory.read_plan()
     for name in ("tiny", "base", "large"):

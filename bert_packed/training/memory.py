@@ -220,9 +220,13 @@ def accumulation_flags(config: TrainConfig, split: int) -> str:
 def device_memory(strategy) -> tuple[int, str] | None:
     """(bytes, name) of the smallest GPU the strategy's replicas run on, as TensorFlow's allocator
     may use it; None when they run on no GPU (a CPU, a TPU)."""
+    import tensorflow as tf
     from tensorflow.python.client import device_lib
 
-    used = {device.split("/")[-1].replace("device:", "").upper() for device in strategy.extended.worker_devices}
+    if not tf.distribute.has_strategy() and strategy is tf.distribute.get_strategy():
+        used = {"GPU:0"}  # the default strategy (it names no devices): TensorFlow places on the first GPU
+    else:
+        used = {device.split("/")[-1].replace("device:", "").upper() for device in strategy.extended.worker_devices}
     gpus = [(device.memory_limit, device.physical_device_desc) for device in device_lib.list_local_devices()
             if device.device_type == "GPU" and device.name.split("/")[-1].replace("device:", "").upper() in used]
     if not gpus:
