@@ -242,7 +242,11 @@ def atomic_open(path: str, mode: str = "w"):
     """Opens a temporary file next to `path` for writing; on success it is flushed to disk and
     renamed to `path` (see atomic_path)."""
     with atomic_path(path) as tmp:
-        with open_file(tmp, mode) as f:
+        try:
+            opened = open_file(tmp, mode)
+        except OSError as e:  # the user's path named, not the temporary name beside it
+            raise type(e)(e.errno, e.strerror, path) from None
+        with opened as f:
             yield f
             f.flush()
             if hasattr(f, "fileno"):

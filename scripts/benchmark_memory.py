@@ -48,13 +48,14 @@ import tensorflow as tf
 from absl import flags
 
 from bert_packed.cli.common import run
+from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
 from bert_packed.files import write_text_atomically
 from bert_packed.model import BertConfig
 from bert_packed.model.config import RECOMPUTE
 from bert_packed.training.config import make_config
 from bert_packed.training.data import TrainData
-from bert_packed.training.memory import GIB, PLAN_FILE, Measured, largest_rows, model_sizes, step_line
+from bert_packed.training.memory import GIB, PLAN_FILE, Measured, largest_rows, model_sizes, read_plan, step_line
 from bert_packed.training.process import set_up_process
 from bert_packed.training.step import CompiledStep
 
@@ -155,6 +156,8 @@ def fit(points: dict[int, int]) -> tuple[int, int, float]:
     first = min(points)
     per_row = max((points[r] - points[first]) / (r - first) for r in points if r != first)
     fixed = points[first] - first * per_row
+    if fixed < 0:  # a small model whose bytes grow faster than linearly: the line through 0 instead
+        fixed, per_row = 0.0, max(value / rows for rows, value in points.items())
     excess = max((fixed + r * per_row - value) / value for r, value in points.items())
     return round(fixed), round(per_row), excess
 
@@ -201,6 +204,20 @@ def measure_here_or_export(work: str) -> dict:
 KEY = re.compile(r"^(?P<model>[a-z]+)_L(?P<length>\d+)_(?P<precision>[a-z0-9]+)_(?P<recompute>[a-z]+)_rows(?P<rows>\d+)$")
 
 
+def read_measurements(path: str) -> dict:
+    """A --measurements file: {"bytes": {configuration: bytes}, "measured_by", "device"}."""
+    try:
+        with open(path) as f:
+            given = json.load(f)
+    except json.JSONDecodeError as e:
+        raise SettingsError(f"--measurements={path}: not JSON ({e})") from None
+    if not (isinstance(given, dict) and isinstance(given.get("bytes"), dict) and isinstance(given.get("measured_by"), str)
+            and isinstance(given.get("device"), str)):
+        raise SettingsError(f"--measurements={path}: expected the --output_json of this script or of "
+                            f"scripts/measure_hlo_memory.py (an object with bytes, measured_by and device)")
+    return given
+
+
 def fits(sources: list[dict]) -> list[Measured]:
     """The plan's lines: each configuration fitted from the first source that measured it at two
     row counts or more; bf16 and fp16 not from a CPU (XLA on a CPU runs their products in float32
@@ -232,6 +249,17 @@ def fits(sources: list[dict]) -> list[Measured]:
         print(f"| {name} | {length} | {precision} | {recompute} | {fixed / GIB:.2f} | {per_row / GIB:.3f} | {values} | "
               f"{excess:.1%} | {source['measured_by']} |")
     return lines
+
+
+def write_plan(lines: list[Measured]) -> None:
+    """The plan with `lines`: each replaces the plan's line of its configuration, the others stay."""
+    key = lambda line: (tuple(sorted(line.model.items())), line.max_seq_length, line.precision, line.recompute)
+    new = {key(line): line for line in lines}
+    kept = [line for line in read_plan() if key(line) not in new]
+    replaced = len(read_plan()) - len(kept)
+    entries = [line.__dict__ for line in [*lines, *kept]]
+    write_text_atomically(PLAN_FILE, json.dumps({"measured": entries}, indent=1) + "\n")
+    print(f"\nplan: {len(lines) - replaced} configurations added, {replaced} replaced, {len(kept)} kept -> {PLAN_FILE}")
 
 
 def cluster_table(plan: tuple[Measured, ...]) -> None:
@@ -284,12 +312,14 @@ def time_recompute(work: str) -> None:
 
 def main(argv) -> None:
     del argv
+    for name in ("lengths", "rows"):
+        if not all(value.isdigit() and int(value) > 0 for value in FLAGS[name].value):
+            raise SettingsError(f"--{name}={','.join(FLAGS[name].value)}: expected positive whole numbers")
+    if FLAGS.export_hlo and os.path.exists(FLAGS.export_hlo) and not os.path.isdir(FLAGS.export_hlo):
+        raise SettingsError(f"--export_hlo={FLAGS.export_hlo}: a file, not a directory for the HLO")
     with tempfile.TemporaryDirectory() as work:
         if FLAGS.measurements:
-            sources = []
-            for path in FLAGS.measurements:
-                with open(path) as f:
-                    sources.append(json.load(f))
+            sources = [read_measurements(path) for path in FLAGS.measurements]
         else:
             device = tf.config.list_logical_devices()[-1].device_type
             sources = [{"bytes": measure_here_or_export(work), "device": device,
@@ -302,9 +332,7 @@ def main(argv) -> None:
         plan = tuple(lines)
         cluster_table(plan)
         if FLAGS.write_plan:
-            entries = [line.__dict__ for line in lines]
-            write_text_atomically(PLAN_FILE, json.dumps({"measured": entries}, indent=1) + "\n")
-            print(f"\nplan: {len(entries)} configurations -> {PLAN_FILE}")
+            write_plan(lines)
         if FLAGS.output_json and not FLAGS.measurements:
             write_text_atomically(FLAGS.output_json, json.dumps(sources[0], indent=1) + "\n")
         if FLAGS.time:

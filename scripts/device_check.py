@@ -26,6 +26,7 @@ It prints one table and writes every figure to --output_json. Exit status 1 when
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 import time
@@ -42,6 +43,7 @@ import tensorflow as tf
 from _wikipedia_like_data import write_data
 from absl import flags
 
+from bert_packed import files
 from bert_packed.cli.common import run
 from bert_packed.curves import summary
 from bert_packed.features import Shapes
@@ -58,8 +60,8 @@ from bert_packed.training.throughput import BF16_PEAK_TFLOPS, Measured, benchmar
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 FLAGS = flags.FLAGS
-flags.DEFINE_string("bert_config", None, "tiny, mini, base or large, or a bert_config.json path (default: large on a "
-                                         "GPU, tiny on a CPU).")
+flags.DEFINE_string("bert_config", None, "tiny, mini, base or large (configs/bert_config_*.json), or a bert_config.json "
+                                         "path (default: large on a GPU, tiny on a CPU).")
 flags.DEFINE_integer("check_layers", 2, "Layers of the config in the packed == unpacked and recompute checks.",
                      lower_bound=1)
 flags.DEFINE_integer("batch_size", None, "Rows a micro-batch in the throughput (default: the largest the plan fits "
@@ -97,8 +99,8 @@ def device_name() -> tuple[str, float | None]:
 
 def bert_config(on_gpu: bool) -> BertConfig:
     name = FLAGS.bert_config or ("large" if on_gpu else "tiny")
-    path = name if name.endswith(".json") else os.path.join(ROOT, "configs", f"bert_config_{name}.json")
-    return BertConfig.from_json_file(path)
+    shipped = os.path.join(ROOT, "configs", f"bert_config_{name}.json")
+    return BertConfig.from_json_file(shipped if os.sep not in name and os.path.exists(shipped) else name)
 
 
 def relative(a, b) -> float:
@@ -262,8 +264,19 @@ def deterministic(bert: BertConfig, device: str, work: str) -> tuple[list[Row], 
                 f"{differ} of {len(weights[0])} weights differ", equal)], {"bit_equal": equal}
 
 
+class QuietRetracing(logging.Filter):
+    """Each check builds compiled steps of its own, whose first traces TensorFlow counts as one
+    function retraced: its warning says nothing about the device."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "triggered tf.function retracing" not in record.getMessage()
+
+
 def main(argv) -> int:
     del argv
+    if FLAGS.output_json:  # its directory made now, not after the checks
+        files.makedirs(os.path.dirname(files.absolute(FLAGS.output_json)))
+    tf.get_logger().addFilter(QuietRetracing())
     started = time.perf_counter()
     name, peak = device_name()
     peak = FLAGS.peak_tflops or peak

@@ -21,11 +21,13 @@ installed without its dependencies), not TensorFlow.
 from __future__ import annotations
 
 import concurrent.futures
+import importlib.util
 import json
 import lzma
 import multiprocessing
 import os
 import statistics
+import sys
 import time
 
 from absl import app, flags
@@ -90,9 +92,22 @@ def seconds_a_call(path: str, calls: int) -> dict:
     return {"median_seconds": statistics.median(times), "seconds": times}
 
 
+def fail(message: str) -> None:
+    """One line and exit status 2, as the project's commands end on a user's error."""
+    sys.stderr.write(f"measure_hlo_memory: error: {message}\n")
+    sys.exit(2)
+
+
 def main(argv) -> None:
     del argv
-    with open(os.path.join(FLAGS.hlo_dir, "manifest.json")) as f:
+    manifest_path = os.path.join(FLAGS.hlo_dir, "manifest.json")
+    if importlib.util.find_spec("jax") is None:
+        fail("needs JAX with the accelerator's plugin (on an NVIDIA GPU: pip install "
+                 "'jax[cuda13]' or 'jax[cuda12]', as the driver allows)")
+    if not os.path.isfile(manifest_path):
+        fail(f"--hlo_dir={FLAGS.hlo_dir}: no manifest.json; expected what "
+                 f"scripts/benchmark_memory.py --export_hlo wrote")
+    with open(manifest_path) as f:
         manifest = json.load(f)
     rank = lambda key: next((i for i, prefix in enumerate(FLAGS.first) if key.startswith(prefix)), len(FLAGS.first))
     paths = {key: os.path.join(FLAGS.hlo_dir, manifest[key]) for key in sorted(manifest, key=rank)}

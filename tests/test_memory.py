@@ -7,13 +7,16 @@ import pytest
 from conftest import MAX_SEQ_LENGTH, REPO, run_command, tfrecords
 
 from bert_packed.errors import SettingsError
+from bert_packed.features import Shapes
 from bert_packed.model import BertConfig
 from bert_packed.training import memory
 from bert_packed.training.config import make_config
+from bert_packed.training.data import TrainData
 
 LARGE = BertConfig.from_json_file(f"{REPO}/configs/bert_config_large.json")
 SIZES = {**memory.model_sizes(LARGE), "vocab_size": LARGE.vocab_size}
 GB = 10**9
+PACKS = TrainData(files=(), identity=(), shapes=Shapes(512, 76, 3), input_mode="packed", packing_factor=2.0)
 # A plan of round numbers: at L=128, 2 GB fixed and 0.1 GB a row; at L=512, 2.2 GB and 1 GB a row.
 PLAN = (memory.Measured(SIZES, 128, "bf16", "none", 2 * GB, GB // 10, "test"),
         memory.Measured(SIZES, 512, "bf16", "none", 22 * GB // 10, GB, "test"),
@@ -58,7 +61,7 @@ def test_a_micro_batch_that_cannot_fit_names_the_largest_that_does_and_the_accum
     assert memory.largest_rows(LARGE, 512, "bf16", "none", device, PLAN) == int((device * 0.95 - 2.2 * GB - optimizer) // GB)
     config = lambda rows, recompute="none": make_config(bert=LARGE, precision="bf16", recompute=recompute, xla=True,
                                                        train_batch_size=rows, num_train_steps=6700, output_dir="run")
-    check = lambda rows, recompute="none": memory.check_micro_batch(config(rows, recompute), 512, rows, 8, device,
+    check = lambda rows, recompute="none": memory.check_micro_batch(config(rows, recompute), PACKS, 8, device,
                                                                     "Test GPU", PLAN)
     assert check(8 * 30).startswith("memory: 30 rows of 512 a replica need about ")
     with pytest.raises(SettingsError) as refused:
@@ -71,7 +74,21 @@ def test_a_micro_batch_that_cannot_fit_names_the_largest_that_does_and_the_accum
     assert "or --recompute=attention fits 56 rows" in message and message.endswith("(docs/launch.md#memory)")
     assert check(448, "attention").startswith("memory: 56 rows")
     with pytest.raises(SettingsError, match="not even one row fits"):
-        memory.check_micro_batch(config(8), 512, 8, 8, 2 * GB, "Test GPU", PLAN)
+        memory.check_micro_batch(config(8), PACKS, 8, 2 * GB, "Test GPU", PLAN)
+
+
+def test_with_batch_correction_the_advice_splits_the_unpacked_rows():
+    """--adjust_batch_for_packing: 448 unpacked rows at packing factor 1.946 are 230 packs on one
+    replica; halved, 224 rows are 115 packs, quartered 112 rows 58 packs."""
+    optimizer = memory.optimizer_bytes(LARGE)
+    config = make_config(bert=LARGE, precision="bf16", xla=True, train_batch_size=448, adjust_batch_for_packing=True,
+                         num_train_steps=6700, output_dir="run")
+    data = dataclasses.replace(PACKS, packing_factor=1.946)
+    with pytest.raises(SettingsError) as refused:
+        memory.check_micro_batch(config, data, 1, 70 * GB + optimizer, "Test GPU", PLAN)
+    message = str(refused.value)
+    assert message.startswith("--train_batch_size=448: 230 rows of 512 a replica need about ")
+    assert "at most 64 rows fit: --train_batch_size=112 --steps_per_update=4 --num_train_steps=26800 keep" in message
 
 
 def test_on_a_machine_without_a_gpu_there_is_no_device_memory_to_check():

@@ -5,6 +5,7 @@ together, and leaving together."""
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import socket
@@ -209,6 +210,13 @@ def _tf_config_cluster() -> tf.distribute.cluster_resolver.TFConfigClusterResolv
     """The cluster TF_CONFIG names (none when it is not set), checked: it reads, this task is a
     chief or worker in its cluster, and no two tasks share an address."""
     text = os.environ.get("TF_CONFIG", "")
+    try:
+        parsed = json.loads(text) if text.strip() else {}
+    except ValueError as e:
+        raise SettingsError(f"TF_CONFIG={text}: not JSON ({e}); expected {TF_CONFIG_EXPECTED}") from None
+    if not isinstance(parsed, dict):
+        raise SettingsError(f"TF_CONFIG={text}: a JSON {type(parsed).__name__}, not an object; expected "
+                            f"{TF_CONFIG_EXPECTED}")
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     try:
         spec, task = resolver.cluster_spec(), (resolver.task_type, resolver.task_id)
@@ -222,6 +230,10 @@ def _tf_config_cluster() -> tf.distribute.cluster_resolver.TFConfigClusterResolv
     first_of = {}
     for job, index in tasks:
         address = spec.task_address(job, index)
+        host, _, port = str(address).rpartition(":")
+        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise SettingsError(f"TF_CONFIG names {address!r} for {job} {index}: expected host:port, a port from 1 to "
+                                f"65535 (docs/launch.md)")
         if address in first_of:
             raise SettingsError(f"TF_CONFIG names {address} twice ({first_of[address]} and {job} {index}): each task "
                                 f"listens on a host:port of its own")
@@ -300,8 +312,9 @@ def _slurm_gpus(tasks_per_host: int) -> tuple[int, bool]:
     sees: one task a host owns the host's GPUs, and a task Slurm bound to its GPUs keeps them.
     """
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if listed is not None:
-        seen = len([device for device in listed.split(",") if device.strip()])
+    if listed is not None:  # CUDA takes the devices before the first negative one ("-1": none)
+        devices = [device.strip() for device in listed.split(",") if device.strip()]
+        seen = next((i for i, device in enumerate(devices) if device.startswith("-")), len(devices))
     else:
         try:
             seen = slurm_cluster_resolver.get_num_gpus()

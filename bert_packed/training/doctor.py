@@ -12,7 +12,6 @@ sequences for that check and for scripts/device_check.py.
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import subprocess
 import tempfile
 
@@ -94,14 +93,13 @@ def tensorflow_build() -> list[Finding]:
 
 def driver_gpus() -> list[str]:
     """The GPUs the NVIDIA driver lists (nvidia-smi), with the driver's version; [] without it."""
-    if shutil.which("nvidia-smi") is None:
-        return []
     try:
         listed = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
                                 capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
+    except (OSError, subprocess.TimeoutExpired):  # no nvidia-smi: no NVIDIA driver
         return []
-    return [line.strip() for line in listed.stdout.splitlines() if line.strip()] if listed.returncode == 0 else []
+    # A GPU's line holds its three fields; "No devices were found" is no GPU.
+    return [line.strip() for line in listed.stdout.splitlines() if line.count(",") == 2] if listed.returncode == 0 else []
 
 
 def gpus() -> list[Finding]:

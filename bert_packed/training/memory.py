@@ -72,7 +72,10 @@ def model_sizes(bert: BertConfig) -> dict:
 
 @functools.cache
 def read_plan(path: str = PLAN_FILE) -> tuple[Measured, ...]:
-    """The measured configurations kept with the code."""
+    """The measured configurations kept with the code (none when the file is not there: nothing
+    is then checked)."""
+    if not files.exists(path):
+        return ()
     with files.open_file(path) as f:
         return tuple(Measured(**entry) for entry in json.load(f)["measured"])
 
@@ -153,14 +156,14 @@ def largest_rows(bert: BertConfig, max_seq_length: int, precision: str, recomput
     return max(0, int((device_bytes * (1 - HEADROOM) - fixed) // per_row))
 
 
-def check_micro_batch(config: TrainConfig, max_seq_length: int, rows: int, num_replicas: int, device_bytes: int,
-                      device_name: str, plan: tuple[Measured, ...] | None = None) -> str | None:
+def check_micro_batch(config: TrainConfig, train_data, num_replicas: int, device_bytes: int, device_name: str,
+                      plan: tuple[Measured, ...] | None = None) -> str | None:
     """Refuses a micro-batch whose rows cannot fit one replica's device.
 
     Args:
       config: the run's settings (the model, precision, recompute; the flags the advice changes).
-      max_seq_length: L of the rows.
-      rows: the micro-batch's rows, all replicas (Batching.rows_per_micro_batch).
+      train_data: the run's TrainData (its input mode, packing factor and shapes).
+      num_replicas: replicas sharing a micro-batch.
       device_bytes, device_name: one replica's device memory and its name.
       plan: the measurements (default: read_plan()).
 
@@ -172,24 +175,34 @@ def check_micro_batch(config: TrainConfig, max_seq_length: int, rows: int, num_r
         that keep the batch and the run's updates.
     """
     bert, precision, recompute = config.model.bert, config.model.precision, config.model.recompute
-    per_replica = rows // num_replicas
-    needed = step_bytes(bert, max_seq_length, precision, recompute, per_replica, plan)
+    length = train_data.shapes.max_seq_length
+
+    def rows_a_replica(train_batch_size: int) -> int | None:
+        """A replica's rows at this --train_batch_size, as the run makes them (None: not a batch it takes)."""
+        batch = dataclasses.replace(config.batch, train_batch_size=train_batch_size)
+        try:
+            made = batching(dataclasses.replace(config, batch=batch), train_data.input_mode, train_data.packing_factor,
+                            train_data.shapes.max_sequences_per_pack, num_replicas)
+        except SettingsError:
+            return None
+        return made.rows_per_micro_batch // num_replicas
+
+    per_replica = rows_a_replica(config.batch.train_batch_size)
+    needed = step_bytes(bert, length, precision, recompute, per_replica, plan)
     if needed is None:
         return None
-    usable = device_bytes * (1 - HEADROOM)
-    said = (f"{per_replica} rows of {max_seq_length} a replica need about {needed / GIB:.1f} GiB with "
+    said = (f"{per_replica} rows of {length} a replica need about {needed / GIB:.1f} GiB with "
             f"--recompute={recompute} ({precision}); {device_name} has {device_bytes / GIB:.1f} GiB")
-    if needed <= usable:
+    if needed <= device_bytes * (1 - HEADROOM):
         return f"memory: {said}, {HEADROOM:.0%} of it kept free"
-    fitting = largest_rows(bert, max_seq_length, precision, recompute, device_bytes, plan)
+    fitting = largest_rows(bert, length, precision, recompute, device_bytes, plan)
     batch = config.batch.train_batch_size
-    # The smallest split of the replica's rows into equal micro-batches that fit.
-    split = next((k for k in range(2, per_replica + 1) if per_replica % k == 0 and per_replica // k <= fitting
-                  and batch % k == 0), None) if fitting else None
+    # The fewest micro-batches an update's batch splits into evenly whose rows fit.
+    split = next((k for k in range(2, batch + 1) if batch % k == 0
+                  and (rows_a_replica(batch // k) or fitting + 1) <= fitting), None) if fitting else None
     advice = [accumulation_flags(config, split)] if split else []
     for other in ("attention", "layer"):
-        if other != recompute and (largest_rows(bert, max_seq_length, precision, other, device_bytes, plan) or 0) \
-                >= per_replica:
+        if other != recompute and (largest_rows(bert, length, precision, other, device_bytes, plan) or 0) >= per_replica:
             advice.append(f"or --recompute={other} fits {per_replica} rows")
             break
     fits = f"at most {fitting} rows fit" if fitting else "not even one row fits"
@@ -200,6 +213,7 @@ def check_micro_batch(config: TrainConfig, max_seq_length: int, rows: int, num_r
 def accumulation_flags(config: TrainConfig, split: int) -> str:
     """The flags that split each micro-batch into `split`, keeping an update's batch and the run's
     updates: steps count micro-steps (the reference's), so the step counts grow by `split` too.
+    (With --adjust_batch_for_packing, --train_batch_size counts unpacked rows: the same split.)
 
     >>> from bert_packed.training.config import make_config
     >>> print(accumulation_flags(make_config(bert=BertConfig(), train_batch_size=448, num_train_steps=6700,
@@ -248,11 +262,7 @@ def check_replica_memory(config: TrainConfig, train_data, strategy) -> None:
     device = device_memory(strategy) if config.model.xla else None
     if device is None:
         return
-    shapes = train_data.shapes
-    batch = batching(config, train_data.input_mode, train_data.packing_factor, shapes.max_sequences_per_pack,
-                     strategy.num_replicas_in_sync)
-    line = check_micro_batch(config, shapes.max_seq_length, batch.rows_per_micro_batch, strategy.num_replicas_in_sync,
-                             *device)
-    logging.info(line or f"memory: no plan for this BERT config at L={shapes.max_seq_length} "
+    line = check_micro_batch(config, train_data, strategy.num_replicas_in_sync, *device)
+    logging.info(line or f"memory: no plan for this BERT config at L={train_data.shapes.max_seq_length} "
                          f"({config.model.precision}, --recompute={config.model.recompute}): the micro-batch is not "
                          f"checked against the device (scripts/benchmark_memory.py measures one)")
