@@ -34,7 +34,7 @@ from bert_packed.features import Shapes
 from bert_packed.files import write_text_atomically
 from bert_packed.model import BertConfig
 from bert_packed.training.process import set_up_process
-from bert_packed.training.throughput import BF16_PEAK_TFLOPS, Measured, benchmark_run, measure_alternately
+from bert_packed.training.throughput import Measured, benchmark_run, device_and_peak, measure_alternately
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # as laid out, not resolved
 TARGET = 0.95
@@ -52,17 +52,6 @@ flags.DEFINE_float("peak_tflops", None, "The device's peak for MFU (default: kno
 flags.DEFINE_string("output_json", None, "Also write the measurements here.")
 
 PROGRAM = "benchmark_wikipedia_like_training"
-
-
-def device_and_peak() -> tuple[str, float | None]:
-    """The first GPU's name and its bf16 peak in TFLOP/s (None when unknown), or the CPU."""
-    import tensorflow as tf
-
-    gpus = tf.config.list_physical_devices("GPU")
-    if not gpus:
-        return "CPU", None
-    name = tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
-    return name, next((peak for card, peak in BF16_PEAK_TFLOPS if card in name), None)
 
 
 def main(argv) -> int:

@@ -56,7 +56,7 @@ from bert_packed.training.doctor import checks, first_device, same_sequences_pac
 from bert_packed.training.memory import GIB, largest_rows, step_bytes, step_line
 from bert_packed.training.process import set_up_process
 from bert_packed.training.step import CompiledStep
-from bert_packed.training.throughput import BF16_PEAK_TFLOPS, Measured, benchmark_run, measure_alternately
+from bert_packed.training.throughput import Measured, benchmark_run, device_and_peak, measure_alternately
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 FLAGS = flags.FLAGS
@@ -87,14 +87,6 @@ class Row:
     check: str
     result: str
     passed: bool | None  # None: a figure, not a check
-
-
-def device_name() -> tuple[str, float | None]:
-    gpus = tf.config.list_physical_devices("GPU")
-    if not gpus:
-        return "CPU", None
-    name = tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
-    return name, next((peak for card, peak in BF16_PEAK_TFLOPS if card in name), None)
 
 
 def bert_config(on_gpu: bool) -> BertConfig:
@@ -278,7 +270,7 @@ def main(argv) -> int:
         files.makedirs(os.path.dirname(files.absolute(FLAGS.output_json)))
     tf.get_logger().addFilter(QuietRetracing())
     started = time.perf_counter()
-    name, peak = device_name()
+    name, peak = device_and_peak()
     peak = FLAGS.peak_tflops or peak
     on_gpu = name != "CPU"
     device = first_device()
@@ -290,7 +282,9 @@ def main(argv) -> int:
                                ("recompute", lambda: recompute_equal(bert, device)),
                                ("throughput", lambda: throughput(bert, on_gpu, work, peak)),
                                ("deterministic", lambda: deterministic(bert, device, os.path.join(work, "det")))):
+            start = time.perf_counter()
             rows, figures[part] = function()
+            figures.setdefault("seconds_by_part", {})[part] = time.perf_counter() - start
             table += rows
     figures["seconds"] = time.perf_counter() - started
     print(f"\ndevice check on {name} ({device}), BERT {bert.num_hidden_layers} layers x {bert.hidden_size}, "

@@ -2,7 +2,6 @@
 deterministic for a seed, shared among input pipelines, resumed exactly, static shapes, and an
 evaluation packed on the fly that gives the unpacked figures."""
 
-import os
 
 import numpy as np
 import pytest
@@ -144,9 +143,8 @@ def test_training_packed_on_the_fly_resumes_exactly_and_counts_the_plan_once(unp
     """The reference's own files (no metadata.json): the histogram is counted once and cached
     beside the run; a run stopped by SIGTERM goes on with exactly the losses of an uninterrupted one."""
     import shutil
-    import signal
 
-    from training_runs import config, make_trainer, read_log
+    from training_runs import config, make_trainer, read_log, sigterm_in_the_loop_from
 
     from bert_packed.run_directory import RunDirectory
     from bert_packed.training import data
@@ -168,15 +166,7 @@ def test_training_packed_on_the_fly_resumes_exactly_and_counts_the_plan_once(unp
     assert straight.compiled.batching.rows_per_micro_batch == 3  # 4 rows at the plan's packing factor
     straight.train()
     stopped = trainer(tmp_path / "resumed")
-    loop = stopped.update.loop
-
-    def loop_then_sigterm(iterator, num_updates):
-        result = loop(iterator, num_updates)
-        if int(stopped.step) == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return result
-
-    stopped.update.loop = loop_then_sigterm
+    sigterm_in_the_loop_from(stopped, 2)
     stopped.train()
     assert stopped.stopped_by == "SIGTERM"
     capsys.readouterr()

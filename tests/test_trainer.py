@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, TINY, VOCAB, command_in_this_process, run_command, tfrecords
-from training_runs import assert_same_evaluation, config, make_trainer, read_log, weights
+from training_runs import assert_same_evaluation, config, make_trainer, read_log, sigterm_in_the_loop_from, weights
 
 from bert_packed.dataset_info import DataChangedError, FileIdentity, read_dataset_info
 from bert_packed.errors import TrainingError
@@ -92,15 +92,7 @@ def test_an_interrupted_run_resumes_with_exactly_the_same_losses(packed_dir, tmp
     files = tfrecords(packed_dir)
     make_trainer(config(tmp_path / "straight", files, num_train_steps=4)).train()
     interrupted = make_trainer(config(tmp_path / "resumed", files, num_train_steps=4))
-    update = interrupted.update.loop
-
-    def update_then_sigterm(iterator, num_updates):
-        result = update(iterator, num_updates)
-        if int(interrupted.step) == 1:  # during step 2
-            os.kill(os.getpid(), signal.SIGTERM)
-        return result
-
-    interrupted.update.loop = update_then_sigterm
+    sigterm_in_the_loop_from(interrupted, 1)  # during step 2
     interrupted.train()
     assert [r["step"] for r in read_log(tmp_path / "resumed" / "train_log.jsonl")] == [1, 2]
     make_trainer(config(tmp_path / "resumed", files, num_train_steps=4)).train()
@@ -118,15 +110,7 @@ def test_recompute_trains_the_same_run_and_a_run_stopped_with_it_resumes_exactly
     files = tfrecords(packed_dir)
     make_trainer(config(tmp_path / "straight", files, num_train_steps=4)).train()
     interrupted = make_trainer(config(tmp_path / "resumed", files, num_train_steps=4, recompute="attention"))
-    update = interrupted.update.loop
-
-    def update_then_sigterm(iterator, num_updates):
-        result = update(iterator, num_updates)
-        if int(interrupted.step) == 1:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return result
-
-    interrupted.update.loop = update_then_sigterm
+    sigterm_in_the_loop_from(interrupted, 1)
     interrupted.train()
     assert [r["step"] for r in read_log(tmp_path / "resumed" / "train_log.jsonl")] == [1, 2]
     make_trainer(config(tmp_path / "resumed", files, num_train_steps=4, recompute="layer")).train()

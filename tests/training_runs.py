@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
 
 import keras
 import pytest
@@ -186,3 +188,18 @@ def assert_same_evaluation(first, second, num_sequences):
     assert a["num_sequences"] == b["num_sequences"] == num_sequences
     for key in ("loss", "mlm_accuracy", "mlm_loss", "nsp_loss", "nsp_accuracy"):
         assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), key
+
+
+def sigterm_in_the_loop_from(run, step: int | None = None) -> None:
+    """Sends `run` SIGTERM, as a preemption would, during the compiled loop that starts at
+    micro-step `step` (None: the first loop), once that loop has run: the run stops after it."""
+    loop = run.update.loop
+
+    def loop_then_sigterm(iterator, num_updates):
+        result = loop(iterator, num_updates)
+        if step is None or int(run.step) == step:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return result
+
+    run.update.loop = loop_then_sigterm
+

@@ -213,10 +213,10 @@ def _tf_config_cluster() -> tf.distribute.cluster_resolver.TFConfigClusterResolv
     try:
         parsed = json.loads(text) if text.strip() else {}
     except ValueError as e:
-        raise SettingsError(f"TF_CONFIG={text}: not JSON ({e}); expected {TF_CONFIG_EXPECTED}") from None
+        raise SettingsError(f"TF_CONFIG={text}: cannot be used (not JSON: {e}); expected {TF_CONFIG_EXPECTED}") from None
     if not isinstance(parsed, dict):
-        raise SettingsError(f"TF_CONFIG={text}: a JSON {type(parsed).__name__}, not an object; expected "
-                            f"{TF_CONFIG_EXPECTED}")
+        raise SettingsError(f"TF_CONFIG={text}: cannot be used (a JSON {type(parsed).__name__}, not an object); "
+                            f"expected {TF_CONFIG_EXPECTED}")
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     try:
         spec, task = resolver.cluster_spec(), (resolver.task_type, resolver.task_id)

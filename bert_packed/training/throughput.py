@@ -31,6 +31,17 @@ BF16_PEAK_TFLOPS = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), 
                     ("L4", 121.0))
 
 
+def device_and_peak() -> tuple[str, float | None]:
+    """The first GPU's name and its bf16 peak in TFLOP/s (None when unknown), or the CPU."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return "CPU", None
+    name = tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
+    return name, next((peak for card, peak in BF16_PEAK_TFLOPS if card in name), None)
+
+
 def training_flops(bert: BertConfig, tokens: float, sequences: float, predictions: float) -> float:
     """Model FLOPs of one training pass over `tokens` real tokens in `sequences` sequences.
 
