@@ -213,7 +213,7 @@ def _tf_config_cluster() -> tf.distribute.cluster_resolver.TFConfigClusterResolv
     try:
         parsed = json.loads(text) if text.strip() else {}
     except ValueError as e:
-        raise SettingsError(f"TF_CONFIG={text}: cannot be used (not JSON: {e}); expected {TF_CONFIG_EXPECTED}") from None
+        raise SettingsError(f"TF_CONFIG={text}: cannot be used ({e}); expected {TF_CONFIG_EXPECTED}") from None
     if not isinstance(parsed, dict):
         raise SettingsError(f"TF_CONFIG={text}: cannot be used (a JSON {type(parsed).__name__}, not an object); "
                             f"expected {TF_CONFIG_EXPECTED}")
