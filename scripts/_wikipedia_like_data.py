@@ -14,14 +14,14 @@ from bert_packed.pretraining_data.instances import Instance, instance_features
 from bert_packed.records import TFRecordWriter
 
 
-def synthetic_instances(count: int, seed: int) -> list[Instance]:
+def synthetic_instances(count: int, seed: int, vocab_size: int = 30522) -> list[Instance]:
     """Instances whose lengths follow Wikipedia at 512; content random, layout as MLPerf's."""
     rng = np.random.default_rng(seed)
     histogram = wikipedia_like_histogram(count, 512, seed=seed)
     lengths = rng.permutation(np.repeat(np.arange(1, 513), histogram))
     instances = []
     for length in np.maximum(lengths, 5):
-        ids = rng.integers(1000, 30000, length).astype(np.int32)
+        ids = rng.integers(1000, min(30000, vocab_size), length).astype(np.int32)
         boundary = int(rng.integers(2, length - 1))
         ids[0], ids[boundary - 1], ids[-1] = 101, 102, 102
         segments = np.zeros(length, dtype=np.int32)
@@ -35,15 +35,16 @@ def synthetic_instances(count: int, seed: int) -> list[Instance]:
     return instances
 
 
-def write_data(directory: str, sequences: int) -> tuple[list[str], list[str], float]:
-    """(unpacked files, packed files, packing factor) of `sequences` Wikipedia-like sequences."""
+def write_data(directory: str, sequences: int, vocab_size: int = 30522) -> tuple[list[str], list[str], float]:
+    """(unpacked files, packed files, packing factor) of `sequences` Wikipedia-like sequences
+    (token ids from 1,000 up to 30,000 or `vocab_size`, whichever is less)."""
     unpacked = os.path.join(directory, "unpacked")
     os.makedirs(unpacked)
     files = []
     for shard, chunk in enumerate(np.array_split(np.arange(sequences), 4)):
         files.append(os.path.join(unpacked, f"part-{shard:05d}.tfrecord"))
         with TFRecordWriter(files[-1]) as writer:
-            writer.write_examples(instance_features(synthetic_instances(len(chunk), seed=shard), Shapes(512, 76)))
+            writer.write_examples(instance_features(synthetic_instances(len(chunk), shard, vocab_size), Shapes(512, 76)))
     metadata = pack_pretraining_dataset(files, os.path.join(directory, "packed"),
                                         PackSettings(Shapes(512, 76, 3), "lp", num_shards=4))
     packed = sorted(os.path.join(directory, "packed", name) for name in os.listdir(os.path.join(directory, "packed"))

@@ -3,10 +3,10 @@
 What one replica holds at the peak of a training step:
   - the compiled step (XLA's program of update.Update._gradients): the weights it reads, the
     gradients it writes, and its temporaries, among which the activations the backward pass
-    needs. XLA's buffer assignment gives these bytes exactly for one shape; measured at 1, 2 and
-    4 rows a replica they fit `fixed + rows x per_row` (scripts/benchmark_memory.py), which is
-    kept with the code in resources/memory_plan.json for each model, L, precision and recompute
-    mode;
+    needs. XLA's buffer assignment gives these bytes exactly for one shape; measured at several
+    row counts (1, 2 and 4; BERT-Large also 32 and 56), a line `fixed + rows x per_row` that is
+    never below a measurement (scripts/benchmark_memory.py) is kept with the code in
+    resources/memory_plan.json for each model, L, precision and recompute mode;
   - the optimizer: LAMB's two moments (float32, a weight each) and, while the update averages,
     clips and applies them, one more copy of the gradients and the working copies of the largest
     weight (optimizer_bytes: counted from the model, not measured).
