@@ -317,14 +317,14 @@ def test_two_local_workers_train_together_and_killed_together_resume_together(pa
     """Two workers under multi_worker_mirrored train together: they hold the same weights, say
     little, leave together (no worker outlives the chief's coordination service), and evaluate an
     eval file together (each a share of its records) to the single-process figure. Both killed -9
-    after their first checkpoint, one before its last save completed, and started again, they
+    after their second checkpoint, one before its last save completed, and started again, they
     agree on a step both can restore, and the chief's logs and every worker's weights are the
     uninterrupted pair's."""
     import tensorflow as tf
     from test_trainer import free_ports
 
     eval_file = tfrecords(other_text_dir)[0]
-    # 20 micro-steps: the kill, 0.2 s after the first checkpoint, comes well before the end.
+    # 20 micro-steps: the kill, at the second checkpoint, comes well before the end.
     data = [f"--bert_config_file={bert_config_file}", f"--input_files={packed_dir}/packed-*.tfrecord",
             "--distribution_strategy=multi_worker_mirrored", "--num_train_steps=20", f"--eval_files={eval_file}",
             "--eval_every_samples=0", "--eval_batch_size=6"]  # one evaluation, at the end
@@ -353,12 +353,13 @@ def test_two_local_workers_train_together_and_killed_together_resume_together(pa
     assert_the_workers_agree(straight, packed_dir, eval_file, tmp_path)
 
     killed = workers(tmp_path / "killed")
-    kill_when(killed[0], tmp_path / "killed" / "checkpoints" / "ckpt-4.index", 0, 0.2)
-    killed[1].kill()
-    killed[1].wait()
+    other = tmp_path / "killed" / ".workers" / "worker-1" / "checkpoints"
+    # Killed once worker 1 holds two checkpoints (however slow the machine), so an older one is left.
+    kill_when(killed[1], other / "ckpt-8.index", 0, 0)
+    killed[0].kill()
+    killed[0].wait()
     assert "finished" not in json.loads((tmp_path / "killed" / "run.json").read_text())
     # Worker 1 was killed before its newest save completed: the workers must agree on an older step.
-    other = tmp_path / "killed" / ".workers" / "worker-1" / "checkpoints"
     newest = max(int(p.name[len("ckpt-"):-len(".index")]) for p in other.glob("ckpt-*.index"))
     (other / f"ckpt-{newest}.index").unlink()
     finish(workers(tmp_path / "killed"))
