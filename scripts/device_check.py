@@ -26,7 +26,6 @@ It prints one table and writes every figure to --output_json. Exit status 1 when
 from __future__ import annotations
 
 import json
-import logging
 import os
 import tempfile
 import time
@@ -45,6 +44,7 @@ from absl import flags
 
 from bert_packed import files
 from bert_packed.cli.common import run
+from bert_packed.cli.in_process import QuietRetracing
 from bert_packed.curves import summary
 from bert_packed.features import Shapes
 from bert_packed.files import write_text_atomically
@@ -251,14 +251,6 @@ def deterministic(bert: BertConfig, device: str, work: str) -> tuple[list[Row], 
     differ = sum(not np.array_equal(a, b) for a, b in zip(*weights))
     return [Row("two --deterministic runs", "bit-equal weights after 3 updates" if equal else
                 f"{differ} of {len(weights[0])} weights differ", equal)], {"bit_equal": equal}
-
-
-class QuietRetracing(logging.Filter):
-    """Each check builds compiled steps of its own, whose first traces TensorFlow counts as one
-    function retraced: its warning says nothing about the device."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "triggered tf.function retracing" not in record.getMessage()
 
 
 def main(argv) -> int:

@@ -87,5 +87,9 @@ def main(argv) -> None:
           f"{totals['tokens']:,} tokens, each once")
 
 
-if __name__ == "__main__":
+def entry_point():
     run(main, PROGRAM, "output_dir", "Finished files are kept")
+
+
+if __name__ == "__main__":
+    entry_point()

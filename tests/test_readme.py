@@ -10,11 +10,14 @@ suite, `make experiments` is `make run` with more seeds) are not run here. Every
 checked: a bounded number of lines, no traceback, no TensorFlow C++ log line, no raw record.
 """
 
+import io
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
+import tempfile
 
 import pytest
 from conftest import REPO
@@ -162,23 +165,101 @@ def test_the_main_job_runs_and_reads_well(main_job):
     assert os.path.exists(root / "runs" / "wikipedia_like" / "curves.png")
 
 
+def python_commands_and_the_rest(script: str) -> list[str | list[str]]:
+    """A bash block's lines, continuations joined: each a `python` command of this project as its
+    arguments (run in this process), else the line (run by bash)."""
+    lines, line = [], ""
+    for part in script.splitlines():
+        line += part[:-1] + " " if part.endswith("\\") else part
+        if not part.endswith("\\"):
+            lines.append(line)
+            line = ""
+    commands = []
+    for line in lines:
+        words = shlex.split(line, comments=True)
+        if words and words[0] == "python" and not set(words) & {"|", "&&", "||", ";", ">", "<"} and in_process_module(words):
+            commands.append(words)
+        elif words:
+            commands.append(line)
+    return commands
+
+
+def in_process_module(words: list[str]) -> str | None:
+    """The module that runs `python ...` (`scripts/X.py`, `run_pretraining.py`, `-m bert_packed.X`)
+    in this process: the command of bert_packed/cli its file launches, or the script's own module
+    when it has an entry_point; None for any other."""
+    if words[1] == "-m":
+        if not words[2].startswith("bert_packed."):
+            return None
+        path = os.path.join(REPO, *words[2].split("."), "__main__.py")
+    else:
+        path = os.path.join(REPO, words[1])
+    if not os.path.isfile(path):
+        return None
+    text = open(path, encoding="utf-8").read()
+    launched = re.search(r"from bert_packed\.cli\.(\w+) import entry_point|run_module\(\"bert_packed\.cli\.(\w+)\"", text)
+    if launched:
+        return f"bert_packed.cli.{launched.group(1) or launched.group(2)}"
+    if words[1].startswith("scripts/") and "\ndef entry_point(" in text:
+        return os.path.basename(words[1])[:-len(".py")]
+    return None
+
+
+def run_here(words: list[str], cwd) -> subprocess.CompletedProcess:
+    """`python ...` (in_process_module's) run in this process; its output, the C++ libraries'
+    (TensorFlow's log lines) included, captured as a subprocess's would be."""
+    from bert_packed.cli.in_process import run_in_process
+
+    scripts = os.path.join(REPO, "scripts")
+    if scripts not in sys.path:
+        sys.path.append(scripts)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    stdout, stderr = io.StringIO(), io.StringIO()
+    saved_io, saved_fds = (sys.stdout, sys.stderr), (os.dup(1), os.dup(2))
+    with tempfile.TemporaryFile("w+") as native:
+        os.dup2(native.fileno(), 1)
+        os.dup2(native.fileno(), 2)
+        sys.stdout, sys.stderr = stdout, stderr
+        try:
+            program, args = (words[2], words[3:]) if words[1] == "-m" else (words[1], words[2:])
+            status = run_in_process(in_process_module(words), args, program, str(cwd))
+        finally:
+            sys.stdout, sys.stderr = saved_io
+            for fd, saved in zip((1, 2), saved_fds):
+                os.dup2(saved, fd)
+                os.close(saved)
+        native.seek(0)
+        return subprocess.CompletedProcess(words, status, stdout.getvalue(), stderr.getvalue() + native.read())
+
+
 @pytest.mark.slow
 def test_every_readme_block_runs_as_written(main_job):
+    """Every block runs; a bash block's `python` commands of this project in this process (each
+    as in its own: bert_packed.cli.in_process), its other lines by bash."""
     root, _ = main_job
     ran = 0
     for page in PAGES:
         for start, language, text in fenced_blocks(page):
             if language == "bash":
-                command = ["bash", "-euo", "pipefail", "-c", smaller(without_set_up(text))]
+                steps = python_commands_and_the_rest(smaller(without_set_up(text)))
             elif language == "python":
-                command = [sys.executable, "-c", text]
+                steps = [[sys.executable, "-c", text]]
             else:
                 continue
-            result = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=600,
-                                    env=environment())
             where = f"{os.path.relpath(page, REPO)} line {start}"
-            assert result.returncode == 0, f"{where}:\n{text}\n{result.stdout[-2000:]}{result.stderr[-3000:]}"
-            assert_reads_well(result.stdout + result.stderr, where, 30 * (text.count("\n") + 1),
-                              tensorflow_notices=language == "python")
+            output = ""
+            for step in steps:
+                if isinstance(step, str):
+                    result = subprocess.run(["bash", "-euo", "pipefail", "-c", step], cwd=root, capture_output=True,
+                                            text=True, timeout=600, env=environment())
+                elif step[0] == "python":
+                    result = run_here(step, root)
+                else:
+                    result = subprocess.run(step, cwd=root, capture_output=True, text=True, timeout=600,
+                                            env=environment())
+                output += result.stdout + result.stderr
+                assert result.returncode == 0, f"{where}:\n{text}\n{result.stdout[-2000:]}{result.stderr[-3000:]}"
+            assert_reads_well(output, where, 30 * (text.count("\n") + 1), tensorflow_notices=language == "python")
             ran += 1
     assert ran >= 8

@@ -1,0 +1,170 @@
+"""Commands run one after another in one process, each as it runs in a process of its own.
+
+A new process that imports TensorFlow costs seconds; the main job (scripts/main_job.py) runs a
+dozen commands, and the tests hundreds. Each command defines its flags when its module is
+imported and parses them once (absl's app.run), so running a second command in the same process
+needs the first one's flags out of the way and absl's one-time set-up undone. This module does
+that, and puts back everything a command changes in the process when it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import os
+import signal
+import sys
+
+from absl import app, command_name, flags
+from absl import logging as absl_logging
+from absl.testing import flagsaver
+
+
+class QuietRetracing(logging.Filter):
+    """Leaves out TensorFlow's warning that a function was retraced. TensorFlow counts the traces
+    of a method over every object of its class: each command, and each check of the device check,
+    builds compiled steps of its own, whose first traces it then reports as one function retraced,
+    which says nothing of the command."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "triggered tf.function retracing" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def command_in_this_process(module_name: str, cwd: str | None = None):
+    """Sets this process up as a fresh one about to run a command, yields the command's module,
+    and afterwards puts back everything a command changes in the process.
+
+    Meanwhile TensorFlow's warning that a function was retraced is left out (QuietRetracing), and
+    absl's handler filters nothing, as in a new process.
+
+    What is put back: absl's flags (their values, parsed or not, and which are defined: commands
+    define flags of the same names, which cannot be defined twice, so every other command's are
+    taken out meanwhile), absl's run-once state, the logging set-up, the SIGINT and SIGTERM
+    handlers, sys.argv, sys.stdout and sys.stderr, the environment and the working directory.
+
+    Args:
+      module_name: the command's module (`bert_packed.cli.pack_pretraining_data`, or a script's
+        module name when scripts/ is on sys.path); its entry_point() runs the command.
+      cwd: the working directory meanwhile (None: the current one).
+    """
+    app.define_help_flags()  # once per process: part of what is saved below, not defined by the command
+    quiet = QuietRetracing()
+    with _process_state_kept(), _only_its_flags(module_name):  # the state last: restoring --verbosity sets a level
+        was_imported = module_name in sys.modules
+        process_name = command_name.make_process_name_useful
+        try:
+            command_name.make_process_name_useful = lambda: None  # the process keeps its name
+            if cwd is not None:
+                os.chdir(cwd)
+            absl_logging.get_absl_handler().filters[:] = []  # the running command's repeat counter, say
+            logging.getLogger("tensorflow").addFilter(quiet)
+            yield importlib.import_module(module_name)
+        finally:
+            logging.getLogger("tensorflow").removeFilter(quiet)
+            command_name.make_process_name_useful = process_name
+            if not was_imported:  # its flags are taken out: the next import defines them again
+                sys.modules.pop(module_name, None)
+
+
+@contextlib.contextmanager
+def _only_its_flags(module_name: str):
+    """Every flag but absl's own and `module_name`'s taken out, the rest at their defaults and
+    unparsed, and absl's one-time set-up (in app.run) to be done again, as in a new process; then
+    the flags put back as they were (the command's own taken out, unless defined before)."""
+    FLAGS = flags.FLAGS
+    registries = (FLAGS.flags_by_module_dict(), FLAGS.flags_by_module_id_dict(), FLAGS.key_flags_by_module_dict())
+    saved_flags = {name: FLAGS[name] for name in FLAGS}
+    saved_registries = [{key: list(value) for key, value in registry.items()} for registry in registries]
+    saved_values = flagsaver.save_flag_values(FLAGS)
+    was_parsed = FLAGS.is_parsed()
+    run_once = (app._run_init.done, app._register_and_parse_flags_with_usage.done)
+    try:
+        for name in list(FLAGS):
+            defined_by = FLAGS.find_module_defining_flag(name, "")
+            if defined_by != module_name and not defined_by.startswith("absl."):
+                delattr(FLAGS, name)
+        FLAGS.unparse_flags()
+        app._run_init.done = app._register_and_parse_flags_with_usage.done = False
+        yield
+    finally:
+        for name in list(FLAGS):
+            if saved_flags.get(name) is not FLAGS[name]:
+                delattr(FLAGS, name)
+        for name, flag in saved_flags.items():
+            if name not in FLAGS:
+                FLAGS[name] = flag
+        for registry, saved in zip(registries, saved_registries):
+            registry.clear()
+            registry.update(saved)
+        FLAGS.unparse_flags()
+        flagsaver.restore_flag_values(saved_values, FLAGS)
+        if was_parsed:
+            FLAGS.mark_as_parsed()
+        app._run_init.done, app._register_and_parse_flags_with_usage.done = run_once
+
+
+def run_in_process(module_name: str, args: list[str], program: str | None = None, cwd: str | None = None) -> int:
+    """Runs a command in this process, as `python <program> args` runs it in its own, with this
+    process's stdout and stderr, and returns its exit status.
+
+    Args:
+      module_name: as command_in_this_process's.
+      args: the command's arguments.
+      program: its name in sys.argv[0] (None: the module's last part, with .py).
+      cwd: as command_in_this_process's.
+
+    Returns:
+      The exit status: 0, or what the command exited with (a message it exited on is printed to
+      stderr, status 1, as Python does).
+    """
+    with command_in_this_process(module_name, cwd) as module:
+        return call_entry_point(module, [program or f"{module_name.rsplit('.', 1)[-1]}.py", *args])
+
+
+def call_entry_point(module, argv: list[str]) -> int:
+    """Calls `module.entry_point()` with `argv` as sys.argv, inside command_in_this_process, and
+    returns its exit status (as run_in_process's)."""
+    sys.argv = argv
+    absl_logging.get_absl_handler().python_handler.stream = sys.stderr  # it holds the stderr of its creation
+    try:
+        module.entry_point()
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            return e.code or 0
+        print(e.code, file=sys.stderr)
+        return 1
+    return 0
+
+
+@contextlib.contextmanager
+def _process_state_kept():
+    """Puts back the logging set-up (levels, handlers, and the absl handler's stream, formatter and
+    filters), the SIGINT and SIGTERM handlers, sys.argv, sys.stdout and sys.stderr, the environment
+    and the working directory."""
+    handler = absl_logging.get_absl_handler()
+    saved_handler = (handler.python_handler.stream, handler.python_handler.formatter, list(handler.filters))
+    loggers = [logging.getLogger()] + [logger for logger in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(logger, logging.Logger)]
+    saved_loggers = [(logger, logger.level, list(logger.handlers)) for logger in loggers]
+    saved_signals = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    saved_io = (sys.argv, sys.stdout, sys.stderr)
+    saved_environment = dict(os.environ)
+    saved_directory = os.getcwd()
+    try:
+        yield
+    finally:
+        os.chdir(saved_directory)
+        os.environ.clear()
+        os.environ.update(saved_environment)
+        sys.argv, sys.stdout, sys.stderr = saved_io
+        for number, saved in saved_signals.items():
+            signal.signal(number, saved)
+        stream, formatter, filters = saved_handler
+        handler.python_handler.stream = stream
+        handler.setFormatter(formatter)
+        handler.filters[:] = filters
+        for logger, level, handlers in saved_loggers:
+            logger.setLevel(level)
+            logger.handlers[:] = handlers

@@ -1,0 +1,136 @@
+"""The main job (`make run`), its stages one after another in one process.
+
+    python scripts/main_job.py --job=wikipedia_like        # what `make run` runs
+
+As MLPerf's recipe runs: the corpus; pre-training records at L=512 and L=128 with the same
+held-out documents; a short phase 1 at L=128 whose weights start every phase-2 run; packing at
+L=512 (verified lossless); phase 2 at L=512 unpacked, packed batch-corrected, packed with
+adjusted betas, packed with plain betas, and packed on the fly, for each seed, every run seeing
+as many sequences; the packed/unpacked throughput measured alternately on these records; and the
+comparison (curves PNG and table).
+
+Each stage is the command a user would type (docs/ shows them), run in this process
+(bert_packed.cli.in_process): TensorFlow is imported once, not a dozen times. Each stage says
+what it does in a line starting with "== ", and each command in a line or a few. Running the job
+again reuses every finished stage; the first stage that fails ends it with its exit status.
+
+Two corpora, each in runs/JOB (the configs/tiny_JOB_*.cfg flagfiles name these paths):
+wikipedia_like, the shipped sample's text cut to Wikipedia's length mix, which packs at a factor
+of about 2 as MLPerf's Wikipedia does; sample, the sample's long articles as they are, which
+pack at 1.2 (the long-article case of docs/experiments.md).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+
+from absl import flags
+
+from bert_packed.cli.common import run
+from bert_packed.cli.in_process import run_in_process
+
+PROGRAM = "main_job"
+# The phase-2 configurations compared; the first is the baseline.
+PHASE2 = ("unpacked", "packed_batch_corrected", "packed_adjusted_betas", "packed_plain_betas", "packed_online")
+
+FLAGS = flags.FLAGS
+flags.DEFINE_enum("job", "wikipedia_like", ["wikipedia_like", "sample"], "The corpus (runs/JOB).")
+flags.DEFINE_list("seeds", ["1"], "Phase 2's seeds (`make experiments`: 1,2,3).")
+flags.DEFINE_list("baseline_seeds", [], "More seeds of the unpacked baseline alone (`make experiments`: 4,5).")
+flags.DEFINE_string("curves", None, "The comparison's PNG (default runs/JOB/curves.png).")
+flags.DEFINE_string("phase1_flags", "", "Flags added to phase 1's command (the README test makes the job small).")
+flags.DEFINE_string("phase2_flags", "", "Flags added to every phase-2 command, the phase-1 weights' evaluation "
+                                        "at L=512 included.")
+flags.DEFINE_string("throughput_flags", "", "Flags added to the throughput measurement.")
+
+
+def command(module: str, *args: str) -> None:
+    """Runs a command in this process; a failure ends the job with the command's exit status."""
+    sys.stdout.flush()
+    status = run_in_process(module, list(args))
+    if status:
+        sys.exit(status)
+
+
+def stage(number: int, what: str) -> None:
+    print(f"== {number}/9 {what}", flush=True)
+
+
+def phase2(job: str, directory: str, seeds: list[str], baseline_seeds: list[str], phase2_flags: list[str]) -> None:
+    """Stage 7: each configuration of PHASE2 for each seed, then the baseline's other seeds."""
+    also = f"; unpacked also {' '.join(baseline_seeds)}" if baseline_seeds else ""
+    stage(7, f"phase 2 at L=512: {' '.join(PHASE2)}; seeds {' '.join(seeds)}{also}")
+    phase2 = [(config, seed) for seed in seeds for config in PHASE2] + [("unpacked", seed) for seed in baseline_seeds]
+    for config, seed in phase2:
+        print(f"-- {config}, seed {seed}", flush=True)
+        command("bert_packed.cli.run_pretraining", f"--flagfile=configs/tiny_{job}_{config}.cfg", f"--seed={seed}",
+                f"--output_dir={directory}/{config}_seed{seed}", *phase2_flags)
+
+
+def main(argv):
+    del argv
+    job, seeds, baseline_seeds = FLAGS.job, FLAGS.seeds, FLAGS.baseline_seeds
+    directory = f"runs/{job}"
+    curves = FLAGS.curves or f"{directory}/curves.png"
+    phase1_flags, phase2_flags = shlex.split(FLAGS.phase1_flags), shlex.split(FLAGS.phase2_flags)
+    throughput_flags = shlex.split(FLAGS.throughput_flags)
+    if job == "wikipedia_like":
+        stage(1, f"the corpus: the sample's text cut to Wikipedia's length mix ({directory}/corpus)")
+        command("make_wikipedia_like_corpus", f"--output_dir={directory}/corpus")
+        # Two passes over the text, each masked anew (MLPerf's recipe makes ten): 6,300 sequences,
+        # enough for the length histogram to be read to 0.13 in total variation.
+        text, input_format, dupe_factor = f"{directory}/corpus/*.txt", "sentences", 2
+    else:
+        stage(1, "the corpus: the sample's 121 articles as they are (data/wikipedia_sample)")
+        text, input_format, dupe_factor = "data/wikipedia_sample/wiki_*", "wikiextractor", 1
+
+    stage(2, f"pre-training records at L=512 ({directory}/unpacked)")
+    command("bert_packed.cli.create_pretraining_data", f"--input_file={text}", f"--input_format={input_format}",
+            f"--output_dir={directory}/unpacked", "--max_seq_length=512", "--max_predictions_per_seq=76",
+            f"--dupe_factor={dupe_factor}", "--eval_fraction=0.1")
+
+    stage(3, f"their lengths against Wikipedia's, and packing at L=512 ({directory}/packed)")
+    command("bert_packed.cli.plan_packing", f"--histogram={directory}/unpacked/histogram.json", "--algorithm=lp",
+            "--reference_histogram=data/histograms/wikipedia_512.json")
+    command("bert_packed.cli.pack_pretraining_data", f"--input_files={directory}/unpacked/part-*.tfrecord",
+            f"--output_dir={directory}/packed", "--max_seq_length=512", "--max_predictions_per_seq=76",
+            "--max_sequences_per_pack=3", "--algorithm=lp", "--verify")
+
+    stage(4, f"pre-training records at L=128 for phase 1 ({directory}/phase1_data)")
+    command("bert_packed.cli.create_pretraining_data", f"--input_file={text}", f"--input_format={input_format}",
+            f"--output_dir={directory}/phase1_data", "--max_seq_length=128", "--max_predictions_per_seq=20",
+            "--dupe_factor=1", "--eval_fraction=0.1")
+
+    stage(5, f"phase 1 at L=128 ({directory}/phase1)")
+    command("bert_packed.cli.run_pretraining", f"--flagfile=configs/tiny_{job}_phase1.cfg", *phase1_flags)
+
+    stage(6, f"the phase-1 weights evaluated at L=512 ({directory}/phase1_eval)")
+    if not os.path.exists(f"{directory}/phase1_eval/eval_results.txt"):
+        command("bert_packed.cli.run_pretraining", f"--flagfile=configs/tiny_{job}_phase2.cfg", "--do_train=false",
+                "--do_eval", f"--input_file={directory}/unpacked/eval-*.tfrecord",
+                f"--output_dir={directory}/phase1_eval", *phase2_flags)
+
+    phase2(job, directory, seeds, baseline_seeds, phase2_flags)
+
+    stage(8, f"throughput, packed and unpacked alternated on these records ({directory}/throughput.json)")
+    if not os.path.exists(f"{directory}/throughput.json"):
+        command("benchmark_training", "--configs=tiny", f"--sample_dir={directory}", "--modes=padded,packed",
+                "--target=0", f"--output_json={directory}/throughput.json", *throughput_flags)
+
+    stage(9, f"comparison ({curves})")
+    compared = ([f"{directory}/unpacked_seed{seed}" for seed in baseline_seeds]
+                + [f"{directory}/{config}_seed{seed}" for config in PHASE2 for seed in seeds])
+    command("bert_packed.cli.compare_curves", f"--output={curves}", "--accuracy=auto",
+            f"--throughput={directory}/throughput.json", *compared)
+    print(f"results: {directory}/ (curves, */train_log.jsonl, */eval_log.jsonl, phase1/model.ckpt-250, "
+          "throughput.json)")
+
+
+def entry_point():
+    run(main, PROGRAM, (), "Every finished stage is kept")
+
+
+if __name__ == "__main__":
+    entry_point()
