@@ -202,5 +202,9 @@ def main(argv) -> int:
     return 0 if passed else 1
 
 
-if __name__ == "__main__":
+def entry_point():
     run(main, PROGRAM, (), "Nothing was written")
+
+
+if __name__ == "__main__":
+    entry_point()

@@ -1,21 +1,16 @@
 import atexit
-import contextlib
 import importlib
 import io
 import json
-import logging
+import multiprocessing.process
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 
 import pytest
-from absl import app, command_name, flags
-from absl import logging as absl_logging
-from absl.testing import flagsaver
 
 # Keep TensorFlow quiet and on the CPU in every test process.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -162,6 +157,27 @@ def packed_dir(unpacked_dir, tmp_path_factory):
     return directory
 
 
+class ProcessStarted(AssertionError):
+    """A test of the fast tier started a process."""
+
+
+@pytest.fixture(autouse=True)
+def _no_process_in_the_fast_tier(request, monkeypatch):
+    """The fast tier starts no process: a test whose subject is a process (signals, kill -9,
+    several workers, locks, a fresh interpreter, the wheel) is marked slow, and every other runs
+    its commands in this process (run_command, run_script)."""
+    if request.node.get_closest_marker("slow") is None:
+        def refuse(*args, **kwargs):
+            raise ProcessStarted(f"{request.node.nodeid} starts a process: run it in this process (run_command, "
+                                 f"run_script) or mark it slow")
+
+        monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
+        monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
+        monkeypatch.setattr(os, "fork", refuse)
+        monkeypatch.setattr(os, "posix_spawn", refuse)
+    yield
+
+
 @pytest.fixture(autouse=True)
 def _release_compiled_steps():
     """After each test, the compiled steps it held may serve the next test of their graph shape
@@ -186,91 +202,28 @@ def bert_config_file(tmp_path):
     return str(path)
 
 
-@contextlib.contextmanager
 def command_in_this_process(command, cwd=REPO):
-    """Sets this process up as a fresh one about to run a command (bert_packed/cli/<command>.py),
-    yields the command's module, and puts back afterwards everything a command changes in the
-    process, so that the next test sees nothing of it.
+    """bert_packed.cli.in_process's, for a command of bert_packed/cli by its name."""
+    from bert_packed.cli import in_process
 
-    What is put back: absl's flags (their values, parsed or not, and which are defined: the
-    commands define flags of the same names, which cannot be defined twice, so those of the other
-    commands are taken out meanwhile), absl's run-once state, and what _process_state_kept keeps.
-    """
-    FLAGS = flags.FLAGS
-    module_name = f"bert_packed.cli.{command}"
-    app.define_help_flags()  # once per process: part of what is saved below, not defined by the command
-    with _process_state_kept():  # put back last: restoring --verbosity sets the absl logger's level
-        registries = (FLAGS.flags_by_module_dict(), FLAGS.flags_by_module_id_dict(), FLAGS.key_flags_by_module_dict())
-        saved_flags = {name: FLAGS[name] for name in FLAGS}
-        saved_registries = [{key: list(value) for key, value in registry.items()} for registry in registries]
-        saved_values = flagsaver.save_flag_values(FLAGS)
-        was_parsed = FLAGS.is_parsed()
-        was_imported = module_name in sys.modules
-        run_once = (app._run_init.done, app._register_and_parse_flags_with_usage.done)
-        process_name = command_name.make_process_name_useful
-        try:
-            # The other commands' flags out of the way; every flag at its default and unparsed, as in
-            # a new process; absl's one-time set-up (in app.run) to be done again.
-            for name in list(FLAGS):
-                defined_by = FLAGS.find_module_defining_flag(name, "")
-                if defined_by.startswith("bert_packed.cli.") and defined_by != module_name:
-                    delattr(FLAGS, name)
-            FLAGS.unparse_flags()
-            app._run_init.done = app._register_and_parse_flags_with_usage.done = False
-            command_name.make_process_name_useful = lambda: None  # the test process keeps its name
-            os.chdir(cwd)
-            yield importlib.import_module(module_name)
-        finally:
-            # The flags as they were: the command's own taken out (unless defined before), the others back.
-            if not was_imported:
-                sys.modules.pop(module_name, None)
-            for name in list(FLAGS):
-                if saved_flags.get(name) is not FLAGS[name]:
-                    delattr(FLAGS, name)
-            for name, flag in saved_flags.items():
-                if name not in FLAGS:
-                    FLAGS[name] = flag
-            for registry, saved in zip(registries, saved_registries):
-                registry.clear()
-                registry.update(saved)
-            FLAGS.unparse_flags()
-            flagsaver.restore_flag_values(saved_values, FLAGS)
-            if was_parsed:
-                FLAGS.mark_as_parsed()
-            app._run_init.done, app._register_and_parse_flags_with_usage.done = run_once
-            command_name.make_process_name_useful = process_name
+    return in_process.command_in_this_process(f"bert_packed.cli.{command}", cwd)
 
 
-@contextlib.contextmanager
-def _process_state_kept():
-    """Puts back the logging set-up (levels, handlers, and the absl handler's stream, formatter and
-    filters), the SIGINT and SIGTERM handlers, sys.argv, sys.stdout and sys.stderr, the environment
-    and the working directory."""
-    handler = absl_logging.get_absl_handler()
-    saved_handler = (handler.python_handler.stream, handler.python_handler.formatter, list(handler.filters))
-    loggers = [logging.getLogger()] + [logger for logger in logging.Logger.manager.loggerDict.values()
-                                       if isinstance(logger, logging.Logger)]
-    saved_loggers = [(logger, logger.level, list(logger.handlers)) for logger in loggers]
-    saved_signals = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
-    saved_io = (sys.argv, sys.stdout, sys.stderr)
-    saved_environment = dict(os.environ)
-    saved_directory = os.getcwd()
+def run_script(name, *args, cwd=REPO):
+    """Runs scripts/<name>.py (one with an entry_point) in this process, as run_command runs a command."""
+    scripts = os.path.join(REPO, "scripts")
+    if scripts not in sys.path:
+        sys.path.append(scripts)
+    from bert_packed.cli.in_process import run_in_process
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    saved_io = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = stdout, stderr
     try:
-        yield
+        status = run_in_process(name, list(args), f"{name}.py", cwd)
     finally:
-        os.chdir(saved_directory)
-        os.environ.clear()
-        os.environ.update(saved_environment)
-        sys.argv, sys.stdout, sys.stderr = saved_io
-        for number, saved in saved_signals.items():
-            signal.signal(number, saved)
-        stream, formatter, filters = saved_handler
-        handler.python_handler.stream = stream
-        handler.setFormatter(formatter)
-        handler.filters[:] = filters
-        for logger, level, handlers in saved_loggers:
-            logger.setLevel(level)
-            logger.handlers[:] = handlers
+        sys.stdout, sys.stderr = saved_io
+    return subprocess.CompletedProcess([name, *args], status, stdout.getvalue(), stderr.getvalue())
 
 
 def run_command(command, *args, cwd=REPO, launcher=None):
@@ -285,20 +238,12 @@ def run_command(command, *args, cwd=REPO, launcher=None):
     launcher: a module that runs `command` by a name, its first argument, (bert_packed.cli.beam:
     `run_command("pack_pretraining_data", "pack", ..., launcher="beam")`).
     """
+    from bert_packed.cli.in_process import call_entry_point
+
     stdout, stderr = io.StringIO(), io.StringIO()
     with command_in_this_process(command, cwd) as module:
         if launcher:
             module = importlib.import_module(f"bert_packed.cli.{launcher}")
-        sys.argv = [f"{launcher or command}.py", *args]
-        sys.stdout, sys.stderr = stdout, stderr
-        absl_logging.get_absl_handler().python_handler.stream = stderr  # it holds the stderr of its creation
-        try:
-            module.entry_point()
-            status = 0
-        except SystemExit as e:
-            if e.code is None or isinstance(e.code, int):
-                status = e.code or 0
-            else:  # as Python exits on a message: printed, status 1
-                stderr.write(f"{e.code}\n")
-                status = 1
+        sys.stdout, sys.stderr = stdout, stderr  # put back on leaving
+        status = call_entry_point(module, [f"{launcher or command}.py", *args])
     return subprocess.CompletedProcess([command, *args], status, stdout.getvalue(), stderr.getvalue())

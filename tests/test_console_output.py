@@ -3,6 +3,8 @@ terminal) and TensorFlow loading quietly."""
 
 import io
 
+import pytest
+
 from bert_packed.progress import Progress
 
 
@@ -68,6 +70,7 @@ print(os.environ.get("TF_CPP_MIN_LOG_LEVEL"))
 """
 
 
+@pytest.mark.slow
 def test_tensorflow_loads_quietly_but_its_errors_still_show(tmp_path):
     import os
     import subprocess
@@ -105,3 +108,13 @@ def test_run_pretraining_s_help_lists_every_flag_in_one_group():
         defined = [flag.name for flag in flags.FLAGS.get_flags_for_module(module.__name__)]
     grouped = [name for names in module.HELP_GROUPS.values() for name in names]
     assert sorted(grouped) == sorted(defined)  # each once: none left out, none twice, none gone
+
+
+def test_the_fast_tier_starts_no_process():
+    import subprocess
+    import sys
+
+    from conftest import ProcessStarted
+
+    with pytest.raises(ProcessStarted, match="test_the_fast_tier_starts_no_process starts a process"):
+        subprocess.run([sys.executable, "-c", "pass"])

@@ -14,6 +14,7 @@ from bert_packed.features import Shapes
 from bert_packed.training import doctor
 
 
+@pytest.mark.slow
 def test_the_doctor_on_a_machine_without_a_gpu_says_so_and_checks_the_cpu():
     result = run_command("doctor")
     assert result.returncode == 0, result.stderr[-3000:]

@@ -31,6 +31,7 @@ def hold(lock_path, log_path, barrier, rounds):
             f.write(line)
 
 
+@pytest.mark.slow
 def test_processes_racing_for_the_lock_never_hold_it_together(tmp_path):
     lock, log = str(tmp_path / ".lock"), str(tmp_path / "log")
     context = multiprocessing.get_context("fork")
@@ -49,6 +50,7 @@ def test_processes_racing_for_the_lock_never_hold_it_together(tmp_path):
     assert not os.path.exists(lock)
 
 
+@pytest.mark.slow
 def test_a_lock_left_by_a_dead_process_is_taken_over_and_a_live_one_named(tmp_path):
     lock = str(tmp_path / ".lock")
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)

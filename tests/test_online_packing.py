@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import REPO, run_script
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,7 +17,6 @@ from bert_packed.packing import load_histogram, plan, wikipedia_like_histogram
 from bert_packed.packing.online import OnlinePacker
 from bert_packed.training.config import ONLINE_PACKING_WINDOW
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WIKIPEDIA_512 = os.path.join(REPO, "data", "histograms", "wikipedia_512.json")
 
 
@@ -166,9 +166,7 @@ def test_small_l_within_half_a_point_of_its_plan():
 
 
 def run_benchmark(*flags):
-    script = os.path.join(REPO, "scripts", "benchmark_online_packing.py")
-    done = subprocess.run([sys.executable, script, "--sequences=100000", "--json", *flags], cwd=REPO,
-                          capture_output=True, text=True)
+    done = run_script("benchmark_online_packing", "--sequences=100000", "--json", *flags)
     return done.returncode, json.loads(done.stdout)
 
 
@@ -186,6 +184,7 @@ def test_benchmark_reports_the_curve_and_checks_its_targets():
     assert status == 1 and not result["passed"] and result["efficiency"] < result["target_efficiency"]
 
 
+@pytest.mark.slow
 def test_imports_no_tensorflow():
     code = "import sys, bert_packed.packing.online; sys.exit('tensorflow' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0

@@ -70,6 +70,7 @@ def claim_of(host: str, pid: int) -> str:
     return json.dumps({"command": "pack_pretraining_data", "host": host, "pid": pid, "started": "2026-11-24 09:00:00"})
 
 
+@pytest.mark.slow
 def test_a_claim_on_a_bucket_keeps_other_hosts_out_and_a_replaced_claim_commits_nothing(unpacked_dir, tmp_path,
                                                                                           monkeypatch):
     """A bucket cannot lock: the claim written into the output names its writer to other hosts."""
