@@ -6,13 +6,16 @@ else
 ENV_DIR := .venv
 endif
 PYTHON := $(ENV_DIR)/bin/python
+# What is installed: the main job's needs (STAMP), then the tests' (TEST_STAMP: PyTorch's CPU
+# build, transformers and keras-hub to read the Hugging Face export, Apache Beam, pytest).
 STAMP := $(ENV_DIR)/.bert-packed-installed
+TEST_STAMP := $(ENV_DIR)/.bert-packed-test-installed
 # A TensorFlow already in the environment (the gpu extra's, a TPU VM's: any flavour) is kept: the
 # rest of what training needs goes beside it, never tensorflow-cpu over the same files.
 HAS_TENSORFLOW := $(shell test -x $(PYTHON) && $(PYTHON) -c "import importlib.metadata as m, sys; \
 	sys.exit(not {d.metadata['Name'].lower().replace('_', '-') for d in m.distributions()} & {'tensorflow', \
 	'tensorflow-cpu', 'tensorflow-gpu', 'tf-nightly', 'tensorflow-macos', 'tensorflow-tpu'})" 2>/dev/null && echo yes)
-EXTRAS := $(if $(HAS_TENSORFLOW),train,cpu),test
+EXTRAS := $(if $(HAS_TENSORFLOW),train,cpu)
 
 .PHONY: setup job run experiments ablation test benchmarks clean
 
@@ -23,9 +26,14 @@ $(STAMP): pyproject.toml
 	@test -x $(PYTHON) || python3 -m venv $(ENV_DIR)
 	@$(PYTHON) -m pip install --quiet --quiet --upgrade pip
 	@$(PYTHON) -m pip install --quiet --quiet -e '.[$(EXTRAS)]'
-	@$(PYTHON) -m pip install --quiet --quiet --no-deps keras-hub==0.32.0 'tensorflow-text==2.21.*'  # pyproject.toml: test
 	@echo "== installed into $(ENV_DIR); 'source $(ENV_DIR)/bin/activate' puts its python and commands on PATH"
 	@touch $(STAMP)
+
+$(TEST_STAMP): $(STAMP)
+	@echo "== installing what the tests need into $(ENV_DIR): PyTorch's CPU build, transformers, keras-hub, Apache Beam (about 2 minutes, once)"
+	@$(PYTHON) -m pip install --quiet --quiet -e '.[$(EXTRAS),test]'
+	@$(PYTHON) -m pip install --quiet --quiet --no-deps keras-hub==0.32.0 'tensorflow-text==2.21.*'  # pyproject.toml: test
+	@touch $(TEST_STAMP)
 
 # The main job (scripts/main_job.py says what each stage does), its stages in one process:
 # JOB=wikipedia_like (the default), the shipped sample's text cut to Wikipedia's length mix, which
@@ -85,7 +93,7 @@ ablation:
 		$(foreach config,packed_batch_corrected packed_plain_betas $(ABLATION),\
 			$(foreach seed,1 2 3,$(SAMPLE)/$(config)_seed$(seed)))
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m pytest -q --durations=25 tests
 

@@ -158,6 +158,22 @@ def test_bad_input_is_one_line_before_anything_runs(unpacked_dir, tmp_path, args
     assert not output.exists()
 
 
+def test_without_beam_installed_the_command_says_what_to_install(unpacked_dir, tmp_path, monkeypatch):
+    """make run installs the main job's needs only: Beam comes with make test or its extra."""
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None if name == "apache_beam"
+                        else find_spec(name, *args))
+    result = run_command("pack_pretraining_data", "pack", f"--input_files={unpacked_dir}/part-*.tfrecord",
+                         f"--output_dir={tmp_path / 'out'}", launcher="beam")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == ["bert_packed.beam pack: error: Apache Beam is not installed: pip install "
+                                                  "-e '.[beam]' in a clone (make test installs it too), or pip install "
+                                                  "'bert-packed[beam]'"]
+    assert not (tmp_path / "out").exists()
+
+
 # Set when a test lets its stuck pipeline go on. The functions the pipelines run are the module's
 # own, which Beam pickles by name: a closure's event would reach the pipeline as a copy.
 RELEASE = threading.Event()

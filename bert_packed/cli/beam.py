@@ -106,10 +106,14 @@ class _OwnLines(logging.Filter):
 
 def _quiet_beam():
     """Imports the pipelines (apache_beam, which logs as it is imported) with Beam's lines left out."""
+    spec = importlib.util.find_spec("apache_beam")
+    if spec is None:  # make run installs the main job's needs only
+        raise UserError("Apache Beam is not installed: pip install -e '.[beam]' in a clone (make test installs it "
+                        "too), or pip install 'bert-packed[beam]'")
     handler = absl_logging.get_absl_handler()
     if FLAGS.verbosity < 1 and not any(isinstance(f, _OwnLines) for f in handler.filters):
         # First, before the filter that counts repeated warnings: Beam's are not counted.
-        handler.filters.insert(0, _OwnLines(os.path.dirname(importlib.util.find_spec("apache_beam").origin)))
+        handler.filters.insert(0, _OwnLines(os.path.dirname(spec.origin)))
     from bert_packed.beam import pipelines as beam
 
     return beam
