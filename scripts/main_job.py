@@ -22,6 +22,7 @@ pack at 1.2 (the long-article case of docs/experiments.md).
 
 from __future__ import annotations
 
+import gc
 import os
 import shlex
 import sys
@@ -30,6 +31,7 @@ from absl import flags
 
 from bert_packed.cli.common import run
 from bert_packed.cli.in_process import run_in_process
+from bert_packed.errors import SettingsError
 
 PROGRAM = "main_job"
 # The phase-2 configurations compared; the first is the baseline.
@@ -40,10 +42,11 @@ flags.DEFINE_enum("job", "wikipedia_like", ["wikipedia_like", "sample"], "The co
 flags.DEFINE_list("seeds", ["1"], "Phase 2's seeds (`make experiments`: 1,2,3).")
 flags.DEFINE_list("baseline_seeds", [], "More seeds of the unpacked baseline alone (`make experiments`: 4,5).")
 flags.DEFINE_string("curves", None, "The comparison's PNG (default runs/JOB/curves.png).")
-flags.DEFINE_string("phase1_flags", "", "Flags added to phase 1's command (the README test makes the job small).")
+flags.DEFINE_string("phase1_flags", "", "Flags added to phase 1's command, split as a shell splits a line "
+                                        "(--phase1_flags=\"--train_batch_size=2 --submission_org='My Org'\").")
 flags.DEFINE_string("phase2_flags", "", "Flags added to every phase-2 command, the phase-1 weights' evaluation "
-                                        "at L=512 included.")
-flags.DEFINE_string("throughput_flags", "", "Flags added to the throughput measurement.")
+                                        "at L=512 included, split as --phase1_flags.")
+flags.DEFINE_string("throughput_flags", "", "Flags added to the throughput measurement, split as --phase1_flags.")
 
 
 def command(module: str, *args: str) -> None:
@@ -52,10 +55,48 @@ def command(module: str, *args: str) -> None:
     status = run_in_process(module, list(args))
     if status:
         sys.exit(status)
+    gc.collect()  # the command's models and datasets: a dozen commands then take the memory of one
+
+
+def command_unless_done(done: str, module: str, *args: str) -> None:
+    """command(), unless the file `done` is there: the commands whose output is a file, not a
+    directory that says whether it is finished."""
+    if os.path.exists(done):
+        print(f"already done: {done}", flush=True)
+    else:
+        command(module, *args)
 
 
 def stage(number: int, what: str) -> None:
     print(f"== {number}/9 {what}", flush=True)
+
+
+def shell_words(name: str) -> list[str]:
+    """The value of the flag `name` split as a shell splits a line; an unbalanced quote is refused."""
+    value = getattr(FLAGS, name)
+    try:
+        return shlex.split(value)
+    except ValueError as e:
+        raise SettingsError(f"--{name}={value}: {e} (the value is split as a shell splits a line)") from None
+
+
+def seeds() -> tuple[list[str], list[str]]:
+    """--seeds and --baseline_seeds: integers, at least one of --seeds, none given twice (each
+    seed's run has a directory of its own)."""
+    given = {"seeds": FLAGS.seeds, "baseline_seeds": FLAGS.baseline_seeds}
+    for name, values in given.items():
+        for value in values:
+            if not value.strip().isdigit():
+                raise SettingsError(f"--{name}={','.join(values)}: {value!r} is not a seed: expected integers "
+                                    f"separated by commas (--{name}=1,2,3)")
+    if not given["seeds"]:
+        raise SettingsError("--seeds is empty: expected at least one seed (--seeds=1)")
+    every = [int(value) for values in given.values() for value in values]
+    twice = sorted({seed for seed in every if every.count(seed) > 1})
+    if twice:
+        raise SettingsError(f"--seeds={','.join(FLAGS.seeds)} --baseline_seeds={','.join(FLAGS.baseline_seeds)}: "
+                            f"seed {twice[0]} is given twice: each seed's run has a directory of its own")
+    return [str(int(v)) for v in given["seeds"]], [str(int(v)) for v in given["baseline_seeds"]]
 
 
 def phase2(job: str, directory: str, seeds: list[str], baseline_seeds: list[str], phase2_flags: list[str]) -> None:
@@ -71,11 +112,11 @@ def phase2(job: str, directory: str, seeds: list[str], baseline_seeds: list[str]
 
 def main(argv):
     del argv
-    job, seeds, baseline_seeds = FLAGS.job, FLAGS.seeds, FLAGS.baseline_seeds
+    job, (phase2_seeds, baseline_seeds) = FLAGS.job, seeds()
     directory = f"runs/{job}"
     curves = FLAGS.curves or f"{directory}/curves.png"
-    phase1_flags, phase2_flags = shlex.split(FLAGS.phase1_flags), shlex.split(FLAGS.phase2_flags)
-    throughput_flags = shlex.split(FLAGS.throughput_flags)
+    phase1_flags, phase2_flags = shell_words("phase1_flags"), shell_words("phase2_flags")
+    throughput_flags = shell_words("throughput_flags")
     if job == "wikipedia_like":
         stage(1, f"the corpus: the sample's text cut to Wikipedia's length mix ({directory}/corpus)")
         command("make_wikipedia_like_corpus", f"--output_dir={directory}/corpus")
@@ -107,21 +148,21 @@ def main(argv):
     command("bert_packed.cli.run_pretraining", f"--flagfile=configs/tiny_{job}_phase1.cfg", *phase1_flags)
 
     stage(6, f"the phase-1 weights evaluated at L=512 ({directory}/phase1_eval)")
-    if not os.path.exists(f"{directory}/phase1_eval/eval_results.txt"):
-        command("bert_packed.cli.run_pretraining", f"--flagfile=configs/tiny_{job}_phase2.cfg", "--do_train=false",
-                "--do_eval", f"--input_file={directory}/unpacked/eval-*.tfrecord",
-                f"--output_dir={directory}/phase1_eval", *phase2_flags)
+    command_unless_done(f"{directory}/phase1_eval/eval_results.txt", "bert_packed.cli.run_pretraining",
+                        f"--flagfile=configs/tiny_{job}_phase2.cfg", "--do_train=false", "--do_eval",
+                        f"--input_file={directory}/unpacked/eval-*.tfrecord", f"--output_dir={directory}/phase1_eval",
+                        *phase2_flags)
 
-    phase2(job, directory, seeds, baseline_seeds, phase2_flags)
+    phase2(job, directory, phase2_seeds, baseline_seeds, phase2_flags)
 
     stage(8, f"throughput, packed and unpacked alternated on these records ({directory}/throughput.json)")
-    if not os.path.exists(f"{directory}/throughput.json"):
-        command("benchmark_training", "--configs=tiny", f"--sample_dir={directory}", "--modes=padded,packed",
-                "--target=0", f"--output_json={directory}/throughput.json", *throughput_flags)
+    command_unless_done(f"{directory}/throughput.json", "benchmark_training", "--configs=tiny",
+                        f"--sample_dir={directory}", "--modes=padded,packed", "--target=0",
+                        f"--output_json={directory}/throughput.json", *throughput_flags)
 
     stage(9, f"comparison ({curves})")
     compared = ([f"{directory}/unpacked_seed{seed}" for seed in baseline_seeds]
-                + [f"{directory}/{config}_seed{seed}" for config in PHASE2 for seed in seeds])
+                + [f"{directory}/{config}_seed{seed}" for config in PHASE2 for seed in phase2_seeds])
     command("bert_packed.cli.compare_curves", f"--output={curves}", "--accuracy=auto",
             f"--throughput={directory}/throughput.json", *compared)
     print(f"results: {directory}/ (curves, */train_log.jsonl, */eval_log.jsonl, phase1/model.ckpt-250, "

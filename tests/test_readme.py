@@ -20,7 +20,7 @@ import sys
 import tempfile
 
 import pytest
-from conftest import REPO
+from conftest import REPO, run_script
 
 from bert_packed.tensorflow_loading import STARTUP_NOTICES
 
@@ -37,7 +37,8 @@ SMALLER = [
 # evaluation is one batch (the whole held-out set at L=512 took 5 s a run).
 MAIN_JOB = ["make", "--no-print-directory", "run",
             "PHASE1_FLAGS=--train_batch_size=2 --eval_batch_size=16 --max_eval_steps=1",
-            "PHASE2_FLAGS=--num_train_steps=2 --max_eval_steps=1", "THROUGHPUT_FLAGS=--rounds=1 --updates=1"]
+            "PHASE2_FLAGS=--num_train_steps=2 --max_eval_steps=1 --submission_org='My Org'",
+            "THROUGHPUT_FLAGS=--rounds=1 --updates=1"]
 # TensorFlow's C++ log lines (`I0000 00:00:1732.5   123 port.cc:153] oneDNN ...`), and its older form.
 TENSORFLOW_LOG = re.compile(r"^[IWEF]\d{4} [\d:.]+ +\d+ \S+:\d+\]|tensorflow/core/|oneDNN custom operations"
                             r"|absl::InitializeLog", re.M)
@@ -163,6 +164,25 @@ def test_the_main_job_runs_and_reads_well(main_job):
     assert all(line.startswith("mllog.txt: passes the MLPerf compliance checker") for line in summaries)
     assert "(PASS)" not in output and "(FAIL)" not in output  # a report-only benchmark prints no verdict
     assert os.path.exists(root / "runs" / "wikipedia_like" / "curves.png")
+    # A quoted value in PHASE2_FLAGS reaches the runs as the shell would pass it.
+    with open(root / "runs" / "wikipedia_like" / "packed_online_seed1" / "mllog.txt", encoding="utf-8") as f:
+        assert '"key": "submission_org", "value": "My Org"' in f.read()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--phase2_flags=--submission_org='My Org"], "--phase2_flags=--submission_org='My Org: No closing quotation "
+                                                  "(the value is split as a shell splits a line)"),
+    (["--seeds="], "--seeds is empty: expected at least one seed (--seeds=1)"),
+    (["--seeds=1,x"], "--seeds=1,x: 'x' is not a seed: expected integers separated by commas (--seeds=1,2,3)"),
+    (["--seeds=1,2", "--baseline_seeds=2"], "--seeds=1,2 --baseline_seeds=2: seed 2 is given twice: each seed's run "
+                                            "has a directory of its own"),
+])
+def test_the_main_job_refuses_bad_flags_in_a_line_before_any_stage(tmp_path, args, message):
+    result = run_script("main_job", *args, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stdout == ""
+    assert result.stderr.strip().splitlines() == [f"main_job: error: {message}"]
+    assert os.listdir(tmp_path) == []
 
 
 def python_commands_and_the_rest(script: str) -> list[str | list[str]]:

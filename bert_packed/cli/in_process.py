@@ -13,6 +13,7 @@ import contextlib
 import importlib
 import logging
 import os
+import random
 import signal
 import sys
 
@@ -42,7 +43,9 @@ def command_in_this_process(module_name: str, cwd: str | None = None):
     What is put back: absl's flags (their values, parsed or not, and which are defined: commands
     define flags of the same names, which cannot be defined twice, so every other command's are
     taken out meanwhile), absl's run-once state, the logging set-up, the SIGINT and SIGTERM
-    handlers, sys.argv, sys.stdout and sys.stderr, the environment and the working directory.
+    handlers, sys.argv, sys.stdout and sys.stderr, the environment, the working directory, and
+    what a training run sets of the whole process (op determinism, the random seeds, the precision
+    policy: bert_packed.training.process.set_up_process).
 
     Args:
       module_name: the command's module (`bert_packed.cli.pack_pretraining_data`, or a script's
@@ -51,7 +54,8 @@ def command_in_this_process(module_name: str, cwd: str | None = None):
     """
     app.define_help_flags()  # once per process: part of what is saved below, not defined by the command
     quiet = QuietRetracing()
-    with _process_state_kept(), _only_its_flags(module_name):  # the state last: restoring --verbosity sets a level
+    # The flags last: restoring --verbosity sets a level.
+    with _process_state_kept(), _training_state_kept(), _only_its_flags(module_name):
         was_imported = module_name in sys.modules
         process_name = command_name.make_process_name_useful
         try:
@@ -168,3 +172,43 @@ def _process_state_kept():
         for logger, level, handlers in saved_loggers:
             logger.setLevel(level)
             logger.handlers[:] = handlers
+
+
+@contextlib.contextmanager
+def _training_state_kept():
+    """Puts back what set_up_process sets of the whole process, as it was before the command (as in
+    a new process where TensorFlow was not imported yet): op determinism, the seeds of Python,
+    NumPy and TensorFlow, and Keras's precision policy. A training run with --deterministic would
+    otherwise leave the next command deterministic and seeded, a bf16 run leave it in bf16."""
+    python_random = random.getstate()
+    numpy_random = sys.modules["numpy"].random.get_state() if "numpy" in sys.modules else None
+    determinism, tensorflow_seed, policy = False, None, "float32"
+    if "tensorflow" in sys.modules:
+        import keras
+        from tensorflow.python.eager import context
+        from tensorflow.python.framework import config
+
+        determinism, tensorflow_seed = config.is_op_determinism_enabled(), context.global_seed()
+        policy = keras.mixed_precision.global_policy().name
+    try:
+        yield
+    finally:
+        random.setstate(python_random)
+        if "numpy" in sys.modules:
+            numpy = sys.modules["numpy"]
+            if numpy_random is None:
+                numpy.random.seed(None)
+            else:
+                numpy.random.set_state(numpy_random)
+        if "tensorflow" in sys.modules:
+            import keras
+            import tensorflow as tf
+            from tensorflow.python.eager import context
+            from tensorflow.python.framework import config
+
+            if config.is_op_determinism_enabled() != determinism:
+                (config.enable_op_determinism if determinism else config.disable_op_determinism)()
+            if context.global_seed() != tensorflow_seed:  # setting it clears TensorFlow's kernel cache
+                tf.random.set_seed(tensorflow_seed)
+            if keras.mixed_precision.global_policy().name != policy:
+                keras.mixed_precision.set_global_policy(policy)

@@ -1,0 +1,39 @@
+"""The in-process runner (bert_packed.cli.in_process): a command run in this process leaves the
+process as a command run in its own leaves its parent."""
+
+import random
+
+import keras
+import numpy as np
+import tensorflow as tf
+from conftest import run_command
+from tensorflow.python.eager import context
+from tensorflow.python.framework import config as tf_config
+
+
+def training_state():
+    return (tf_config.is_op_determinism_enabled(), context.global_seed(), keras.mixed_precision.global_policy().name,
+            random.getstate(), np.random.get_state()[1].tolist())
+
+
+def test_a_deterministic_bf16_run_leaves_determinism_seeds_and_precision_as_they_were(packed_dir, bert_config_file,
+                                                                                      tmp_path):
+    found = training_state()
+    try:
+        tf_config.disable_op_determinism()  # other tests' runs leave it on
+        tf.random.set_seed(11)
+        keras.mixed_precision.set_global_policy("float32")
+        random.seed(3)
+        np.random.seed(3)
+        before = training_state()
+        result = run_command("run_pretraining", f"--bert_config_file={bert_config_file}",
+                             f"--input_files={packed_dir}/packed-*.tfrecord", f"--output_dir={tmp_path / 'run'}",
+                             "--max_seq_length=128", "--max_predictions_per_seq=20", "--train_batch_size=4",
+                             "--num_train_steps=1", "--deterministic", "--seed=5", "--precision=bf16")
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert training_state() == before
+        assert before[:3] == (False, 11, "float32")
+    finally:
+        (tf_config.enable_op_determinism if found[0] else tf_config.disable_op_determinism)()
+        tf.random.set_seed(found[1])
+        keras.mixed_precision.set_global_policy(found[2])
