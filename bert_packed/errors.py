@@ -1,8 +1,14 @@
-"""The errors a user can cause and fix: bad input files, flags, settings or output directories.
+"""The errors a command ends on, each converted where it happens, so that the command line
+(bert_packed.cli.common.run) tells them apart by class alone:
 
-Every such error derives from `UserError`. The command line (bert_packed.cli.common.run) prints
-it as one line, `<program>: error: <message>`, and exits with status 2; any other exception is a
-bug and keeps its traceback. A message names the file, record or flag and what was expected.
+- `UserError`: what the user gave (bad input files, flags, settings or output directories): one
+  line, `<program>: error: <message>`, exit status 2. A message names the file, record or flag
+  and what was expected.
+- `StorageError` (a UserError): the storage refused a path (read-only, no permission, gone, a
+  full disk), raised by bert_packed.files and the few places TensorFlow reads or writes itself;
+  one line naming the path, exit status 2, or 75 when the same command again may go on (a
+  request the storage still failed after retrying).
+- `InternalError`, and any other exception: a bug, with its traceback, exit status 1.
 """
 
 from __future__ import annotations
@@ -26,3 +32,30 @@ class OutputDirectoryError(UserError):
 
 class TrainingError(UserError, RuntimeError):
     """Training cannot go on (a NaN or Inf loss, say); the last good checkpoint is kept."""
+
+
+class StorageError(UserError, OSError):
+    """The storage refused or failed a request on a path. An OSError too (`errno`, `strerror`,
+    `filename`), so that a caller that reads a file and says why it could not goes on as it is.
+
+    Attributes:
+      path: the path as the user gave it (None when the storage did not say which).
+      reason: the storage's own words ("Permission denied").
+      retry_may_help: the storage still failed after its client's own retries (a bucket out of
+        reach, a deadline passed): neither the input nor a bug; the same command again goes on.
+      disk_full: the disk (or a quota, or a file-size limit) is full.
+      kind: the class of the error the storage raised, for the message.
+    """
+
+    def __init__(self, path: str | None, reason: str, retry_may_help: bool = False, disk_full: bool = False,
+                 kind: str = "OSError", errno: int | None = None):
+        OSError.__init__(self, errno, reason, path)
+        self.path, self.reason, self.retry_may_help, self.disk_full, self.kind = (
+            path, reason, retry_may_help, disk_full, kind)
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}" if self.path else self.reason
+
+
+class InternalError(RuntimeError):
+    """A check of the code's own state failed: a bug, not the user's input (traceback, exit 1)."""

@@ -8,12 +8,19 @@ Files are written one way: under a temporary name, then renamed into place. Read
 the old file or the complete new one; an interrupted job never leaves a file that looks finished.
 Temporary names are hidden (`.NAME.tmp-PID`), so no data glob (`part-*`, `*.tfrecord`) matches
 one, and remove_leftovers() clears those a killed process left.
+
+What the storage refuses or fails (a path read-only, missing or of the wrong kind, a full disk, a
+bucket out of reach) is raised here as a StorageError naming the path, by every function below
+and by the files open_file opens; so is it by the few places TensorFlow reads or writes files
+itself, through storage(). An OSError or a TensorFlow error that reaches the command line from
+elsewhere is a bug.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import glob as local_glob
 import hashlib
 import io
@@ -23,10 +30,98 @@ import re
 import shutil
 import socket
 import stat
+import sys
 import tempfile
 import time
 
-from bert_packed.errors import OutputDirectoryError, UserError
+from bert_packed.errors import OutputDirectoryError, StorageError, UserError
+
+# A full disk, a full quota and a file-size limit all stop a write the same way.
+_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+# TensorFlow's filesystems give no errno: their words for the same three.
+_DISK_FULL_WORDS = ("No space left on device", "Disk quota exceeded", "File too large")
+
+
+def storage_error(error: BaseException, path: str | None) -> StorageError | None:
+    """`error`, raised by a request to the storage on `path`, as a StorageError naming `path`
+    (None: the error's own file name, if any); None when it is not an error of the storage.
+
+    Python's OSError and TensorFlow's filesystem errors (tf.errors.OpError: gs://, file://...)
+    are; a TensorFlow error of the kinds a client raises after its own retries failed
+    (Unavailable, DeadlineExceeded, Aborted) is one that the same command again may get past.
+    """
+    if isinstance(error, StorageError):
+        return error
+    if isinstance(error, OSError):
+        # The error's own file is what failed (the parent makedirs could not create, say), unless
+        # it is a temporary name, which the user never gave.
+        own = error.filename if isinstance(error.filename, str) else None
+        where = own if own and not is_temporary_name(os.path.basename(own)) else path or own
+        return StorageError(where, error.strerror or str(error), disk_full=error.errno in _DISK_FULL_ERRNOS,
+                            kind=type(error).__name__, errno=error.errno)
+    tensorflow = sys.modules.get("tensorflow")
+    if tensorflow is None or not isinstance(error, tensorflow.errors.OpError):
+        return None
+    lines = [line.strip() for line in str(error.message).splitlines() if line.strip()] or [type(error).__name__]
+    full = next((words for words in _DISK_FULL_WORDS if words in error.message), None)
+    transient = (tensorflow.errors.UnavailableError, tensorflow.errors.DeadlineExceededError,
+                 tensorflow.errors.AbortedError)
+    return StorageError(path, full or lines[0], retry_may_help=isinstance(error, transient), disk_full=full is not None,
+                        kind=type(error).__name__)
+
+
+@contextlib.contextmanager
+def storage(path: str | None):
+    """In this block, what the storage raises on `path` is raised as a StorageError (storage_error)."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - converted only when it is the storage's
+        converted = storage_error(e, path)
+        if converted is None or converted is e:
+            raise
+        raise converted from e
+
+
+def _on_storage(function):
+    """function(path, ...) raising StorageError for what the storage raises (storage())."""
+
+    @functools.wraps(function)
+    def converting(path, *args, **kwargs):
+        with storage(path):
+            return function(path, *args, **kwargs)
+
+    return converting
+
+
+class _StorageFile:
+    """A file open_file opened: what its reads and writes meet on the storage is raised as a
+    StorageError naming its path. Everything else is the file's own."""
+
+    def __init__(self, file, path: str):
+        self._file, self._path = file, path
+
+    def __getattr__(self, name: str):
+        attribute = getattr(self._file, name)
+        if not callable(attribute):
+            return attribute
+
+        @functools.wraps(attribute)
+        def converting(*args, **kwargs):
+            with storage(self._path):
+                return attribute(*args, **kwargs)
+
+        return converting
+
+    def __iter__(self):
+        with storage(self._path):
+            yield from self._file
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        with storage(self._path):
+            self._file.close()
 
 
 def _gfile(path: str):
@@ -38,6 +133,7 @@ def _gfile(path: str):
     return None
 
 
+@_on_storage
 def open_file(path: str, mode: str = "r"):
     """Opens `path` (text modes are UTF-8).
 
@@ -45,6 +141,11 @@ def open_file(path: str, mode: str = "r"):
     limit, and the text this package reads (corpus files of at most 32 MB, vocabularies,
     descriptions, logs) fits in memory.
     """
+    opened = _open(path, mode)
+    return opened if isinstance(opened, io.StringIO) else _StorageFile(opened, path)
+
+
+def _open(path: str, mode: str):
     gfile = _gfile(path)
     if gfile is not None:
         if "r" in mode and not gfile.exists(path):  # GFile would only fail at the first read
@@ -62,17 +163,20 @@ def absolute(path: str) -> str:
     return path if "://" in path else os.path.abspath(path)
 
 
+@_on_storage
 def exists(path: str) -> bool:
     gfile = _gfile(path)
     return gfile.exists(path) if gfile is not None else os.path.exists(path)
 
 
+@_on_storage
 def size(path: str) -> int:
     """Bytes in the file at `path`."""
     gfile = _gfile(path)
     return gfile.stat(path).length if gfile is not None else os.path.getsize(path)
 
 
+@_on_storage
 def makedirs(path: str) -> None:
     """Creates the directory `path` (and its parents) if missing.
 
@@ -89,11 +193,13 @@ def makedirs(path: str) -> None:
         os.makedirs(path, exist_ok=True)
 
 
+@_on_storage
 def isdir(path: str) -> bool:
     gfile = _gfile(path)
     return gfile.isdir(path) if gfile is not None else os.path.isdir(path)
 
 
+@_on_storage
 def isfile(path: str) -> bool:
     """Whether `path` is a regular file: not a directory, nor a device or a pipe (which never end,
     or block the reader)."""
@@ -106,6 +212,7 @@ def isfile(path: str) -> bool:
         return False
 
 
+@_on_storage
 def listdir(path: str) -> list[str]:
     """The names in the directory `path`, sorted ([] when it does not exist)."""
     if not exists(path):
@@ -114,6 +221,7 @@ def listdir(path: str) -> list[str]:
     return sorted(name.rstrip("/") for name in (gfile.listdir(path) if gfile is not None else os.listdir(path)))
 
 
+@_on_storage
 def glob(pattern: str) -> list[str]:
     """The paths matching `pattern`, sorted.
 
@@ -131,6 +239,7 @@ def glob(pattern: str) -> list[str]:
     return sorted(gfile.glob(pattern) if gfile is not None else local_glob.glob(pattern))
 
 
+@_on_storage
 def rmtree(path: str) -> None:
     """Removes the directory `path` and everything in it, if it exists."""
     gfile = _gfile(path)
@@ -141,6 +250,7 @@ def rmtree(path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+@_on_storage
 def remove(path: str) -> None:
     gfile = _gfile(path)
     if gfile is not None:
@@ -152,10 +262,11 @@ def remove(path: str) -> None:
 def move(source: str, destination: str) -> None:
     """Renames `source` to `destination`, replacing it: the last step of every write here."""
     gfile = _gfile(source)
-    if gfile is not None:
-        gfile.rename(source, destination, overwrite=True)
-    else:
-        os.replace(source, destination)
+    with storage(destination):
+        if gfile is not None:
+            gfile.rename(source, destination, overwrite=True)
+        else:
+            os.replace(source, destination)
 
 
 # A temporary name, with its writer's pid: temporary_name()'s (`.NAME.tmp-PID`, hidden) or that of a
@@ -242,15 +353,14 @@ def atomic_open(path: str, mode: str = "w"):
     """Opens a temporary file next to `path` for writing; on success it is flushed to disk and
     renamed to `path` (see atomic_path)."""
     with atomic_path(path) as tmp:
-        try:
-            opened = open_file(tmp, mode)
-        except OSError as e:  # the user's path named, not the temporary name beside it
-            raise type(e)(e.errno, e.strerror, path) from None
-        with opened as f:
+        with storage(path):  # the user's path named, not the temporary name beside it
+            opened = _open(tmp, mode)
+        with _StorageFile(opened, path) as f:
             yield f
             f.flush()
             if hasattr(f, "fileno"):
-                os.fsync(f.fileno())
+                with storage(path):
+                    os.fsync(f.fileno())
 
 
 def local_stand_in(path: str) -> str:
@@ -369,9 +479,9 @@ def _lock_holder(lock_path: str) -> dict | None:
     try:
         with open_file(lock_path) as f:
             holder = json.load(f)
-    except FileNotFoundError:
-        return {}  # released meanwhile: try again
-    except (OSError, ValueError):
+    except StorageError as e:
+        return {} if e.errno == errno.ENOENT else None  # released meanwhile: try again
+    except ValueError:
         return None
     return holder if isinstance(holder, dict) and holder else None
 

@@ -37,8 +37,9 @@ import numpy as np
 import tensorflow as tf
 
 from bert_packed.dataset_info import check_unchanged
-from bert_packed.errors import SettingsError, TrainingError
+from bert_packed.errors import InternalError, SettingsError, TrainingError
 from bert_packed.features import INPUT_MODES, PACKED_RECORD_MODES, Shapes, float_features, model_features, tf_feature_spec
+from bert_packed.files import storage_error
 from bert_packed.packing.stream import StreamSettings, packed_batches
 from bert_packed.records import read_packed, read_unpacked
 
@@ -201,7 +202,7 @@ def _packed_online(config: PipelineConfig, batch_size: int, skip: int,
             raise SettingsError(too_few_files(len(files), pipelines))
         files = files[index::pipelines]
     if not config.strategies or config.online_packing_window is None:
-        raise ValueError("packed_online needs the strategies of a plan and an online packing window")  # a caller's bug
+        raise InternalError("packed_online needs the strategies of a plan and an online packing window")
     settings = StreamSettings(config.shapes, config.strategies, config.online_packing_window, batch_size, config.seed,
                               config.is_training, skip_batches=skip)
     signature = {name: tf.TensorSpec([batch_size, length], tf.int32)
@@ -336,20 +337,23 @@ def _bucketed(records, shapes: Shapes, batch_size: int, config: PipelineConfig, 
 @contextlib.contextmanager
 def reading_errors_named(config: PipelineConfig):
     """TensorFlow's reading errors name no file: in this block, one that the input raised (its
-    iterator, not the model: a shape error there is a bug, and goes on as it is) is replaced by an
-    error naming the changed file or the bad record (or, when the files read cleanly, one line
-    with TensorFlow's reason).
+    iterator, not the model: a shape error or a missing kernel there is a bug, and goes on as it
+    is) is replaced by an error naming the changed file or the bad record (or, when the files read
+    cleanly, one line with TensorFlow's reason), and what the storage refused or failed is a
+    StorageError.
 
     Raises:
-      DataChangedError / CorruptRecordError / RecordError / TrainingError: one line.
+      DataChangedError / CorruptRecordError / RecordError / TrainingError / StorageError: one line.
     """
     try:
         yield
-    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
+    except tf.errors.OpError as e:
         if not isinstance(e, tf.errors.DataLossError) and not any(op in str(e) for op in ("IteratorGetNext",
                                                                                           "Iterator::")):
             raise
         check_unchanged(config.identity, WATCHED_SINCE)  # a file changed: say that, not what its reading met
+        if not isinstance(e, (tf.errors.DataLossError, tf.errors.InvalidArgumentError)):
+            raise storage_error(e, None) from e
         diagnose_input_error(config)
         raise TrainingError(f"reading {', '.join(config.files[:3])}...: {tensorflow_reason(e)}") from None
 

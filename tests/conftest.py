@@ -4,6 +4,7 @@ import io
 import json
 import multiprocessing.process
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -11,6 +12,10 @@ import sys
 import tempfile
 
 import pytest
+
+# Python's platform asks `uname -p` in a process once, and keeps the answer: Beam asks at import,
+# which in a fast test would start that process (_no_process_in_the_fast_tier).
+platform.processor()
 
 # Keep TensorFlow quiet and on the CPU in every test process.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -122,6 +122,16 @@ def test_verbosity_1_shows_the_traceback_of_an_error_and_a_bug_is_never_taken_fo
     assert bug.stderr.strip().splitlines()[-1] == (
         "plan_packing: internal error: KeyError: 'strategies' (a bug, not your input: please report it with the "
         "traceback above; exit status 1)")
+    # TensorFlow's NotFoundError (also a missing kernel's) and an OSError that no storage request
+    # raised are bugs too: only the storage layer says what is the user's path (bert_packed.files).
+    import tensorflow as tf
+
+    for error in (tf.errors.NotFoundError(None, None, "No registered 'Foo' OpKernel for 'CPU' devices"),
+                  FileNotFoundError(2, "No such file or directory", "/the/code/s/own/path")):
+        monkeypatch.setitem(ALGORITHMS, "lp", lambda histogram, depth, error=error: (_ for _ in ()).throw(error))
+        bug = run_command("plan_packing", f"--histogram={path}", "--algorithm=lp")
+        assert bug.returncode == 1 and "Traceback (most recent call last)" in bug.stderr
+        assert bug.stderr.strip().splitlines()[-1].startswith(f"plan_packing: internal error: {type(error).__name__}: ")
 
 
 @pytest.mark.parametrize("change, message", [

@@ -15,6 +15,7 @@ import apache_beam
 import pytest
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, VOCAB, run_command, write_corpus
 
+from bert_packed import files
 from bert_packed.beam import pipelines
 from bert_packed.cli import beam as cli_beam
 from bert_packed.dataset_info import read_dataset_info
@@ -90,7 +91,8 @@ def test_a_failed_pack_pipeline_commits_nothing_and_the_same_command_completes_i
 
     def fails_on_the_second_bucket(rows, output_dir, work, settings, num_packs, num_buckets, bucket):
         if bucket == 1:
-            raise OSError(28, "No space left on device")
+            with files.storage(output_dir):  # as a write of the storage layer meets a full disk
+                raise OSError(28, "No space left on device")
         return write_shard(rows, output_dir, work, settings, num_packs, num_buckets, bucket)
 
     monkeypatch.setattr(pipelines, "write_shard", fails_on_the_second_bucket)

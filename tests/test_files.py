@@ -1,10 +1,14 @@
 """Paths are names, never patterns: `[`, `*`, `?`, `{`, spaces and unicode anywhere."""
 
+import errno
 import os
 
 import numpy as np
+import pytest
+import tensorflow as tf
 
 from bert_packed import files
+from bert_packed.errors import StorageError, UserError
 
 ODD = "g [1]/ü *?{x}"
 
@@ -54,3 +58,28 @@ def test_leftovers_of_dead_writers_go_and_a_live_writer_s_stay(tmp_path):
     with files.atomic_open(str(tmp_path / "x.json")) as f:
         assert os.path.basename(f.name).startswith(".x.json.tmp-")  # hidden from every data glob
         f.write("{}")
+
+
+def test_what_the_storage_refuses_is_a_storage_error_naming_the_path_the_user_gave(tmp_path):
+    with pytest.raises(StorageError, match=rf"^{tmp_path}/gone: No such file or directory$") as refused:
+        files.size(str(tmp_path / "gone"))
+    assert isinstance(refused.value, UserError) and not refused.value.retry_may_help
+    with pytest.raises(StorageError, match=rf"^{tmp_path}: Is a directory$"):
+        files.write_text_atomically(str(tmp_path), "x")  # the user's path, not the temporary name beside it
+    with pytest.raises(StorageError, match=r"^/dev/full: No space left on device$") as full:
+        with files.open_file("/dev/full", "w") as f:  # the write of an open file too, when it reaches the disk
+            f.write("x" * 65536)
+            f.flush()
+    assert full.value.disk_full and full.value.errno == errno.ENOSPC
+    with pytest.raises(StorageError, match=r"^file:///nowhere/x: No such file or directory$"):
+        files.open_file("file:///nowhere/x")
+    # A bucket's client that still failed after its retries: the same command again may go on.
+    with pytest.raises(StorageError) as unavailable:
+        with files.storage("gs://b/x"):
+            raise tf.errors.UnavailableError(None, None, "HTTP response code 503\nmore")
+    assert (unavailable.value.retry_may_help, str(unavailable.value), unavailable.value.kind) == (
+        True, "gs://b/x: HTTP response code 503", "UnavailableError")
+    # Anything else goes on as it is: a bug met in a block of storage requests is still a bug.
+    with pytest.raises(KeyError):
+        with files.storage("gs://b/x"):
+            raise KeyError("x")

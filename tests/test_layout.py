@@ -121,13 +121,15 @@ def exception_classes():
 def test_every_error_a_user_can_cause_derives_from_user_error():
     classes = exception_classes()
     # An invalid plan or a lost sequence: a traceback helps. A failed LP never leaves lp_packing.
-    bugs = {"PlanError", "PackingError", "PackingLPError"}
+    bugs = {"InternalError", "PlanError", "PackingError", "PackingLPError"}
     assert bugs <= set(classes)
     for name, kind in classes.items():
         assert issubclass(kind, errors.UserError) != (name in bugs), name
     assert {"OutputDirectoryError", "RecordError", "CorruptRecordError", "HistogramError", "ConfigError",
             "CheckpointError", "TrainingError", "DatasetInfoError", "CorpusError", "VocabularyError",
-            "RunError", "SettingsError", "InputFilesError"} <= set(classes)
+            "RunError", "SettingsError", "InputFilesError", "StorageError"} <= set(classes)
+    assert {"PlanError", "PackingError"} == {name for name, kind in classes.items()
+                                            if issubclass(kind, errors.InternalError) and name != "InternalError"}
 
 
 def test_no_class_over_250_lines_and_no_function_over_60():

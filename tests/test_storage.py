@@ -119,17 +119,17 @@ def test_a_request_the_storage_still_fails_after_retrying_stops_in_one_line_and_
               f"--output_dir={uri(out)}", f"--max_seq_length={MAX_SEQ_LENGTH}",
               f"--max_predictions_per_seq={MAX_PREDICTIONS}", "--dupe_factor=2", "--short_seq_prob=0.5",
               "--num_workers=1"]
-    move, moved = files.move, []
+    rename, moved = tf.io.gfile.rename, []
 
-    def unavailable_at_the_third_shard(source, destination):
+    def unavailable_at_the_third_shard(source, destination, overwrite=False):  # as a bucket's client fails
         if destination.endswith(".tfrecord"):
             moved.append(destination)
             if len(moved) == 3:
                 raise tf.errors.UnavailableError(None, None, f"Error executing an HTTP request: HTTP response code "
                                                              f"503 when renaming {source} to {destination}")
-        move(source, destination)
+        rename(source, destination, overwrite=overwrite)
 
-    monkeypatch.setattr(files, "move", unavailable_at_the_third_shard)
+    monkeypatch.setattr(tf.io.gfile, "rename", unavailable_at_the_third_shard)
     stopped = run_command("create_pretraining_data", *create)
     assert stopped.returncode == 75, stopped.stderr[-3000:]
     assert "Traceback" not in stopped.stderr
@@ -140,7 +140,7 @@ def test_a_request_the_storage_still_fails_after_retrying_stops_in_one_line_and_
         f"(exit status 75)")
     assert sorted(os.listdir(out)) == ["part-00000-000.json", "part-00000-000.tfrecord", "part-00000-001.json",
                                        "part-00000-001.tfrecord"]  # the third shard's temporary file removed
-    monkeypatch.setattr(files, "move", move)
+    monkeypatch.setattr(tf.io.gfile, "rename", rename)
     again = run_command("create_pretraining_data", *create)
     assert again.returncode == 0, again.stderr[-3000:]
     assert contents(out) == contents(unpacked_dir)

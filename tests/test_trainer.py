@@ -15,7 +15,7 @@ from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, TINY, VOCAB, command
 from training_runs import assert_same_evaluation, config, make_trainer, read_log, sigterm_in_the_loop_from, weights
 
 from bert_packed.dataset_info import DataChangedError, FileIdentity, read_dataset_info
-from bert_packed.errors import TrainingError
+from bert_packed.errors import InternalError, TrainingError
 from bert_packed.features import Shapes
 from bert_packed.model import BertConfig
 
@@ -207,7 +207,7 @@ def test_an_evaluation_that_does_not_count_every_eval_sequence_once_is_not_logge
     setup = config(tmp_path, tfrecords(packed_dir), num_train_steps=5, eval_files=tuple(tfrecords(unpacked_dir)),
                    eval_every_samples=1, target_mlm_accuracy=0.0)
     miscounted = dataclasses.replace(setup, eval_data=dataclasses.replace(setup.eval_data, num_sequences=121))
-    with pytest.raises(TrainingError, match=r"^the evaluation counted 122 sequences, but the eval files hold 121 "
+    with pytest.raises(InternalError, match=r"^the evaluation counted 122 sequences, but the eval files hold 121 "
                                             r"\(their metadata.json\): each must count once; nothing of it was logged"):
         make_trainer(miscounted).train()
     assert read_log(tmp_path / "eval_log.jsonl") == [] and "eval_accuracy" not in open(tmp_path / "mllog.txt").read()

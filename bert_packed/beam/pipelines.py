@@ -182,8 +182,11 @@ def _run(options: PipelineOptions, build) -> float:
     if not failed:
         return time.perf_counter() - start
     error = failed[0]
-    if isinstance(error, UserError):
-        raise error  # raised in this process (a runner running the jobs in its own threads)
+    cause = error
+    while cause is not None:  # a runner running the jobs in this process's threads wraps what they raised
+        if isinstance(cause, UserError):
+            raise cause
+        cause = cause.__cause__ or cause.__context__
     for line in reversed(str(error).splitlines()):
         found = re.match(r"(bert_packed(?:\.\w+)+)\.(\w+): (.+)", line.strip())
         kind = found and getattr(importlib.import_module(found[1]), found[2], None)

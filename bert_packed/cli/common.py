@@ -7,18 +7,20 @@ warning repeated with other values is shown three times and then counted in one 
 end; and then
 - a bad flag, or a UserError raised anywhere below (bert_packed.errors), prints one line,
   `<program>: error: <message>`, and exits with status 2;
-- the filesystem refusing a path (read-only, no permission, a symlink loop, a file gone) prints
-  one line naming the path, status 2;
-- a full disk (or quota, or file-size limit) prints one line saying what is kept, status 2;
-- Ctrl-C (SIGINT) outside a loop that handles it prints one line saying what is kept, status 130;
-- any other exception is a bug and raises with its traceback;
+- a StorageError (bert_packed.files: the storage refusing a path) is such a line naming the path;
+  a full disk (or quota, or file-size limit) says what is kept; a request the storage still
+  failed after retrying says that the same command goes on, status 75;
+- Ctrl-C (SIGINT) outside a loop that handles it prints one line saying what is kept, status 130,
+  SIGTERM 143;
+- any other exception (InternalError, an OSError or a TensorFlow error no storage request
+  raised) is a bug: its traceback, then a line that says so, status 1;
 - a closed pipe on stdout (`| head`) ends the command quietly.
+The errors are told apart by their classes alone: each was converted where it happened.
 """
 
 from __future__ import annotations
 
 import collections
-import errno
 import logging
 import os
 import re
@@ -34,7 +36,7 @@ from absl import app, flags
 
 from bert_packed import files
 from bert_packed.dataset_info import FileIdentity, file_sha256
-from bert_packed.errors import InputFilesError, UserError
+from bert_packed.errors import InputFilesError, StorageError, UserError
 
 # Interrupted by SIGINT (Ctrl-C): the shell's 128 + 2.
 EXIT_BUG = 1  # what Python gives an uncaught exception
@@ -50,22 +52,6 @@ class Terminated(BaseException):
 
 def _terminated(signum, frame) -> None:
     raise Terminated()
-# The filesystem refusing a path: read-only, no permission, a symlink loop, a file gone or in the way.
-_REFUSED_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ELOOP, errno.ENOENT, errno.ENOTDIR, errno.EISDIR,
-                   errno.ENAMETOOLONG)
-_REFUSED_TEXTS = ("Permission denied", "Read-only file system", "Too many levels of symbolic links")
-# TensorFlow's filesystem errors for a path the user may not write or read, or that is missing or
-# of the wrong kind (a directory where a file is written, a file where a directory is): gs://,
-# file://, ..., as Python's own errors are for a plain path.
-_REFUSED_TENSORFLOW_ERRORS = ("PermissionDeniedError", "UnauthenticatedError", "NotFoundError",
-                              "FailedPreconditionError")
-# TensorFlow's errors for a request the storage still failed after its client's own retries (a
-# bucket out of reach, a deadline passed, a conflicting write): neither the user's input nor a bug.
-_TRANSIENT_TENSORFLOW_ERRORS = ("UnavailableError", "DeadlineExceededError", "AbortedError")
-# A full disk, a full quota and a file-size limit all stop a write the same way.
-_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-_DISK_FULL_TEXTS = ("No space left on device", "Disk quota exceeded", "File too large")
-
 
 def run(main: Callable[[list[str]], int | None], program: str, output_flag: str | tuple[str, ...], kept: str,
         positional: bool = False, pass_on: bool = False) -> None:
@@ -100,12 +86,17 @@ def run(main: Callable[[list[str]], int | None], program: str, output_flag: str 
         except Terminated:
             exit_with(EXIT_TERMINATED, f"{program}: stopped (SIGTERM). {kept}; run the same command again to "
                                        f"continue (exit status {EXIT_TERMINATED})")
+        except StorageError as e:
+            _traceback_when_verbose()
+            _fail_on_storage(e, program, output_flag, kept)
         except UserError as e:
             _traceback_when_verbose()
             fail(program, e)
-        except Exception as e:  # noqa: BLE001 - TensorFlow reports a full disk as its own error types
-            _traceback_when_verbose()
-            _fail_on(e, program, output_flag, kept)
+        except Exception as e:  # noqa: BLE001 - a bug, said to be one
+            traceback.print_exc()
+            reason = (str(e).strip().splitlines() or [""])[0]
+            exit_with(EXIT_BUG, f"{program}: internal error: {type(e).__name__}: {reason} (a bug, not your "
+                                f"input: please report it with the traceback above; exit status {EXIT_BUG})")
 
     try:
         app.run(guarded, flags_parser=_flags_parser(main, program, positional, pass_on))
@@ -116,28 +107,19 @@ def run(main: Callable[[list[str]], int | None], program: str, output_flag: str 
         sys.exit(1)
 
 
-def _fail_on(error: Exception, program: str, output_flag: str | tuple[str, ...], kept: str) -> NoReturn:
-    """Exits with one line for an error no check foresaw: a path the filesystem refused, a request
-    the storage failed, a full disk (each the user's to fix or retry), else a bug."""
-    if refused_by_the_filesystem(error):
-        where = getattr(error, "filename", None)
-        reason = getattr(error, "strerror", None) or str(error).strip().splitlines()[0]
-        fail(program, f"{where}: {reason}" if where else reason)
-    reason = (str(error).strip().splitlines() or [""])[0]
-    if type(error).__module__.startswith("tensorflow") and type(error).__name__ in _TRANSIENT_TENSORFLOW_ERRORS:
-        exit_with(EXIT_TRY_AGAIN, f"{program}: the storage failed a request, retried ({type(error).__name__}: "
-                                  f"{reason}). {kept}, and nothing half-written is taken for finished: run the same "
-                                  f"command again to continue (exit status {EXIT_TRY_AGAIN})")
-    if not is_disk_full(error):
-        if flags.FLAGS.verbosity < 1:
-            traceback.print_exc()
-        exit_with(EXIT_BUG, f"{program}: internal error: {type(error).__name__}: {reason} (a bug, not your "
-                            f"input: please report it with the traceback above; exit status {EXIT_BUG})")
+def _fail_on_storage(error: StorageError, program: str, output_flag: str | tuple[str, ...], kept: str) -> NoReturn:
+    """Exits with one line for what the storage refused or failed: a request to retry (status 75),
+    a full disk, or a path refused (status 2)."""
+    if error.retry_may_help:
+        exit_with(EXIT_TRY_AGAIN, f"{program}: the storage failed a request, retried ({error.kind}: {error.reason}). "
+                                  f"{kept}, and nothing half-written is taken for finished: run the same command "
+                                  f"again to continue (exit status {EXIT_TRY_AGAIN})")
+    if not error.disk_full:
+        fail(program, error)
     names = (output_flag,) if isinstance(output_flag, str) else output_flag
-    where = getattr(error, "filename", None) or next(
+    where = error.path or next(
         (getattr(flags.FLAGS, name) for name in names if getattr(flags.FLAGS, name)), tempfile.gettempdir())
-    reason = getattr(error, "strerror", None) or next(text for text in _DISK_FULL_TEXTS if text in str(error))
-    fail(program, f"{where}: the disk is full ({reason}). {kept}; partial files were removed. Free some "
+    fail(program, f"{where}: the disk is full ({error.reason}). {kept}; partial files were removed. Free some "
                   f"space and run the same command again to continue")
 
 
@@ -260,22 +242,6 @@ def exit_with(status: int, line: str) -> NoReturn:
     """Exits with `status` after one line on stderr."""
     sys.stderr.write(line + "\n")
     sys.exit(status)
-
-
-def refused_by_the_filesystem(error: BaseException) -> bool:
-    """Whether `error` is the filesystem refusing a path (read-only, no permission, a symlink
-    loop, gone), as Python or TensorFlow words it: the user's to fix, said in one line."""
-    if isinstance(error, OSError) and error.errno in _REFUSED_ERRNOS and error.filename:
-        return True
-    return type(error).__module__.startswith("tensorflow") and (
-        type(error).__name__ in _REFUSED_TENSORFLOW_ERRORS or any(text in str(error) for text in _REFUSED_TEXTS))
-
-
-def is_disk_full(error: BaseException) -> bool:
-    """Whether `error` (an OSError, or TensorFlow's wording of one) says the disk is full."""
-    if isinstance(error, OSError) and error.errno in _DISK_FULL_ERRNOS:
-        return True
-    return any(text in str(error) for text in _DISK_FULL_TEXTS)
 
 
 def expand_globs(patterns: str | list[str], what: str) -> list[str]:

@@ -54,7 +54,7 @@ from bert_packed.dataset_info import (
     require_listed_files,
     write_dataset_info,
 )
-from bert_packed.errors import OutputDirectoryError, SettingsError, UserError
+from bert_packed.errors import InternalError, OutputDirectoryError, SettingsError, UserError
 from bert_packed.features import Shapes
 from bert_packed.files import write_text_atomically
 from bert_packed.packing import packer
@@ -64,7 +64,7 @@ from bert_packed.progress import Progress
 from bert_packed.records import TFRecordWriter, read_packed, read_unpacked
 
 
-class PackingError(RuntimeError):
+class PackingError(InternalError):
     """The packed output does not hold exactly the input sequences (a bug; nothing is published)."""
 
 

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from bert_packed.errors import SettingsError
+from bert_packed.errors import InternalError, SettingsError
 from bert_packed.packing.exact_fill import lp_packing, nnlshp
 from bert_packed.packing.greedy import lpfhp, spfhp
 from bert_packed.packing.histogram import check_histogram, lower_bound_packs
@@ -23,7 +23,7 @@ ALGORITHMS = {
 DEFAULT_ALGORITHM = "lp"
 
 
-class PlanError(RuntimeError):
+class PlanError(InternalError):
     """An algorithm produced an invalid plan (a bug: please report it with the histogram)."""
 
 

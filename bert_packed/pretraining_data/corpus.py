@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import functools
 import itertools
 import json
@@ -24,7 +25,7 @@ import logging
 import re
 
 from bert_packed import files
-from bert_packed.errors import UserError
+from bert_packed.errors import StorageError, UserError
 
 _ABBREVIATIONS = frozenset("""
     mr mrs ms dr prof sr jr st mt ft vs etc al e.g i.e cf approx ca no nos vol vols fig figs
@@ -205,12 +206,13 @@ def _numbered_lines(path: str):
                     line = line.removeprefix("\ufeff")  # a byte-order mark is not text
                 whole = line.endswith("\n")
                 yield number, line
-    except FileNotFoundError:
-        raise CorpusError(f"{path}: no such input file") from None
     except UnicodeDecodeError:
         raise CorpusError(f"{path}: not UTF-8 text (near line {number + 1}): expected {_FORMATS_TEXT}") from None
-    except OSError as e:
-        raise CorpusError(f"{path}: cannot read: {e.strerror or e}") from None
+    except StorageError as e:
+        if e.retry_may_help:
+            raise
+        reason = "no such input file" if e.errno == errno.ENOENT else f"cannot read: {e.reason}"
+        raise CorpusError(f"{path}: {reason}") from None
 
 
 def _read_wikiextractor(path: str, lines):

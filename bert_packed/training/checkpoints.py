@@ -100,7 +100,8 @@ class Checkpoints:
         files.makedirs(self._saving)
         self._remove(step)  # one restore passed over: its parts are replaced, not mixed with the new ones
         try:
-            self._checkpoint.write(os.path.join(self._saving, f"ckpt-{step}"))
+            with files.storage(self.directory):  # TensorFlow writes the checkpoint's files itself
+                self._checkpoint.write(os.path.join(self._saving, f"ckpt-{step}"))
             for part in sorted(files.listdir(self._saving), key=lambda part: part.endswith(".index")):  # index last
                 files.move(os.path.join(self._saving, part), os.path.join(self.directory, part))
         finally:

@@ -8,6 +8,7 @@ import logging
 
 import tensorflow as tf
 
+from bert_packed import files
 from bert_packed.progress import duration
 from bert_packed.run_directory import EVAL_LOG, TRAIN_LOG, RunDirectory
 from bert_packed.training.mlperf_log import MLPerfLog
@@ -39,7 +40,9 @@ class RunLogs:
         self.mlperf = MLPerfLog(directory)
         self._train = directory.open_log(TRAIN_LOG)
         self._eval = directory.open_log(EVAL_LOG)
-        self._writer = tf.summary.create_file_writer(directory.tensorboard)
+        self._tensorboard = directory.tensorboard
+        with files.storage(self._tensorboard):  # TensorFlow writes the event files itself
+            self._writer = tf.summary.create_file_writer(self._tensorboard)
 
     @staticmethod
     def last_train_record(directory: RunDirectory) -> dict:
@@ -106,5 +109,6 @@ class RunLogs:
         for file in (self._train, self._eval):
             file.close()
         self.mlperf.close()
-        self._writer.close()
+        with files.storage(self._tensorboard):
+            self._writer.close()
 

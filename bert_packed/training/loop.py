@@ -34,7 +34,7 @@ import numpy as np
 
 from bert_packed import files
 from bert_packed.dataset_info import METADATA_FILE, DataChangedError, check_unchanged, refuse_other_output
-from bert_packed.errors import TrainingError
+from bert_packed.errors import InternalError, TrainingError
 from bert_packed.input_pipeline import WATCHED_SINCE, reading_errors_named
 from bert_packed.model import export_google_checkpoint, export_huggingface, load_weights
 from bert_packed.model.checkpoint import checkpoint_step
@@ -322,9 +322,9 @@ def _checked(metrics: dict, eval_data: EvalData, config: TrainConfig) -> dict:
                             f"measure accuracy on; give eval files that hold sequences")
     whole = config.eval.max_eval_steps is None
     if whole and eval_data.num_sequences and evaluated != eval_data.num_sequences:
-        raise TrainingError(f"the evaluation counted {evaluated:,} sequences, but the eval files hold "
+        raise InternalError(f"the evaluation counted {evaluated:,} sequences, but the eval files hold "
                             f"{eval_data.num_sequences:,} (their {METADATA_FILE}): each must count once; nothing of "
-                            f"it was logged (a bug: please report it)")
+                            f"it was logged")
     return metrics
 
 

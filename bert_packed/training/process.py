@@ -9,6 +9,7 @@ import logging
 import keras
 import tensorflow as tf
 
+from bert_packed.errors import InternalError
 from bert_packed.training.config import PRECISIONS, TrainConfig
 
 
@@ -30,8 +31,8 @@ def set_up_process(config: TrainConfig) -> None:
 
 
 def check_process_set_up(config: TrainConfig) -> None:
-    """Raises RuntimeError (a bug of the caller) unless set_up_process(config) ran."""
+    """Raises InternalError (a bug of the caller) unless set_up_process(config) ran."""
     policy = keras.mixed_precision.global_policy().name
     if policy != PRECISIONS[config.model.precision]:
-        raise RuntimeError(f"the precision policy is {policy}, the run needs {PRECISIONS[config.model.precision]}: call "
+        raise InternalError(f"the precision policy is {policy}, the run needs {PRECISIONS[config.model.precision]}: call "
                            f"bert_packed.training.process.set_up_process(config) before building a CompiledStep")
