@@ -110,6 +110,30 @@ def test_run_pretraining_s_help_lists_every_flag_in_one_group():
     assert sorted(grouped) == sorted(defined)  # each once: none left out, none twice, none gone
 
 
+def test_run_pretraining_s_flags_are_made_from_its_settings_each_declared_once():
+    from absl import flags
+    from conftest import command_in_this_process
+
+    from bert_packed.settings import settings_of
+
+    with command_in_this_process("run_pretraining") as module:
+        made = {flag.name: flag for flag in flags.FLAGS.get_flags_for_module(module.__name__)}
+    fields = settings_of(*module.SETTINGS)
+    assert sorted(made) == sorted(field.name for field in fields)  # no flag of its own, none left out
+    for field in fields:
+        flag = made[field.name]
+        assert flag.default == (list(field.default) if isinstance(field.default, tuple) else field.default), field.name
+        assert field.metadata["help"].rstrip(".").removesuffix(")") in flag.help, field.name
+    assert made["train_batch_size"].help == ("Rows per micro-batch, all replicas: packs when packed, unpacked rows "
+                                             "with --adjust_batch_for_packing (reference default 32).")
+    assert made["max_seq_length"].help.endswith("else 512; reference default 128).")
+    assert isinstance(made["xla"], flags.BooleanFlag) and made["precision"].parser.enum_values == ["fp32", "bf16", "fp16"]
+    assert (made["max_eval_steps"].default, made["bucket_boundaries"].default) == (None, [])
+    assert module.FIRST_RUN == ("bert_config_file", "input_files", "eval_files", "max_seq_length",
+                                "max_predictions_per_seq", "init_checkpoint", "train_batch_size", "learning_rate",
+                                "num_train_steps", "output_dir")
+
+
 def test_the_fast_tier_starts_no_process():
     import subprocess
     import sys

@@ -27,23 +27,20 @@ from bert_packed.cli.common import (
     require_disjoint,
     run,
 )
+from bert_packed.cli.settings_flags import define_flags
 from bert_packed.dataset_info import one_reading_per_file, shapes_given_or_recorded
 from bert_packed.errors import SettingsError
-from bert_packed.features import EVAL_INPUT_MODES, INPUT_MODES, Shapes
+from bert_packed.features import Shapes
 from bert_packed.run_directory import EVAL_RESULTS, RunDirectory
+from bert_packed.settings import first_run_settings, help_groups
 from bert_packed.tensorflow_loading import import_tensorflow
 from bert_packed.training.config import (
-    ALL_REDUCE_ALGORITHMS,
-    CLUSTER_RESOLVERS,
-    DIVISIONS,
-    LOSS_AVERAGING,
-    OPTIMIZERS,
-    PRECISIONS,
-    RECOMPUTE,
-    SLURM_PORT_BASE,
-    STATUSES,
+    DISTRIBUTION_GROUP,
+    MLPERF_GROUP,
+    RUN_GROUP,
     BatchConfig,
     EvalConfig,
+    LaunchSettings,
     ModelConfig,
     OptimizerConfig,
     RunConfig,
@@ -52,162 +49,17 @@ from bert_packed.training.config import (
 )
 
 FLAGS = flags.FLAGS
-# The reference's flags (run_pretraining.py and optimization.py), with the reference's meaning.
-# Defaults come from the config parts (bert_packed.training.config); "reference default" notes
-# where the reference's differs.
-flags.DEFINE_string("bert_config_file", None, "google-research bert_config.json.")
-flags.DEFINE_string("input_file", None, "Comma-separated globs of training TFRecords (the reference's name of "
-                                        "--input_files). With --do_eval alone: the eval set.")
-flags.DEFINE_string("output_dir", None, "Logs, checkpoints, TensorBoard; a run restarted here resumes.")
-flags.DEFINE_string("init_checkpoint", ModelConfig.init_checkpoint, "Weights to start from: a google-research/MLPerf "
-                    "TF1 checkpoint, or a Hugging Face BERT directory (config.json, model.safetensors).")
-flags.DEFINE_string("export_huggingface_dir", RunConfig.export_huggingface_dir, "When the run finishes, also write "
-                    "its weights there as a Hugging Face BERT directory (scripts/export_model.py does it for any run).")
-flags.DEFINE_string("vocab_file", RunConfig.vocab_file, "The vocabulary of the data, for --export_huggingface_dir's "
-                                                        "tokenizer.")
-flags.DEFINE_bool("do_lower_case", RunConfig.do_lower_case, "The data was lower-cased (uncased), for "
-                                                            "--export_huggingface_dir's tokenizer.")
-flags.DEFINE_integer("max_seq_length", 512, "L of the data (default: as the training data's metadata.json records, "
-                                            "else 512; the reference's default is 128).")
-flags.DEFINE_integer("max_predictions_per_seq", 76, "P of the data; packs hold P + S (default: as metadata.json "
-                                                    "records, else 76; the reference's default is 20).")
-flags.DEFINE_bool("do_train", True, "Train (reference default False: there both do_* are given).")
-flags.DEFINE_bool("do_eval", False, "Evaluate: alone, once, the latest checkpoint of --output_dir or "
-                                    "--init_checkpoint; with --do_train, during training, on --eval_files or else "
-                                    "on --input_file.")
-flags.DEFINE_integer("train_batch_size", BatchConfig.train_batch_size, "Rows per micro-batch, all replicas: packs when packed, "
-                                                               "unpacked rows with --adjust_batch_for_packing "
-                                                               "(reference default 32).")
-flags.DEFINE_integer("eval_batch_size", EvalConfig.eval_batch_size, "Rows per eval batch, all replicas.")
-flags.DEFINE_enum("optimizer", OptimizerConfig.optimizer, list(OPTIMIZERS), "LAMB (MLPerf) or AdamW (original BERT; the "
-                                                                       "reference's default).")
-flags.DEFINE_float("learning_rate", OptimizerConfig.learning_rate, "Peak learning rate (reference default 5e-5).")
-flags.DEFINE_float("poly_power", OptimizerConfig.poly_power, "Power of the polynomial learning-rate decay.")
-flags.DEFINE_integer("num_train_steps", OptimizerConfig.num_train_steps, "Micro-steps (reference default 100000); "
-                                                                         "updates are num_train_steps // "
-                                                                         "steps_per_update.")
-flags.DEFINE_integer("num_warmup_steps", OptimizerConfig.num_warmup_steps, "Linear warmup micro-steps (reference "
-                                                                           "default 10000).")
-flags.DEFINE_integer("start_warmup_step", OptimizerConfig.start_warmup_step, "Warmup origin in micro-steps "
-                                                                             "(negative: start partway through).")
-flags.DEFINE_integer("save_checkpoints_steps", RunConfig.save_checkpoints_steps, "Checkpoint every this many "
-                                                                                 "micro-steps (and at the end), "
-                                                                                 "rounded up to whole compiled loops.")
-flags.DEFINE_integer("iterations_per_loop", RunConfig.iterations_per_loop, "Micro-steps in one compiled call, no host "
-                                                                           "reads inside; logs, checkpoints and "
-                                                                           "evaluations happen between calls "
-                                                                           "(reference default 1000).")
-flags.DEFINE_integer("max_eval_steps", EvalConfig.max_eval_steps, "Evaluate at most this many batches (default: the whole "
-                                                           "eval set; reference default 100).")
-flags.DEFINE_bool("use_tpu", False, "Run on a TPU (--tpu_name or --master names it).")
-flags.DEFINE_string("tpu_name", None, "TPU name or grpc:// address (the reference's name of --tpu).")
-flags.DEFINE_string("tpu_zone", None, "GCE zone of the TPU (default: detected).")
-flags.DEFINE_string("gcp_project", None, "GCP project of the TPU (default: detected).")
-flags.DEFINE_string("master", None, "TPU master address, used with --use_tpu when --tpu_name is not given.")
-flags.DEFINE_integer("num_tpu_cores", 8, "TPU cores; checked against the TPU found when given.")
-flags.DEFINE_integer("num_gpus", 0, "GPUs: more than 1 mirrors over that many (--distribution_strategy=mirrored); "
-                                    "checked against the GPUs visible.")
-flags.DEFINE_integer("steps_per_update", BatchConfig.steps_per_update, "Micro-batches accumulated into one update.")
-flags.DEFINE_integer("keep_checkpoint_max", RunConfig.keep_checkpoint_max, "Checkpoints kept.")
-flags.DEFINE_bool("start_over_if_no_checkpoint_restores", RunConfig.start_over_if_no_checkpoint_restores,
-                  "When --output_dir holds checkpoints and none restores, train from step 0, emptying the run's "
-                  "logs; without it the run stops, naming them (a storage error may pass: run again first).")
-flags.DEFINE_float("lamb_weight_decay_rate", OptimizerConfig.lamb_weight_decay_rate, "Weight decay inside the update.")
-flags.DEFINE_float("lamb_beta_1", OptimizerConfig.lamb_beta_1, "beta_1 (before any packing adjustment).")
-flags.DEFINE_float("lamb_beta_2", OptimizerConfig.lamb_beta_2, "beta_2 (before any packing adjustment).")
-flags.DEFINE_float("log_epsilon", math.log10(OptimizerConfig.epsilon), "Optimizer epsilon is 10**log_epsilon (or "
-                                                                       "give --epsilon).")
-flags.DEFINE_bool("clip_by_global_norm_after_gradient_allreduce",
-                  OptimizerConfig.clip_by_global_norm_after_gradient_allreduce,
-                  "Clip the gradient of the whole update (summed over replicas and micro-batches) to norm 1; "
-                  "default, as the reference: clip each replica's gradient of each micro-batch, then average.")
-# This project's flags.
-flags.DEFINE_string("input_files", None, "Comma-separated globs of training TFRecords (= --input_file).")
-flags.DEFINE_string("eval_files", None, "Comma-separated globs of evaluation TFRecords (packed or unpacked).")
-flags.DEFINE_float("epsilon", OptimizerConfig.epsilon, "Optimizer epsilon (= 10**--log_epsilon).")
-flags.DEFINE_string("tpu", None, "TPU name or address (= --tpu_name).")
-flags.DEFINE_integer("max_sequences_per_pack", 3, "S of packed training data, checked against its metadata.json "
-                                                 "when given (ignored for padded/bucketed).")
-flags.DEFINE_enum("input_mode", BatchConfig.input_mode, list(INPUT_MODES),
-                  "How the training data is read (default: packed when its metadata.json says packed, else padded, as "
-                  "the reference reads it); packed_online packs unpacked records as they are read.")
-flags.DEFINE_list("bucket_boundaries", [], "Lengths batches are trimmed to in bucketed mode.")
-flags.DEFINE_integer("online_packing_window", BatchConfig.online_packing_window,
-                     "With --input_mode=packed_online (or --eval_input_mode): sequences the packer may hold at once.")
-flags.DEFINE_enum("eval_input_mode", EvalConfig.eval_input_mode, list(EVAL_INPUT_MODES),
-                  "How the eval files are read (default: as their metadata.json says); packed_online packs unpacked "
-                  "eval records as they are read, each once.")
-flags.DEFINE_bool("train_on_held_out_files", False, "Let --input_file name a dataset's held-out evaluation files "
-                                                    "(eval-*.tfrecord of create_pretraining_data --eval_fraction), "
-                                                    "which are otherwise refused as training input.")
-flags.DEFINE_bool("adjust_betas_for_packing", OptimizerConfig.adjust_betas_for_packing, "Raise the betas to the power "
-                                                                                        "of the packing factor.")
-flags.DEFINE_bool("adjust_batch_for_packing", BatchConfig.adjust_batch_for_packing,
-                  "Batch correction: --train_batch_size counts unpacked rows, and a micro-batch takes round("
-                  "train_batch_size / packing factor) packs (the packing factor of the data's metadata.json), so that "
-                  "an update holds on average as many sequences as unpacked.")
-flags.DEFINE_enum("loss_averaging", ModelConfig.loss_averaging, list(LOSS_AVERAGING), "MLM loss basis.")
-flags.DEFINE_integer("seed", RunConfig.seed, "Seed for initialisation, data order and dropout.")
-flags.DEFINE_bool("deterministic", RunConfig.deterministic, "Same flags, same results (op determinism, fixed data "
-                                                            "order): bit-equal on a CPU (tested); on a GPU not yet "
-                                                            "shown (scripts/device_check.py checks it; "
-                                                            "docs/training.md#determinism).")
-flags.DEFINE_enum("precision", ModelConfig.precision, list(PRECISIONS), "fp16 uses dynamic loss scaling.")
-flags.DEFINE_bool("xla", ModelConfig.xla, "Compile the forward and backward pass with XLA.")
-flags.DEFINE_enum("recompute", ModelConfig.recompute, list(RECOMPUTE),
-                  "What the backward pass recomputes instead of keeping: none; attention (scores, softmax, dropout, "
-                  "probabilities x values: most of a row's memory at L=512); layer (each whole transformer layer). The "
-                  "same gradients in less memory, at the cost of time (docs/launch.md#memory).")
-flags.DEFINE_bool("nsp_loss", ModelConfig.nsp_loss, "Train the next-sentence head on its loss; --nsp_loss=false: "
-                                                    "masked-LM only, no NSP head (RoBERTa's objective; the MLPerf "
-                                                    "metric, MLM accuracy, is unchanged).")
-flags.DEFINE_enum("distribution_strategy", "default", ["default", "mirrored", "multi_worker_mirrored", "tpu"],
-                  "tf.distribute strategy (multi_worker_mirrored: the cluster from --cluster_resolver).")
-flags.DEFINE_enum("cluster_resolver", "auto", list(CLUSTER_RESOLVERS),
-                  "With multi_worker_mirrored, where the cluster comes from: tf_config (TF_CONFIG, as Kubeflow's TFJob "
-                  "sets it), slurm (the Slurm job step srun starts, through TensorFlow's SlurmClusterResolver), or "
-                  "auto: TF_CONFIG when set, else Slurm inside a job step, else this host alone.")
-flags.DEFINE_integer("slurm_port_base", SLURM_PORT_BASE, "Under Slurm, the port of each host's first task (task k of "
-                                                         "a host listens on slurm_port_base + k): open it between the "
-                                                         "hosts (TensorFlow's default).")
-flags.DEFINE_enum("all_reduce_alg", "auto", list(ALL_REDUCE_ALGORITHMS),
-                  "What sums the gradients: nccl (give it on GPUs); ring (TensorFlow's own collectives over gRPC; on "
-                  "one host, its reduction to one device); auto: TensorFlow's choice, which under multi_worker_mirrored "
-                  "is its ring (docs/launch.md).")
-flags.DEFINE_float("target_mlm_accuracy", EvalConfig.target_mlm_accuracy, "Stop when evaluation reaches this masked-LM "
-                                                                        "accuracy.")
-flags.DEFINE_integer("eval_every_samples", EvalConfig.eval_every_samples, "Evaluate every this many sequences; -1: the "
-                                                                   "MLPerf cadence; 0: once at the end.")
-flags.DEFINE_integer("log_every_steps", RunConfig.log_every_steps, "Progress line every this many micro-steps.")
-flags.DEFINE_string("submission_org", RunConfig.submission_org, "MLPerf submission_org in mllog.txt.")
-flags.DEFINE_string("submission_platform", RunConfig.submission_platform, "MLPerf submission_platform in mllog.txt.")
-flags.DEFINE_enum("submission_division", RunConfig.submission_division, list(DIVISIONS), "MLPerf submission_division.")
-flags.DEFINE_enum("submission_status", RunConfig.submission_status, list(STATUSES),
-                  "MLPerf submission_status.")
+# Every flag of the reference's run_pretraining.py and optimization.py, with the reference's
+# meaning, and this project's: one a setting (bert_packed.training.config), its default and help there.
+SETTINGS = (LaunchSettings, ModelConfig, BatchConfig, OptimizerConfig, EvalConfig, RunConfig)
+define_flags(*SETTINGS, module_name=__name__)
 flags.mark_flags_as_required(["bert_config_file", "output_dir"])
 
 # --help lists the flags by purpose (every flag is in one group), marking what a first run sets.
-HELP_GROUPS = {
-    "data": ["input_file", "input_files", "eval_files", "input_mode", "eval_input_mode", "max_seq_length",
-             "max_predictions_per_seq", "max_sequences_per_pack", "online_packing_window", "bucket_boundaries",
-             "train_on_held_out_files"],
-    "model": ["bert_config_file", "init_checkpoint", "loss_averaging", "precision", "xla", "recompute", "nsp_loss"],
-    "batch and schedule": ["train_batch_size", "adjust_batch_for_packing", "steps_per_update", "num_train_steps",
-                           "num_warmup_steps", "start_warmup_step", "poly_power", "learning_rate"],
-    "optimizer": ["optimizer", "lamb_beta_1", "lamb_beta_2", "adjust_betas_for_packing", "lamb_weight_decay_rate",
-                  "log_epsilon", "epsilon", "clip_by_global_norm_after_gradient_allreduce"],
-    "evaluation": ["do_train", "do_eval", "eval_batch_size", "eval_every_samples", "max_eval_steps",
-                   "target_mlm_accuracy"],
-    "run, checkpoints and logs": ["output_dir", "seed", "deterministic", "save_checkpoints_steps",
-                                  "keep_checkpoint_max", "iterations_per_loop", "log_every_steps",
-                                  "start_over_if_no_checkpoint_restores", "export_huggingface_dir", "vocab_file",
-                                  "do_lower_case"],
-    "distribution": ["distribution_strategy", "num_gpus", "cluster_resolver", "slurm_port_base", "all_reduce_alg",
-                     "use_tpu", "tpu_name", "tpu", "tpu_zone", "gcp_project", "master", "num_tpu_cores"],
-    "MLPerf logging": ["submission_division", "submission_org", "submission_platform", "submission_status"],
-}
-FIRST_RUN = ("bert_config_file", "input_files", "eval_files", "output_dir", "init_checkpoint", "train_batch_size",
-             "num_train_steps", "learning_rate", "max_seq_length", "max_predictions_per_seq")
+_GROUPS = help_groups(*SETTINGS)
+HELP_GROUPS = {group: _GROUPS[group] for group in ("data", "model", "batch and schedule", "optimizer", "evaluation",
+                                                   RUN_GROUP, DISTRIBUTION_GROUP, MLPERF_GROUP)}
+FIRST_RUN = first_run_settings(*SETTINGS)
 
 PROGRAM = "run_pretraining"
 # A run stopped by a signal after saving: SIGTERM (preempted) gives BSD's EX_TEMPFAIL, "try

@@ -7,7 +7,10 @@ One name per setting: every field is named after the run_pretraining flag that s
     setting that does not change what is trained, or may change on purpose, as
     --num_train_steps does when a run goes on past its end),
   - a test or a benchmark sets a field by its flag's name (`make_config(train_batch_size=4, ...)`).
-A new setting is written once: a field here (with its check), and a flag of the same name.
+A new setting is written once: a field here, declared with bert_packed.settings.setting (its
+default, its help, its group in --help, the reference's default where it differs; its check in
+the part's __post_init__). run_pretraining's flags are made from these fields, and from
+LaunchSettings's, which a run's identity leaves out.
 
 Each part checks its own values when it is built: a value that cannot work is a SettingsError
 naming its flag. The defaults are written once, here; the flags take theirs from these classes.
@@ -31,6 +34,7 @@ from bert_packed.errors import SettingsError
 from bert_packed.features import EVAL_INPUT_MODES, INPUT_MODES, PACK_MODES
 from bert_packed.model.config import RECOMPUTE, BertConfig
 from bert_packed.pretraining_data.tokenization import DEFAULT_VOCAB_FILE
+from bert_packed.settings import setting
 
 # Sequences the on-the-fly packer may hold at once: on the real Wikipedia-512 lengths at depth 3 it
 # then packs as efficiently as the offline LP (docs/packing.md#packing-on-the-fly).
@@ -55,9 +59,12 @@ ALL_REDUCE_ALGORITHMS = ("auto", "nccl", "ring")
 SLURM_PORT_BASE = 8888
 
 
-def changeable(default):
-    """A setting that is not part of a run's identity: a resumed run may give another value."""
-    return dataclasses.field(default=default, metadata={"changeable": True})
+# --help's groups that are not one part's.
+RUN_GROUP = "run, checkpoints and logs"
+MLPERF_GROUP = "MLPerf logging"
+DISTRIBUTION_GROUP = "distribution"
+# tf.distribute's strategies (--distribution_strategy; the reference's --use_tpu and --num_gpus choose one too).
+STRATEGIES = ("default", "mirrored", "multi_worker_mirrored", "tpu")
 
 
 def require(condition: bool, message: str) -> None:
@@ -144,12 +151,20 @@ class ModelConfig:
     """
 
     bert: BertConfig
-    init_checkpoint: str | None = changeable(None)
-    loss_averaging: str = "token"
-    precision: str = "fp32"
-    xla: bool = False
-    nsp_loss: bool = True
-    recompute: str = changeable("none")
+    init_checkpoint: str | None = setting(
+        None, "Weights to start from: a google-research/MLPerf TF1 checkpoint, or a Hugging Face BERT directory "
+              "(config.json, model.safetensors).", group="model", changeable=True, first_run=True)
+    loss_averaging: str = setting("token", "MLM loss basis.", group="model", choices=LOSS_AVERAGING)
+    precision: str = setting("fp32", "fp16 uses dynamic loss scaling.", group="model", choices=tuple(PRECISIONS))
+    xla: bool = setting(False, "Compile the forward and backward pass with XLA.", group="model")
+    nsp_loss: bool = setting(True, "Train the next-sentence head on its loss; --nsp_loss=false: masked-LM only, no "
+                                   "NSP head (RoBERTa's objective; the MLPerf metric, MLM accuracy, is unchanged).",
+                             group="model")
+    recompute: str = setting(
+        "none", "What the backward pass recomputes instead of keeping: none; attention (scores, softmax, dropout, "
+                "probabilities x values: most of a row's memory at L=512); layer (each whole transformer layer). The "
+                "same gradients in less memory, at the cost of time (docs/launch.md#memory).",
+        group="model", changeable=True, choices=RECOMPUTE)
 
     def __post_init__(self):
         require(self.recompute in RECOMPUTE, f"--recompute={self.recompute}: expected one of {', '.join(RECOMPUTE)}")
@@ -174,12 +189,22 @@ class BatchConfig:
         the run's identity then: training.loop adds it; for other modes it reads nothing).
     """
 
-    input_mode: str | None = None
-    train_batch_size: int = 8
-    adjust_batch_for_packing: bool = False
-    steps_per_update: int = 1
-    bucket_boundaries: tuple[int, ...] = ()
-    online_packing_window: int = changeable(ONLINE_PACKING_WINDOW)
+    input_mode: str | None = setting(
+        None, "How the training data is read (default: packed when its metadata.json says packed, else padded, as "
+              "the reference reads it); packed_online packs unpacked records as they are read.",
+        group="data", choices=INPUT_MODES)
+    train_batch_size: int = setting(
+        8, "Rows per micro-batch, all replicas: packs when packed, unpacked rows with --adjust_batch_for_packing.",
+        group="batch and schedule", reference_default=32, first_run=True)
+    adjust_batch_for_packing: bool = setting(
+        False, "Batch correction: --train_batch_size counts unpacked rows, and a micro-batch takes round("
+               "train_batch_size / packing factor) packs (the packing factor of the data's metadata.json), so that an "
+               "update holds on average as many sequences as unpacked.", group="batch and schedule")
+    steps_per_update: int = setting(1, "Micro-batches accumulated into one update.", group="batch and schedule")
+    bucket_boundaries: tuple[int, ...] = setting((), "Lengths batches are trimmed to in bucketed mode.", group="data")
+    online_packing_window: int = setting(
+        ONLINE_PACKING_WINDOW, "With --input_mode=packed_online (or --eval_input_mode): sequences the packer may hold "
+                               "at once.", group="data", changeable=True)
 
     def __post_init__(self):
         require(self.input_mode is None or self.input_mode in INPUT_MODES,
@@ -208,18 +233,27 @@ class OptimizerConfig:
         gradient of each micro-batch, then average them.
     """
 
-    optimizer: str = "lamb"
-    learning_rate: float = 4.25e-4
-    num_train_steps: int = changeable(100)
-    num_warmup_steps: int = 0
-    start_warmup_step: int = 0
-    poly_power: float = 1.0
-    lamb_beta_1: float = 0.9
-    lamb_beta_2: float = 0.999
-    lamb_weight_decay_rate: float = 0.01
-    epsilon: float = 1e-6
-    adjust_betas_for_packing: bool = False
-    clip_by_global_norm_after_gradient_allreduce: bool = False
+    optimizer: str = setting("lamb", "LAMB (MLPerf) or AdamW (original BERT).", group="optimizer",
+                             reference_default="adamw", choices=OPTIMIZERS)
+    learning_rate: float = setting(4.25e-4, "Peak learning rate.", group="batch and schedule", reference_default="5e-5",
+                                   first_run=True)
+    num_train_steps: int = setting(100, "Micro-steps; updates are num_train_steps // steps_per_update.",
+                                   group="batch and schedule", changeable=True, reference_default=100000,
+                                   first_run=True)
+    num_warmup_steps: int = setting(0, "Linear warmup micro-steps.", group="batch and schedule",
+                                    reference_default=10000)
+    start_warmup_step: int = setting(0, "Warmup origin in micro-steps (negative: start partway through).",
+                                     group="batch and schedule")
+    poly_power: float = setting(1.0, "Power of the polynomial learning-rate decay.", group="batch and schedule")
+    lamb_beta_1: float = setting(0.9, "beta_1 (before any packing adjustment).", group="optimizer")
+    lamb_beta_2: float = setting(0.999, "beta_2 (before any packing adjustment).", group="optimizer")
+    lamb_weight_decay_rate: float = setting(0.01, "Weight decay inside the update.", group="optimizer")
+    epsilon: float = setting(1e-6, "Optimizer epsilon (= 10**--log_epsilon).", group="optimizer")
+    adjust_betas_for_packing: bool = setting(False, "Raise the betas to the power of the packing factor.",
+                                             group="optimizer")
+    clip_by_global_norm_after_gradient_allreduce: bool = setting(
+        False, "Clip the gradient of the whole update (summed over replicas and micro-batches) to norm 1; default, as "
+               "the reference: clip each replica's gradient of each micro-batch, then average.", group="optimizer")
 
     def __post_init__(self):
         require(self.optimizer in OPTIMIZERS, f"--optimizer={self.optimizer}: expected one of {', '.join(OPTIMIZERS)}")
@@ -251,11 +285,16 @@ class EvalConfig:
       max_eval_steps: evaluate at most this many batches (None: the whole set).
     """
 
-    eval_input_mode: str | None = changeable(None)  # packed or unpacked eval records give the same figures
-    eval_batch_size: int = 8
-    eval_every_samples: int = -1
-    target_mlm_accuracy: float = 0.720
-    max_eval_steps: int | None = None
+    eval_input_mode: str | None = setting(  # packed or unpacked eval records give the same figures
+        None, "How the eval files are read (default: as their metadata.json says); packed_online packs unpacked eval "
+              "records as they are read, each once.", group="data", changeable=True, choices=EVAL_INPUT_MODES)
+    eval_batch_size: int = setting(8, "Rows per eval batch, all replicas.", group="evaluation")
+    eval_every_samples: int = setting(-1, "Evaluate every this many sequences; -1: the MLPerf cadence; 0: once at the "
+                                          "end.", group="evaluation")
+    target_mlm_accuracy: float = setting(0.720, "Stop when evaluation reaches this masked-LM accuracy.",
+                                         group="evaluation")
+    max_eval_steps: int | None = setting(None, "Evaluate at most this many batches (default: the whole eval set).",
+                                         group="evaluation", reference_default=100)
 
     def __post_init__(self):
         require(self.eval_input_mode is None or self.eval_input_mode in EVAL_INPUT_MODES,
@@ -293,22 +332,40 @@ class RunConfig:
         Hugging Face BERT directory ("": not), with the tokenizer of vocab_file and do_lower_case.
     """
 
-    output_dir: str = changeable("")
-    seed: int = 12345
-    deterministic: bool = changeable(False)
-    save_checkpoints_steps: int = changeable(1000)
-    keep_checkpoint_max: int = changeable(5)
-    iterations_per_loop: int = changeable(1)
-    log_every_steps: int = changeable(10)
-    start_over_if_no_checkpoint_restores: bool = changeable(False)
-    submission_org: str = changeable("unsubmitted")
-    submission_platform: str = changeable("unsubmitted")
-    submission_division: str = changeable("closed")
-    submission_status: str = changeable("onprem")
-    flags_text: str = changeable("")
-    export_huggingface_dir: str = changeable("")
-    vocab_file: str = changeable(DEFAULT_VOCAB_FILE)
-    do_lower_case: bool = changeable(True)
+    output_dir: str | None = setting(None, "Logs, checkpoints, TensorBoard; a run restarted here resumes.",
+                                     group=RUN_GROUP, changeable=True, first_run=True)
+    seed: int = setting(12345, "Seed for initialisation, data order and dropout.", group=RUN_GROUP)
+    deterministic: bool = setting(
+        False, "Same flags, same results (op determinism, fixed data order): bit-equal on a CPU (tested); on a GPU "
+               "not yet shown (scripts/device_check.py checks it; docs/training.md#determinism).",
+        group=RUN_GROUP, changeable=True)
+    save_checkpoints_steps: int = setting(1000, "Checkpoint every this many micro-steps (and at the end), rounded up "
+                                                "to whole compiled loops.", group=RUN_GROUP, changeable=True)
+    keep_checkpoint_max: int = setting(5, "Checkpoints kept.", group=RUN_GROUP, changeable=True)
+    iterations_per_loop: int = setting(
+        1, "Micro-steps in one compiled call, no host reads inside; logs, checkpoints and evaluations happen between "
+           "calls.", group=RUN_GROUP, changeable=True, reference_default=1000)
+    log_every_steps: int = setting(10, "Progress line every this many micro-steps.", group=RUN_GROUP, changeable=True)
+    start_over_if_no_checkpoint_restores: bool = setting(
+        False, "When --output_dir holds checkpoints and none restores, train from step 0, emptying the run's logs; "
+               "without it the run stops, naming them (a storage error may pass: run again first).",
+        group=RUN_GROUP, changeable=True)
+    submission_org: str = setting("unsubmitted", "MLPerf submission_org in mllog.txt.", group=MLPERF_GROUP,
+                                  changeable=True)
+    submission_platform: str = setting("unsubmitted", "MLPerf submission_platform in mllog.txt.", group=MLPERF_GROUP,
+                                       changeable=True)
+    submission_division: str = setting("closed", "MLPerf submission_division.", group=MLPERF_GROUP, changeable=True,
+                                       choices=DIVISIONS)
+    submission_status: str = setting("onprem", "MLPerf submission_status.", group=MLPERF_GROUP, changeable=True,
+                                     choices=STATUSES)
+    flags_text: str = dataclasses.field(default="", metadata={"changeable": True})  # the command fills it
+    export_huggingface_dir: str = setting(
+        "", "When the run finishes, also write its weights there as a Hugging Face BERT directory "
+            "(scripts/export_model.py does it for any run).", group=RUN_GROUP, changeable=True)
+    vocab_file: str = setting(DEFAULT_VOCAB_FILE, "The vocabulary of the data, for --export_huggingface_dir's "
+                                                  "tokenizer.", group=RUN_GROUP, changeable=True)
+    do_lower_case: bool = setting(True, "The data was lower-cased (uncased), for --export_huggingface_dir's "
+                                        "tokenizer.", group=RUN_GROUP, changeable=True)
 
     def __post_init__(self):
         require(bool(self.output_dir), "--output_dir is required")
@@ -322,6 +379,64 @@ class RunConfig:
                 f"--submission_division={self.submission_division}: expected closed or open")
         require(self.submission_status in STATUSES,
                 f"--submission_status={self.submission_status}: expected one of {', '.join(STATUSES)}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LaunchSettings:
+    """What run_pretraining's command line gives besides the run's settings: the BERT config and
+    the data files, what to do, the reference's second spellings, and how the run is spread over
+    devices and hosts (bert_packed/training/distribution.py acts on these). None of it is part of
+    a run's identity: a run resumes the same under another launch. The command checks them
+    (bert_packed/cli/run_pretraining.py); the data's own description says the rest."""
+
+    bert_config_file: str | None = setting(None, "google-research bert_config.json.", group="model", first_run=True)
+    input_file: str | None = setting(None, "Comma-separated globs of training TFRecords (the reference's name of "
+                                           "--input_files). With --do_eval alone: the eval set.", group="data")
+    input_files: str | None = setting(None, "Comma-separated globs of training TFRecords (= --input_file).",
+                                      group="data", first_run=True)
+    eval_files: str | None = setting(None, "Comma-separated globs of evaluation TFRecords (packed or unpacked).",
+                                     group="data", first_run=True)
+    max_seq_length: int = setting(512, "L of the data (default: as the training data's metadata.json records, else "
+                                       "512).", group="data", reference_default=128, first_run=True)
+    max_predictions_per_seq: int = setting(76, "P of the data; packs hold P + S (default: as metadata.json records, "
+                                               "else 76).", group="data", reference_default=20, first_run=True)
+    max_sequences_per_pack: int = setting(3, "S of packed training data, checked against its metadata.json when given "
+                                             "(ignored for padded/bucketed).", group="data")
+    train_on_held_out_files: bool = setting(
+        False, "Let --input_file name a dataset's held-out evaluation files (eval-*.tfrecord of "
+               "create_pretraining_data --eval_fraction), which are otherwise refused as training input.", group="data")
+    do_train: bool = setting(True, "Train.", group="evaluation", reference_default=False)
+    do_eval: bool = setting(False, "Evaluate: alone, once, the latest checkpoint of --output_dir or --init_checkpoint; "
+                                   "with --do_train, during training, on --eval_files or else on --input_file.",
+                            group="evaluation")
+    log_epsilon: float = setting(math.log10(OptimizerConfig.epsilon), "Optimizer epsilon is 10**log_epsilon (or give "
+                                                                      "--epsilon).", group="optimizer")
+    distribution_strategy: str = setting("default", "tf.distribute strategy (multi_worker_mirrored: the cluster from "
+                                                    "--cluster_resolver).", group=DISTRIBUTION_GROUP, choices=STRATEGIES)
+    num_gpus: int = setting(0, "GPUs: more than 1 mirrors over that many (--distribution_strategy=mirrored); checked "
+                               "against the GPUs visible.", group=DISTRIBUTION_GROUP)
+    cluster_resolver: str = setting(
+        "auto", "With multi_worker_mirrored, where the cluster comes from: tf_config (TF_CONFIG, as Kubeflow's TFJob "
+                "sets it), slurm (the Slurm job step srun starts, through TensorFlow's SlurmClusterResolver), or auto: "
+                "TF_CONFIG when set, else Slurm inside a job step, else this host alone.",
+        group=DISTRIBUTION_GROUP, choices=CLUSTER_RESOLVERS)
+    slurm_port_base: int = setting(
+        SLURM_PORT_BASE, "Under Slurm, the port of each host's first task (task k of a host listens on "
+                         "slurm_port_base + k): open it between the hosts (TensorFlow's default).",
+        group=DISTRIBUTION_GROUP)
+    all_reduce_alg: str = setting(
+        "auto", "What sums the gradients: nccl (give it on GPUs); ring (TensorFlow's own collectives over gRPC; on one "
+                "host, its reduction to one device); auto: TensorFlow's choice, which under multi_worker_mirrored is "
+                "its ring (docs/launch.md).", group=DISTRIBUTION_GROUP, choices=ALL_REDUCE_ALGORITHMS)
+    use_tpu: bool = setting(False, "Run on a TPU (--tpu_name or --master names it).", group=DISTRIBUTION_GROUP)
+    tpu_name: str | None = setting(None, "TPU name or grpc:// address (the reference's name of --tpu).",
+                                   group=DISTRIBUTION_GROUP)
+    tpu: str | None = setting(None, "TPU name or address (= --tpu_name).", group=DISTRIBUTION_GROUP)
+    tpu_zone: str | None = setting(None, "GCE zone of the TPU (default: detected).", group=DISTRIBUTION_GROUP)
+    gcp_project: str | None = setting(None, "GCP project of the TPU (default: detected).", group=DISTRIBUTION_GROUP)
+    master: str | None = setting(None, "TPU master address, used with --use_tpu when --tpu_name is not given.",
+                                 group=DISTRIBUTION_GROUP)
+    num_tpu_cores: int = setting(8, "TPU cores; checked against the TPU found when given.", group=DISTRIBUTION_GROUP)
 
 
 # The parts of a TrainConfig, by attribute.

@@ -1,0 +1,48 @@
+"""The flags of a command, made from its settings (bert_packed.settings): one flag a setting field,
+of the field's name, type and default, with its help (and the MLPerf reference's default where it
+differs), so that a setting is written once."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from absl import flags
+
+from bert_packed.settings import settings_of
+
+
+def define_flags(*kinds: type, module_name: str) -> None:
+    """Defines a flag for each setting of the dataclasses `kinds`, as defined by the command
+    module `module_name` (its --help lists them; bert_packed.cli.in_process tells commands' flags
+    apart by it)."""
+    for field in settings_of(*kinds):
+        _define(field, module_name)
+
+
+def flag_help(field: dataclasses.Field) -> str:
+    """The setting's help, with the reference's default where it differs."""
+    text = field.metadata["help"].rstrip(".")
+    if "reference_default" not in field.metadata:
+        return text + "."
+    said = f"reference default {field.metadata['reference_default']}"
+    return f"{text[:-1]}; {said})." if text.endswith(")") else f"{text} ({said})."
+
+
+def _define(field: dataclasses.Field, module_name: str) -> None:
+    name, default, help_text = field.name, field.default, flag_help(field)
+    kind = str(field.type).split(" |")[0]  # "int | None" -> "int": None is the flag's "not given"
+    choices = field.metadata["choices"]
+    if choices:
+        flags.DEFINE_enum(name, default, list(choices), help_text, module_name=module_name)
+    elif kind == "bool":
+        flags.DEFINE_boolean(name, default, help_text, module_name=module_name)
+    elif kind == "int":
+        flags.DEFINE_integer(name, default, help_text, module_name=module_name)
+    elif kind == "float":
+        flags.DEFINE_float(name, default, help_text, module_name=module_name)
+    elif kind.startswith("tuple"):
+        flags.DEFINE_list(name, list(default), help_text, module_name=module_name)
+    elif kind == "str":
+        flags.DEFINE_string(name, default, help_text, module_name=module_name)
+    else:
+        raise TypeError(f"setting {name}: no flag type for {field.type!r}")
