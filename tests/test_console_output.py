@@ -100,30 +100,40 @@ def test_tensorflow_loads_quietly_but_its_errors_still_show(tmp_path):
     assert threads.returncode == 0 and threads.stderr == "E0000 00:00:1795449405.870070 1 loader.cc:1] a real problem\n"
 
 
-def test_run_pretraining_s_help_lists_every_flag_in_one_group():
-    from absl import flags
-    from conftest import command_in_this_process
-
-    with command_in_this_process("run_pretraining") as module:
-        defined = [flag.name for flag in flags.FLAGS.get_flags_for_module(module.__name__)]
-    grouped = [name for names in module.HELP_GROUPS.values() for name in names]
-    assert sorted(grouped) == sorted(defined)  # each once: none left out, none twice, none gone
-
-
-def test_run_pretraining_s_flags_are_made_from_its_settings_each_declared_once():
+def flags_and_settings(command, *kinds):
+    """{flag name: flag} of a command, and the setting fields of `kinds` (those of its module
+    when none are given: its SETTINGS)."""
     from absl import flags
     from conftest import command_in_this_process
 
     from bert_packed.settings import settings_of
 
-    with command_in_this_process("run_pretraining") as module:
+    with command_in_this_process(command) as module:
         made = {flag.name: flag for flag in flags.FLAGS.get_flags_for_module(module.__name__)}
-    fields = settings_of(*module.SETTINGS)
+    return made, settings_of(*(kinds or module.SETTINGS)), module
+
+
+@pytest.mark.parametrize("command, kind", [("run_pretraining", None),
+                                           ("create_pretraining_data", "CreateSettings"),
+                                           ("pack_pretraining_data", "PackCommandSettings")])
+def test_a_command_s_flags_are_its_settings_fields_each_declared_once(command, kind):
+    from bert_packed.packing.pack_settings import PackCommandSettings
+    from bert_packed.pretraining_data.create_dataset import CreateSettings
+
+    kinds = {"CreateSettings": (CreateSettings,), "PackCommandSettings": (PackCommandSettings,), None: ()}[kind]
+    made, fields, module = flags_and_settings(command, *kinds)
     assert sorted(made) == sorted(field.name for field in fields)  # no flag of its own, none left out
     for field in fields:
         flag = made[field.name]
         assert flag.default == (list(field.default) if isinstance(field.default, tuple) else field.default), field.name
         assert field.metadata["help"].rstrip(".").removesuffix(")") in flag.help, field.name
+    assert sorted(name for names in module.HELP_GROUPS.values() for name in names) == sorted(made)
+
+
+def test_run_pretraining_s_flags_say_the_reference_s_defaults_and_their_kinds():
+    from absl import flags
+
+    made, _, module = flags_and_settings("run_pretraining")
     assert made["train_batch_size"].help == ("Rows per micro-batch, all replicas: packs when packed, unpacked rows "
                                              "with --adjust_batch_for_packing (reference default 32).")
     assert made["max_seq_length"].help.endswith("else 512; reference default 128).")

@@ -28,7 +28,6 @@ the bucket under a temporary name then renamed, metadata.json last."""
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import hashlib
 import json
 import logging
@@ -59,7 +58,8 @@ from bert_packed.features import Shapes
 from bert_packed.files import write_text_atomically
 from bert_packed.packing import packer
 from bert_packed.packing.histogram import HISTOGRAM_FILE, histogram_from_lengths, merge_histograms, save_histogram
-from bert_packed.packing.plan import DEFAULT_ALGORITHM, plan
+from bert_packed.packing.pack_settings import PackSettings
+from bert_packed.packing.plan import plan
 from bert_packed.progress import Progress
 from bert_packed.records import TFRecordWriter, read_packed, read_unpacked
 
@@ -74,28 +74,6 @@ class InputsChangedError(UserError, RuntimeError):
 
 class VerifyError(UserError, ValueError):
     """Packed data read back is not what its metadata.json says (tampered, cut short, incomplete)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class PackSettings:
-    """Everything that decides the packed output.
-
-    Attributes:
-      shapes: L, P and S (max_sequences_per_pack) of the packed data.
-      algorithm: packing algorithm (bert_packed.packing.ALGORITHMS).
-      seed: decides which sequences share a pack and the order of the packs.
-      num_shards: output files at least (more when a bucket would exceed bucket_bytes).
-      bucket_bytes: largest bucket of rows held in memory in pass 3.
-    """
-
-    shapes: Shapes
-    algorithm: str = DEFAULT_ALGORITHM
-    seed: int = 12345
-    num_shards: int = 1
-    bucket_bytes: int = 256 << 20
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
 
 
 def pack_pretraining_dataset(input_files: list[str], output_dir: str, settings: PackSettings,

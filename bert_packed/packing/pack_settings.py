@@ -1,0 +1,90 @@
+"""What decides a packed dataset (PackSettings), and pack_pretraining_data's settings by their
+flags' names (PackCommandSettings: the command's, and `python -m bert_packed.beam pack`'s)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from bert_packed.dataset_info import require_seq_length, shapes_given_or_recorded
+from bert_packed.errors import SettingsError
+from bert_packed.features import Shapes
+from bert_packed.packing.plan import ALGORITHMS, DEFAULT_ALGORITHM
+from bert_packed.settings import setting
+
+
+@dataclasses.dataclass(frozen=True)
+class PackSettings:
+    """Everything that decides the packed output.
+
+    Attributes:
+      shapes: L, P and S (max_sequences_per_pack) of the packed data.
+      algorithm: packing algorithm (bert_packed.packing.ALGORITHMS).
+      seed: decides which sequences share a pack and the order of the packs.
+      num_shards: output files at least (more when a bucket would exceed bucket_bytes).
+      bucket_bytes: largest bucket of rows held in memory in pass 3.
+    """
+
+    shapes: Shapes
+    algorithm: str = DEFAULT_ALGORITHM
+    seed: int = 12345
+    num_shards: int = 1
+    bucket_bytes: int = 256 << 20
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PackCommandSettings:
+    """pack_pretraining_data's settings, by their flags' names, checked when built.
+
+    Attributes (besides the settings):
+      given: the names of the settings given on the command line: L and P not given are the
+        inputs' (their metadata.json), else the defaults.
+    """
+
+    input_files: str | None = setting(None, "Comma-separated globs of unpacked TFRecord files.", group="input")
+    output_dir: str | None = setting(None, "Where the packed shards, histogram.json and metadata.json go.",
+                                     group="output")
+    max_seq_length: int = setting(512, "L of the input records and of the packs (default: as the inputs' "
+                                       "metadata.json records, else 512).", group="packs")
+    max_predictions_per_seq: int = setting(76, "P of the input records; packs hold P + S (default: as metadata.json "
+                                               "records, else 76).", group="packs")
+    max_sequences_per_pack: int = setting(3, "S: at most this many sequences share a pack.", group="packs")
+    algorithm: str = setting(DEFAULT_ALGORITHM, "Packing algorithm (see python -m bert_packed.packing).", group="packs",
+                             choices=tuple(ALGORITHMS))
+    seed: int = setting(PackSettings.seed, "Decides which sequences share a pack and the order of the packs.",
+                        group="packs")
+    num_shards: int = setting(PackSettings.num_shards, "Output files at least (more when the data is large).",
+                              group="output")
+    bucket_mb: int = setting(PackSettings.bucket_bytes >> 20, "Memory for one bucket of sequences in the writing "
+                                                              "pass.", group="run")
+    num_workers: int = setting(0, "Threads for every pass and for --verify (0: one per core).", group="run")
+    verify: bool = setting(False, "Re-read the output and decode every pack back into its sequences.", group="output")
+    given: frozenset[str] = frozenset()
+
+    def __post_init__(self):
+        if self.max_sequences_per_pack < 1 or self.max_predictions_per_seq < 1:
+            raise SettingsError("--max_sequences_per_pack and --max_predictions_per_seq must be >= 1")
+        if self.num_shards < 1 or self.bucket_mb < 1:
+            raise SettingsError("--num_shards and --bucket_mb must be >= 1")
+        if self.seed < 0 or self.num_workers < 0:
+            raise SettingsError(f"--seed={self.seed} and --num_workers={self.num_workers} must be >= 0")
+
+    def pack_settings(self, files: list[str]) -> PackSettings:
+        """What decides the output of packing `files`: L and P as given, else as the inputs'
+        metadata.json records, else the defaults.
+
+        Raises:
+          SettingsError: L out of range, or L or P other than the inputs'.
+        """
+        defaults = (PackCommandSettings.max_seq_length, PackCommandSettings.max_predictions_per_seq)
+        max_seq_length, max_predictions_per_seq = shapes_given_or_recorded(
+            files, *(getattr(self, name) if name in self.given else None
+                     for name in ("max_seq_length", "max_predictions_per_seq")), defaults=defaults)
+        if max_predictions_per_seq < 1:
+            raise SettingsError("--max_sequences_per_pack and --max_predictions_per_seq must be >= 1")
+        require_seq_length(max_seq_length)
+        return PackSettings(shapes=Shapes(max_seq_length, max_predictions_per_seq, self.max_sequences_per_pack),
+                            algorithm=self.algorithm, seed=self.seed, num_shards=self.num_shards,
+                            bucket_bytes=self.bucket_mb << 20)
