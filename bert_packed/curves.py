@@ -15,8 +15,34 @@ import re
 import statistics
 
 from bert_packed import files
+from bert_packed.errors import SettingsError
 from bert_packed.files import atomic_open
 from bert_packed.run_directory import EVAL_LOG, TRAIN_LOG, RunDirectory, RunError
+from bert_packed.settings import setting
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CompareSettings:
+    """compare_curves's settings, by their flags' names (the runs are its positional arguments)."""
+
+    labels: tuple[str, ...] | None = setting(None, "Comma-separated names for the runs (default: their directory "
+                                                   "names).", group="runs")
+    output: str = setting("compare_curves.png", "Where the PNG goes.", group="output")
+    throughput: str | None = setting(None, "JSON of scripts/benchmark_training.py --output_json: quote its "
+                                           "alternated speed-up measurement under the table.", group="output")
+    at_sequences: float | None = setting(None, "Also a table of each configuration's eval loss and accuracy at this "
+                                               "many sequences (the seeds' mean and range), with what its updates "
+                                               "hold.", group="output")
+    accuracy: str = setting("0.720", "MLM accuracy for the sequences-and-time-to-accuracy columns; 'auto': 90% of the "
+                                     "way from the lowest first evaluation to the lowest final one, which every run "
+                                     "reaches.", group="output")
+
+    def __post_init__(self):
+        if self.accuracy != "auto":
+            try:
+                float(self.accuracy)
+            except ValueError:
+                raise SettingsError(f"--accuracy {self.accuracy!r}: expected a number or 'auto'") from None
 
 
 @dataclasses.dataclass

@@ -100,9 +100,8 @@ def test_tensorflow_loads_quietly_but_its_errors_still_show(tmp_path):
     assert threads.returncode == 0 and threads.stderr == "E0000 00:00:1795449405.870070 1 loader.cc:1] a real problem\n"
 
 
-def flags_and_settings(command, *kinds):
-    """{flag name: flag} of a command, and the setting fields of `kinds` (those of its module
-    when none are given: its SETTINGS)."""
+def flags_and_settings(command):
+    """{flag name: flag} of a command, the setting fields of its SETTINGS, and its module."""
     from absl import flags
     from conftest import command_in_this_process
 
@@ -110,24 +109,19 @@ def flags_and_settings(command, *kinds):
 
     with command_in_this_process(command) as module:
         made = {flag.name: flag for flag in flags.FLAGS.get_flags_for_module(module.__name__)}
-    return made, settings_of(*(kinds or module.SETTINGS)), module
+    return made, settings_of(*module.SETTINGS), module
 
 
-@pytest.mark.parametrize("command, kind", [("run_pretraining", None),
-                                           ("create_pretraining_data", "CreateSettings"),
-                                           ("pack_pretraining_data", "PackCommandSettings")])
-def test_a_command_s_flags_are_its_settings_fields_each_declared_once(command, kind):
-    from bert_packed.packing.pack_settings import PackCommandSettings
-    from bert_packed.pretraining_data.create_dataset import CreateSettings
-
-    kinds = {"CreateSettings": (CreateSettings,), "PackCommandSettings": (PackCommandSettings,), None: ()}[kind]
-    made, fields, module = flags_and_settings(command, *kinds)
+@pytest.mark.parametrize("command", ["run_pretraining", "create_pretraining_data", "pack_pretraining_data",
+                                     "pick_eval_samples", "export_model", "compare_curves"])
+def test_a_command_s_flags_are_its_settings_fields_each_declared_once(command):
+    made, fields, module = flags_and_settings(command)
     assert sorted(made) == sorted(field.name for field in fields)  # no flag of its own, none left out
     for field in fields:
         flag = made[field.name]
-        assert flag.default == (list(field.default) if isinstance(field.default, tuple) else field.default), field.name
-        assert field.metadata["help"].rstrip(".").removesuffix(")") in flag.help, field.name
-    assert sorted(name for names in module.HELP_GROUPS.values() for name in names) == sorted(made)
+        default = list(field.default) if isinstance(field.default, tuple) else field.default
+        assert flag.default == default and field.metadata["help"].rstrip(".").removesuffix(")") in flag.help, field.name
+    assert sorted(name for names in module.HELP_GROUPS.values() for name in names) == sorted(made)  # each in --help once
 
 
 def test_run_pretraining_s_flags_say_the_reference_s_defaults_and_their_kinds():

@@ -19,8 +19,10 @@ from absl import flags
 
 from bert_packed import files
 from bert_packed.cli.common import run
+from bert_packed.cli.settings_flags import define_flags, from_flags
 from bert_packed.curves import (
     CLOCK_NOTE,
+    CompareSettings,
     at_sequences_table,
     automatic_accuracy,
     format_table,
@@ -31,22 +33,18 @@ from bert_packed.curves import (
     throughput_lines,
 )
 from bert_packed.errors import SettingsError
+from bert_packed.settings import help_groups
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("labels", None, "Comma-separated names for the runs (default: their directory names).")
-flags.DEFINE_string("output", "compare_curves.png", "Where the PNG goes.")
-flags.DEFINE_string("throughput", None, "JSON of scripts/benchmark_training.py --output_json: quote its alternated "
-                                        "speed-up measurement under the table.")
-flags.DEFINE_float("at_sequences", None, "Also a table of each configuration's eval loss and accuracy at this many "
-                                         "sequences (the seeds' mean and range), with what its updates hold.")
-flags.DEFINE_string("accuracy", "0.720", "MLM accuracy for the sequences-and-time-to-accuracy columns; 'auto': 90% "
-                                         "of the way from the lowest first evaluation to the lowest final one, "
-                                         "which every run reaches.")
+SETTINGS = (CompareSettings,)
+define_flags(*SETTINGS, module_name=__name__)
+HELP_GROUPS = help_groups(*SETTINGS)
 
 PROGRAM = "compare_curves"
 
 
 def main(argv) -> None:
+    from_flags(CompareSettings)
     directories = argv[1:]
     if not directories:
         raise SettingsError("expected one or more run directories (run_pretraining.py --output_dir)")
@@ -63,10 +61,7 @@ def main(argv) -> None:
             raise SettingsError("--accuracy auto needs an eval_log.jsonl in every run")
         accuracy = automatic_accuracy(runs)
     else:
-        try:
-            accuracy = float(FLAGS.accuracy)
-        except ValueError:
-            raise SettingsError(f"--accuracy {FLAGS.accuracy!r}: expected a number or 'auto'") from None
+        accuracy = float(FLAGS.accuracy)
     with files.exclusive(f"{FLAGS.output}.lock", "compare_curves"):
         files.remove_leftovers(os.path.dirname(FLAGS.output) or ".", of=os.path.basename(FLAGS.output))
         plot(runs, FLAGS.output)

@@ -14,19 +14,20 @@ from __future__ import annotations
 from absl import flags
 
 from bert_packed.cli.common import expand_globs, run
-from bert_packed.cli.settings_flags import define_flags
+from bert_packed.cli.settings_flags import define_flags, from_flags
 from bert_packed.pretraining_data.create_dataset import (
     CreateSettings,
     DatasetSettings,
     create_pretraining_dataset,
     create_pretraining_files,
 )
-from bert_packed.settings import help_groups, settings_of
+from bert_packed.settings import help_groups
 
 FLAGS = flags.FLAGS
-define_flags(CreateSettings, module_name=__name__)
+SETTINGS = (CreateSettings,)
+define_flags(*SETTINGS, module_name=__name__)
 flags.mark_flags_as_required(["input_file"])
-HELP_GROUPS = help_groups(CreateSettings)
+HELP_GROUPS = help_groups(*SETTINGS)
 
 PROGRAM = "create_pretraining_data"
 
@@ -37,8 +38,7 @@ def settings_from_flags() -> DatasetSettings:
     Raises:
       SettingsError: a flag out of range, or flags that do not go together.
     """
-    return CreateSettings(**{field.name: FLAGS[field.name].value
-                             for field in settings_of(CreateSettings)}).dataset_settings()
+    return from_flags(CreateSettings).dataset_settings()
 
 
 def main(argv):

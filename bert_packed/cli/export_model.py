@@ -19,22 +19,18 @@ from absl import flags
 
 from bert_packed import files
 from bert_packed.cli.common import run
+from bert_packed.cli.settings_flags import define_flags
 from bert_packed.errors import SettingsError
-from bert_packed.pretraining_data.tokenization import DEFAULT_VOCAB_FILE, vocabulary_path
+from bert_packed.model.config import ExportSettings
+from bert_packed.pretraining_data.tokenization import vocabulary_path
 from bert_packed.run_directory import RunDirectory
+from bert_packed.settings import help_groups
 from bert_packed.tensorflow_loading import import_tensorflow
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("checkpoint", None, "A run directory (its newest weights), a TF1 checkpoint prefix "
-                                        "(model.ckpt-N) or a Hugging Face BERT directory.")
-flags.DEFINE_string("bert_config_file", None, "The model's bert_config.json (the run's --bert_config_file).")
-flags.DEFINE_string("vocab_file", DEFAULT_VOCAB_FILE, "The vocabulary the model was trained with "
-                                                      "(create_pretraining_data's --vocab_file).")
-flags.DEFINE_bool("do_lower_case", True, "The tokenizer lower-cases and strips accents (uncased models).")
-flags.DEFINE_string("output_dir", None, "Where the exported model goes: a new or empty directory, or one of an "
-                                        "earlier export (written over).")
-flags.DEFINE_enum("format", "huggingface", ["huggingface", "tf1"], "huggingface: config.json, model.safetensors "
-                  "and tokenizer files; tf1: model.ckpt-N (google-research names), bert_config.json, vocab.txt.")
+SETTINGS = (ExportSettings,)
+define_flags(*SETTINGS, module_name=__name__)
+HELP_GROUPS = help_groups(*SETTINGS)
 flags.mark_flags_as_required(["checkpoint", "bert_config_file", "output_dir"])
 
 PROGRAM = "export_model"

@@ -15,15 +15,16 @@ import logging
 from absl import flags
 
 from bert_packed.cli.common import expand_globs, run
-from bert_packed.cli.settings_flags import define_flags
+from bert_packed.cli.settings_flags import define_flags, from_flags
 from bert_packed.packing.pack_dataset import pack_pretraining_dataset, verify_packed_dataset
 from bert_packed.packing.pack_settings import PackCommandSettings, PackSettings
 from bert_packed.settings import help_groups, settings_of
 
 FLAGS = flags.FLAGS
-define_flags(PackCommandSettings, module_name=__name__)
+SETTINGS = (PackCommandSettings,)
+define_flags(*SETTINGS, module_name=__name__)
 flags.mark_flags_as_required(["input_files", "output_dir"])
-HELP_GROUPS = help_groups(PackCommandSettings)
+HELP_GROUPS = help_groups(*SETTINGS)
 
 PROGRAM = "pack_pretraining_data"
 
@@ -35,10 +36,8 @@ def settings_from_flags(files: list[str]) -> PackSettings:
     Raises:
       SettingsError: a flag out of range, or L or P other than the inputs'.
     """
-    names = [field.name for field in settings_of(PackCommandSettings)]
-    command = PackCommandSettings(**{name: FLAGS[name].value for name in names},
-                                  given=frozenset(name for name in names if FLAGS[name].present))
-    return command.pack_settings(files)
+    given = frozenset(field.name for field in settings_of(*SETTINGS) if FLAGS[field.name].present)
+    return from_flags(PackCommandSettings, given=given).pack_settings(files)
 
 
 def main(argv):

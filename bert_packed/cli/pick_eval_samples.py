@@ -14,18 +14,18 @@ from absl import flags
 
 from bert_packed import files
 from bert_packed.cli.common import run
+from bert_packed.cli.settings_flags import define_flags, from_flags
 from bert_packed.dataset_info import read_dataset_info
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
-from bert_packed.pretraining_data.eval_samples import pick_eval_samples
+from bert_packed.pretraining_data.eval_samples import PickSettings, pick_eval_samples
+from bert_packed.settings import help_groups
 from bert_packed.training.provenance import origins
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("input_tfrecord", None, "The eval instances (create_pretraining_data --output_file).")
-flags.DEFINE_string("output_tfrecord", None, "Where the picked records go (one TFRecord file).")
-flags.DEFINE_integer("num_examples_to_pick", 10000, "Records to pick (MLPerf evaluates on 10,000).")
-flags.DEFINE_integer("max_seq_length", 512, "L of the records.")
-flags.DEFINE_integer("max_predictions_per_seq", 76, "P of the records.")
+SETTINGS = (PickSettings,)
+define_flags(*SETTINGS, module_name=__name__)
+HELP_GROUPS = help_groups(*SETTINGS)
 flags.mark_flags_as_required(["input_tfrecord", "output_tfrecord"])
 
 PROGRAM = "pick_eval_samples"
@@ -33,8 +33,7 @@ PROGRAM = "pick_eval_samples"
 
 def main(argv):
     del argv
-    if FLAGS.num_examples_to_pick < 1:
-        raise SettingsError(f"--num_examples_to_pick={FLAGS.num_examples_to_pick}: must be >= 1")
+    from_flags(PickSettings)
     # The output is one file with no metadata.json, so no later command can tell where its records
     # came from: a training shard is refused here (MLPerf never evaluates on what it trains on).
     trained = next((o.file for o in origins([FLAGS.input_tfrecord])[FLAGS.input_tfrecord] if not o.held_out), None)

@@ -19,6 +19,12 @@ def define_flags(*kinds: type, module_name: str) -> None:
         _define(field, module_name)
 
 
+def from_flags(kind: type, **values):
+    """The dataclass `kind` of its settings' flags' values (and `values`, its other fields),
+    which checks them as it is built."""
+    return kind(**{field.name: flags.FLAGS[field.name].value for field in settings_of(kind)}, **values)
+
+
 def flag_help(field: dataclasses.Field) -> str:
     """The setting's help, with the reference's default where it differs."""
     text = field.metadata["help"].rstrip(".")
@@ -41,7 +47,7 @@ def _define(field: dataclasses.Field, module_name: str) -> None:
     elif kind == "float":
         flags.DEFINE_float(name, default, help_text, module_name=module_name)
     elif kind.startswith("tuple"):
-        flags.DEFINE_list(name, list(default), help_text, module_name=module_name)
+        flags.DEFINE_list(name, None if default is None else list(default), help_text, module_name=module_name)
     elif kind == "str":
         flags.DEFINE_string(name, default, help_text, module_name=module_name)
     else:

@@ -8,6 +8,30 @@ import math
 
 from bert_packed import files
 from bert_packed.errors import UserError
+from bert_packed.pretraining_data.tokenization import DEFAULT_VOCAB_FILE
+from bert_packed.settings import setting
+
+# What export_model writes: a Hugging Face directory, or google-research's TF1 checkpoint.
+EXPORT_FORMATS = ("huggingface", "tf1")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ExportSettings:
+    """export_model's settings, by their flags' names."""
+
+    checkpoint: str | None = setting(None, "A run directory (its newest weights), a TF1 checkpoint prefix "
+                                           "(model.ckpt-N) or a Hugging Face BERT directory.", group="weights")
+    bert_config_file: str | None = setting(None, "The model's bert_config.json (the run's --bert_config_file).",
+                                           group="weights")
+    vocab_file: str = setting(DEFAULT_VOCAB_FILE, "The vocabulary the model was trained with "
+                                                  "(create_pretraining_data's --vocab_file).", group="tokenizer")
+    do_lower_case: bool = setting(True, "The tokenizer lower-cases and strips accents (uncased models).",
+                                  group="tokenizer")
+    output_dir: str | None = setting(None, "Where the exported model goes: a new or empty directory, or one of an "
+                                           "earlier export (written over).", group="output")
+    format: str = setting("huggingface", "huggingface: config.json, model.safetensors and tokenizer files; tf1: "
+                                         "model.ckpt-N (google-research names), bert_config.json, vocab.txt.",
+                          group="output", choices=EXPORT_FORMATS)
 
 # What the backward pass recomputes instead of keeping from the forward pass: nothing; the
 # attention block (scores, softmax, dropout, probabilities x values: the [B, N, L, L] tensors,

@@ -8,12 +8,30 @@ same input gives the same n records, byte for byte.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from bert_packed import files
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
 from bert_packed.records import TFRecordWriter, read_record_batches, read_unpacked
+from bert_packed.settings import setting
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PickSettings:
+    """pick_eval_samples's settings, the reference's flags, checked when built."""
+
+    input_tfrecord: str | None = setting(None, "The eval instances (create_pretraining_data --output_file).",
+                                         group="files")
+    output_tfrecord: str | None = setting(None, "Where the picked records go (one TFRecord file).", group="files")
+    num_examples_to_pick: int = setting(10000, "Records to pick (MLPerf evaluates on 10,000).", group="records")
+    max_seq_length: int = setting(512, "L of the records.", group="records")
+    max_predictions_per_seq: int = setting(76, "P of the records.", group="records")
+
+    def __post_init__(self):
+        if self.num_examples_to_pick < 1:
+            raise SettingsError(f"--num_examples_to_pick={self.num_examples_to_pick}: must be >= 1")
 
 
 def pick_eval_samples(input_path: str, output_path: str, count: int, shapes: Shapes) -> int:
