@@ -63,14 +63,16 @@ job:
 	@$(if $(filter-out 1,$(words $(JOB)))$(filter-out wikipedia_like sample,$(JOB)),\
 		echo "make: JOB=$(JOB): expected wikipedia_like or sample" >&2 && exit 2,true)
 
-# These go to the job through the environment, as given: a value may hold any quote
-# (PHASE2_FLAGS="--submission_org='My Org'"), which the job splits as a shell would.
-export CURVES PHASE1_FLAGS PHASE2_FLAGS THROUGHPUT_FLAGS
+# A value as one shell word, exactly as given: in single quotes, each ' as '\''. The *_FLAGS are
+# taken unexpanded ($(value ...)), so that a quote, a $ or a ; in them reaches the job as typed
+# (PHASE2_FLAGS="--submission_org='My Org'"), which splits them as a shell would.
+quote = '$(subst ','\'',$(1))'
 
 run: job $(STAMP)
-	@$(PYTHON) scripts/main_job.py --job=$(JOB) --seeds=$(subst $() ,$(comma),$(strip $(SEEDS))) \
-		--baseline_seeds=$(subst $() ,$(comma),$(strip $(BASELINE_SEEDS))) --curves="$$CURVES" \
-		--phase1_flags="$$PHASE1_FLAGS" --phase2_flags="$$PHASE2_FLAGS" --throughput_flags="$$THROUGHPUT_FLAGS"
+	@$(PYTHON) scripts/main_job.py --job=$(JOB) --seeds=$(call quote,$(subst $() ,$(comma),$(strip $(SEEDS)))) \
+		--baseline_seeds=$(call quote,$(subst $() ,$(comma),$(strip $(BASELINE_SEEDS)))) \
+		--curves=$(call quote,$(CURVES)) --phase1_flags=$(call quote,$(value PHASE1_FLAGS)) \
+		--phase2_flags=$(call quote,$(value PHASE2_FLAGS)) --throughput_flags=$(call quote,$(value THROUGHPUT_FLAGS))
 
 # The figure and table of docs/experiments.md: the main job with three seeds of each phase-2
 # configuration and five of the baseline (JOB=sample: the long-article case).

@@ -56,6 +56,10 @@ class StorageError(UserError, OSError):
     def __str__(self) -> str:
         return f"{self.path}: {self.reason}" if self.path else self.reason
 
+    def at(self, path: str) -> StorageError:
+        """The same error, naming `path` (what the user gave, where a hidden file of it failed)."""
+        return StorageError(path, self.reason, self.retry_may_help, self.disk_full, self.kind, self.errno)
+
 
 class InternalError(RuntimeError):
     """A check of the code's own state failed: a bug, not the user's input (traceback, exit 1)."""

@@ -46,9 +46,10 @@ def storage_error(error: BaseException, path: str | None) -> StorageError | None
     """`error`, raised by a request to the storage on `path`, as a StorageError naming `path`
     (None: the error's own file name, if any); None when it is not an error of the storage.
 
-    Python's OSError and TensorFlow's filesystem errors (tf.errors.OpError: gs://, file://...)
-    are; a TensorFlow error of the kinds a client raises after its own retries failed
-    (Unavailable, DeadlineExceeded, Aborted) is one that the same command again may get past.
+    Python's OSError and TensorFlow's filesystem errors (gs://, file://...: the kinds a filesystem
+    raises, and any that says the disk is full) are; a TensorFlow error of the kinds a client raises
+    after its own retries failed (Unavailable, DeadlineExceeded, Aborted) is one that the same
+    command again may get past. Any other TensorFlow error (out of memory, a missing kernel) is not.
     """
     if isinstance(error, StorageError):
         return error
@@ -62,11 +63,21 @@ def storage_error(error: BaseException, path: str | None) -> StorageError | None
     tensorflow = sys.modules.get("tensorflow")
     if tensorflow is None or not isinstance(error, tensorflow.errors.OpError):
         return None
-    lines = [line.strip() for line in str(error.message).splitlines() if line.strip()] or [type(error).__name__]
+    errors = tensorflow.errors
+    transient = (errors.UnavailableError, errors.DeadlineExceededError, errors.AbortedError)
+    refused = (errors.NotFoundError, errors.PermissionDeniedError, errors.UnauthenticatedError,
+               errors.FailedPreconditionError, errors.AlreadyExistsError, errors.UnimplementedError)
     full = next((words for words in _DISK_FULL_WORDS if words in error.message), None)
-    transient = (tensorflow.errors.UnavailableError, tensorflow.errors.DeadlineExceededError,
-                 tensorflow.errors.AbortedError)
-    return StorageError(path, full or lines[0], retry_may_help=isinstance(error, transient), disk_full=full is not None,
+    if full is None and not isinstance(error, transient + refused):
+        return None
+    reason = ([line.strip() for line in str(error.message).splitlines() if line.strip()] or [type(error).__name__])[0]
+    # A filesystem's words begin with the path it was given ("file:///d/.x.tmp-12; Permission
+    # denied"): the reason is what follows, the path the user's.
+    named, separator, rest = reason.rpartition("; ")
+    if separator and "/" in named:
+        reason = rest
+        path = path or (None if is_temporary_name(os.path.basename(named.strip())) else named.strip())
+    return StorageError(path, full or reason, retry_may_help=isinstance(error, transient), disk_full=full is not None,
                         kind=type(error).__name__)
 
 
@@ -154,6 +165,9 @@ def _open(path: str, mode: str):
             with gfile.GFile(path, "rb") as f:
                 return io.StringIO(f.read().decode("utf-8"), newline=None)  # newlines as open() reads them
         return gfile.GFile(path, mode)
+    if "r" in mode and not stat.S_ISREG(mode_bits := os.stat(path).st_mode) and not stat.S_ISDIR(mode_bits):
+        # /dev/zero never ends, a pipe may block: no file this package reads is either
+        raise OSError(errno.EINVAL, "not a regular file (a device or a pipe)", path)
     return open(path, mode, encoding=None if "b" in mode else "utf-8")
 
 
@@ -410,26 +424,31 @@ def exclusive(lock_path: str, what: str):
     holder = {"command": what, "host": socket.gethostname(), "pid": os.getpid(),
               "started": time.strftime("%Y-%m-%d %H:%M:%S"), "process_start": _process_start(os.getpid()),
               "claim": os.urandom(8).hex()}
+    where = os.path.dirname(lock_path) or "."
     if "://" not in lock_path:
-        with _locked(lock_path, holder, os.path.dirname(lock_path) or "."):
+        with _locked(lock_path, holder, where):
             yield lambda: None
         return
-    with _locked(local_stand_in(lock_path), holder, os.path.dirname(lock_path)), _claimed(lock_path, holder) as confirm:
+    with _locked(local_stand_in(lock_path), holder, where), _claimed(lock_path, holder) as confirm:
         yield confirm
 
 
 @contextlib.contextmanager
 def _locked(lock_path: str, holder: dict, where: str):
-    """The local lock of exclusive() on `where`: `lock_path` holds `holder` for the block."""
+    """The local lock of exclusive() on `where`: `lock_path` holds `holder` for the block. What
+    the storage refuses names `where` (the output the user gave), not the lock's hidden files."""
     tmp = f"{lock_path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(holder, f)
     try:
+        with storage(where), open(tmp, "w", encoding="utf-8") as f:
+            json.dump(holder, f)
         while True:
             try:
-                os.link(tmp, lock_path)
+                with storage(where):
+                    os.link(tmp, lock_path)
                 break
-            except FileExistsError:
+            except StorageError as e:
+                if e.errno != errno.EEXIST:
+                    raise
                 current = _lock_holder(lock_path)
                 if current is None or _alive(current):
                     raise DirectoryLockedError(_held_message(where, lock_path, current)) from None
@@ -439,7 +458,8 @@ def _locked(lock_path: str, holder: dict, where: str):
                 except FileNotFoundError:
                     pass
     finally:
-        os.remove(tmp)
+        with contextlib.suppress(OSError):  # not written: the directory refused it
+            os.remove(tmp)
     try:
         yield
     finally:
@@ -463,7 +483,10 @@ def _claimed(claim_path: str, holder: dict):
                 f"{_holder_words(now) if now else 'its claim ' + claim_path + ' is gone'}); its files and this "
                 f"run's may be mixed: nothing was committed. Let one command finish, then run it again")
 
-    write_text_atomically(claim_path, json.dumps(holder))
+    try:
+        write_text_atomically(claim_path, json.dumps(holder))
+    except StorageError as e:
+        raise e.at(os.path.dirname(claim_path)) from e  # the output the user gave, not its claim file
     confirm()
     try:
         yield confirm

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import shlex
 import sys
 
@@ -86,9 +87,9 @@ def seeds() -> tuple[list[str], list[str]]:
     given = {"seeds": FLAGS.seeds, "baseline_seeds": FLAGS.baseline_seeds}
     for name, values in given.items():
         for value in values:
-            if not value.strip().isdigit():
-                raise SettingsError(f"--{name}={','.join(values)}: {value!r} is not a seed: expected integers "
-                                    f"separated by commas (--{name}=1,2,3)")
+            if not re.fullmatch(r"[0-9]+", value.strip()) or int(value) >= 2**32:
+                raise SettingsError(f"--{name}={','.join(values)}: {value!r} is not a seed: expected integers from 0 "
+                                    f"to 2**32 - 1 separated by commas (--{name}=1,2,3)")
     if not given["seeds"]:
         raise SettingsError("--seeds is empty: expected at least one seed (--seeds=1)")
     every = [int(value) for values in given.values() for value in values]

@@ -156,6 +156,8 @@ def test_train_refuses_a_negative_seed_and_an_output_dir_that_is_a_file(packed_d
             f"--max_seq_length={MAX_SEQ_LENGTH}", f"--max_predictions_per_seq={MAX_PREDICTIONS}"]
     assert_one_line(command("run_pretraining.py", *base, f"--output_dir={tmp_path / 'run'}", "--seed=-1"),
                     "--seed=-1: must be >= 0")
+    assert_one_line(command("run_pretraining.py", *base, f"--output_dir={tmp_path / 'run'}", "--seed=4294967296"),
+                    "--seed=4294967296: must be >= 0 and below 2**32")  # was an internal error in NumPy's seeding
     a_file = tmp_path / "a_file"
     a_file.write_text("keep me")
     assert_one_line(command("run_pretraining.py", *base, f"--output_dir={a_file}"),
@@ -165,6 +167,8 @@ def test_train_refuses_a_negative_seed_and_an_output_dir_that_is_a_file(packed_d
 
 # A path no process may create, root included: sysfs refuses every mkdir.
 UNWRITABLE = "/sys/bert_packed_cannot_write_here/out"
+# A directory that is there and takes no file, root's included (sysfs).
+EXISTING_UNWRITABLE = "/sys/kernel"
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -206,6 +210,19 @@ def test_pack_refuses_a_symlink_loop_its_glob_matches_and_an_unwritable_director
     assert_one_line(result, "/sys/bert_packed_cannot_write_here: Operation not permitted")
     result = command("scripts/pack_pretraining_data.py", *base, f"--output_dir=file://{UNWRITABLE}")
     assert_one_line(result, "Operation not permitted")
+    # A directory that is there but refuses files: the line names it, not the lock file written
+    # first in it (that write was outside the storage layer: an internal error, exit 1).
+    for output in (EXISTING_UNWRITABLE, f"file://{EXISTING_UNWRITABLE}"):
+        result = command("scripts/pack_pretraining_data.py", *base, f"--output_dir={output}")
+        assert_one_line(result, f"pack_pretraining_data: error: {output}: Permission denied")
+
+
+def test_an_output_file_that_is_a_directory_is_refused_before_the_work(create_args, tmp_path):
+    """(It was found at the end, the work done and left in <output_file>.parts beside it.)"""
+    (tmp_path / "out").mkdir()
+    result = command("scripts/create_pretraining_data.py", *create_args, f"--output_file={tmp_path / 'out'}")
+    assert_one_line(result, f"--output_file={tmp_path / 'out'}: a directory; give a file's path")
+    assert sorted(os.listdir(tmp_path)) == ["out"]
 
 
 CASES = ["--eval_batch_size=0", "--eval_batch_size=-3", "--learning_rate=-1", "--lamb_weight_decay_rate=-0.1",

@@ -146,6 +146,18 @@ def test_cli_writes_a_png_and_a_table(tmp_path):
     assert remote.stdout.splitlines()[:-1] == result.stdout.splitlines()[:-1]  # all but the figure's path
 
 
+def test_an_output_under_a_missing_directory_or_a_file_is_one_line_naming_it(tmp_path):
+    """The lock beside --output is written first: what the storage refuses names the directory the
+    user gave (it was an internal error naming the lock's temporary file)."""
+    run = write_run(tmp_path / "run", "padded", 1.0, 1.0, 8, [0.1, 0.2])
+    (tmp_path / "a_file").write_text("x")
+    for parent, reason in ((tmp_path / "missing", "No such file or directory"), (tmp_path / "a_file", "Not a directory")):
+        result = run_command("compare_curves", run, f"--output={parent / 'curves.png'}")
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+        assert result.stderr.strip().splitlines()[-1] == f"compare_curves: error: {parent}: {reason}"
+    assert sorted(os.listdir(tmp_path)) == ["a_file", "run"]  # no lock file left beside them
+
+
 def test_bad_run_directories_are_named(tmp_path):
     with pytest.raises(RunError, match="no such run directory"):
         load_run(str(tmp_path / "missing"))

@@ -73,6 +73,15 @@ def test_what_the_storage_refuses_is_a_storage_error_naming_the_path_the_user_ga
     assert full.value.disk_full and full.value.errno == errno.ENOSPC
     with pytest.raises(StorageError, match=r"^file:///nowhere/x: No such file or directory$"):
         files.open_file("file:///nowhere/x")
+    with pytest.raises(StorageError, match=r"^/dev/zero: not a regular file \(a device or a pipe\)$"):
+        files.open_file("/dev/zero")  # read as JSON, it never ends
+    # TensorFlow's filesystems begin their words with the path they were given, a temporary one too.
+    with pytest.raises(StorageError, match=r"^file:///d/x: Permission denied$"):
+        with files.storage("file:///d/x"):
+            raise tf.errors.PermissionDeniedError(None, None, "file:///d/.x.tmp-12; Permission denied")
+    with pytest.raises(tf.errors.ResourceExhaustedError):  # out of memory in a storage block is no full disk
+        with files.storage("file:///d/x"):
+            raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor")
     # A bucket's client that still failed after its retries: the same command again may go on.
     with pytest.raises(StorageError) as unavailable:
         with files.storage("gs://b/x"):

@@ -37,3 +37,17 @@ def test_a_deterministic_bf16_run_leaves_determinism_seeds_and_precision_as_they
         (tf_config.enable_op_determinism if found[0] else tf_config.disable_op_determinism)()
         tf.random.set_seed(found[1])
         keras.mixed_precision.set_global_policy(found[2])
+
+
+def test_taking_a_command_s_flags_out_gives_the_root_logger_no_handler_of_its_own(monkeypatch):
+    """absl logs a line as it unparses the flags; with no handler on the root logger (a plain
+    Python process), Python would add one of its own, and the next command showed every line twice."""
+    import logging
+
+    from absl import flags
+
+    from bert_packed.cli import in_process
+
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+    in_process._unparse(flags.FlagValues())  # logs as the global flags do
+    assert logging.getLogger().handlers == []

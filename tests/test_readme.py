@@ -173,7 +173,12 @@ def test_the_main_job_runs_and_reads_well(main_job):
     (["--phase2_flags=--submission_org='My Org"], "--phase2_flags=--submission_org='My Org: No closing quotation "
                                                   "(the value is split as a shell splits a line)"),
     (["--seeds="], "--seeds is empty: expected at least one seed (--seeds=1)"),
-    (["--seeds=1,x"], "--seeds=1,x: 'x' is not a seed: expected integers separated by commas (--seeds=1,2,3)"),
+    (["--seeds=1,x"], "--seeds=1,x: 'x' is not a seed: expected integers from 0 to 2**32 - 1 separated by commas "
+                      "(--seeds=1,2,3)"),
+    (["--baseline_seeds=²"], "--baseline_seeds=²: '²' is not a seed: expected integers from 0 to 2**32 - 1 separated "
+                             "by commas (--baseline_seeds=1,2,3)"),
+    (["--seeds=4294967296"], "--seeds=4294967296: '4294967296' is not a seed: expected integers from 0 to 2**32 - 1 "
+                             "separated by commas (--seeds=1,2,3)"),
     (["--seeds=1,2", "--baseline_seeds=2"], "--seeds=1,2 --baseline_seeds=2: seed 2 is given twice: each seed's run "
                                             "has a directory of its own"),
 ])

@@ -103,6 +103,26 @@ def test_an_interrupted_run_resumes_with_exactly_the_same_losses(packed_dir, tmp
     assert [r["sequences"] for r in resumed] == [r["sequences"] for r in straight]
 
 
+def test_a_signal_before_the_first_step_saves_nothing_and_the_same_command_starts_the_run(packed_dir, tmp_path):
+    """Step 0 is where a run starts, not a checkpoint: a signal while the first loop compiles
+    stopped the run at step 0 and saved it, and the same command then found that checkpoint and
+    no run to resume."""
+    files = tfrecords(packed_dir)
+    stopped = make_trainer(config(tmp_path, files, num_train_steps=2))
+    loop = stopped.update.loop
+
+    def sigterm_then_loop(iterator, num_updates):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return loop(iterator, num_updates)
+
+    stopped.update.loop = sigterm_then_loop
+    stopped.train()
+    assert (stopped.stopped_by, int(stopped.step)) == ("SIGTERM", 0)
+    assert not (tmp_path / "checkpoints").exists() or not os.listdir(tmp_path / "checkpoints")
+    make_trainer(config(tmp_path, files, num_train_steps=2)).train()
+    assert [r["step"] for r in read_log(tmp_path / "train_log.jsonl")] == [1, 2]
+
+
 def test_recompute_trains_the_same_run_and_a_run_stopped_with_it_resumes_exactly(packed_dir, tmp_path):
     """Recompute changes memory, not the run: with dropout on, a run stopped during step 2 with
     --recompute=attention and resumed with --recompute=layer (a setting a resumed run may change)

@@ -89,7 +89,7 @@ def _only_its_flags(module_name: str):
             defined_by = FLAGS.find_module_defining_flag(name, "")
             if defined_by != module_name and not defined_by.startswith("absl."):
                 delattr(FLAGS, name)
-        FLAGS.unparse_flags()
+        _unparse(FLAGS)
         app._run_init.done = app._register_and_parse_flags_with_usage.done = False
         yield
     finally:
@@ -102,11 +102,22 @@ def _only_its_flags(module_name: str):
         for registry, saved in zip(registries, saved_registries):
             registry.clear()
             registry.update(saved)
-        FLAGS.unparse_flags()
+        _unparse(FLAGS)
         flagsaver.restore_flag_values(saved_values, FLAGS)
         if was_parsed:
             FLAGS.mark_as_parsed()
         app._run_init.done, app._register_and_parse_flags_with_usage.done = run_once
+
+
+def _unparse(flag_values) -> None:
+    """flag_values.unparse_flags(), which logs a line: with no handler on the root logger, Python
+    would give it one of its own for good (every later line then shown twice)."""
+    root, quiet = logging.getLogger(), logging.NullHandler()
+    root.addHandler(quiet)
+    try:
+        flag_values.unparse_flags()
+    finally:
+        root.removeHandler(quiet)
 
 
 def run_in_process(module_name: str, args: list[str], program: str | None = None, cwd: str | None = None) -> int:

@@ -251,6 +251,9 @@ def main(argv):
     leave_together(step.strategy)  # the chief last: its process holds the workers' coordination service
     if result.stopped_by:
         status = EXIT_STATUS[result.stopped_by]
+        if not result.step:
+            exit_with(status, f"{PROGRAM}: stopped by {result.stopped_by} before the first step; the same command "
+                              f"starts the run (exit status {status})")
         exit_with(status, f"{PROGRAM}: stopped by {result.stopped_by} after saving step {result.step}; the same "
                           f"command resumes (exit status {status})")
     from bert_packed.training.report import run_summary

@@ -634,7 +634,14 @@ def create_pretraining_files(input_files: list[str], output_files: list[str], se
 
     Returns:
       The metadata of the instances (not written anywhere: many such commands may share a folder).
+
+    Raises:
+      SettingsError: an output file is a directory (before any work).
     """
+    for path in output_files:
+        if files.isdir(path):
+            raise SettingsError(f"--output_file={path}: a directory; give a file's path (a dataset directory is "
+                                f"--output_dir)")
     work = output_files[0] + ".parts"
     metadata = create_pretraining_dataset(input_files, work, settings, num_workers)
     for path in output_files:  # what a dealing killed midway left

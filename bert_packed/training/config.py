@@ -372,7 +372,8 @@ class RunConfig:
         require("://" not in self.output_dir or not any(c in self.output_dir for c in "[]*?{"),
                 f"--output_dir={self.output_dir}: TensorFlow cannot read a checkpoint whose remote path holds [, ], *, "
                 f"? or {{, so the run could never resume; name it without them")
-        require(0 <= self.seed < 2**63, f"--seed={self.seed}: must be >= 0")
+        require(0 <= self.seed < 2**32, f"--seed={self.seed}: must be >= 0 and below 2**32 (NumPy's and TensorFlow's "
+                                        f"seeds)")
         for flag in ("save_checkpoints_steps", "keep_checkpoint_max", "iterations_per_loop", "log_every_steps"):
             require(getattr(self, flag) >= 1, f"--{flag}={getattr(self, flag)}: must be >= 1")
         require(self.submission_division in DIVISIONS,

@@ -123,7 +123,7 @@ def train_and_evaluate(config: TrainConfig, train_data: TrainData, eval_data: Ev
                             break
                         if current < config.last_step:
                             logs.mlperf.block_start(sequences)
-                    if current % config.save_steps == 0 or stop.by:
+                    if current and (current % config.save_steps == 0 or stop.by):  # step 0 is the start: nothing to keep
                         _save(directory, checkpoints, step, train_data)
             if stop.by and not reached:
                 logging.debug("%s: saved step %d", stop.by, current)  # the command says so, with its status
