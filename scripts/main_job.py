@@ -31,7 +31,7 @@ import sys
 from absl import flags
 
 from bert_packed.cli.common import run
-from bert_packed.cli.in_process import run_in_process
+from bert_packed.cli.in_process import command_in_this_process, run_in_process
 from bert_packed.errors import SettingsError
 
 PROGRAM = "main_job"
@@ -81,6 +81,26 @@ def shell_words(name: str) -> list[str]:
         raise SettingsError(f"--{name}={value}: {e} (the value is split as a shell splits a line)") from None
 
 
+def checked_flags(name: str, module: str) -> list[str]:
+    """The words of the flag `name` (shell_words), each a flag that the command `module` takes with
+    a value it takes: a typo is said before any stage, not when its stage comes minutes later."""
+    words = shell_words(name)
+    with command_in_this_process(module):
+        for word in words:
+            key, given, value = word.removeprefix("--").partition("=")
+            flag = FLAGS[key] if key in FLAGS else None
+            negated = key.startswith("no") and key[2:] in FLAGS and FLAGS[key[2:]].boolean
+            if not word.startswith("--") or (flag is None and not negated):
+                raise SettingsError(f"--{name}: {word!r}: {module.rsplit('.', 1)[-1]} has no such flag "
+                                    f"(--{name} holds flags, --name=value)")
+            try:
+                if given and flag is not None:
+                    flag.parse(value)
+            except (flags.Error, ValueError) as e:
+                raise SettingsError(f"--{name}: {word}: {e}") from None
+    return words
+
+
 def seeds() -> tuple[list[str], list[str]]:
     """--seeds and --baseline_seeds: integers, at least one of --seeds, none given twice (each
     seed's run has a directory of its own)."""
@@ -116,8 +136,9 @@ def main(argv):
     job, (phase2_seeds, baseline_seeds) = FLAGS.job, seeds()
     directory = f"runs/{job}"
     curves = FLAGS.curves or f"{directory}/curves.png"
-    phase1_flags, phase2_flags = shell_words("phase1_flags"), shell_words("phase2_flags")
-    throughput_flags = shell_words("throughput_flags")
+    phase1_flags = checked_flags("phase1_flags", "bert_packed.cli.run_pretraining")
+    phase2_flags = checked_flags("phase2_flags", "bert_packed.cli.run_pretraining")
+    throughput_flags = checked_flags("throughput_flags", "benchmark_training")
     if job == "wikipedia_like":
         stage(1, f"the corpus: the sample's text cut to Wikipedia's length mix ({directory}/corpus)")
         command("make_wikipedia_like_corpus", f"--output_dir={directory}/corpus")

@@ -173,6 +173,12 @@ def test_the_main_job_runs_and_reads_well(main_job):
     (["--phase2_flags=--submission_org='My Org"], "--phase2_flags=--submission_org='My Org: No closing quotation "
                                                   "(the value is split as a shell splits a line)"),
     (["--seeds="], "--seeds is empty: expected at least one seed (--seeds=1)"),
+    (["--phase2_flags=--num_train_step=2"], "--phase2_flags: '--num_train_step=2': run_pretraining has no such flag "
+                                            "(--phase2_flags holds flags, --name=value)"),
+    (["--phase1_flags=--train_batch_size=two"], "--phase1_flags: --train_batch_size=two: flag --train_batch_size=two: "
+                                                "invalid literal for int() with base 10: 'two'"),
+    (["--throughput_flags=--rounds=1 --updates=x"], "--throughput_flags: --updates=x: flag --updates=x: invalid literal "
+                                                    "for int() with base 10: 'x'"),
     (["--seeds=1,x"], "--seeds=1,x: 'x' is not a seed: expected integers from 0 to 2**32 - 1 separated by commas "
                       "(--seeds=1,2,3)"),
     (["--baseline_seeds=²"], "--baseline_seeds=²: '²' is not a seed: expected integers from 0 to 2**32 - 1 separated "
