@@ -139,6 +139,16 @@ def test_the_pages_have_their_set_up_commands_and_no_placeholder():
                 assert language == "text" or placeholder not in text, f"{where}: placeholder {placeholder!r}"
 
 
+def test_every_test_the_pages_name_is_there():
+    """The guides cite the tests that hold each guarantee (docs/reliability.md): a test renamed or
+    gone leaves a citation that proves nothing."""
+    defined = {name for path in os.listdir(os.path.join(REPO, "tests")) if path.endswith(".py")
+               for name in re.findall(r"^def (test_\w+)", open(os.path.join(REPO, "tests", path), encoding="utf-8").read(),
+                                      re.M)}
+    cited = {name for page in PAGES for name in re.findall(r"`(test_\w+)`", open(page, encoding="utf-8").read())}
+    assert len(cited) > 10 and cited <= defined, sorted(cited - defined)
+
+
 def test_the_readme_is_a_front_page():
     with open(README, encoding="utf-8") as f:
         assert len(f.read()) <= 12_000
