@@ -124,6 +124,18 @@ def test_a_command_s_flags_are_its_settings_fields_each_declared_once(command):
     assert sorted(name for names in module.HELP_GROUPS.values() for name in names) == sorted(made)  # each in --help once
 
 
+@pytest.mark.slow  # the command as `python -m`: its module is __main__ there
+def test_a_command_run_as_a_module_lists_its_flags():
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    result = subprocess.run([sys.executable, "-m", "bert_packed.cli.pick_eval_samples", "--help"], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "--num_examples_to_pick: Records to pick" in result.stdout, result.stdout[-2000:]
+
+
 def test_run_pretraining_s_flags_say_the_reference_s_defaults_and_their_kinds():
     from absl import flags
 

@@ -21,9 +21,9 @@ from conftest import (
     write_corpus,
 )
 
-from bert_packed.cli.common import expand_globs
 from bert_packed.dataset_info import DatasetFilesError, read_dataset_info
 from bert_packed.features import Shapes
+from bert_packed.input_files import expand_globs
 from bert_packed.packing import load_histogram
 from bert_packed.pretraining_data.corpus import CorpusError, read_documents
 from bert_packed.pretraining_data.create_dataset import OutputDirectoryError, create_pretraining_dataset

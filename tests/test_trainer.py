@@ -15,7 +15,7 @@ from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, TINY, VOCAB, command
 from training_runs import assert_same_evaluation, config, make_trainer, read_log, sigterm_in_the_loop_from, weights
 
 from bert_packed.dataset_info import DataChangedError, FileIdentity, read_dataset_info
-from bert_packed.errors import InternalError, TrainingError
+from bert_packed.errors import InputFilesError, InternalError, SettingsError, TrainingError
 from bert_packed.features import Shapes
 from bert_packed.model import BertConfig
 
@@ -338,6 +338,35 @@ def test_the_online_packing_window_is_bounded_for_training_and_evaluation():
         with pytest.raises(SettingsError, match=rf"--online_packing_window={window}: at least "
                                                 rf"--max_sequences_per_pack=3 and at most 1,000,000 sequences"):
             part(window)
+
+
+def test_a_run_is_assembled_from_its_flags_by_name_as_the_command_does(packed_dir, bert_config_file, tmp_path):
+    """training.assemble takes the flags by name (no absl): what a test or a benchmark gives is
+    checked and described as run_pretraining's flags are."""
+    from bert_packed.settings import settings_of
+    from bert_packed.training.assemble import CommandLine, assemble
+    from bert_packed.training.config import PARTS, LaunchSettings
+
+    defaults = {field.name: list(field.default) if isinstance(field.default, tuple) else field.default
+                for field in settings_of(LaunchSettings, *PARTS.values())}
+
+    def line(**given):
+        base = dict(bert_config_file=bert_config_file, input_files=f"{packed_dir}/packed-*.tfrecord",
+                    output_dir=str(tmp_path), max_seq_length=MAX_SEQ_LENGTH, max_predictions_per_seq=MAX_PREDICTIONS)
+        return CommandLine({**defaults, **base, **given}, frozenset({**base, **given}))
+
+    config, train_data, eval_data = assemble(line(train_batch_size=4))
+    assert (config.batch.train_batch_size, train_data.input_mode, train_data.shapes) == (
+        4, "packed", Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, 3))
+    assert eval_data.files == () and train_data.packing_factor > 1
+    with pytest.raises(SettingsError, match=r"^--epsilon=1e-06 and --log_epsilon=-5.0 disagree; give one of them$"):
+        assemble(line(epsilon=1e-6, log_epsilon=-5.0))
+    with pytest.raises(InputFilesError, match=r"is given by --input_file too; the eval set is never training input"):
+        assemble(line(eval_files=f"{packed_dir}/packed-*.tfrecord", do_eval=True))
+    with pytest.raises(SettingsError, match=r"^--bucket_boundaries=64,,128: expected lengths separated by commas"):
+        assemble(line(bucket_boundaries=["64", "", "128"]))  # an internal error (int(''))
+    with pytest.raises(SettingsError, match=r"^--log_epsilon=400: epsilon is 10\*\*log_epsilon"):
+        assemble(line(log_epsilon=400))  # an internal error (OverflowError)
 
 
 def test_cli_batch_correction_takes_packs_for_the_unpacked_rows(packed_dir, bert_config_file, tmp_path):

@@ -33,8 +33,9 @@ from absl import flags
 from absl import logging as absl_logging
 
 from bert_packed import files
-from bert_packed.cli.common import exit_with, expand_globs, run
+from bert_packed.cli.common import exit_with, run
 from bert_packed.errors import SettingsError, UserError
+from bert_packed.input_files import expand_globs
 
 FLAGS = flags.FLAGS
 # Each command's flags are its single-machine command's, defined when that module is imported.

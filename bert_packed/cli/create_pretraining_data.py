@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from absl import flags
 
-from bert_packed.cli.common import expand_globs, run
+from bert_packed.cli.common import run
 from bert_packed.cli.settings_flags import define_flags, from_flags
+from bert_packed.input_files import expand_globs
 from bert_packed.pretraining_data.create_dataset import (
     CreateSettings,
     DatasetSettings,

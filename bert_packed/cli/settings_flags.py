@@ -5,6 +5,7 @@ differs), so that a setting is written once."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 from absl import flags
 
@@ -15,6 +16,8 @@ def define_flags(*kinds: type, module_name: str) -> None:
     """Defines a flag for each setting of the dataclasses `kinds`, as defined by the command
     module `module_name` (its --help lists them; bert_packed.cli.in_process tells commands' flags
     apart by it)."""
+    if module_name == "__main__":  # run as `python -m bert_packed.cli.X`: absl's name for it is the script's
+        module_name = sys.argv[0]
     for field in settings_of(*kinds):
         _define(field, module_name)
 

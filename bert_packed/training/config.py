@@ -372,8 +372,9 @@ class RunConfig:
         require("://" not in self.output_dir or not any(c in self.output_dir for c in "[]*?{"),
                 f"--output_dir={self.output_dir}: TensorFlow cannot read a checkpoint whose remote path holds [, ], *, "
                 f"? or {{, so the run could never resume; name it without them")
-        require(0 <= self.seed < 2**32, f"--seed={self.seed}: must be >= 0 and below 2**32 (NumPy's and TensorFlow's "
-                                        f"seeds)")
+        require(0 <= self.seed < 2**63, f"--seed={self.seed}: must be >= 0 and below 2**63")
+        require(self.seed < 2**32 or not self.deterministic,
+                f"--seed={self.seed}: with --deterministic, below 2**32 (it seeds NumPy, which takes no larger seed)")
         for flag in ("save_checkpoints_steps", "keep_checkpoint_max", "iterations_per_loop", "log_every_steps"):
             require(getattr(self, flag) >= 1, f"--{flag}={getattr(self, flag)}: must be >= 1")
         require(self.submission_division in DIVISIONS,
@@ -406,7 +407,8 @@ class LaunchSettings:
     train_on_held_out_files: bool = setting(
         False, "Let --input_file name a dataset's held-out evaluation files (eval-*.tfrecord of "
                "create_pretraining_data --eval_fraction), which are otherwise refused as training input.", group="data")
-    do_train: bool = setting(True, "Train.", group="evaluation", reference_default=False)
+    do_train: bool = setting(True, "Train (the reference's runs give both do_*).", group="evaluation",
+                             reference_default=False)
     do_eval: bool = setting(False, "Evaluate: alone, once, the latest checkpoint of --output_dir or --init_checkpoint; "
                                    "with --do_train, during training, on --eval_files or else on --input_file.",
                             group="evaluation")

@@ -10,7 +10,7 @@ shard of the same creating run (a copy of its directory included): its seeded sp
 document in one or the other. Another run over the same text (another seed, another
 --eval_fraction) splits the documents another way, so its training shards hold some of this
 run's held-out documents. Files without a metadata.json (the reference's own) have no origin:
-only their identity is compared (bert_packed.cli.common.require_disjoint).
+only their identity is compared (bert_packed.input_files.require_disjoint).
 
 For example, with d1 made with --eval_fraction=0.1 and d2 made from the same text with another
 seed, and p1 packed from d1/part-*:
@@ -33,6 +33,7 @@ from typing import NamedTuple
 from bert_packed import files
 from bert_packed.dataset_info import DatasetFilesError, DatasetInfoError, read_dataset_info
 from bert_packed.errors import SettingsError
+from bert_packed.input_files import require_disjoint
 
 
 class Origin(NamedTuple):
@@ -107,6 +108,14 @@ def require_no_held_out_packs(paths: list[str], held_out_allowed: bool) -> None:
             raise DatasetFilesError(f"--input_file: {path} was packed from held-out evaluation documents ({held_out}); "
                                     f"train on packs of the training shards (part-*), or say "
                                     f"--train_on_held_out_files")
+
+
+def require_eval_apart(train_paths: list[str], eval_paths: list[str], eval_flag: str) -> None:
+    """Raises InputFilesError or SettingsError when an eval record may be trained on: a training
+    file given again as eval file (its path or its bytes: input_files.require_disjoint), or one
+    whose records come from what the training data holds (require_apart)."""
+    require_disjoint(train_paths, "--input_file", eval_paths, eval_flag)
+    require_apart(train_paths, eval_paths, eval_flag)
 
 
 def require_apart(train_paths: list[str], eval_paths: list[str], eval_flag: str) -> None:

@@ -1,0 +1,152 @@
+"""What run_pretraining builds from its flags before it touches a device: the run's settings
+(TrainConfig), its training data and its eval data, each described and checked against the
+others. The command line hands over every flag's value by name and which flags were given
+(CommandLine); anything else that starts a run the way the command does (a test, a benchmark)
+calls the same assemble().
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from bert_packed.dataset_info import shapes_given_or_recorded
+from bert_packed.errors import SettingsError
+from bert_packed.features import Shapes
+from bert_packed.input_files import expand_globs
+from bert_packed.run_directory import RunDirectory
+from bert_packed.training.config import LaunchSettings, TrainConfig, make_config, setting_names
+
+if TYPE_CHECKING:  # training.data reads records through tf.data: imported when a run is assembled
+    from bert_packed.training.data import EvalData, TrainData
+
+
+@dataclasses.dataclass(frozen=True)
+class CommandLine:
+    """run_pretraining's flags: every value by its flag's name, and the names of those given (a
+    flag not given takes its default; the reference's second spellings and the data's recorded
+    shapes count only when given)."""
+
+    values: Mapping[str, object]
+    given: frozenset[str]
+
+    def __getitem__(self, name: str):
+        return self.values[name]
+
+    def spelled(self, ours: str, reference: str, convert=lambda value: value):
+        """The value of a setting that has two flag names (ours and the reference's); both given
+        must agree.
+
+        Args:
+          ours, reference: the two flag names.
+          convert: maps the reference flag's value to ours (log_epsilon -> epsilon, say).
+        """
+        if reference not in self.given:
+            return self[ours]
+        value = convert(self[reference])
+        same = math.isclose(value, self[ours]) if isinstance(value, float) else value == self[ours]
+        if ours in self.given and not same:
+            raise SettingsError(f"--{ours}={self[ours]} and --{reference}={self[reference]} disagree; give one of them")
+        return value
+
+    def strategy_name(self) -> str:
+        """--distribution_strategy, after the reference's --use_tpu and --num_gpus."""
+        name, explicit, gpus = self["distribution_strategy"], "distribution_strategy" in self.given, self["num_gpus"]
+        wanted = "tpu" if self["use_tpu"] else "mirrored" if gpus > 1 else None
+        if wanted is None:
+            return name
+        if explicit and name == "multi_worker_mirrored" and not self["use_tpu"]:
+            raise SettingsError(f"--num_gpus={gpus} mirrors over one host's GPUs, but under "
+                                f"--distribution_strategy=multi_worker_mirrored each worker trains on every GPU it "
+                                f"sees: leave --num_gpus out")
+        if explicit and name != wanted:
+            what = "--use_tpu" if self["use_tpu"] else f"--num_gpus={gpus}"
+            raise SettingsError(f"{what} asks for --distribution_strategy={wanted}, but --distribution_strategy={name}")
+        return wanted
+
+
+def check_reference_flags(line: CommandLine) -> None:
+    """The reference flags that cannot be honoured here, named."""
+    if not line["do_train"] and not line["do_eval"]:
+        raise SettingsError("--do_train and --do_eval are both false: nothing to do")
+    if line["master"] and not line["use_tpu"]:
+        raise SettingsError(f"--master={line['master']}: cannot be honoured without --use_tpu (it is the TF1 master of "
+                            f"a TPU job; other jobs here use tf.distribute and TF_CONFIG)")
+    if line.strategy_name() == "tpu" and not (line.spelled("tpu", "tpu_name") or line["master"]):
+        raise SettingsError("--use_tpu (--distribution_strategy=tpu) needs --tpu_name (or --tpu, or --master)")
+    if line["num_gpus"] > 0:
+        import tensorflow as tf
+
+        visible = len(tf.config.list_physical_devices("GPU"))
+        if visible < line["num_gpus"]:
+            raise SettingsError(f"--num_gpus={line['num_gpus']}: cannot be honoured, {visible} GPUs are visible")
+
+
+def _power_of_ten(log_epsilon: float) -> float:
+    if not -300 <= log_epsilon <= 300:
+        raise SettingsError(f"--log_epsilon={log_epsilon}: epsilon is 10**log_epsilon, expected about -6")
+    return 10.0 ** log_epsilon
+
+
+def _lengths(bucket_boundaries: list[str]) -> tuple[int, ...]:
+    try:
+        return tuple(int(length) for length in bucket_boundaries)
+    except ValueError:
+        raise SettingsError(f"--bucket_boundaries={','.join(bucket_boundaries)}: expected lengths separated by "
+                            f"commas (--bucket_boundaries=128,256,384)") from None
+
+
+def assemble(line: CommandLine, flags_text: str = "") -> tuple[TrainConfig, TrainData, EvalData]:
+    """The run's settings, its training data and its eval data: every setting from the flag of its
+    name (the parts check themselves), then the data described and checked against the settings
+    (no device is touched).
+
+    Args:
+      line: the command line's flags.
+      flags_text: the command line as a flagfile, recorded in the run's flags.txt.
+    """
+    from bert_packed.model import BertConfig
+    from bert_packed.model.huggingface import is_huggingface_directory, require_export_directory, require_same_model
+    from bert_packed.pretraining_data.tokenization import vocabulary_path
+    from bert_packed.training import data, provenance
+
+    check_reference_flags(line)
+    input_pattern = line.spelled("input_files", "input_file")
+    if not input_pattern:
+        raise SettingsError("--input_file (or --input_files) is required")
+    input_files = expand_globs(input_pattern, "--input_file")
+    settings = {name: line[name] for name in setting_names() if name in line.values}
+    config = make_config(**{**settings, "bert": BertConfig.from_json_file(line["bert_config_file"]),
+                            "vocab_file": vocabulary_path(line["vocab_file"]),
+                            "epsilon": line.spelled("epsilon", "log_epsilon", _power_of_ten),
+                            "bucket_boundaries": _lengths(line["bucket_boundaries"]),
+                            "flags_text": flags_text})
+    if config.model.init_checkpoint and is_huggingface_directory(config.model.init_checkpoint):
+        require_same_model(config.model.init_checkpoint, config.model.bert)
+    if config.run.export_huggingface_dir:
+        require_export_directory(config.run.export_huggingface_dir, config.run.vocab_file, config.run.do_lower_case,
+                                 config.model.bert, config.run.output_dir)
+    given = [line[name] if name in line.given else None for name in ("max_seq_length", "max_predictions_per_seq")]
+    shapes = Shapes(*shapes_given_or_recorded(input_files, *given, defaults=(
+        LaunchSettings.max_seq_length, LaunchSettings.max_predictions_per_seq)), line["max_sequences_per_pack"])
+    if line["do_train"]:
+        train_data = data.train_data(input_files, shapes, config, "max_sequences_per_pack" in line.given,
+                                     line["train_on_held_out_files"], RunDirectory(config.run.output_dir))
+    else:  # evaluation alone: --input_file is the eval set, as in the reference
+        train_data = data.TrainData(files=tuple(input_files), identity=(), shapes=shapes.unpacked(),
+                                    input_mode="padded")
+    eval_pattern = line["eval_files"] or (input_pattern if line["do_eval"] else None)
+    if line["do_train"] and line["do_eval"] and not line["eval_files"]:
+        logging.warning("--do_eval without --eval_files evaluates on the training files, as the reference does: "
+                        "its accuracy is not a held-out one (MLPerf never evaluates on what it trains on); give "
+                        "--eval_files")
+    if not eval_pattern:
+        return config, train_data, data.EvalData()
+    flag = "--eval_files" if line["eval_files"] else "--input_file"
+    eval_files = expand_globs(eval_pattern, flag)
+    if line["do_train"] and line["eval_files"]:
+        provenance.require_eval_apart(input_files, eval_files, flag)
+    return config, train_data, data.eval_data(eval_files, flag, shapes, config)
