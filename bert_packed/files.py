@@ -87,10 +87,15 @@ def storage(path: str | None):
     try:
         yield
     except Exception as e:  # noqa: BLE001 - converted only when it is the storage's
-        converted = storage_error(e, path)
-        if converted is None or converted is e:
-            raise
-        raise converted from e
+        _raise_converted(e, path)
+
+
+def _raise_converted(error: Exception, path: str | None):
+    """Raises `error` as storage_error converts it, or as it is."""
+    converted = storage_error(error, path)
+    if converted is None or converted is error:
+        raise error
+    raise converted from error
 
 
 def _on_storage(function):
@@ -118,9 +123,12 @@ class _StorageFile:
 
         @functools.wraps(attribute)
         def converting(*args, **kwargs):
-            with storage(self._path):
+            try:
                 return attribute(*args, **kwargs)
+            except Exception as e:  # noqa: BLE001 - converted only when it is the storage's
+                _raise_converted(e, self._path)
 
+        setattr(self, name, converting)  # made once: a corpus is read a line at a time
         return converting
 
     def __iter__(self):
