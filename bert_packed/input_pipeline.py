@@ -353,7 +353,10 @@ def reading_errors_named(config: PipelineConfig):
             raise
         check_unchanged(config.identity, WATCHED_SINCE)  # a file changed: say that, not what its reading met
         if not isinstance(e, (tf.errors.DataLossError, tf.errors.InvalidArgumentError)):
-            raise storage_error(e, None) from e
+            converted = storage_error(e, None)
+            if converted is None:  # not the storage's (out of memory, say): as it is
+                raise
+            raise converted from e
         diagnose_input_error(config)
         raise TrainingError(f"reading {', '.join(config.files[:3])}...: {tensorflow_reason(e)}") from None
 

@@ -92,3 +92,15 @@ def test_what_the_storage_refuses_is_a_storage_error_naming_the_path_the_user_ga
     with pytest.raises(KeyError):
         with files.storage("gs://b/x"):
             raise KeyError("x")
+
+
+def test_an_input_error_that_is_not_the_storage_s_goes_on_as_it_is():
+    """Out of memory in the input's iterator is neither a storage error nor bad data (it was raised
+    as `raise None`: a TypeError)."""
+    from types import SimpleNamespace
+
+    from bert_packed.input_pipeline import reading_errors_named
+
+    with pytest.raises(tf.errors.ResourceExhaustedError, match="OOM"):
+        with reading_errors_named(SimpleNamespace(identity=(), files=())):
+            raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating, in IteratorGetNext")
