@@ -18,7 +18,8 @@ _NO_DEFAULT = object()
 
 
 def setting(default, help: str, *, group: str, changeable: bool = False, reference_default=_NO_DEFAULT,
-            choices: Sequence[str] | None = None, first_run: bool = False) -> dataclasses.Field:
+            choices: Sequence[str] | None = None, first_run: bool = False,
+            aliases: Sequence[str] = ()) -> dataclasses.Field:
     """A dataclass field that is a setting of a command.
 
     Args:
@@ -29,9 +30,10 @@ def setting(default, help: str, *, group: str, changeable: bool = False, referen
       reference_default: the MLPerf reference's default, said in the help, when it differs.
       choices: the values it may take (an enum flag).
       first_run: one of the few settings a first run sets (marked in --help).
+      aliases: other names its flag answers to (--max-sequences-per-pack, say).
     """
     metadata = {"help": help, "group": group, "changeable": changeable, "choices": tuple(choices or ()),
-                "first_run": first_run}
+                "first_run": first_run, "aliases": tuple(aliases)}
     if reference_default is not _NO_DEFAULT:
         metadata["reference_default"] = reference_default
     return dataclasses.field(default=default, metadata=metadata)

@@ -113,10 +113,13 @@ def flags_and_settings(command):
 
 
 @pytest.mark.parametrize("command", ["run_pretraining", "create_pretraining_data", "pack_pretraining_data",
-                                     "pick_eval_samples", "export_model", "compare_curves"])
+                                     "pick_eval_samples", "export_model", "compare_curves", "plan_packing"])
 def test_a_command_s_flags_are_its_settings_fields_each_declared_once(command):
     made, fields, module = flags_and_settings(command)
-    assert sorted(made) == sorted(field.name for field in fields)  # no flag of its own, none left out
+    aliases = {alias: field.name for field in fields for alias in field.metadata["aliases"]}
+    assert sorted(made) == sorted([field.name for field in fields] + list(aliases))  # no flag of its own, none left out
+    assert all(made[alias].help.endswith(f"--{name}.") for alias, name in aliases.items())
+    made = {name: flag for name, flag in made.items() if name not in aliases}
     for field in fields:
         flag = made[field.name]
         default = list(field.default) if isinstance(field.default, tuple) else field.default

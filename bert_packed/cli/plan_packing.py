@@ -16,9 +16,9 @@ import sys
 from absl import flags
 
 from bert_packed.cli.common import run
+from bert_packed.cli.settings_flags import define_flags, from_flags
 from bert_packed.packing import (
     ALGORITHMS,
-    DEFAULT_ALGORITHM,
     HistogramError,
     histogram_stats,
     load_histogram,
@@ -26,39 +26,13 @@ from bert_packed.packing import (
     sampling_total_variation,
     total_variation,
 )
-
-
-class _DepthParser(flags.ArgumentParser):
-    """An integer >= 1, or 'unlimited' (None)."""
-
-    def parse(self, argument):
-        text = str(argument)
-        if text.lower() in ("none", "unlimited"):
-            return None
-        try:
-            depth = int(text)
-        except ValueError:
-            raise ValueError(f"expected an integer >= 1 or 'unlimited', got {text!r}") from None
-        if depth < 1:
-            raise ValueError(f"must be >= 1 (or 'unlimited'), got {depth}")
-        return depth
-
-    def flag_type(self):
-        return "depth"
-
+from bert_packed.packing.pack_settings import PlanSettings
+from bert_packed.settings import help_groups
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("histogram", None, "Histogram JSON: {'max_sequence_length': L, 'histogram': [c_1..c_L]} or a list.")
-flags.DEFINE_enum("algorithm", DEFAULT_ALGORITHM, [*ALGORITHMS, "all"],
-                  "Packing algorithm, or 'all' to compare them side by side.")
-flags.DEFINE(_DepthParser(), "max_sequences_per_pack", "3",
-             "Depth: at most this many sequences per pack, or 'unlimited'.")
-flags.DEFINE_integer("max_sequence_length", None, "L; default: the histogram file's max_sequence_length (or its length).")
-flags.DEFINE_string("reference_histogram", None, "Also compare the histogram's mix of lengths with this one's "
-                    "(data/histograms/wikipedia_512.json, say): padding, share at L, total-variation distance.")
-flags.DEFINE_bool("json", False, "Print one JSON object (with the strategies) instead of a table.")
-flags.DEFINE_alias("max-sequences-per-pack", "max_sequences_per_pack")
-flags.DEFINE_alias("max-sequence-length", "max_sequence_length")
+SETTINGS = (PlanSettings,)
+define_flags(*SETTINGS, module_name=__name__)
+HELP_GROUPS = help_groups(*SETTINGS)
 flags.mark_flag_as_required("histogram")
 
 PROGRAM = "plan_packing"
@@ -125,8 +99,8 @@ def _percent(fraction: float) -> str:
 
 def main(argv) -> None:
     del argv
+    depth = from_flags(PlanSettings).depth
     algorithms = list(ALGORITHMS) if FLAGS.algorithm == "all" else [FLAGS.algorithm]
-    depth = FLAGS.max_sequences_per_pack
     if FLAGS.algorithm == "all" and depth is None:
         algorithms = ["spfhp", "lpfhp"]
         logging.warning("nnlshp and lp enumerate strategies and need a finite --max_sequences_per_pack: left out")

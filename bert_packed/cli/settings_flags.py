@@ -20,6 +20,8 @@ def define_flags(*kinds: type, module_name: str) -> None:
         module_name = sys.argv[0]
     for field in settings_of(*kinds):
         _define(field, module_name)
+        for alias in field.metadata["aliases"]:
+            flags.DEFINE_alias(alias, field.name, module_name=module_name)
 
 
 def from_flags(kind: type, **values):

@@ -1,5 +1,6 @@
-"""What decides a packed dataset (PackSettings), and pack_pretraining_data's settings by their
-flags' names (PackCommandSettings: the command's, and `python -m bert_packed.beam pack`'s)."""
+"""What decides a packed dataset (PackSettings), pack_pretraining_data's settings by their flags'
+names (PackCommandSettings: the command's, and `python -m bert_packed.beam pack`'s), and
+plan_packing's (PlanSettings)."""
 
 from __future__ import annotations
 
@@ -88,3 +89,40 @@ class PackCommandSettings:
         return PackSettings(shapes=Shapes(max_seq_length, max_predictions_per_seq, self.max_sequences_per_pack),
                             algorithm=self.algorithm, seed=self.seed, num_shards=self.num_shards,
                             bucket_bytes=self.bucket_mb << 20)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PlanSettings:
+    """plan_packing's settings, by their flags' names, checked when built."""
+
+    histogram: str | None = setting(None, "Histogram JSON: {'max_sequence_length': L, 'histogram': [c_1..c_L]} or a "
+                                          "list.", group="input")
+    max_sequence_length: int | None = setting(None, "L; default: the histogram file's max_sequence_length (or its "
+                                                    "length).", group="input", aliases=("max-sequence-length",))
+    algorithm: str = setting(DEFAULT_ALGORITHM, "Packing algorithm, or 'all' to compare them side by side.",
+                             group="plan", choices=(*ALGORITHMS, "all"))
+    max_sequences_per_pack: str = setting("3", "Depth: at most this many sequences per pack, or 'unlimited'.",
+                                          group="plan", aliases=("max-sequences-per-pack",))
+    reference_histogram: str | None = setting(None, "Also compare the histogram's mix of lengths with this one's "
+                                                    "(data/histograms/wikipedia_512.json, say): padding, share at L, "
+                                                    "total-variation distance.", group="report")
+    json: bool = setting(False, "Print one JSON object (with the strategies) instead of a table.", group="report")
+
+    def __post_init__(self):
+        _ = self.depth  # a depth neither a number >= 1 nor 'unlimited' is refused here
+
+    @property
+    def depth(self) -> int | None:
+        """max_sequences_per_pack as a number; None for 'unlimited'.
+
+        Raises:
+          SettingsError: neither an integer >= 1 nor 'unlimited'.
+        """
+        text = str(self.max_sequences_per_pack).strip()
+        if text.lower() in ("none", "unlimited"):
+            return None
+        if not text.lstrip("-").isdigit():
+            raise SettingsError(f"--max_sequences_per_pack={text}: expected an integer >= 1 or 'unlimited'")
+        if int(text) < 1:
+            raise SettingsError(f"--max_sequences_per_pack={text}: must be >= 1 (or 'unlimited')")
+        return int(text)
