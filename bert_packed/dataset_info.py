@@ -47,6 +47,8 @@ from bert_packed.features import Shapes
 from bert_packed.run_directory import RunDirectory
 
 METADATA_FILE = "metadata.json"
+# A dataset's length histogram, beside its records (packing/histogram.py reads and writes it).
+HISTOGRAM_FILE = "histogram.json"
 FORMAT_VERSION = 3
 # The longest sequence any BERT takes: the limit of the data commands and of the planner (up to
 # it, the packer's compact row keeps positions as uint16).
@@ -276,6 +278,22 @@ class DatasetInfo:
         """Sequences per record (1.0 for unpacked data)."""
         return self.num_sequences / self.num_records if self.num_records else 1.0
 
+    @property
+    def text_sha256(self) -> frozenset[str]:
+        """The SHA-256 of each text file unpacked data was made from (create_pretraining_data's
+        `source_sha256`); empty for data made otherwise (packed, or the reference's)."""
+        return frozenset(digest for digest in self.details.get("source_sha256", ()) if digest)
+
+    @property
+    def creation(self) -> str | None:
+        """What made unpacked data from text, as a digest: its settings (the vocabulary by its
+        content) and its texts' content, whatever their paths. Two datasets of one creation hold
+        the same documents in the same split; None where the text is not known."""
+        if not self.text_sha256:
+            return None
+        settings = {k: v for k, v in self.details.get("settings", {}).items() if k != "vocab_file"}
+        return hashlib.sha256(json.dumps([settings, self.details["source_sha256"]], sort_keys=True).encode()).hexdigest()
+
     def differing_lengths(self, shapes: Shapes) -> list[str]:
         """The names of L and P ("max_seq_length", "max_predictions_per_seq") whose values in
         `shapes` are not the data's, in that order."""
@@ -387,6 +405,45 @@ def check_identity(path: str, entry: DataFile) -> None:
                                 f"or rewritten since the dataset was made")
 
 
+def describe_inputs(paths: list[str], shapes: Shapes, packed: bool, flag: str = "--input_files") -> dict[str, DataFile]:
+    """The entries of input files in their datasets' metadata.json, by path, once checked against
+    it: records of the kind (`packed`) and L and P (`shapes`) the command reads, each a file the
+    description lists, of its recorded size and beginning (DatasetInfo.select), either all
+    training shards or all held-out files. Inputs without a metadata.json (the reference's own
+    files) have no entry.
+
+    Raises:
+      DatasetFilesError / SettingsError: naming the file or metadata.json and what differs.
+    """
+    groups: dict[str, list[str]] = {}
+    for path in paths:
+        groups.setdefault(os.path.dirname(path), []).append(path)
+    entries = {}
+    held_out = {}  # whether each described input is a held-out file (eval-*), by path
+    for directory, group in groups.items():
+        info = read_dataset_info(directory)
+        if info is None:
+            continue
+        if info.packed != packed:
+            kind = "packed" if info.packed else "unpacked"
+            raise DatasetFilesError(f"{flag}: {metadata_path(directory)} describes {kind} data; the command reads "
+                                    f"{'packed' if packed else 'unpacked'} records")
+        differing = info.differing_lengths(shapes)
+        if differing:
+            name = differing[0]
+            raise SettingsError(f"{flag}: {metadata_path(directory)} says {name}={getattr(info.shapes, name)}, "
+                                f"but --{name}={getattr(shapes, name)}")
+        entries.update(zip(group, info.select(directory, group, flag, training=False)))
+        held_out_names = {f.name for f in info.eval_files}
+        held_out.update((path, os.path.basename(path) in held_out_names) for path in group)
+    if len(set(held_out.values())) > 1:
+        raise DatasetFilesError(f"{flag}: {next(p for p, h in held_out.items() if h)} is a held-out file and "
+                                f"{next(p for p, h in held_out.items() if not h)} a training shard: what is made of "
+                                f"them would be neither training nor eval data (MLPerf never trains on the eval "
+                                f"set); give each set on its own")
+    return entries
+
+
 def metadata_path(directory: str) -> str:
     """Where a dataset directory keeps its description."""
     return os.path.join(directory, METADATA_FILE)
@@ -418,15 +475,15 @@ def read_dataset_info(directory: str) -> DatasetInfo | None:
     return DatasetInfo.from_dict(metadata, path)
 
 
-def require_listed_files(directory: str, info: DatasetInfo, names: list[str], histogram_name: str) -> None:
+def require_listed_files(directory: str, info: DatasetInfo, names: list[str]) -> None:
     """Raises DatasetFilesError when a file that `info` lists is not among `names` (a listing of
     `directory`): a finished dataset with a shard deleted is not taken for finished.
-    `histogram_name` (histogram.json) is required too where `info` records its SHA-256.
+    histogram.json is required too where `info` records its SHA-256.
 
     One listing, not a read of each file: a rerun on a finished output stays cheap on a bucket.
     """
     listed = [entry.name for entry in info.files + info.eval_files]
-    listed += [histogram_name] if info.histogram_sha256 is not None else []
+    listed += [HISTOGRAM_FILE] if info.histogram_sha256 is not None else []
     present = set(names)
     missing = [name for name in listed if name not in present]
     if missing:

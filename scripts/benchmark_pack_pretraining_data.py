@@ -29,7 +29,8 @@ from absl import flags
 
 from bert_packed.cli.common import run
 from bert_packed.features import Shapes, float_features, tf_feature_spec
-from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset, verify_packed_dataset
+from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset
+from bert_packed.packing.verify import verify_packed_dataset
 from bert_packed.records import TFRecordWriter, read_batches, read_packed, read_records
 from bert_packed.tensorflow_loading import import_tensorflow
 

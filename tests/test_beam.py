@@ -19,6 +19,7 @@ from bert_packed import files
 from bert_packed.beam import pipelines
 from bert_packed.cli import beam as cli_beam
 from bert_packed.dataset_info import read_dataset_info
+from bert_packed.pretraining_data import create_dataset as create_module
 
 SHAPES = [f"--max_seq_length={MAX_SEQ_LENGTH}", f"--max_predictions_per_seq={MAX_PREDICTIONS}"]
 TWO_PROCESSES = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
@@ -110,7 +111,7 @@ def test_a_failed_pack_pipeline_commits_nothing_and_the_same_command_completes_i
     assert same_files(tmp_path / "local", output) == []
     assert metadata_without_timings(tmp_path / "local") == metadata_without_timings(output)
     again = beam("pack", *pack, f"--output_dir={output}")
-    assert again.returncode == 0 and "already packed with these settings and inputs; nothing to do" in again.stderr
+    assert again.returncode == 0 and "already made with these settings and inputs; nothing to do" in again.stderr
     os.remove(output / "packed-00002-of-00003.tfrecord")
     gone = beam("pack", *pack, f"--output_dir={output}")
     assert gone.returncode == 2 and gone.stderr.strip().endswith(
@@ -118,18 +119,26 @@ def test_a_failed_pack_pipeline_commits_nothing_and_the_same_command_completes_i
         f"is no longer whole; remove {output} and run the same command again"), gone.stderr
 
 
-def test_a_create_pipeline_resumes_the_shards_it_did_not_write(tmp_path):
+def test_a_create_pipeline_resumes_the_shards_it_did_not_write(tmp_path, monkeypatch):
     corpus = write_corpus(str(tmp_path), num_files=2)
-    create = [f"--input_file={','.join(corpus)}", f"--vocab_file={VOCAB}", *SHAPES, "--dupe_factor=2",
-              f"--output_dir={tmp_path / 'beam'}"]
-    assert beam("create", *create).returncode == 0
-    kept = tmp_path / "kept"
-    shutil.copytree(tmp_path / "beam", kept)
-    for name in ("part-00001-001.tfrecord", "part-00001-001.json", "metadata.json"):  # as a killed run leaves it
-        os.remove(tmp_path / "beam" / name)
-    result = beam("create", *create)
-    assert result.returncode == 0 and "resuming: 3 of 4 shards already written" in result.stderr, result.stderr
-    assert same_files(kept, tmp_path / "beam", but=()) == []
+    create = [f"--input_file={','.join(corpus)}", f"--vocab_file={VOCAB}", *SHAPES, "--dupe_factor=2"]
+    assert beam("create", *create, f"--output_dir={tmp_path / 'kept'}").returncode == 0
+    run_pass = create_module._run_pass
+
+    def fails_at_the_last_shard(file_index, dupe_pass, *args):
+        if (file_index, dupe_pass) == (1, 1):
+            with files.storage(str(tmp_path)):  # as a write of the storage layer meets a full disk
+                raise OSError(28, "No space left on device")
+        return run_pass(file_index, dupe_pass, *args)
+
+    monkeypatch.setattr(create_module, "_run_pass", fails_at_the_last_shard)
+    failed = beam("create", *create, f"--output_dir={tmp_path / 'beam'}")
+    assert failed.returncode == 2 and not os.path.exists(tmp_path / "beam" / "metadata.json"), failed.stderr
+    monkeypatch.setattr(create_module, "_run_pass", run_pass)
+    result = beam("create", *create, f"--output_dir={tmp_path / 'beam'}")
+    assert result.returncode == 0, result.stderr
+    assert "resuming the unfinished run: 3 units of its work already done" in result.stderr, result.stderr
+    assert same_files(tmp_path / "kept", tmp_path / "beam", but=()) == []
 
 
 @pytest.mark.parametrize("args, message", [

@@ -22,11 +22,13 @@ from conftest import (
 )
 
 from bert_packed.dataset_info import DatasetFilesError, read_dataset_info
+from bert_packed.errors import OutputDirectoryError
 from bert_packed.features import Shapes
 from bert_packed.input_files import expand_globs
 from bert_packed.packing import load_histogram
+from bert_packed.pretraining_data import create_dataset as create_module
 from bert_packed.pretraining_data.corpus import CorpusError, read_documents
-from bert_packed.pretraining_data.create_dataset import OutputDirectoryError, create_pretraining_dataset
+from bert_packed.pretraining_data.create_dataset import create_pretraining_dataset
 from bert_packed.pretraining_data.tokenization import VocabularyError
 from bert_packed.records import read_unpacked
 
@@ -90,16 +92,27 @@ def test_another_seed_gives_other_masks(corpus, unpacked_dir, tmp_path):
     assert open(tfrecords(str(tmp_path))[0], "rb").read() != open(tfrecords(unpacked_dir)[0], "rb").read()
 
 
-def test_an_interrupted_run_resumes_and_finishes_identically(corpus, unpacked_dir, tmp_path):
-    create_pretraining_dataset(corpus, str(tmp_path), dataset_settings(), num_workers=1)
-    # As if interrupted after the first shards: the last shard and the summary are missing.
-    last = tfrecords(str(tmp_path))[-1]
-    os.remove(last)
-    os.remove(last.replace(".tfrecord", ".json"))
-    os.remove(os.path.join(tmp_path, "metadata.json"))
+def test_an_interrupted_run_resumes_and_finishes_identically(corpus, unpacked_dir, tmp_path, monkeypatch, caplog):
+    run_pass = create_module._run_pass
+    last = len(corpus) - 1
+
+    def interrupted_at_the_last_shard(file_index, *args):
+        if file_index == last and args[0] == 1:
+            raise KeyboardInterrupt
+        return run_pass(file_index, *args)
+
+    monkeypatch.setattr(create_module, "_run_pass", interrupted_at_the_last_shard)
+    with pytest.raises(KeyboardInterrupt):
+        create_pretraining_dataset(corpus, str(tmp_path), dataset_settings(), num_workers=1)
+    monkeypatch.undo()
+    assert not os.path.exists(tmp_path / "metadata.json")
     before = {p: os.path.getmtime(p) for p in tfrecords(str(tmp_path))}
-    create_pretraining_dataset(corpus, str(tmp_path), dataset_settings(), num_workers=1)
+    assert len(before) == len(tfrecords(unpacked_dir)) - 1
+    with caplog.at_level(logging.INFO):
+        create_pretraining_dataset(corpus, str(tmp_path), dataset_settings(), num_workers=1)
+    assert f"resuming the unfinished run: {len(before)} units of its work already done" in caplog.text
     assert all(os.path.getmtime(p) == t for p, t in before.items())  # finished shards were not redone
+    assert sorted(os.listdir(tmp_path)) == sorted(os.listdir(unpacked_dir))  # no work left
     for a, b in zip(tfrecords(str(tmp_path)), tfrecords(unpacked_dir)):
         assert open(a, "rb").read() == open(b, "rb").read()
 
@@ -109,9 +122,10 @@ def test_a_directory_made_with_other_settings_is_refused(corpus, unpacked_dir):
         create_pretraining_dataset(corpus, unpacked_dir, dataset_settings(dupe_factor=3), num_workers=1)
 
 
-def test_a_rerun_knows_its_input_files_by_content_not_by_path(corpus, unpacked_dir, tmp_path):
+def test_a_rerun_knows_its_input_files_by_content_not_by_path(corpus, unpacked_dir, tmp_path, caplog):
     """The same text elsewhere (a moved checkout) finds its finished shards; a file edited in place
-    under its name, or another vocabulary under the vocabulary's name, is refused before any work."""
+    under its name is made again, another vocabulary under the vocabulary's name is refused before
+    any work."""
     import shutil
 
     moved = [str(shutil.copy(path, tmp_path / os.path.basename(path))) for path in corpus]
@@ -122,9 +136,10 @@ def test_a_rerun_knows_its_input_files_by_content_not_by_path(corpus, unpacked_d
     text = open(moved[1], "rb").read()
     at = text.rindex(b"the")
     open(moved[1], "wb").write(text[:at] + b"thy" + text[at + 3:])  # a typo fixed: the same size
-    with pytest.raises(OutputDirectoryError, match=r"holds part-00001-000.json, made from other content than input "
-                                                   r"file 2, .*wiki_01 \(edited or replaced since\)"):
-        create_pretraining_dataset(moved, str(tmp_path / "out"), dataset_settings(), num_workers=1)
+    with caplog.at_level(logging.WARNING):
+        again = create_pretraining_dataset(moved, str(tmp_path / "out"), dataset_settings(), num_workers=1)
+    assert "the input files changed since its unpacked data was made; making it again" in caplog.text
+    assert again["source_sha256"][1] != read_dataset_info(unpacked_dir).details["source_sha256"][1]
     # The vocabulary by its content: the same under another name is the same; two tokens swapped
     # past its first 64 KiB is another. The real vocabulary, in a dataset of its own: the test
     # vocabulary is smaller than 64 KiB.
@@ -140,7 +155,7 @@ def test_a_rerun_knows_its_input_files_by_content_not_by_path(corpus, unpacked_d
     before = {path: os.path.getmtime(path) for path in tfrecords(out)}
     create_pretraining_dataset(corpus, out, dataclasses.replace(real, vocab_file=str(renamed)), num_workers=1)
     assert {path: os.path.getmtime(path) for path in tfrecords(out)} == before  # nothing made again
-    with pytest.raises(OutputDirectoryError, match=r"made with other settings \(vocab_file content differ\)"):
+    with pytest.raises(OutputDirectoryError, match=r"made with other settings \(vocab_identity\)"):
         create_pretraining_dataset(corpus, out, dataclasses.replace(real, vocab_file=str(swapped)), num_workers=1)
 
 
@@ -211,8 +226,7 @@ def test_cli_writes_the_dataset(tmp_path):
     [summary] = result.stdout.strip().splitlines()  # one line says what was made
     count = int(summary.split(": ", 1)[1].split(" training instances", 1)[0].replace(",", ""))
     assert count == json.load(open(tmp_path / "out" / "metadata.json"))["num_instances"] > 0
-    assert sorted(os.listdir(tmp_path / "out")) == ["histogram.json", "metadata.json", "part-00000-000.json",
-                                                     "part-00000-000.tfrecord"]
+    assert sorted(os.listdir(tmp_path / "out")) == ["histogram.json", "metadata.json", "part-00000-000.tfrecord"]
 
 
 def children(pid):
@@ -270,8 +284,7 @@ def test_eval_split_holds_out_whole_documents(corpus, unpacked_dir, tmp_path):
     settings = type(settings)(**{**settings.__dict__, "eval_fraction": 0.3})
     metadata = create_pretraining_dataset(corpus, str(tmp_path), settings, num_workers=1)
     names = sorted(os.listdir(tmp_path))
-    assert [n for n in names if n.startswith("eval-")] == ["eval-00000.json", "eval-00000.tfrecord",
-                                                           "eval-00001.json", "eval-00001.tfrecord"]
+    assert [n for n in names if n.startswith("eval-")] == ["eval-00000.tfrecord", "eval-00001.tfrecord"]
     assert metadata["num_eval_documents"] > 0 and metadata["num_eval_instances"] > 0
     assert metadata["num_documents"] + metadata["num_eval_documents"] == 16
     # Training and held-out records share no real (unmasked, non-special) token sequence of 8.
@@ -296,10 +309,10 @@ def test_a_held_out_share_that_holds_out_nothing_writes_no_empty_eval_file(corpu
     settings = dataclasses.replace(dataset_settings(), eval_fraction=0.01)
     metadata = create_pretraining_dataset(corpus, str(tmp_path), settings, num_workers=1)
     assert metadata["num_eval_instances"] == 0 and metadata["eval_files"] == []
-    assert sorted(n for n in os.listdir(tmp_path) if n.startswith("eval-")) == ["eval-00000.json", "eval-00001.json"]
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("eval-")]
     assert "--eval_fraction=0.01 held out no document of 2 input files" in caplog.text
     assert len(expand_globs(str(tmp_path / "*.tfrecord"), "--input_files")) == len(metadata["files"]) == 4
-    # The jobs are done (their .json alone): the same call again redoes nothing.
+    # The jobs are done (their summaries alone): the same call again redoes nothing.
     with caplog.at_level(logging.INFO):
         assert create_pretraining_dataset(corpus, str(tmp_path), settings, num_workers=1) == metadata
     assert "already made with these settings and inputs; nothing to do" in caplog.text

@@ -27,8 +27,10 @@ from bert_packed.dataset_info import (
 )
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
+from bert_packed.output_job import InputsChangedError
 from bert_packed.packing import pack_dataset
-from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset, verify_packed_dataset
+from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset
+from bert_packed.packing.verify import verify_packed_dataset
 from bert_packed.pretraining_data.create_dataset import create_pretraining_dataset
 from bert_packed.records import read_record_batches
 
@@ -95,7 +97,7 @@ def test_an_input_that_changes_between_the_packer_s_two_readings_is_one_line_and
     summary["histogram"][length] -= 1  # the first reading saw one sequence of this length fewer...
     summary["checksum"] = "0" * 16  # ...and other content
     first.write_text(json.dumps(summary))
-    with pytest.raises(pack_dataset.InputsChangedError, match=r"part-00000-000.tfrecord: changed while being packed"):
+    with pytest.raises(InputsChangedError, match=r"part-00000-000.tfrecord: changed while its output was being made"):
         pack_pretraining_dataset(tfrecords(str(unpacked_copy)), str(out), SETTINGS, num_workers=1)
     pack_pretraining_dataset(tfrecords(str(unpacked_copy)), str(out), SETTINGS, num_workers=1)
     assert verify_packed_dataset(str(out))["num_sequences"] == 122
@@ -112,7 +114,7 @@ def test_packed_output_of_regenerated_inputs_is_made_again(unpacked_copy, corpus
     for path in tfrecords(str(regenerated)) + [metadata_path(str(regenerated))]:
         shutil.copy(path, unpacked_copy)
     again = pack_pretraining_dataset(tfrecords(str(unpacked_copy)), str(out), SETTINGS, num_workers=1)
-    assert "the input files changed since they were packed here; packing them again" in caplog.text
+    assert "the input files changed since its packed data was made; making it again" in caplog.text
     expected = sum(read_dataset_info(str(regenerated)).files[i].sequences
                    for i in range(len(read_dataset_info(str(regenerated)).files)))
     assert again["num_sequences"] == expected != before.num_sequences
@@ -240,7 +242,7 @@ def test_the_packer_compares_its_inputs_with_their_metadata(unpacked_copy, packe
     with pytest.raises(DatasetFilesError,
                        match=rf"{paths[0]}: not the file metadata.json describes \((.* bytes, was|its first 64 KiB)"):
         pack_pretraining_dataset(paths, str(tmp_path / "b"), SETTINGS, num_workers=1)
-    with pytest.raises(DatasetFilesError, match=r"packed0/metadata.json describes packed data; the packer reads "
+    with pytest.raises(DatasetFilesError, match=r"packed0/metadata.json describes packed data; the command reads "
                                                 r"unpacked records"):
         pack_pretraining_dataset(tfrecords(packed_dir), str(tmp_path / "c"), SETTINGS, num_workers=1)
     wrong = PackSettings(Shapes(64, MAX_PREDICTIONS, 3))
@@ -314,7 +316,7 @@ def test_eval_records_are_never_trained_on_whatever_way_they_take(corpus, unpack
                                             rf"data holds too"):
         require_apart(tfrecords(str(packed_held_out)), held_out, "--eval_files")
     with pytest.raises(DatasetFilesError, match=rf"--input_files: {held_out[0]} is a held-out file and {parts[0]} a "
-                                                rf"training shard: their packs would be neither training nor eval data"):
+                                                rf"training shard: what is made of them would be neither training nor eval data"):
         pack_pretraining_dataset(held_out + parts, str(tmp_path / "mixed"), SETTINGS, num_workers=1)
 
 

@@ -7,17 +7,13 @@ import pytest
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, VOCAB_TOKENS, tfrecords
 
 from bert_packed.dataset_info import DatasetFilesError, FileIdentity, read_dataset_info
+from bert_packed.errors import OutputDirectoryError
 from bert_packed.features import Shapes
+from bert_packed.output_job import InputsChangedError
 from bert_packed.packing import pack_dataset as pack_module
 from bert_packed.packing import packer
-from bert_packed.packing.pack_dataset import (
-    InputsChangedError,
-    OutputDirectoryError,
-    PackSettings,
-    VerifyError,
-    pack_pretraining_dataset,
-    verify_packed_dataset,
-)
+from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset
+from bert_packed.packing.verify import VerifyError, verify_packed_dataset
 from bert_packed.records import CorruptRecordError, RecordError, TFRecordWriter, read_packed, read_unpacked
 
 PACKED = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK)
@@ -313,7 +309,7 @@ def test_an_input_changed_between_readings_stops_the_run(unpacked_dir, tmp_path,
         return real_plan(*args, **kwargs)
 
     monkeypatch.setattr(pack_module, "plan", plan_then_change_the_input)
-    with pytest.raises(InputsChangedError, match=rf"{source}: changed while being packed"):
+    with pytest.raises(InputsChangedError, match=rf"{source}: changed while its output was being made"):
         pack_pretraining_dataset([str(source)], str(tmp_path / "out"), PackSettings(PACKED), num_workers=1)
     assert not os.path.exists(tmp_path / "out" / "metadata.json")
 

@@ -22,7 +22,8 @@ from bert_packed import files
 from bert_packed.dataset_info import read_dataset_info
 from bert_packed.features import Shapes
 from bert_packed.files import DirectoryLockedError
-from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset, verify_packed_dataset
+from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset
+from bert_packed.packing.verify import verify_packed_dataset
 from bert_packed.pretraining_data.create_dataset import create_pretraining_dataset
 from bert_packed.records.tfrecord import read_records
 
@@ -138,7 +139,7 @@ def test_a_request_the_storage_still_fails_after_retrying_stops_in_one_line_and_
         f"request: HTTP response code 503 when renaming {files.temporary_name(moved[2])} to {moved[2]}). Finished "
         f"shards are kept, and nothing half-written is taken for finished: run the same command again to continue "
         f"(exit status 75)")
-    assert sorted(os.listdir(out)) == ["part-00000-000.json", "part-00000-000.tfrecord", "part-00000-001.json",
+    assert sorted(os.listdir(out)) == ["part-00000-000.tfrecord",
                                        "part-00000-001.tfrecord"]  # the third shard's temporary file removed
     monkeypatch.setattr(tf.io.gfile, "rename", rename)
     again = run_command("create_pretraining_data", *create)

@@ -33,8 +33,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import io
-import json
-import os
 import re
 import threading
 import time
@@ -46,8 +44,8 @@ from apache_beam.options.pipeline_options_validator import PipelineOptionsValida
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.runners.runner import PipelineRunner, create_runner
 
-from bert_packed import files
 from bert_packed.errors import SettingsError, UserError
+from bert_packed.output_job import OutputJob, WorkUnits
 from bert_packed.packing import packer
 from bert_packed.packing.histogram import merge_histograms
 from bert_packed.packing.pack_dataset import (
@@ -55,9 +53,11 @@ from bert_packed.packing.pack_dataset import (
     assign_packs,
     audit_packs,
     bucket_count,
+    input_unit,
     pack_pretraining_dataset,
     read_input,
     sequences_before,
+    shard_unit,
     write_shard,
 )
 from bert_packed.packing.plan import plan
@@ -203,14 +203,14 @@ def create_on_beam(input_files: list[str], output_dir: str, settings: DatasetSet
       The metadata, also written to metadata.json: the same as create_pretraining_dataset's.
     """
 
-    def make_shards(jobs: list[ShardJob], output_dir: str, settings: DatasetSettings) -> None:
+    def make_shards(jobs: list[ShardJob], units: WorkUnits, output_dir: str, settings: DatasetSettings) -> None:
         if not jobs:
             return
         _run(options, lambda pipeline: (
             pipeline
             | "Files" >> beam.Create(jobs)
             | "Spread" >> beam.Reshuffle()
-            | "Shards" >> beam.Map(make_file_shards, output_dir, settings)))
+            | "Shards" >> beam.Map(make_file_shards, units, output_dir, settings)))
 
     return create_pretraining_dataset(input_files, output_dir, settings, make_shards=make_shards)
 
@@ -228,54 +228,48 @@ def pack_on_beam(input_files: list[str], output_dir: str, settings: PackSettings
 class BeamPasses:
     """The packer's three passes as one pipeline (pack_dataset.LocalPasses's interface).
 
-    Its work (each input's and each shard's summary, JSON) is in `output_dir/.work`, wherever
-    that is: every worker writes there, and the same command again finds what is done.
+    Its work units (each input's and each shard's summary) are in `output_dir/.work`, wherever
+    that is: every worker saves there, and the same command again finds what is done.
     """
+
+    shared_work = True
 
     def __init__(self, options: PipelineOptions):
         self.options = options
 
-    def work_directory(self, output_dir: str) -> str:
-        return os.path.join(output_dir, ".work")
-
-    def __call__(self, sources: list[str], expected: list, output_dir: str, work: str, settings: PackSettings):
+    def __call__(self, job: OutputJob, expected: list, settings: PackSettings):
         """Runs the pipeline; returns (input summaries, plan, shard summaries, seconds)."""
-        inputs = [(index, path, entry) for index, (path, entry) in enumerate(zip(sources, expected))]
-        shapes = settings.shapes
+        inputs = [(index, path, entry) for index, (path, entry) in enumerate(zip(job.inputs, expected))]
+        shapes, units, output_dir = settings.shapes, job.units, job.output_dir
 
         def build(pipeline):
             files_in = pipeline | "Files" >> beam.Create(inputs) | "Spread" >> beam.Reshuffle()
-            summaries = files_in | "Read" >> beam.Map(_summary, work, shapes.unpacked())
+            summaries = files_in | "Read" >> beam.Map(_summary, units, shapes.unpacked())
             layout = beam.pvalue.AsSingleton(
                 summaries | "Combine" >> beam.CombineGlobally(_MergeSummaries())
-                | "Plan" >> beam.Map(_layout, settings, work))
+                | "Plan" >> beam.Map(_layout, settings, units))
             shards = (files_in
-                      | "Assign" >> beam.FlatMap(_assign, layout, work, settings)
+                      | "Assign" >> beam.FlatMap(_assign, layout, units, settings)
                       | "ByBucket" >> beam.GroupByKey()
-                      | "Write" >> beam.Map(_write, layout, output_dir, work, settings))
+                      | "Write" >> beam.Map(_write, layout, output_dir, units, settings))
             _ = (shards | "Shards" >> beam.combiners.ToList()
-                 | "Audit" >> beam.Map(_audit, beam.pvalue.AsList(summaries), layout, work))
+                 | "Audit" >> beam.Map(_audit, beam.pvalue.AsList(summaries), layout, units))
 
         seconds = _run(self.options, build)
-        summaries = [_load(os.path.join(work, f"input-{index:05d}.json")) for index in range(len(sources))]
+        summaries = [units.load(input_unit(index)) for index in range(len(job.inputs))]
         histogram = merge_histograms(*[s["histogram"] for s in summaries])
         packing_plan = plan(histogram, shapes.max_seq_length, settings.algorithm, shapes.max_sequences_per_pack)
         num_buckets = bucket_count(settings, histogram, max(s["max_token_id"] for s in summaries),
                                    packing_plan.num_packs)
-        shards = [_load(os.path.join(work, f"shard-{b:05d}.json")) for b in range(num_buckets)]
+        shards = [units.load(shard_unit(bucket)) for bucket in range(num_buckets)]
         return summaries, packing_plan, shards, {"pipeline": seconds}
 
 
-def _load(path: str) -> dict:
-    with files.open_file(path) as f:
-        return json.load(f)
-
-
-def _summary(element: tuple, work: str, shapes) -> dict:
-    """Pass 1 for one file: its summary, read back when an earlier run wrote it."""
+def _summary(element: tuple, units: WorkUnits, shapes) -> dict:
+    """Pass 1 for one file: its summary, read back when an earlier run saved it."""
     index, path, expected = element
-    done = os.path.join(work, f"input-{index:05d}.json")
-    return _load(done) if files.exists(done) else read_input(index, path, work, shapes, expected)
+    done = units.done(input_unit(index))
+    return units.load(input_unit(index)) if done else read_input(index, path, units, shapes, expected)
 
 
 class _MergeSummaries(beam.CombineFn):
@@ -298,7 +292,7 @@ class _MergeSummaries(beam.CombineFn):
         return [accumulator[index] for index in sorted(accumulator)]
 
 
-def _layout(summaries: list[dict], settings: PackSettings, work: str) -> dict:
+def _layout(summaries: list[dict], settings: PackSettings, units: WorkUnits) -> dict:
     """What every worker of passes 2 and 3 needs: the plan of the merged histogram, each file's
     sequences of each length before it, the buckets, and which shards an earlier run wrote."""
     shapes = settings.shapes
@@ -306,33 +300,33 @@ def _layout(summaries: list[dict], settings: PackSettings, work: str) -> dict:
     packing_plan = plan(histogram, shapes.max_seq_length, settings.algorithm, shapes.max_sequences_per_pack)
     max_token_id = max(s["max_token_id"] for s in summaries)
     num_buckets = bucket_count(settings, histogram, max_token_id, packing_plan.num_packs)
-    done = [b for b in range(num_buckets) if files.exists(os.path.join(work, f"shard-{b:05d}.json"))]
+    done = [bucket for bucket in range(num_buckets) if units.done(shard_unit(bucket))]
     return {"summaries": summaries, "histogram": histogram, "plan": packing_plan, "max_token_id": max_token_id,
             "before": sequences_before(summaries, shapes.max_seq_length), "num_buckets": num_buckets, "done": done}
 
 
-def _assign(element: tuple, layout: dict, work: str, settings: PackSettings):
+def _assign(element: tuple, layout: dict, units: WorkUnits, settings: PackSettings):
     """Pass 2 for one file: (bucket, rows as bytes) for every bucket not written yet."""
     index = element[0]
     shapes = settings.shapes.unpacked()
     slots = packer.SlotTable(layout["plan"].strategies, shapes.max_seq_length)
     done = set(layout["done"])
-    for bucket, rows in assign_packs(layout["summaries"][index], layout["before"][index], layout["histogram"], work,
+    for bucket, rows in assign_packs(layout["summaries"][index], layout["before"][index], layout["histogram"], units,
                                      shapes, slots, layout["num_buckets"], layout["max_token_id"], settings.seed):
         if bucket not in done:
             yield bucket, rows.tobytes()
 
 
-def _write(element: tuple, layout: dict, output_dir: str, work: str, settings: PackSettings) -> dict:
+def _write(element: tuple, layout: dict, output_dir: str, units: WorkUnits, settings: PackSettings) -> dict:
     """Pass 3 for one bucket: its rows, from every file, into its shard."""
     bucket, parts = element
     dtype = packer.row_dtype(settings.shapes.unpacked(), layout["max_token_id"])
     rows = np.frombuffer(b"".join(parts), dtype=dtype)
-    return write_shard(rows, output_dir, work, settings, layout["plan"].num_packs, layout["num_buckets"], bucket)
+    return write_shard(rows, output_dir, units, settings, layout["plan"].num_packs, layout["num_buckets"], bucket)
 
 
-def _audit(written: list[dict], summaries: list[dict], layout: dict, work: str) -> None:
+def _audit(written: list[dict], summaries: list[dict], layout: dict, units: WorkUnits) -> None:
     """Fails the pipeline unless the shards (written now, or by an earlier run) hold every input
     sequence exactly once."""
-    earlier = [_load(os.path.join(work, f"shard-{b:05d}.json")) for b in layout["done"]]
+    earlier = [units.load(shard_unit(bucket)) for bucket in layout["done"]]
     audit_packs(summaries, written + earlier)

@@ -17,8 +17,9 @@ from absl import flags
 from bert_packed.cli.common import run
 from bert_packed.cli.settings_flags import define_flags, from_flags
 from bert_packed.input_files import expand_globs
-from bert_packed.packing.pack_dataset import pack_pretraining_dataset, verify_packed_dataset
+from bert_packed.packing.pack_dataset import pack_pretraining_dataset
 from bert_packed.packing.pack_settings import PackCommandSettings, PackSettings
+from bert_packed.packing.verify import verify_packed_dataset
 from bert_packed.settings import help_groups, settings_of
 
 FLAGS = flags.FLAGS

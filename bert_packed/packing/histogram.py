@@ -151,10 +151,6 @@ def load_histogram(path: str, max_sequence_length: int | None = None) -> np.ndar
     return check_histogram(payload, max_sequence_length, source=path)
 
 
-# A dataset's length histogram, beside its records (create_pretraining_data, pack_pretraining_data).
-HISTOGRAM_FILE = "histogram.json"
-
-
 def save_histogram(path: str, histogram) -> None:
     """Writes a histogram JSON file atomically (a temporary name, then a rename)."""
     histogram = np.asarray(histogram, dtype=np.int64)

@@ -2,20 +2,19 @@
 
 Each input file is read and tokenized once, in the main process (the Rust tokenizer uses every
 core). Random "next" segments come from the same file, as when MLPerf runs the reference script
-per shard. Every (file i, dupe pass p) is then one job for the worker pool: it draws from a
-NumPy Generator seeded with (seed, i, p), writes `part-{i:05d}-{p:03d}.tfrecord` (its instances
-in random order) and, after it, `part-{i:05d}-{p:03d}.json` with its counts and histogram. So
-the output is the same whatever the number of workers, the work spreads evenly over them, and
-a job whose .json exists is done: an interrupted run resumes where it stopped.
+per shard. Every (file i, dupe pass p) is then one work unit of the run's OutputJob, for the
+worker pool: it draws from a NumPy Generator seeded with (seed, i, p), writes
+`part-{i:05d}-{p:03d}.tfrecord` (its instances in random order) and, after it, saves its
+summary (counts, histogram). So the output is the same whatever the number of workers, the work
+spreads evenly over them, and an interrupted run resumes where it stopped.
 
 With eval_fraction > 0, a seeded share of each file's documents is held out: they never reach
 the training shards, and one more job per file writes them once as `eval-{i:05d}.tfrecord`.
-A shard with no instance (a small file that holds nothing out, say) is not written: its .json
-alone marks the job done.
+A shard with no instance (a small file that holds nothing out, say) is not written: its unit's
+summary alone marks it done.
 
 Output directory:
   part-00000-000.tfrecord ...   unpacked training records
-  part-00000-000.json ...       per-shard counts, histogram and settings
   eval-00000.tfrecord ...       held-out documents (with eval_fraction > 0)
   histogram.json                merged length histogram of the training records (docs/data_formats.md)
   metadata.json                 settings, sources, totals, statistics
@@ -28,7 +27,6 @@ import contextlib
 import dataclasses
 import functools
 import itertools
-import json
 import logging
 import math
 import multiprocessing
@@ -41,21 +39,11 @@ from collections.abc import Callable
 import numpy as np
 
 from bert_packed import files
-from bert_packed.dataset_info import (
-    DataFile,
-    DatasetInfo,
-    FileIdentity,
-    file_sha256,
-    read_dataset_info,
-    refuse_other_output,
-    require_listed_files,
-    require_seq_length,
-    write_dataset_info,
-)
-from bert_packed.errors import OutputDirectoryError, SettingsError
+from bert_packed.dataset_info import HISTOGRAM_FILE, DataFile, DatasetInfo, FileIdentity, file_sha256, require_seq_length
+from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
-from bert_packed.files import write_text_atomically
-from bert_packed.packing.histogram import HISTOGRAM_FILE, histogram_from_lengths, merge_histograms, save_histogram
+from bert_packed.output_job import OutputJob, WorkUnits
+from bert_packed.packing.histogram import histogram_from_lengths, merge_histograms, save_histogram
 from bert_packed.pretraining_data.corpus import INPUT_FORMATS, CorpusError, detect_format, iter_documents, split_sentences
 from bert_packed.pretraining_data.instances import MaskingConfig, create_instances, instance_features
 from bert_packed.pretraining_data.tokenization import DEFAULT_VOCAB_FILE, Tokenizer, vocabulary_path
@@ -180,33 +168,41 @@ def create_pretraining_dataset(input_files: list[str], output_dir: str, settings
       output_dir: created if missing; may hold a previous run with the same settings and inputs.
       settings: see DatasetSettings.
       num_workers: processes (0: one per core).
-      make_shards: what runs the jobs, make_shards(jobs, output_dir, settings): each job (a
-        ShardJob) is one input file's unwritten shards, for make_file_shards. None: this
-        machine's processes; bert_packed.beam gives a Beam pipeline's.
+      make_shards: what runs the jobs, make_shards(jobs, units, output_dir, settings): each job
+        (a ShardJob) is one input file's unwritten shards, for make_file_shards, which saves
+        each shard's summary in `units` (WorkUnits). None: this machine's processes;
+        bert_packed.beam gives a Beam pipeline's.
 
     Raises:
       CorpusError / VocabularyError: bad input, naming the file.
       OutputDirectoryError: the directory holds data made with other settings or inputs.
       DirectoryLockedError: another process is writing `output_dir` now.
+      InputsChangedError: an input file changed during the run.
     """
     if not input_files:
         raise CorpusError("no input files")
     tokenizer = Tokenizer(settings.vocab_file, settings.do_lower_case)  # fails early on a bad vocabulary
     settings = resolve_input_format(input_files, settings)
-    done = _already_created(input_files, output_dir, settings)
-    if done is not None:  # read only, without the lock: a finished dataset on read-only storage is fine
+    sources = [files.absolute(path) for path in input_files]
+    # A run is its settings (the vocabulary by its content) and its inputs by name, not by folder:
+    # a moved checkout finds its finished shards. Each input's content is all of it hashed (it is
+    # all read anyway): an edit that keeps the size is noticed wherever it is.
+    identity = {"settings": {key: value for key, value in settings.to_dict().items() if key != "vocab_file"},
+                "sources": [os.path.basename(path) for path in sources]}
+    job = OutputJob(output_dir, "create_pretraining_data", "unpacked data", identity, sources,
+                    outputs=("part-", "eval-"), identify=_source_identity, shared_work=make_shards is not None)
+    done = job.finished()
+    if done is not None:
         return done
-    files.makedirs(output_dir)
-    with files.exclusive(os.path.join(output_dir, ".lock"), "create_pretraining_data") as confirm:
-        refuse_other_output(output_dir, "unpacked data")
-        files.remove_leftovers(output_dir)
-        jobs = _unwritten_shards(input_files, output_dir, settings)
+    with job.writing() as done:
+        if done is not None:
+            return done
+        jobs = _unwritten_shards(job, settings)
         if make_shards is None:
-            _make_shards_here(jobs, output_dir, settings, tokenizer, num_workers)
+            _make_shards_here(jobs, job.units, output_dir, settings, tokenizer, num_workers)
         else:
-            make_shards(jobs, output_dir, settings)
-        confirm()  # on a bucket, no other host's run wrote here meanwhile
-        return _write_summary([files.absolute(path) for path in input_files], output_dir, settings)
+            make_shards(jobs, job.units, output_dir, settings)
+        return job.commit(_description(job, settings))
 
 
 def resolve_input_format(input_files: list[str], settings: DatasetSettings) -> DatasetSettings:
@@ -220,24 +216,6 @@ def resolve_input_format(input_files: list[str], settings: DatasetSettings) -> D
     return dataclasses.replace(settings, input_format=input_format)
 
 
-def _already_created(input_files: list[str], output_dir: str, settings: DatasetSettings) -> dict | None:
-    """The metadata of this very run, finished and clean in `output_dir` (nothing to do), else None."""
-    info = read_dataset_info(output_dir) if files.isdir(output_dir) else None
-    sources = [files.absolute(path) for path in input_files]
-    names = files.listdir(output_dir) if info is not None else []
-    if (info is None or list(info.sources) != sources or any(".tmp-" in name for name in names)
-            or not all(files.exists(os.path.join(output_dir, shard_name(i, p) + ".json"))
-                       for i in range(len(sources)) for p in _passes(settings))):
-        return None
-    try:
-        _check_previous_run(output_dir, settings, sources)
-    except OutputDirectoryError:
-        return None  # said under the lock, as for any run
-    require_listed_files(output_dir, info, names, HISTOGRAM_FILE)
-    logging.info("%s: already made with these settings and inputs; nothing to do", output_dir)
-    return info.to_dict()
-
-
 @dataclasses.dataclass(frozen=True)
 class ShardJob:
     """One input file's shards still to write.
@@ -246,46 +224,39 @@ class ShardJob:
       file_index: the file's position among the inputs (it seeds the file's draws).
       source: the file's absolute path.
       passes: the dupe passes (EVAL_PASS: the held-out documents) to write.
-      identity: the file's size and hashes when an earlier run's shards recorded them (a file
-        changed since was refused), else None: read before the file is.
     """
 
     file_index: int
     source: str
     passes: tuple[int, ...]
-    identity: dict | None = None
 
 
-def _unwritten_shards(input_files: list[str], output_dir: str, settings: DatasetSettings) -> list[ShardJob]:
-    """The jobs of the shards not yet written (a resumed run redoes only those), said in one line."""
-    sources = [files.absolute(path) for path in input_files]
-    identities = _check_previous_run(output_dir, settings, sources)
-    jobs, num_shards = [], len(sources) * len(_passes(settings))
-    for i, source in enumerate(sources):
-        passes = tuple(p for p in _passes(settings)
-                       if not files.exists(os.path.join(output_dir, shard_name(i, p) + ".json")))
+def _unwritten_shards(job: OutputJob, settings: DatasetSettings) -> list[ShardJob]:
+    """The jobs of the shards not yet written (a resumed run redoes only those)."""
+    jobs = []
+    for i, source in enumerate(job.inputs):
+        passes = tuple(p for p in _passes(settings) if not job.units.done(shard_name(i, p)))
         if passes:
-            jobs.append(ShardJob(i, source, passes, identities.get(i)))
-    todo = sum(len(job.passes) for job in jobs)
-    if todo < num_shards:
-        logging.info("resuming: %d of %d shards already written", num_shards - todo, num_shards)
+            jobs.append(ShardJob(i, source, passes))
     return jobs
 
 
-def make_file_shards(job: ShardJob, output_dir: str, settings: DatasetSettings) -> int:
+def make_file_shards(job: ShardJob, units: WorkUnits, output_dir: str, settings: DatasetSettings) -> int:
     """Reads and tokenizes one input file and writes its unwritten shards, one pass after another,
     each as the single-machine command writes it; returns the instances written."""
-    identity = job.identity or _source_identity(job.source)  # before reading: a file changed meanwhile is not this one
     documents, held_out, empty = _tokenize_file(job.source, job.file_index, _worker_tokenizer(settings), settings)
-    return sum(_run_pass(job.file_index, p, (job.source, identity), held_out if p == EVAL_PASS else documents, empty,
+    return sum(_run_pass(job.file_index, p, job.source, held_out if p == EVAL_PASS else documents, empty, units,
                          output_dir, settings) for p in job.passes)
 
 
-def _make_shards_here(jobs: list[ShardJob], output_dir: str, settings: DatasetSettings, tokenizer: Tokenizer,
-                      num_workers: int) -> None:
+def _make_shards_here(jobs: list[ShardJob], units: WorkUnits, output_dir: str, settings: DatasetSettings,
+                      tokenizer: Tokenizer, num_workers: int) -> None:
     """Runs the jobs on this machine: each file tokenized in this process (the Rust tokenizer uses
     every core), its passes on a pool of `num_workers` processes (0: one per core)."""
-    progress = Progress("create_pretraining_data", total=sum(len(job.passes) for job in jobs), unit="shards")
+    todo = sum(len(job.passes) for job in jobs)
+    done = len(units.summaries())  # by an earlier run
+    progress = Progress("create_pretraining_data", total=done + todo, unit="shards")
+    progress.done = done
     num_workers = num_workers or os.cpu_count() or 1
     instances = 0
     # Fresh interpreters for the workers: no inherited TensorFlow or tokenizer thread pools.
@@ -295,10 +266,9 @@ def _make_shards_here(jobs: list[ShardJob], output_dir: str, settings: DatasetSe
     in_flight: set = set()
     try:
         for job in jobs:
-            identity = job.identity or _source_identity(job.source)  # before reading, as make_file_shards
             documents, held_out, empty = _tokenize_file(job.source, job.file_index, tokenizer, settings)
             for p in job.passes:
-                args = (job.file_index, p, (job.source, identity), held_out if p == EVAL_PASS else documents, empty,
+                args = (job.file_index, p, job.source, held_out if p == EVAL_PASS else documents, empty, units,
                         output_dir, settings)
                 if pool is None:
                     instances += _run_pass(*args)
@@ -349,47 +319,6 @@ def _start_worker(parent: int) -> None:
         os._exit(1)
 
     threading.Thread(target=exit_when_orphaned, daemon=True).start()
-
-
-def _check_previous_run(output_dir: str, settings: DatasetSettings, sources: list[str]) -> dict[int, dict]:
-    """Refuses a directory whose finished shards were made with other settings or from other
-    input files: each shard records the size and hash of the file it was made from (and of the
-    vocabulary), so a file edited or replaced under the same name is noticed, and a moved
-    checkout or a vocabulary under another name is not.
-
-    Returns:
-      The identities of the input files it read, by index.
-    """
-    expected = settings.to_dict()
-    identities: dict[int, dict] = {}
-    for name in files.listdir(output_dir):
-        if not (name.startswith("part-") or name.startswith("eval-")) or not name.endswith(".json"):
-            continue
-        with files.open_file(os.path.join(output_dir, name)) as f:
-            previous = json.load(f)
-        index = previous.get("file_index", -1)
-        made_from = previous.get("source_identity")
-        before = dict(previous.get("settings") or {})
-        now = dict(expected)
-        before.pop("vocab_file", None)  # the vocabulary by its content, whatever its name
-        now.pop("vocab_file", None)
-        differ = sorted(key for key in before.keys() | now.keys() if before.get(key) != now.get(key))
-        if differ:
-            raise OutputDirectoryError(f"{output_dir}: holds {name}, made with other settings "
-                                       f"({', '.join(d.replace('_identity', '_file content') for d in differ)} "
-                                       f"differ); use a new --output_dir or remove the old one")
-        if not 0 <= index < len(sources):
-            raise OutputDirectoryError(f"{output_dir}: holds {name}, made from input file {index + 1}, but "
-                                       f"{len(sources)} are given; use a new --output_dir or remove the old one")
-        if index not in identities:
-            identities[index] = _source_identity(sources[index])
-        same = isinstance(made_from, dict) and all(identities[index].get(key) == value
-                                                   for key, value in made_from.items())
-        if not same:
-            raise OutputDirectoryError(f"{output_dir}: holds {name}, made from other content than input file "
-                                       f"{index + 1}, {sources[index]} (edited or replaced since); use a new "
-                                       f"--output_dir or remove the old one")
-    return identities
 
 
 def _source_identity(path: str) -> dict:
@@ -482,12 +411,13 @@ def _unflatten(tokens: np.ndarray, sentence_lengths: np.ndarray, sentences_per_d
     return [sentences[start:end] for start, end in zip(bounds[:-1], bounds[1:])]
 
 
-def _run_pass(file_index: int, dupe_pass: int, source: tuple[str, dict], documents, empty: list[str],
+def _run_pass(file_index: int, dupe_pass: int, source: str, documents, empty: list[str], units: WorkUnits,
               output_dir: str, settings: DatasetSettings) -> int:
-    """One dupe pass (or the eval pass) over one file's documents -> one shard; returns its instances.
+    """One dupe pass (or the eval pass) over one file's documents -> one shard and its unit's
+    summary; returns its instances.
 
     Args:
-      source: the input file's path and identity (its size and hashes).
+      source: the input file's path.
     """
     config = settings.config
     sentence_lengths = documents[1]
@@ -502,16 +432,18 @@ def _run_pass(file_index: int, dupe_pass: int, source: tuple[str, dict], documen
                                  (tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id), rng, continuation)
     shapes = Shapes(config.max_seq_length, config.max_predictions_per_seq)
     name = shard_name(file_index, dupe_pass)
+    written = {}
     if instances:  # no empty shard: every reader refuses an empty file, the dataset's own glob included
-        with TFRecordWriter(os.path.join(output_dir, name + ".tfrecord")) as writer:
+        path = os.path.join(output_dir, name + ".tfrecord")
+        with TFRecordWriter(path) as writer:
             for start in range(0, len(instances), 4096):  # padded int64 features a chunk at a time: bounded memory
                 writer.write_examples(instance_features(instances[start:start + 4096], shapes))
+        written = {"file": name + ".tfrecord", **FileIdentity.of(path).content}
     summary = {
-        "source": source[0],
-        "source_identity": source[1],
+        **written,
+        "source": source,
         "file_index": file_index,
         "dupe_pass": dupe_pass,
-        "settings": settings.to_dict(),
         "num_documents": len(documents),
         "num_sentences": len(sentence_lengths),
         "num_document_tokens": int(sentence_lengths.sum()),
@@ -523,7 +455,7 @@ def _run_pass(file_index: int, dupe_pass: int, source: tuple[str, dict], documen
         "num_random_next": int(sum(i.is_random_next for i in instances)),
         "histogram": histogram_from_lengths([len(i.input_ids) for i in instances], config.max_seq_length).tolist(),
     }
-    write_text_atomically(os.path.join(output_dir, name + ".json"), json.dumps(summary) + "\n")
+    units.save(name, summary)
     return len(instances)
 
 
@@ -538,12 +470,14 @@ def _worker_tokenizer(settings: DatasetSettings) -> Tokenizer:
     return _TOKENIZERS[key]
 
 
-def _write_summary(sources: list[str], output_dir: str, settings: DatasetSettings) -> dict:
+def _description(job: OutputJob, settings: DatasetSettings) -> DatasetInfo:
+    """The dataset's metadata.json, from its shards' summaries (the histogram.json it names is
+    written here)."""
+    sources, output_dir = job.inputs, job.output_dir
     shards, evals = [], []
     for i in range(len(sources)):
         for p in _passes(settings):
-            with files.open_file(os.path.join(output_dir, shard_name(i, p) + ".json")) as f:
-                (evals if p == EVAL_PASS else shards).append(json.load(f))
+            (evals if p == EVAL_PASS else shards).append(job.units.load(shard_name(i, p)))
     if not sum(s["num_instances"] for s in shards):
         raise CorpusError(f"no training instances from {len(sources)} input files"
                           + (f": --eval_fraction={settings.eval_fraction} held out every document"
@@ -568,7 +502,7 @@ def _write_summary(sources: list[str], output_dir: str, settings: DatasetSetting
     for line in _misread(settings, len(sources), first_pass, sum(s["num_random_next"] for s in shards) / num_instances,
                          num_instances):
         logging.warning("%s", line)
-    info = DatasetInfo(
+    return DatasetInfo(
         packed=False, shapes=Shapes(config.max_seq_length, config.max_predictions_per_seq),
         num_sequences=num_instances, num_records=num_instances, files=entries(shards), eval_files=entries(evals),
         sources=tuple(sources), histogram_sha256=file_sha256(histogram_path),
@@ -585,10 +519,8 @@ def _write_summary(sources: list[str], output_dir: str, settings: DatasetSetting
             "num_eval_documents": sum(s["num_documents"] for s in evals),
             "num_eval_instances": sum(s["num_instances"] for s in evals),
             # The text's content, whatever its path: another dataset made from it is not an eval set.
-            "source_sha256": [s["source_identity"].get("sha256") for s in sorted(first_pass,
-                                                                                  key=lambda s: s["file_index"])],
+            "source_sha256": [content.get("sha256") for content in job.input_content],
         })
-    return write_dataset_info(output_dir, info)
 
 
 _FEW_SENTENCES_HINT = {

@@ -22,6 +22,7 @@ import numpy as np
 
 from bert_packed import files
 from bert_packed.dataset_info import (
+    HISTOGRAM_FILE,
     METADATA_FILE,
     DataFile,
     DatasetInfo,
@@ -33,7 +34,7 @@ from bert_packed.errors import SettingsError
 from bert_packed.features import PACKED_RECORD_MODES, Shapes
 from bert_packed.input_pipeline import PipelineConfig
 from bert_packed.packing import DEFAULT_ALGORITHM, plan
-from bert_packed.packing.histogram import HISTOGRAM_FILE, HistogramError, load_histogram
+from bert_packed.packing.histogram import HistogramError, load_histogram
 from bert_packed.packing.packer import unpack
 from bert_packed.packing.stream import length_histogram
 from bert_packed.records import read_packed, read_unpacked

@@ -25,8 +25,6 @@ seed, and p1 packed from d1/part-*:
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from typing import NamedTuple
 
@@ -80,11 +78,8 @@ def _directory_origins(directory: str, known: dict) -> tuple[dict[str, Origin], 
         return {}, ()
     if info is None:
         return {}, ()
-    texts = frozenset(digest for digest in info.details.get("source_sha256", ()) if digest)
-    if texts:
-        settings = {k: v for k, v in info.details.get("settings", {}).items() if k != "vocab_file"}
-        creation = hashlib.sha256(json.dumps([settings, info.details["source_sha256"]], sort_keys=True).encode())
-        return ({f.name: Origin(os.path.join(directory, f.name), held_out, creation.hexdigest(), texts)
+    if info.creation is not None:
+        return ({f.name: Origin(os.path.join(directory, f.name), held_out, info.creation, info.text_sha256)
                  for held_out, entries in ((False, info.files), (True, info.eval_files)) for f in entries}, ())
     sources = [path for path in info.sources if os.path.isabs(path) or "://" in path]
     return {}, tuple(dict.fromkeys(origin for path in sources for origin in _origins(path, known)))

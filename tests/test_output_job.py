@@ -1,0 +1,105 @@
+"""OutputJob, the one way a data command's output resumes, on a toy command: each input file is
+copied, upper-cased, into out-NNNNN.txt (one work unit a file)."""
+
+import logging
+import os
+
+import pytest
+
+from bert_packed import files
+from bert_packed.dataset_info import DataFile, DatasetInfo, FileIdentity
+from bert_packed.errors import OutputDirectoryError
+from bert_packed.features import Shapes
+from bert_packed.output_job import InputsChangedError, OutputJob
+from bert_packed.progress import Progress
+
+
+def upper_case(inputs, output_dir, settings, fail_at=None, done=None):
+    """The toy command: returns its metadata; `done` collects the units it did."""
+    job = OutputJob(output_dir, "upper_case", "unpacked data", {"settings": settings, "sources": inputs}, inputs,
+                    outputs=("out-",))
+    finished = job.finished()
+    if finished is not None:
+        return finished
+    with job.writing() as finished:
+        if finished is not None:
+            return finished
+
+        def copy(index, path):
+            if index == fail_at:
+                raise KeyboardInterrupt
+            name = f"out-{index:05d}.txt"
+            files.write_text_atomically(os.path.join(output_dir, name), open(path).read().upper())
+            (done if done is not None else []).append(index)
+            job.units.save(f"copy-{index:05d}", {"file": name, **FileIdentity.of(os.path.join(output_dir, name)).content})
+
+        summaries = job.each_unit(copy, [(f"copy-{i:05d}", (i, path)) for i, path in enumerate(inputs)], 1,
+                                  Progress("upper_case", total=len(inputs)))
+        entries = tuple(DataFile.of(os.path.join(output_dir, s["file"]), records=1, sequences=1) for s in summaries)
+        return job.commit(DatasetInfo(packed=False, shapes=Shapes(8, 1), num_sequences=len(entries),
+                                      num_records=len(entries), files=entries, sources=tuple(inputs)))
+
+
+def test_a_job_resumes_its_units_commits_last_and_starts_over_when_an_input_changes(tmp_path, monkeypatch, caplog):
+    inputs = []
+    for index, text in enumerate(["one", "two", "three"]):
+        inputs.append(str(tmp_path / f"in{index}.txt"))
+        open(inputs[-1], "w").write(text)
+    out = str(tmp_path / "out")
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        upper_case(inputs, out, {"shout": True}, fail_at=2, done=done)
+    assert done == [0, 1] and not os.path.exists(os.path.join(out, "metadata.json"))
+    # Another run's settings: refused, naming them; nothing touched.
+    with pytest.raises(OutputDirectoryError, match=r"holds an unfinished upper_case run with other settings \(shout\)"):
+        upper_case(inputs, out, {"shout": False})
+    done.clear()
+    with caplog.at_level(logging.INFO):
+        metadata = upper_case(inputs, out, {"shout": True}, done=done)
+    assert done == [2] and "resuming the unfinished run: 2 units of its work already done" in caplog.text
+    assert sorted(os.listdir(out)) == ["metadata.json", "out-00000.txt", "out-00001.txt", "out-00002.txt"]
+    assert open(os.path.join(out, "out-00002.txt")).read() == "THREE" and metadata["num_sequences"] == 3
+    # Finished: nothing to do, read only; other settings refused, naming them.
+    assert upper_case(inputs, out, {"shout": True}, done=done) == metadata and done == [2]
+    with pytest.raises(OutputDirectoryError, match=r"already holds unpacked data made with other settings \(shout\)"):
+        upper_case(inputs, out, {"shout": False})
+    # An input edited: made again. A kill while the old output is being removed starts over again.
+    open(inputs[1], "w").write("TWO!")
+    remove = files.remove
+    monkeypatch.setattr(files, "remove", lambda path: (_ for _ in ()).throw(KeyboardInterrupt)
+                        if path.endswith("out-00001.txt") else remove(path))
+    with pytest.raises(KeyboardInterrupt):
+        upper_case(inputs, out, {"shout": True})
+    monkeypatch.undo()
+    assert not os.path.exists(os.path.join(out, "metadata.json"))
+    done.clear()
+    upper_case(inputs, out, {"shout": True}, done=done)
+    assert done == [0, 1, 2] and open(os.path.join(out, "out-00001.txt")).read() == "TWO!"
+    # A unit's output removed from an unfinished run: it starts over, not from a hole.
+    with pytest.raises(KeyboardInterrupt):
+        upper_case(inputs, str(tmp_path / "again"), {"shout": True}, fail_at=2)
+    os.remove(tmp_path / "again" / "out-00000.txt")
+    done.clear()
+    with caplog.at_level(logging.WARNING):
+        upper_case(inputs, str(tmp_path / "again"), {"shout": True}, done=done)
+    assert done == [0, 1, 2] and "(out-00000.txt, which it wrote, is gone or changed); starting over" in caplog.text
+
+
+def test_an_input_changed_during_the_run_is_not_committed_and_the_rerun_starts_over(tmp_path, monkeypatch):
+    inputs = [str(tmp_path / "in0.txt")]
+    open(inputs[0], "w").write("one")
+    out = str(tmp_path / "out")
+    save = files.write_text_atomically
+
+    def save_then_edit_the_input(path, text):
+        save(path, text)
+        if "copy-00000" in path:
+            open(inputs[0], "w").write("ONE, edited")
+
+    monkeypatch.setattr(files, "write_text_atomically", save_then_edit_the_input)
+    with pytest.raises(InputsChangedError, match=rf"{inputs[0]}: changed while its output was being made"):
+        upper_case(inputs, out, {})
+    monkeypatch.undo()
+    assert not os.path.exists(os.path.join(out, "metadata.json"))
+    upper_case(inputs, out, {})
+    assert open(os.path.join(out, "out-00000.txt")).read() == "ONE, EDITED"
