@@ -39,6 +39,7 @@ import dataclasses
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from typing import NamedTuple
 
 from bert_packed import files
@@ -405,43 +406,99 @@ def check_identity(path: str, entry: DataFile) -> None:
                                 f"or rewritten since the dataset was made")
 
 
-def describe_inputs(paths: list[str], shapes: Shapes, packed: bool, flag: str = "--input_files") -> dict[str, DataFile]:
-    """The entries of input files in their datasets' metadata.json, by path, once checked against
-    it: records of the kind (`packed`) and L and P (`shapes`) the command reads, each a file the
-    description lists, of its recorded size and beginning (DatasetInfo.select), either all
-    training shards or all held-out files. Inputs without a metadata.json (the reference's own
-    files) have no entry.
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+    """A set of data files as a command reads them: what their datasets' metadata.json say of
+    them, checked against the disk (Dataset.open). The reference's own files, with no
+    metadata.json, are known by their identity only.
 
-    Raises:
-      DatasetFilesError / SettingsError: naming the file or metadata.json and what differs.
+    Attributes:
+      files: the paths, in the order given.
+      identity: each file's FileIdentity: as its metadata.json records it, else read now.
+      packed: whether the records are packs; None without a metadata.json.
+      shapes: L, P and S of the records; None without a metadata.json.
+      num_sequences, num_records: in the files (0 when unknown: no counts for them).
+      entries: each file's entry in its metadata.json, in order; () without one.
+      directories: the directories whose metadata.json describe the files.
+      whole: (directory, description) of the one dataset whose training files these all are,
+        else None: its histogram.json is then the files' own.
     """
-    groups: dict[str, list[str]] = {}
-    for path in paths:
-        groups.setdefault(os.path.dirname(path), []).append(path)
-    entries = {}
-    held_out = {}  # whether each described input is a held-out file (eval-*), by path
-    for directory, group in groups.items():
-        info = read_dataset_info(directory)
-        if info is None:
-            continue
-        if info.packed != packed:
-            kind = "packed" if info.packed else "unpacked"
-            raise DatasetFilesError(f"{flag}: {metadata_path(directory)} describes {kind} data; the command reads "
-                                    f"{'packed' if packed else 'unpacked'} records")
-        differing = info.differing_lengths(shapes)
-        if differing:
-            name = differing[0]
-            raise SettingsError(f"{flag}: {metadata_path(directory)} says {name}={getattr(info.shapes, name)}, "
-                                f"but --{name}={getattr(shapes, name)}")
-        entries.update(zip(group, info.select(directory, group, flag, training=False)))
-        held_out_names = {f.name for f in info.eval_files}
-        held_out.update((path, os.path.basename(path) in held_out_names) for path in group)
-    if len(set(held_out.values())) > 1:
-        raise DatasetFilesError(f"{flag}: {next(p for p, h in held_out.items() if h)} is a held-out file and "
-                                f"{next(p for p, h in held_out.items() if not h)} a training shard: what is made of "
-                                f"them would be neither training nor eval data (MLPerf never trains on the eval "
-                                f"set); give each set on its own")
-    return entries
+
+    files: tuple[str, ...]
+    identity: tuple[FileIdentity, ...]
+    packed: bool | None = None
+    shapes: Shapes | None = None
+    num_sequences: int = 0
+    num_records: int = 0
+    entries: tuple[DataFile, ...] = ()
+    directories: tuple[str, ...] = ()
+    whole: tuple[str, DatasetInfo] | None = None
+
+    @property
+    def packing_factor(self) -> float:
+        return self.num_sequences / self.num_records if self.num_records else 1.0
+
+    @classmethod
+    def open(cls, paths: list[str], flag: str, training: bool = False, held_out_allowed: bool = False,
+             require: Callable[[DatasetInfo, str], None] = lambda info, path: None) -> Dataset:
+        """The files `paths` as their metadata.json (one a directory) describe them, checked: each
+        listed there, of its recorded size and head (DatasetInfo.select), all of one kind and L, P,
+        S, all training shards or all held-out files (unless `held_out_allowed`).
+
+        Args:
+          paths: the data files.
+          flag: the flag that named them, for messages.
+          training: whether they are training input (held-out files are then refused).
+          held_out_allowed: the user said the held-out files are training input.
+          require: the command's check of each description and its metadata.json's path (its
+            settings against the data's), before any file is checked against the disk.
+
+        Raises:
+          DatasetFilesError / DatasetInfoError / SettingsError: naming the flag or file.
+        """
+        groups: dict[str, list[str]] = {}
+        for path in paths:
+            groups.setdefault(os.path.dirname(path), []).append(path)
+        infos = {directory: read_dataset_info(directory) for directory in groups}
+        described = {directory: info for directory, info in infos.items() if info is not None}
+        if not described:
+            return cls(tuple(paths), tuple(FileIdentity.of(path) for path in paths))
+        if len(described) < len(groups):
+            bare = sorted(d for d, info in infos.items() if info is None)
+            raise SettingsError(f"{flag}: {bare[0]} has no metadata.json but the other files' directories do; give "
+                                f"one kind of data")
+        for directory, info in described.items():
+            require(info, metadata_path(directory))
+        first = next(iter(described.values()))
+        if any((info.packed, info.shapes) != (first.packed, first.shapes) for info in described.values()):
+            raise SettingsError(f"{flag}: the files come from datasets of other shapes or kinds")
+        chosen: dict[str, DataFile] = {}
+        sequences = records = 0
+        unknown, whole, held_out = False, None, {}
+        for directory, info in described.items():
+            entries = info.select(directory, groups[directory], flag, training, held_out_allowed)
+            chosen.update(zip(groups[directory], entries))
+            held_out_names = {f.name for f in info.eval_files}
+            held_out.update((path, os.path.basename(path) in held_out_names) for path in groups[directory])
+            all_of_it = len(entries) == len(info.files) and {f.name for f in entries} == set(info.file_names)
+            if all_of_it and len(described) == 1:
+                whole = (directory, info)
+            if all(f.sequences is not None and f.records is not None for f in entries):
+                sequences += sum(f.sequences for f in entries)
+                records += sum(f.records for f in entries)
+            elif all_of_it:
+                sequences, records = sequences + info.num_sequences, records + info.num_records
+            else:  # a part of a dataset whose metadata.json has no counts per file: unknown
+                unknown = True
+        if len(set(held_out.values())) > 1 and not held_out_allowed:
+            raise DatasetFilesError(f"{flag}: {next(p for p, h in held_out.items() if h)} is a held-out file and "
+                                    f"{next(p for p, h in held_out.items() if not h)} a training shard: what is made "
+                                    f"of them would be neither training nor eval data (MLPerf never trains on the "
+                                    f"eval set); give each set on its own")
+        entries = tuple(chosen[path] for path in paths)
+        return cls(tuple(paths), tuple(FileIdentity(path, f.bytes, f.head) for path, f in zip(paths, entries)),
+                   first.packed, first.shapes, 0 if unknown else sequences, 0 if unknown else records, entries,
+                   tuple(described), whole)
 
 
 def metadata_path(directory: str) -> str:

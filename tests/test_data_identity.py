@@ -194,7 +194,7 @@ def test_a_side_histogram_that_is_not_the_dataset_s_is_recounted_with_one_line(u
     own = load_histogram(str(unpacked_copy / "histogram.json"))
     info = read_dataset_info(str(unpacked_copy))
     assert len(info.histogram_sha256) == 64 and len(read_dataset_info(packed_dir).histogram_sha256) == 64
-    assert data.describe(paths, "--input_file", shapes, "packed_online").histogram.tolist() == own.tolist()
+    assert data.describe(paths, "--input_file", shapes, "packed_online")[1].tolist() == own.tolist()
     foreign = own.copy()
     foreign[:] = 0
     foreign[-1] = 1  # another dataset's: one full-length sequence (a packing factor of 1.0, train_samples 1)
@@ -212,7 +212,7 @@ def test_a_side_histogram_that_is_not_the_dataset_s_is_recounted_with_one_line(u
     for edit, line in edits:
         edit()
         caplog.clear()
-        assert data.describe(paths, "--input_file", shapes, "packed_online").histogram is None
+        assert data.describe(paths, "--input_file", shapes, "packed_online")[1] is None
         assert any(re.search(line, r.getMessage()) for r in caplog.records), [r.getMessage() for r in caplog.records]
         counted = data.train_data(paths, shapes, train_settings("packed_online"))
         assert counted.histogram == tuple(own.tolist()) and counted.num_sequences == 122
@@ -242,7 +242,7 @@ def test_the_packer_compares_its_inputs_with_their_metadata(unpacked_copy, packe
     with pytest.raises(DatasetFilesError,
                        match=rf"{paths[0]}: not the file metadata.json describes \((.* bytes, was|its first 64 KiB)"):
         pack_pretraining_dataset(paths, str(tmp_path / "b"), SETTINGS, num_workers=1)
-    with pytest.raises(DatasetFilesError, match=r"packed0/metadata.json describes packed data; the command reads "
+    with pytest.raises(DatasetFilesError, match=r"packed0/metadata.json describes packed data; the packer reads "
                                                 r"unpacked records"):
         pack_pretraining_dataset(tfrecords(packed_dir), str(tmp_path / "c"), SETTINGS, num_workers=1)
     wrong = PackSettings(Shapes(64, MAX_PREDICTIONS, 3))
@@ -360,7 +360,7 @@ def test_a_run_refuses_to_resume_on_data_made_again_since_it_started(packed_copy
     shapes = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK)
 
     def run(steps, directory=packed_copy):
-        described = data.describe(tfrecords(str(directory)), "--input_file", shapes, "packed", training=True)
+        described, _ = data.describe(tfrecords(str(directory)), "--input_file", shapes, "packed", training=True)
         return make_trainer(config(tmp_path / "run", tfrecords(str(directory)), num_train_steps=steps,
                                    identity=described.identity)).train()
 

@@ -34,12 +34,13 @@ from bert_packed import files
 from bert_packed.dataset_info import (
     HISTOGRAM_FILE,
     DataFile,
+    Dataset,
+    DatasetFilesError,
     DatasetInfo,
     FileIdentity,
-    describe_inputs,
     file_sha256,
 )
-from bert_packed.errors import InternalError
+from bert_packed.errors import InternalError, SettingsError
 from bert_packed.features import Shapes
 from bert_packed.output_job import OutputJob, WorkUnits, in_parallel
 from bert_packed.packing import packer
@@ -84,16 +85,37 @@ def pack_pretraining_dataset(input_files: list[str], output_dir: str, settings: 
     done = job.finished()
     if done is not None:
         return done
-    described = describe_inputs(sources, settings.shapes, packed=False)  # refused inputs: nothing claimed
+    inputs = _described_inputs(sources, settings.shapes)  # refused inputs: nothing claimed
     with job.writing() as done:
         if done is not None:
             return done
-        summaries, packing_plan, shards, seconds = passes(job, [described.get(path) for path in sources], settings)
+        summaries, packing_plan, shards, seconds = passes(job, list(inputs.entries or [None] * len(sources)),
+                                                          settings)
         checksum_in = audit_packs(summaries, shards)
         histogram_path = os.path.join(output_dir, HISTOGRAM_FILE)
         save_histogram(histogram_path, merge_histograms(*[s["histogram"] for s in summaries]))
         return job.commit(_description(settings, packing_plan, shards, sources, checksum_in, seconds,
                                        file_sha256(histogram_path)))
+
+
+def _described_inputs(sources: list[str], shapes: Shapes) -> Dataset:
+    """The inputs as their metadata.json describe them (Dataset.open), when they do: unpacked
+    records of the packer's L and P.
+
+    Raises:
+      DatasetFilesError / SettingsError: naming the file or metadata.json and what differs.
+    """
+    def require(info: DatasetInfo, path: str) -> None:
+        if info.packed:
+            raise DatasetFilesError(f"--input_files: {path} describes packed data; the packer reads unpacked records "
+                                    f"(create_pretraining_data's)")
+        differing = info.differing_lengths(shapes)
+        if differing:
+            name = differing[0]
+            raise SettingsError(f"--input_files: {path} says {name}={getattr(info.shapes, name)}, but --{name}="
+                                f"{getattr(shapes, name)}")
+
+    return Dataset.open(sources, "--input_files", require=require)
 
 
 # The names of the packer's work units and files (OutputJob keeps them in its work directory).

@@ -24,7 +24,7 @@ from bert_packed import files
 from bert_packed.dataset_info import (
     HISTOGRAM_FILE,
     METADATA_FILE,
-    DataFile,
+    Dataset,
     DatasetInfo,
     FileIdentity,
     file_sha256,
@@ -48,33 +48,6 @@ from bert_packed.training.config import (
     require_window,
 )
 from bert_packed.training.provenance import require_no_held_out_packs
-
-
-@dataclasses.dataclass(frozen=True)
-class Described:
-    """Data files as the run will read them.
-
-    Attributes:
-      packed: whether the records are packs.
-      shapes: L, P and S of the records.
-      num_sequences, num_records: in the files given (0 when unknown: no metadata.json).
-      identity: each file's FileIdentity, in order.
-      histogram: the length histogram of the files given, when a dataset's histogram.json is
-        theirs (every training file of one dataset), else None.
-      entries: each file's entry in its metadata.json, in order (none without a metadata.json).
-    """
-
-    packed: bool
-    shapes: Shapes
-    num_sequences: int
-    num_records: int
-    identity: tuple[FileIdentity, ...]
-    histogram: np.ndarray | None = None
-    entries: tuple[DataFile, ...] = ()
-
-    @property
-    def packing_factor(self) -> float:
-        return self.num_sequences / self.num_records if self.num_records else 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,9 +107,10 @@ class EvalData:
 
 
 def describe(paths: list[str], flag: str, shapes: Shapes, input_mode: str | None = None, depth_given: bool = False,
-             training: bool = False, held_out_allowed: bool = False) -> Described:
-    """What the data is, from its metadata.json (files grouped by directory), checked against the
-    disk and the settings.
+             training: bool = False, held_out_allowed: bool = False) -> tuple[Dataset, np.ndarray | None]:
+    """What the data is, from its metadata.json (Dataset.open), checked against the settings, and
+    its length histogram when a dataset's histogram.json is the files' own (every training file of
+    one dataset), else None.
 
     Args:
       paths: the data files.
@@ -150,48 +124,13 @@ def describe(paths: list[str], flag: str, shapes: Shapes, input_mode: str | None
     Raises:
       SettingsError / DatasetFilesError / DatasetInfoError: naming the flag or file.
     """
-    groups: dict[str, list[str]] = {}
-    for path in paths:
-        groups.setdefault(os.path.dirname(path), []).append(path)
-    infos = {directory: read_dataset_info(directory) for directory in groups}
-    described = [info for info in infos.values() if info is not None]
-    if not described:
+    dataset = Dataset.open(paths, flag, training, held_out_allowed,
+                           require=lambda info, _: _check_against_settings(info, flag, shapes, input_mode, depth_given))
+    if dataset.packed is None:
         logging.warning("%s: no metadata.json beside the files; cannot check them against the flags", flag)
         packed = input_mode in PACKED_RECORD_MODES
-        identity = tuple(FileIdentity.of(path) for path in paths)
-        return Described(packed, shapes if packed else shapes.unpacked(), 0, 0, identity)
-    if len(described) < len(groups):
-        bare = sorted(d for d, info in infos.items() if info is None)
-        raise SettingsError(f"{flag}: {bare[0]} has no metadata.json but the other files' directories do; give one "
-                            f"kind of data")
-    first = described[0]
-    for info in described:
-        _check_against_settings(info, flag, shapes, input_mode, depth_given)
-        if (info.packed, info.shapes) != (first.packed, first.shapes):
-            raise SettingsError(f"{flag}: the files come from datasets of other shapes or kinds")
-    sequences = records = 0
-    unknown = False
-    identity = []
-    entries = []
-    dataset_histogram = None
-    for directory, info in infos.items():
-        chosen = info.select(directory, groups[directory], flag, training, held_out_allowed)
-        entries += chosen
-        identity += [FileIdentity(os.path.join(directory, f.name), f.bytes, f.head) for f in chosen]
-        whole = len(chosen) == len(info.files) and {f.name for f in chosen} == set(info.file_names)
-        if whole and len(infos) == 1:
-            dataset_histogram = _dataset_histogram(directory, info)
-        if all(f.sequences is not None and f.records is not None for f in chosen):
-            sequences += sum(f.sequences for f in chosen)
-            records += sum(f.records for f in chosen)
-        elif whole:
-            sequences, records = sequences + info.num_sequences, records + info.num_records
-        else:  # a part of a dataset whose metadata.json has no counts per file: unknown
-            unknown = True
-    if unknown:
-        sequences = records = 0
-    return Described(first.packed, first.shapes, sequences, records, tuple(identity), dataset_histogram,
-                     tuple(entries))
+        return dataclasses.replace(dataset, packed=packed, shapes=shapes if packed else shapes.unpacked()), None
+    return dataset, None if dataset.whole is None else _dataset_histogram(*dataset.whole)
 
 
 def _dataset_histogram(directory: str, info: DatasetInfo) -> np.ndarray | None:
@@ -249,7 +188,7 @@ def default_input_mode(paths: list[str], given: str | None) -> str:
     return "packed" if info is not None and info.packed else "padded"
 
 
-def online_plan(paths: list[str], described: Described, shapes: Shapes,
+def online_plan(paths: list[str], described: Dataset, own_histogram: np.ndarray | None, shapes: Shapes,
                 run: RunDirectory | None = None) -> tuple[np.ndarray, object]:
     """The length histogram of the files (histogram) and the plan the on-the-fly packer fills (at
     depth S, by DEFAULT_ALGORITHM: `lp`).
@@ -257,15 +196,16 @@ def online_plan(paths: list[str], described: Described, shapes: Shapes,
     Returns:
       (histogram, PackingPlan).
     """
-    counted = histogram(paths, described, shapes, run)
+    counted = histogram(paths, described, own_histogram, shapes, run)
     return counted, plan(counted, shapes.max_seq_length, DEFAULT_ALGORITHM, shapes.max_sequences_per_pack)
 
 
-def histogram(paths: list[str], described: Described, shapes: Shapes, run: RunDirectory | None = None) -> np.ndarray:
+def histogram(paths: list[str], described: Dataset, own_histogram: np.ndarray | None, shapes: Shapes,
+              run: RunDirectory | None = None) -> np.ndarray:
     """The length histogram of unpacked files: the dataset's histogram.json when that is the
-    files' own, else the one cached in the run directory for these very files, else counted in
-    one pass (the trainer then caches it there)."""
-    counted = described.histogram
+    files' own (`own_histogram`), else the one cached in the run directory for these very files,
+    else counted in one pass (the trainer then caches it there)."""
+    counted = own_histogram
     if counted is None and run is not None:
         counted = run.read_histogram("train", described.identity)
     if counted is None:
@@ -297,8 +237,8 @@ def train_data(paths: list[str], shapes: Shapes, config: TrainConfig, depth_give
                        adjust_batch_for_packing=batch.adjust_batch_for_packing)
     require(all(1 <= b <= shapes.max_seq_length for b in batch.bucket_boundaries),
             f"--bucket_boundaries={','.join(map(str, batch.bucket_boundaries))}: each in [1, {shapes.max_seq_length}]")
-    described = describe(paths, "--input_file", shapes, input_mode, depth_given, training=True,
-                         held_out_allowed=held_out_allowed)
+    described, own_histogram = describe(paths, "--input_file", shapes, input_mode, depth_given, training=True,
+                                        held_out_allowed=held_out_allowed)
     require_no_held_out_packs(paths, held_out_allowed)
     facts = dict(files=tuple(paths), identity=described.identity, input_mode=input_mode)
     if input_mode != "packed_online" and described.num_sequences:
@@ -310,10 +250,10 @@ def train_data(paths: list[str], shapes: Shapes, config: TrainConfig, depth_give
     if input_mode != "packed_online":
         # Unpacked files no metadata.json counts (the reference's own): counted once, so that
         # mllog.txt's train_samples is their number of sequences.
-        counted = histogram(paths, described, shapes, run)
+        counted = histogram(paths, described, own_histogram, shapes, run)
         return TrainData(shapes=described.shapes, num_sequences=int(counted.sum()),
                          histogram=tuple(counted.tolist()), **facts)
-    counted, packing_plan = online_plan(paths, described, shapes, run)
+    counted, packing_plan = online_plan(paths, described, own_histogram, shapes, run)
     return TrainData(shapes=shapes, packing_factor=packing_plan.packing_factor, num_sequences=int(counted.sum()),
                      histogram=tuple(counted.tolist()), strategies=packing_plan.strategies, **facts)
 
@@ -326,17 +266,17 @@ def eval_data(paths: list[str], flag: str, shapes: Shapes, config: TrainConfig) 
     input_mode = config.eval.eval_input_mode
     if input_mode == "packed_online":
         require_window(config.batch.online_packing_window, shapes.max_sequences_per_pack)
-    described = describe(paths, flag, shapes, input_mode)
+    described, own_histogram = describe(paths, flag, shapes, input_mode)
     if input_mode != "packed_online":
         _require_counts(described)
         return EvalData(files=tuple(paths), identity=described.identity, shapes=described.shapes,
                         input_mode="packed" if described.packed else "padded", num_sequences=described.num_sequences)
-    counted, packing_plan = online_plan(paths, described, shapes)
+    counted, packing_plan = online_plan(paths, described, own_histogram, shapes)
     return EvalData(files=tuple(paths), identity=described.identity, shapes=shapes, input_mode=input_mode,
                     strategies=packing_plan.strategies, num_sequences=int(counted.sum()))
 
 
-def _require_counts(described: Described) -> None:
+def _require_counts(described: Dataset) -> None:
     """Each eval file holds the sequences its metadata.json counts: read once before any training
     (an eval set is small), so that a changed file or description is named now, not after
     training by the first evaluation's count."""
