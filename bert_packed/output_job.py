@@ -21,7 +21,8 @@ their Beam pipelines) goes through one OutputJob, so that each rule below exists
 
 The work directory is `output_dir/.work`; for an output on a remote filesystem written from this
 machine, a local directory named after it (files.local_stand_in: appends and memory maps work
-there), unless the work must be shared by a pipeline's workers (`shared_work`).
+there), unless the work is to be shared: by a pipeline's workers, or by this machine's run and a
+pipeline's, which then resume each other (`shared_work`).
 """
 
 from __future__ import annotations

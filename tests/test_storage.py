@@ -139,7 +139,7 @@ def test_a_request_the_storage_still_fails_after_retrying_stops_in_one_line_and_
         f"request: HTTP response code 503 when renaming {files.temporary_name(moved[2])} to {moved[2]}). Finished "
         f"shards are kept, and nothing half-written is taken for finished: run the same command again to continue "
         f"(exit status 75)")
-    assert sorted(os.listdir(out)) == ["part-00000-000.tfrecord",
+    assert sorted(os.listdir(out)) == [".work", "part-00000-000.tfrecord",
                                        "part-00000-001.tfrecord"]  # the third shard's temporary file removed
     monkeypatch.setattr(tf.io.gfile, "rename", rename)
     again = run_command("create_pretraining_data", *create)

@@ -186,11 +186,13 @@ def create_pretraining_dataset(input_files: list[str], output_dir: str, settings
     sources = [files.absolute(path) for path in input_files]
     # A run is its settings (the vocabulary by its content) and its inputs by name, not by folder:
     # a moved checkout finds its finished shards. Each input's content is all of it hashed (it is
-    # all read anyway): an edit that keeps the size is noticed wherever it is.
+    # all read anyway): an edit that keeps the size is noticed wherever it is. The work (a summary
+    # a shard) is beside the output wherever that is: a run of this machine's and one of Beam's
+    # resume each other.
     identity = {"settings": {key: value for key, value in settings.to_dict().items() if key != "vocab_file"},
                 "sources": [os.path.basename(path) for path in sources]}
     job = OutputJob(output_dir, "create_pretraining_data", "unpacked data", identity, sources,
-                    outputs=("part-", "eval-"), identify=_source_identity, shared_work=make_shards is not None)
+                    outputs=("part-", "eval-"), identify=_source_identity, shared_work=True)
     done = job.finished()
     if done is not None:
         return done
