@@ -4,6 +4,7 @@ terminal) and TensorFlow loading quietly."""
 import io
 
 import pytest
+from conftest import run_command
 
 from bert_packed.progress import Progress
 
@@ -125,6 +126,13 @@ def test_a_command_s_flags_are_its_settings_fields_each_declared_once(command):
         default = list(field.default) if isinstance(field.default, tuple) else field.default
         assert flag.default == default and field.metadata["help"].rstrip(".").removesuffix(")") in flag.help, field.name
     assert sorted(name for names in module.HELP_GROUPS.values() for name in names) == sorted(made)  # each in --help once
+
+
+def test_help_and_helpfull_are_no_errors():
+    short, full = run_command("plan_packing", "--help"), run_command("plan_packing", "--helpfull")
+    assert short.returncode == full.returncode == 0 and short.stderr == full.stderr == ""
+    assert "plan: --algorithm, --max_sequences_per_pack" in short.stdout and "--verbosity" not in short.stdout
+    assert full.stdout.startswith(short.stdout) and "--verbosity" in full.stdout
 
 
 @pytest.mark.slow  # the command as `python -m`: its module is __main__ there

@@ -1,6 +1,7 @@
 """What every command shares: how it starts and how it fails.
 
-`run` is the one way a command runs: --help prints the command's own flags and exits 0; absl
+`run` is the one way a command runs: --help prints the command's own flags and exits 0 (--helpfull
+every flag, absl's and TensorFlow's too); absl
 parses the flags (flagfiles included); what the command logs is plain lines ("warning: " before
 a warning; absl's own format with --verbosity=1), TensorFlow's INFO chatter is left out, and a
 warning repeated with other values is shown three times and then counted in one line at the
@@ -128,6 +129,10 @@ def _flags_parser(main: Callable[[list[str]], None], program: str, positional: b
     def parse(argv: list[str]) -> list[str]:
         if any(arg in ("-h", "--help", "--helpshort") for arg in argv[1:]):
             print_help(main)
+            sys.exit(0)
+        if "--helpfull" in argv[1:]:  # absl's own exits 1: asking for help is no error
+            print_help(main)
+            print(flags.FLAGS.get_help())
             sys.exit(0)
         try:
             rest = flags.FLAGS(argv, known_only=pass_on)
