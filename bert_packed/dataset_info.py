@@ -406,6 +406,15 @@ def check_identity(path: str, entry: DataFile) -> None:
                                 f"or rewritten since the dataset was made")
 
 
+def check_size(path: str, entry: DataFile) -> None:
+    """Raises DatasetFilesError when the file at `path` is not of the size `entry` records (one
+    request, no read: a finished dataset's rerun checks each of its files so)."""
+    if entry.bytes is not None and files.size(path) != entry.bytes:
+        raise DatasetFilesError(f"{path}: {files.size(path):,} bytes, but {METADATA_FILE} records {entry.bytes:,}: "
+                                f"cut short or rewritten since the dataset was made; remove {os.path.dirname(path)} "
+                                f"and run the same command again")
+
+
 @dataclasses.dataclass(frozen=True)
 class Dataset:
     """A set of data files as a command reads them: what their datasets' metadata.json say of

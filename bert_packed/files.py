@@ -529,18 +529,21 @@ def _alive(holder: dict) -> bool:
     except (PermissionError, KeyError, TypeError, ValueError, OverflowError):
         return True
     recorded = holder.get("process_start")
-    return recorded is None or _process_start(int(holder["pid"])) in (None, recorded)
+    start = _process_start(int(holder["pid"]))
+    # A zombie (killed, not yet reaped: for good under a container's pid 1 that reaps nothing) holds nothing.
+    return start != "zombie" and (recorded is None or start in (None, recorded))
 
 
 def _process_start(pid: int) -> str | None:
     """When process `pid` started, as this host's kernel tells it (boot id and clock ticks since
-    boot; None where /proc does not say): a pid used again by another process starts later."""
+    boot; None where /proc does not say): a pid used again by another process starts later.
+    "zombie" for a process that has ended but not been reaped."""
     try:
         with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
             boot = f.read().strip()
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
             fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
-        return f"{boot}:{fields[19]}"
+        return "zombie" if fields[0] == "Z" else f"{boot}:{fields[19]}"
     except (OSError, IndexError):
         return None
 

@@ -42,6 +42,7 @@ from bert_packed.dataset_info import (
     METADATA_FILE,
     DatasetInfo,
     FileIdentity,
+    check_size,
     read_dataset_info,
     refuse_other_output,
     require_listed_files,
@@ -52,7 +53,12 @@ from bert_packed.progress import Progress
 
 # The layout of the work directory; an unfinished run left by another layout starts over.
 WORK_FORMAT = 4
-_CLAIM = "run.json"
+_CLAIM = "run"  # the claim: a unit of its own, run.json
+
+
+class WorkDamagedError(UserError, ValueError):
+    """A file of an unfinished run's work is not what the run wrote; the claim says so, and the
+    same command, run again, starts over."""
 
 
 class InputsChangedError(UserError, RuntimeError):
@@ -90,27 +96,41 @@ class WorkUnits:
         return summary
 
     def load(self, unit: str) -> dict:
-        with files.open_file(self.file(unit + ".json")) as f:
-            return json.load(f)
+        """The unit's summary.
+
+        Raises:
+          WorkDamagedError: it is not what save() wrote (edited, or its storage damaged it).
+        """
+        path = self.file(unit + ".json")
+        with files.open_file(path) as f:
+            try:
+                summary = json.load(f)
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise WorkDamagedError(f"{path}: damaged ({e})") from None
+        if not isinstance(summary, dict):
+            raise WorkDamagedError(f"{path}: damaged (not a JSON object)")
+        return summary
 
     def forget(self, unit: str) -> None:
         """Makes `unit` undone: the next run does it again."""
         if self.done(unit):
             files.remove(self.file(unit + ".json"))
 
+    def start_over_next_time(self) -> None:
+        """Makes the claim forget the inputs' content: the same command, run again, starts over."""
+        self.save(_CLAIM, {**self.load(_CLAIM), "input_content": None})
+
     def input_changed(self, path: str, what: str) -> InputsChangedError:
-        """The error for an input found changed during the run. The claim forgets the inputs'
-        content first, so that the same command starts over on what the files hold now."""
-        with files.open_file(self.file(_CLAIM)) as f:
-            claim = json.load(f)
-        files.write_text_atomically(self.file(_CLAIM), json.dumps({**claim, "input_content": None}) + "\n")
+        """The error for an input found changed during the run, once the claim says to start over
+        on what the files hold now."""
+        self.start_over_next_time()
         return InputsChangedError(f"{path}: changed while its output was being made ({what}); nothing published. "
                                   f"Run the same command again to use what it holds now")
 
     def summaries(self) -> list[dict]:
         """The summaries of the units done, in their names' order."""
         return [self.load(name.removesuffix(".json")) for name in sorted(files.listdir(self.directory))
-                if name.endswith(".json") and name != _CLAIM]
+                if name.endswith(".json") and name != _CLAIM + ".json"]
 
 
 class OutputJob:
@@ -138,7 +158,8 @@ class OutputJob:
       inputs: the input files, whose content (identify(path)) the output is made from.
       outputs: the prefixes of the names of the files the command writes in `output_dir`.
       identify: an input's content, as a JSON value; by default its size and the hash of its
-        first 64 KiB (cheap on a bucket), or all of it hashed where the command reads it all anyway.
+        first 64 KiB (cheap on a bucket, the identity data files have everywhere in this project:
+        an edit past them that keeps the size goes unnoticed), or all of it hashed (create's text).
       shared_work: keep the work in `output_dir` even on a remote filesystem (a pipeline's
         workers on other machines write it).
     """
@@ -176,6 +197,8 @@ class OutputJob:
                 info.details.get("inputs_digest") != digest(self.input_content):
             return None
         require_listed_files(self.output_dir, info, names)
+        for entry in info.files + info.eval_files:  # one size a file: cut short or rewritten is no finished output
+            check_size(os.path.join(self.output_dir, entry.name), entry)
         logging.info("%s: already made with these settings and inputs; nothing to do", self.output_dir)
         return info.to_dict()
 
@@ -216,16 +239,20 @@ class OutputJob:
             logging.warning("%s: the input files changed since its %s was made; making it again", self.output_dir,
                             self.kind)
             self._start_over()
-        elif files.exists(marker := self.units.file(_CLAIM)):
-            with files.open_file(marker) as f:
-                previous = json.load(f)
+        elif self.units.done(_CLAIM):
+            try:
+                previous = self.units.load(_CLAIM)
+            except WorkDamagedError:
+                previous = {"run_digest": self.run_digest, "damaged": True}
             if previous.get("run_digest", previous.get("digest")) != self.run_digest:  # "digest": the packer's, before
                 raise OutputDirectoryError(f"{self.output_dir}: holds an unfinished {previous.get('command', 'run')} "
                                            f"run with other {_differing(previous.get('identity'), self.identity)}; "
                                            f"use a new --output_dir or remove it")
-            why = ("another version of the command left it" if previous.get("work_format") != WORK_FORMAT
+            why = ("its claim is damaged" if "damaged" in previous
+                   else "another version of the command left it" if previous.get("work_format") != WORK_FORMAT
+                   else "it was left to start over" if previous.get("input_content") is None
                    else "its input files changed since" if previous.get("input_content") != self.input_content
-                   else self._output_gone())
+                   else self._work_damaged())
             if why:
                 logging.warning("%s: the unfinished run cannot be resumed (%s); starting over", self.output_dir, why)
                 self._start_over()
@@ -238,11 +265,16 @@ class OutputJob:
             logging.info("%s: resuming the unfinished run: %d units of its work already done", self.output_dir, done)
         return None
 
-    def _output_gone(self) -> str | None:
-        """The first published file a done unit recorded ("file", with its size and head) that is
-        not in `output_dir` as written: removed, or replaced since (the output on a bucket and the
-        work on this host can part ways)."""
-        for summary in self.units.summaries():
+    def _work_damaged(self) -> str | None:
+        """What makes the work of an unfinished run unusable, if anything: a summary that does not
+        read, or a published file a done unit recorded ("file", with its size and head) that is not
+        in `output_dir` as written: removed, or replaced since (the output on a bucket and the work
+        on this host can part ways)."""
+        try:
+            summaries = self.units.summaries()
+        except WorkDamagedError as e:
+            return str(e)
+        for summary in summaries:
             if "file" not in summary:
                 continue
             path = os.path.join(self.output_dir, summary["file"])
@@ -253,9 +285,8 @@ class OutputJob:
 
     def _write_claim(self, input_content: list | None) -> None:
         files.makedirs(self.units.directory)
-        files.write_text_atomically(self.units.file(_CLAIM), json.dumps({
-            "command": self.command, "run_digest": self.run_digest, "work_format": WORK_FORMAT,
-            "identity": self.identity, "input_content": input_content}) + "\n")
+        self.units.save(_CLAIM, {"command": self.command, "run_digest": self.run_digest, "work_format": WORK_FORMAT,
+                                 "identity": self.identity, "input_content": input_content})
 
     def _start_over(self) -> None:
         """Removes the run's outputs (metadata.json first: nothing looks finished) and its work.
@@ -267,8 +298,18 @@ class OutputJob:
                 if files.exists(path):
                     files.remove(path)
         for name in files.listdir(self.units.directory):
-            if name != _CLAIM:
+            if name != _CLAIM + ".json":
                 files.remove(self.units.file(name))
+
+    def remove(self, before: Callable[[], None] = lambda: None) -> None:
+        """Removes the output directory whole, under its lock, after before() (what is made of the
+        output, done under the same lock: no other run changes it meanwhile). The claim first says
+        to start over, so that a kill midway leaves a run the same command makes again, not a
+        half-removed dataset taken for another run's."""
+        with files.exclusive(os.path.join(self.output_dir, ".lock"), self.command):
+            before()
+            self._start_over()
+        files.rmtree(self.output_dir)
 
     def each_unit(self, function: Callable[..., dict], units: list[tuple[str, tuple]], num_workers: int,
                   progress: Progress) -> list[dict]:
@@ -307,20 +348,28 @@ class OutputJob:
 
 
 def _differing(before, now: dict) -> str:
-    """Which parts of a run's identity differ, as words: "settings (dupe_factor)", "inputs"."""
+    """Which parts of a run's identity differ, as words: "settings (dupe_factor, max_seq_length)",
+    "sources": a setting by its own name, however deep in the identity."""
     if not isinstance(before, dict):
         return "settings or inputs"
     parts = []
     for key in sorted(before.keys() | now.keys()):
         old, new = before.get(key), now.get(key)
-        if old == new:
-            continue
-        if isinstance(old, dict) and isinstance(new, dict):
-            names = sorted(name for name in old.keys() | new.keys() if old.get(name) != new.get(name))
-            parts.append(f"{key} ({', '.join(names)})")
-        else:
-            parts.append(key)
+        if old != new:
+            names = sorted(set(_leaves_differing(old, new)))
+            parts.append(f"{key} ({', '.join(names)})" if names else key)
     return " and ".join(parts) or "settings or inputs"
+
+
+def _leaves_differing(old, new):
+    """The names of the innermost keys whose values differ between two dicts (nested ones too; a
+    file's content, {"bytes", "head", ...}, is one value)."""
+    if not (isinstance(old, dict) and isinstance(new, dict)) or "bytes" in old:
+        return
+    for name in old.keys() | new.keys():
+        if old.get(name) != new.get(name):
+            inner = list(_leaves_differing(old.get(name), new.get(name)))
+            yield from inner or [name]
 
 
 def in_parallel(function, jobs: list[tuple], num_workers: int, progress: Progress) -> None:

@@ -71,6 +71,16 @@ def test_a_lock_left_by_a_dead_process_is_taken_over_and_a_live_one_named(tmp_pa
                    "started": "2026-11-23 10:00:00", "process_start": "another boot:12"}, f)
     with files.exclusive(lock, "create_pretraining_data"):
         assert json.load(open(lock))["pid"] == os.getpid()
+    # A process killed but not reaped (a zombie; for good under a pid 1 that reaps nothing): stale.
+    zombie = subprocess.Popen(["sleep", "0.3"])
+    started = files._process_start(zombie.pid)
+    time.sleep(1.0)
+    with open(lock, "w") as f:
+        json.dump({"command": "run_pretraining", "host": os.uname().nodename, "pid": zombie.pid,
+                   "started": "2026-11-23 10:00:00", "process_start": started}, f)
+    with files.exclusive(lock, "create_pretraining_data"):
+        assert json.load(open(lock))["pid"] == os.getpid()
+    zombie.wait()
     # Another machine's: it cannot be told, so it holds, and the message says how to take it back.
     with open(lock, "w") as f:
         json.dump({"command": "run_pretraining", "host": "node-7", "pid": 1, "started": "2026-11-23 10:00:00"}, f)

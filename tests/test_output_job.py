@@ -7,11 +7,13 @@ import os
 import pytest
 
 from bert_packed import files
-from bert_packed.dataset_info import DataFile, DatasetInfo, FileIdentity
+from bert_packed.dataset_info import DataFile, DatasetFilesError, DatasetInfo, FileIdentity
 from bert_packed.errors import OutputDirectoryError
 from bert_packed.features import Shapes
 from bert_packed.output_job import InputsChangedError, OutputJob
 from bert_packed.progress import Progress
+
+LOUD = {"shout": True, "voice": {"volume": 10}}
 
 
 def upper_case(inputs, output_dir, settings, fail_at=None, done=None):
@@ -48,41 +50,75 @@ def test_a_job_resumes_its_units_commits_last_and_starts_over_when_an_input_chan
     out = str(tmp_path / "out")
     done = []
     with pytest.raises(KeyboardInterrupt):
-        upper_case(inputs, out, {"shout": True}, fail_at=2, done=done)
+        upper_case(inputs, out, LOUD, fail_at=2, done=done)
     assert done == [0, 1] and not os.path.exists(os.path.join(out, "metadata.json"))
     # Another run's settings: refused, naming them; nothing touched.
-    with pytest.raises(OutputDirectoryError, match=r"holds an unfinished upper_case run with other settings \(shout\)"):
-        upper_case(inputs, out, {"shout": False})
+    with pytest.raises(OutputDirectoryError, match=r"holds an unfinished upper_case run with other settings \(volume\)"):
+        upper_case(inputs, out, {**LOUD, "voice": {"volume": 11}})
     done.clear()
     with caplog.at_level(logging.INFO):
-        metadata = upper_case(inputs, out, {"shout": True}, done=done)
+        metadata = upper_case(inputs, out, LOUD, done=done)
     assert done == [2] and "resuming the unfinished run: 2 units of its work already done" in caplog.text
     assert sorted(os.listdir(out)) == ["metadata.json", "out-00000.txt", "out-00001.txt", "out-00002.txt"]
     assert open(os.path.join(out, "out-00002.txt")).read() == "THREE" and metadata["num_sequences"] == 3
     # Finished: nothing to do, read only; other settings refused, naming them.
-    assert upper_case(inputs, out, {"shout": True}, done=done) == metadata and done == [2]
+    assert upper_case(inputs, out, LOUD, done=done) == metadata and done == [2]
     with pytest.raises(OutputDirectoryError, match=r"already holds unpacked data made with other settings \(shout\)"):
-        upper_case(inputs, out, {"shout": False})
+        upper_case(inputs, out, {**LOUD, "shout": False})
+    # A file of the finished output cut short: named, not taken for finished.
+    open(os.path.join(out, "out-00000.txt"), "w").write("ON")
+    with pytest.raises(DatasetFilesError, match=r"out-00000.txt: 2 bytes, but metadata.json records 3: cut short"):
+        upper_case(inputs, out, LOUD)
+    open(os.path.join(out, "out-00000.txt"), "w").write("ONE")
     # An input edited: made again. A kill while the old output is being removed starts over again.
     open(inputs[1], "w").write("TWO!")
     remove = files.remove
     monkeypatch.setattr(files, "remove", lambda path: (_ for _ in ()).throw(KeyboardInterrupt)
                         if path.endswith("out-00001.txt") else remove(path))
     with pytest.raises(KeyboardInterrupt):
-        upper_case(inputs, out, {"shout": True})
+        upper_case(inputs, out, LOUD)
     monkeypatch.undo()
     assert not os.path.exists(os.path.join(out, "metadata.json"))
     done.clear()
-    upper_case(inputs, out, {"shout": True}, done=done)
+    upper_case(inputs, out, LOUD, done=done)
     assert done == [0, 1, 2] and open(os.path.join(out, "out-00001.txt")).read() == "TWO!"
     # A unit's output removed from an unfinished run: it starts over, not from a hole.
     with pytest.raises(KeyboardInterrupt):
-        upper_case(inputs, str(tmp_path / "again"), {"shout": True}, fail_at=2)
+        upper_case(inputs, str(tmp_path / "again"), LOUD, fail_at=2)
     os.remove(tmp_path / "again" / "out-00000.txt")
     done.clear()
     with caplog.at_level(logging.WARNING):
-        upper_case(inputs, str(tmp_path / "again"), {"shout": True}, done=done)
+        upper_case(inputs, str(tmp_path / "again"), LOUD, done=done)
     assert done == [0, 1, 2] and "(out-00000.txt, which it wrote, is gone or changed); starting over" in caplog.text
+
+
+def test_damaged_work_starts_over_and_a_removal_killed_midway_is_made_again(tmp_path, monkeypatch, caplog):
+    inputs = [str(tmp_path / "in0.txt"), str(tmp_path / "in1.txt")]
+    for path in inputs:
+        open(path, "w").write("text")
+    out = str(tmp_path / "out")
+    with pytest.raises(KeyboardInterrupt):
+        upper_case(inputs, out, {}, fail_at=1)
+    open(os.path.join(out, ".work", "copy-00000.json"), "w").write('{"file": "out-00')  # torn by the storage
+    done = []
+    with caplog.at_level(logging.WARNING):
+        upper_case(inputs, out, {}, done=done)
+    assert done == [0, 1] and "copy-00000.json: damaged" in caplog.text
+    # The output removed whole (as --output_file's parts are once dealt): a kill midway leaves a
+    # run that the same command makes again, not a dataset with files missing.
+    job = OutputJob(out, "upper_case", "unpacked data", {"settings": {}, "sources": inputs}, inputs, outputs=("out-",))
+    rmtree = files.rmtree
+    monkeypatch.setattr(files, "rmtree", lambda path: (_ for _ in ()).throw(KeyboardInterrupt) if path == out
+                        else rmtree(path))
+    with pytest.raises(KeyboardInterrupt):
+        job.remove()
+    monkeypatch.undo()
+    assert os.listdir(out) == [".work"] and os.listdir(os.path.join(out, ".work")) == ["run.json"]
+    done.clear()
+    upper_case(inputs, out, {}, done=done)
+    assert done == [0, 1]
+    job.remove()
+    assert not os.path.exists(out)
 
 
 def test_an_input_changed_during_the_run_is_not_committed_and_the_rerun_starts_over(tmp_path, monkeypatch):

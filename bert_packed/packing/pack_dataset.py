@@ -42,7 +42,7 @@ from bert_packed.dataset_info import (
 )
 from bert_packed.errors import InternalError, SettingsError
 from bert_packed.features import Shapes
-from bert_packed.output_job import OutputJob, WorkUnits, in_parallel
+from bert_packed.output_job import OutputJob, WorkDamagedError, WorkUnits, in_parallel
 from bert_packed.packing import packer
 from bert_packed.packing.histogram import histogram_from_lengths, merge_histograms, save_histogram
 from bert_packed.packing.pack_settings import PackSettings
@@ -91,7 +91,11 @@ def pack_pretraining_dataset(input_files: list[str], output_dir: str, settings: 
             return done
         summaries, packing_plan, shards, seconds = passes(job, list(inputs.entries or [None] * len(sources)),
                                                           settings)
-        checksum_in = audit_packs(summaries, shards)
+        try:
+            checksum_in = audit_packs(summaries, shards)
+        except PackingError:
+            job.units.start_over_next_time()  # whatever went wrong, the same command does it all again
+            raise
         histogram_path = os.path.join(output_dir, HISTOGRAM_FILE)
         save_histogram(histogram_path, merge_histograms(*[s["histogram"] for s in summaries]))
         return job.commit(_description(settings, packing_plan, shards, sources, checksum_in, seconds,
@@ -355,6 +359,10 @@ def _write_bucket(output_dir: str, units: WorkUnits, settings: PackSettings, num
     once)."""
     bucket_path = units.file(bucket_file(bucket))
     dtype = packer.row_dtype(settings.shapes.unpacked(), max_token_id)
+    if files.exists(bucket_path) and files.size(bucket_path) % dtype.itemsize:
+        units.start_over_next_time()
+        raise WorkDamagedError(f"{bucket_path}: damaged (cut short: not a whole number of rows); the same command, "
+                               f"run again, starts over")
     # Mapped, not read: rows are gathered chunk by chunk straight from the page cache.
     rows = (np.memmap(bucket_path, dtype=dtype, mode="r") if files.exists(bucket_path) and files.size(bucket_path)
             else np.zeros(0, dtype=dtype))

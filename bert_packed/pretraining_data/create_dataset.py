@@ -40,7 +40,7 @@ import numpy as np
 
 from bert_packed import files
 from bert_packed.dataset_info import HISTOGRAM_FILE, DataFile, DatasetInfo, FileIdentity, file_sha256, require_seq_length
-from bert_packed.errors import SettingsError
+from bert_packed.errors import SettingsError, UserError
 from bert_packed.features import Shapes
 from bert_packed.output_job import OutputJob, WorkUnits
 from bert_packed.packing.histogram import histogram_from_lengths, merge_histograms, save_histogram
@@ -50,6 +50,10 @@ from bert_packed.pretraining_data.tokenization import DEFAULT_VOCAB_FILE, Tokeni
 from bert_packed.progress import Progress
 from bert_packed.records import TFRecordWriter, read_record_batches
 from bert_packed.settings import setting
+
+
+class WorkerLostError(UserError, RuntimeError):
+    """A worker process of the pool was killed (the kernel's out-of-memory killer, say)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,16 +187,7 @@ def create_pretraining_dataset(input_files: list[str], output_dir: str, settings
         raise CorpusError("no input files")
     tokenizer = Tokenizer(settings.vocab_file, settings.do_lower_case)  # fails early on a bad vocabulary
     settings = resolve_input_format(input_files, settings)
-    sources = [files.absolute(path) for path in input_files]
-    # A run is its settings (the vocabulary by its content) and its inputs by name, not by folder:
-    # a moved checkout finds its finished shards. Each input's content is all of it hashed (it is
-    # all read anyway): an edit that keeps the size is noticed wherever it is. The work (a summary
-    # a shard) is beside the output wherever that is: a run of this machine's and one of Beam's
-    # resume each other.
-    identity = {"settings": {key: value for key, value in settings.to_dict().items() if key != "vocab_file"},
-                "sources": [os.path.basename(path) for path in sources]}
-    job = OutputJob(output_dir, "create_pretraining_data", "unpacked data", identity, sources,
-                    outputs=("part-", "eval-"), identify=_source_identity, shared_work=True)
+    job = _job(input_files, output_dir, settings)
     done = job.finished()
     if done is not None:
         return done
@@ -205,6 +200,22 @@ def create_pretraining_dataset(input_files: list[str], output_dir: str, settings
         else:
             make_shards(jobs, job.units, output_dir, settings)
         return job.commit(_description(job, settings))
+
+
+def _job(input_files: list[str], output_dir: str, settings: DatasetSettings) -> OutputJob:
+    """The OutputJob of a run (its settings' input format resolved).
+
+    A run is its settings (the vocabulary by its content) and its inputs by name, not by folder: a
+    moved checkout finds its finished shards. Each input's content is all of it hashed (it is all
+    read anyway): an edit that keeps the size is noticed wherever it is. The work (a summary a
+    shard) is beside the output wherever that is: a run of this machine's and one of Beam's resume
+    each other.
+    """
+    sources = [files.absolute(path) for path in input_files]
+    identity = {"settings": {key: value for key, value in settings.to_dict().items() if key != "vocab_file"},
+                "sources": [os.path.basename(path) for path in sources]}
+    return OutputJob(output_dir, "create_pretraining_data", "unpacked data", identity, sources,
+                     outputs=("part-", "eval-"), identify=_source_identity, shared_work=True)
 
 
 def resolve_input_format(input_files: list[str], settings: DatasetSettings) -> DatasetSettings:
@@ -287,6 +298,9 @@ def _make_shards_here(jobs: list[ShardJob], units: WorkUnits, output_dir: str, s
         for future in concurrent.futures.as_completed(in_flight):
             instances += future.result()
             progress.update(1, f", {instances:,} instances")
+    except concurrent.futures.BrokenExecutor:
+        raise WorkerLostError("a worker process was killed (out of memory, or by a signal): the shards written are "
+                              "kept; run the same command again (fewer --num_workers use less memory)") from None
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
@@ -578,16 +592,19 @@ def create_pretraining_files(input_files: list[str], output_files: list[str], se
                                 f"--output_dir)")
     work = output_files[0] + ".parts"
     metadata = create_pretraining_dataset(input_files, work, settings, num_workers)
-    for path in output_files:  # what a dealing killed midway left
-        files.remove_leftovers(os.path.dirname(path) or ".", of=os.path.basename(path))
-    with contextlib.ExitStack() as stack:
-        writers = [stack.enter_context(TFRecordWriter(path)) for path in output_files]
-        dealt = 0
-        for entry in metadata["files"]:
-            for _, data, starts, lengths in read_record_batches(os.path.join(work, entry["name"])):
-                records = [data[start:start + length] for start, length in zip(starts.tolist(), lengths.tolist())]
-                for index, writer in enumerate(writers):
-                    writer.write_all(records[(index - dealt) % len(writers)::len(writers)])
-                dealt += len(records)
-    files.rmtree(work)
+
+    def deal() -> None:
+        for path in output_files:  # what a dealing killed midway left
+            files.remove_leftovers(os.path.dirname(path) or ".", of=os.path.basename(path))
+        with contextlib.ExitStack() as stack:
+            writers = [stack.enter_context(TFRecordWriter(path)) for path in output_files]
+            dealt = 0
+            for entry in metadata["files"]:
+                for _, data, starts, lengths in read_record_batches(os.path.join(work, entry["name"])):
+                    records = [data[start:start + length] for start, length in zip(starts.tolist(), lengths.tolist())]
+                    for index, writer in enumerate(writers):
+                        writer.write_all(records[(index - dealt) % len(writers)::len(writers)])
+                    dealt += len(records)
+
+    _job(input_files, work, resolve_input_format(input_files, settings)).remove(before=deal)
     return {**metadata, "files": list(output_files)}
