@@ -10,8 +10,9 @@ their Beam pipelines) goes through one OutputJob, so that each rule below exists
   a directory holding another kind of output, another run's data or another run's unfinished work
   is refused in one line naming what differs.
 - **Leftovers**: temporary files are removed under the lock; an unfinished run whose inputs
-  changed, that another version left, or whose published files are gone or changed is started
-  over (its outputs removed, metadata.json first, so nothing looks finished).
+  changed, that another version left, whose work is damaged or whose published files are gone or
+  changed is started over (the claim says so first, so that a kill midway starts over again; then
+  its outputs are removed, metadata.json first, so that nothing looks finished).
 - **Work units**: each unit of work (an input read, a shard written) saves a summary when it is
   done, under a name the job keeps in its work directory; a resumed run redoes only the units
   without one. The single-machine executor (each_unit: threads) and Beam's read and write the
@@ -161,7 +162,8 @@ class OutputJob:
         first 64 KiB (cheap on a bucket, the identity data files have everywhere in this project:
         an edit past them that keeps the size goes unnoticed), or all of it hashed (create's text).
       shared_work: keep the work in `output_dir` even on a remote filesystem (a pipeline's
-        workers on other machines write it).
+        workers on other machines write it, or this machine's run and a pipeline's resume each
+        other).
     """
 
     def __init__(self, output_dir: str, command: str, kind: str, identity: dict, inputs: list[str],
@@ -196,8 +198,17 @@ class OutputJob:
         if any(files.is_temporary_name(name) for name in names) or \
                 info.details.get("inputs_digest") != digest(self.input_content):
             return None
+        return self._whole(info, names)
+
+    def _whole(self, info: DatasetInfo, names: list[str]) -> dict:
+        """The metadata of a finished run, once every file it lists is in `names` (a listing of
+        the directory) at its recorded size: one request a file, no read.
+
+        Raises:
+          DatasetFilesError: naming a file gone, cut short or rewritten.
+        """
         require_listed_files(self.output_dir, info, names)
-        for entry in info.files + info.eval_files:  # one size a file: cut short or rewritten is no finished output
+        for entry in info.files + info.eval_files:
             check_size(os.path.join(self.output_dir, entry.name), entry)
         logging.info("%s: already made with these settings and inputs; nothing to do", self.output_dir)
         return info.to_dict()
@@ -233,9 +244,8 @@ class OutputJob:
                                            f"{_differing(info.details.get('run_identity'), self.identity)}; use a new "
                                            f"--output_dir or remove it")
             if info.details.get("inputs_digest") == digest(self.input_content):
-                files.rmtree(self.units.directory)
-                logging.info("%s: already made with these settings and inputs; nothing to do", self.output_dir)
-                return info.to_dict()
+                files.rmtree(self.units.directory)  # a kill after the commit left it
+                return self._whole(info, files.listdir(self.output_dir))
             logging.warning("%s: the input files changed since its %s was made; making it again", self.output_dir,
                             self.kind)
             self._start_over()
