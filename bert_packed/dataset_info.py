@@ -532,12 +532,9 @@ def read_dataset_info(directory: str) -> DatasetInfo | None:
     if not files.exists(path):
         return None
     try:
-        with files.open_file(path) as f:
-            metadata = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DatasetInfoError(f"{path}: cannot read it as JSON ({e})") from None
-    if not isinstance(metadata, dict):
-        raise DatasetInfoError(f"{path}: expected a JSON object")
+        metadata = files.read_json_object(path)
+    except ValueError as e:
+        raise DatasetInfoError(f"{path}: cannot read it as a dataset's description ({e})") from None
     return DatasetInfo.from_dict(metadata, path)
 
 

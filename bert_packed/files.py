@@ -392,6 +392,23 @@ def local_stand_in(path: str) -> str:
                         + "-" + os.path.basename(path.rstrip("/")))
 
 
+def read_json_object(path: str) -> dict:
+    """The JSON object in the file at `path`.
+
+    Raises:
+      ValueError: the file is not JSON, or not an object (the reason, for the caller's message).
+      StorageError: the storage refused it.
+    """
+    with open_file(path) as f:
+        try:
+            value = json.load(f)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ValueError("not a JSON object")
+    return value
+
+
 def write_text_atomically(path: str, text: str) -> None:
     """Writes `text` to `path` through a temporary file and a rename."""
     with atomic_open(path) as f:

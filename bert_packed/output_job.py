@@ -103,14 +103,10 @@ class WorkUnits:
           WorkDamagedError: it is not what save() wrote (edited, or its storage damaged it).
         """
         path = self.file(unit + ".json")
-        with files.open_file(path) as f:
-            try:
-                summary = json.load(f)
-            except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise WorkDamagedError(f"{path}: damaged ({e})") from None
-        if not isinstance(summary, dict):
-            raise WorkDamagedError(f"{path}: damaged (not a JSON object)")
-        return summary
+        try:
+            return files.read_json_object(path)
+        except ValueError as e:
+            raise WorkDamagedError(f"{path}: damaged ({e})") from None
 
     def forget(self, unit: str) -> None:
         """Makes `unit` undone: the next run does it again."""

@@ -88,13 +88,9 @@ class RunDirectory:
         if not files.exists(path):
             return {}
         try:
-            with files.open_file(path) as f:
-                info = json.load(f)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise RunError(f"{path}: damaged, not JSON ({e}); use a new --output_dir") from None
-        if not isinstance(info, dict):
-            raise RunError(f"{path}: damaged, not a JSON object; use a new --output_dir")
-        return info
+            return files.read_json_object(path)
+        except ValueError as e:
+            raise RunError(f"{path}: damaged, {e}; use a new --output_dir") from None
 
     def claim(self, identity: dict, data: dict) -> dict:
         """Records a run in run.json, or refuses: when the directory holds another run (a value of

@@ -37,8 +37,8 @@ def test_both_kinds_share_one_layout(unpacked_dir, packed_dir):
 
 
 @pytest.mark.parametrize("content, message", [
-    ("{not json", "cannot read it as JSON"),
-    ("[1, 2]", "expected a JSON object"),
+    ("{not json", r"cannot read it as a dataset.s description \(not JSON: Expecting"),
+    ("[1, 2]", r"\(not a JSON object\)"),
     ('{"format_version": 99}', "format_version 99; expected 3"),
     ('{"format_version": 3, "packed": true}', "missing or malformed entry 'max_seq_length'"),
 ])
