@@ -26,11 +26,9 @@ from absl import flags
 from bert_packed.cli.common import run
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
-from bert_packed.model import BertConfig
 from bert_packed.records import TFRecordWriter
 from bert_packed.run_directory import TRAIN_LOG, RunDirectory
-from bert_packed.training.config import make_config
-from bert_packed.training.data import EvalData, TrainData
+from bert_packed.training.assemble import CommandLine, assemble
 from bert_packed.training.loop import train_and_evaluate
 from bert_packed.training.process import set_up_process
 from bert_packed.training.step import CompiledStep
@@ -67,13 +65,14 @@ def write_records(path: str, count: int, seed: int = 0) -> None:
 
 
 def updates_per_second(files: list[str], loop: int, updates: int, output_dir: str) -> float:
-    bert = BertConfig.from_json_file(os.path.join(ROOT, "configs", "bert_config_tiny.json"))
-    config = make_config(bert=bert, input_mode="padded", train_batch_size=4, learning_rate=1e-3,
-                         num_train_steps=updates + loop, output_dir=output_dir, save_checkpoints_steps=10**9,
-                         iterations_per_loop=loop, log_every_steps=10**9)
-    data = TrainData(files=tuple(files), identity=(), shapes=SHAPES, input_mode="padded")
+    # The run as run_pretraining assembles it from these flags.
+    config, data, evaluation = assemble(CommandLine.of(
+        input_files=",".join(files), bert_config_file=os.path.join(ROOT, "configs", "bert_config_tiny.json"),
+        max_seq_length=SHAPES.max_seq_length, max_predictions_per_seq=SHAPES.max_predictions_per_seq,
+        input_mode="padded", train_batch_size=4, learning_rate=1e-3, num_train_steps=updates + loop,
+        output_dir=output_dir, save_checkpoints_steps=10**9, iterations_per_loop=loop, log_every_steps=10**9))
     set_up_process(config)
-    train_and_evaluate(config, data, EvalData(), CompiledStep(config, data))
+    train_and_evaluate(config, data, evaluation, CompiledStep(config, data))
     log = RunDirectory(output_dir).read_log(TRAIN_LOG)
     # The first loop compiles; time the `updates` after it.
     return updates / (log[-1]["seconds"] - log[loop - 1]["seconds"])

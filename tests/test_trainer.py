@@ -343,17 +343,12 @@ def test_the_online_packing_window_is_bounded_for_training_and_evaluation():
 def test_a_run_is_assembled_from_its_flags_by_name_as_the_command_does(packed_dir, bert_config_file, tmp_path):
     """training.assemble takes the flags by name (no absl): what a test or a benchmark gives is
     checked and described as run_pretraining's flags are."""
-    from bert_packed.settings import settings_of
     from bert_packed.training.assemble import CommandLine, assemble
-    from bert_packed.training.config import PARTS, LaunchSettings
-
-    defaults = {field.name: list(field.default) if isinstance(field.default, tuple) else field.default
-                for field in settings_of(LaunchSettings, *PARTS.values())}
 
     def line(**given):
-        base = dict(bert_config_file=bert_config_file, input_files=f"{packed_dir}/packed-*.tfrecord",
-                    output_dir=str(tmp_path), max_seq_length=MAX_SEQ_LENGTH, max_predictions_per_seq=MAX_PREDICTIONS)
-        return CommandLine({**defaults, **base, **given}, frozenset({**base, **given}))
+        return CommandLine.of(bert_config_file=bert_config_file, input_files=f"{packed_dir}/packed-*.tfrecord",
+                              output_dir=str(tmp_path), max_seq_length=MAX_SEQ_LENGTH,
+                              max_predictions_per_seq=MAX_PREDICTIONS, **given)
 
     config, train_data, eval_data = assemble(line(train_batch_size=4))
     assert (config.batch.train_batch_size, train_data.input_mode, train_data.shapes) == (
@@ -367,6 +362,8 @@ def test_a_run_is_assembled_from_its_flags_by_name_as_the_command_does(packed_di
         assemble(line(bucket_boundaries=["64", "", "128"]))  # an internal error (int(''))
     with pytest.raises(SettingsError, match=r"^--log_epsilon=400: epsilon is 10\*\*log_epsilon"):
         assemble(line(log_epsilon=400))  # an internal error (OverflowError)
+    with pytest.raises(TypeError, match="run_pretraining has no flag 'train_batch'"):
+        line(train_batch=4)
 
 
 def test_cli_batch_correction_takes_packs_for_the_unpacked_rows(packed_dir, bert_config_file, tmp_path):

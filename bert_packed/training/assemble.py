@@ -18,7 +18,8 @@ from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
 from bert_packed.input_files import expand_globs
 from bert_packed.run_directory import RunDirectory
-from bert_packed.training.config import LaunchSettings, TrainConfig, make_config, setting_names
+from bert_packed.settings import settings_of
+from bert_packed.training.config import PARTS, LaunchSettings, TrainConfig, make_config, setting_names
 
 if TYPE_CHECKING:  # training.data reads records through tf.data: imported when a run is assembled
     from bert_packed.training.data import EvalData, TrainData
@@ -32,6 +33,18 @@ class CommandLine:
 
     values: Mapping[str, object]
     given: frozenset[str]
+
+    @classmethod
+    def of(cls, **given) -> CommandLine:
+        """The command line that gives `given` (flags by name) and leaves every other flag at its
+        default, as run_pretraining parses it: how a benchmark or a test starts a run the command's
+        way."""
+        defaults = {field.name: list(field.default) if isinstance(field.default, tuple) else field.default
+                    for field in settings_of(LaunchSettings, *PARTS.values())}
+        unknown = sorted(set(given) - set(defaults))
+        if unknown:
+            raise TypeError(f"run_pretraining has no flag {unknown[0]!r}")
+        return cls({**defaults, **given}, frozenset(given))
 
     def __getitem__(self, name: str):
         return self.values[name]
