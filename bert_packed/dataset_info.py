@@ -476,11 +476,13 @@ class Dataset:
             bare = sorted(d for d, info in infos.items() if info is None)
             raise SettingsError(f"{flag}: {bare[0]} has no metadata.json but the other files' directories do; give "
                                 f"one kind of data")
+        (first_directory, first), *others = described.items()
+        for directory, info in others:  # before the command's checks: their advice would fit one of them only
+            if (info.packed, info.shapes) != (first.packed, first.shapes):
+                raise SettingsError(f"{flag}: the files mix datasets of other kinds or shapes: {first_directory} "
+                                    f"holds {_kind(first)}, {directory} {_kind(info)}; give one kind")
         for directory, info in described.items():
             require(info, metadata_path(directory))
-        first = next(iter(described.values()))
-        if any((info.packed, info.shapes) != (first.packed, first.shapes) for info in described.values()):
-            raise SettingsError(f"{flag}: the files come from datasets of other shapes or kinds")
         chosen: dict[str, DataFile] = {}
         sequences = records = 0
         unknown, whole, held_out = False, None, {}
@@ -501,13 +503,20 @@ class Dataset:
                 unknown = True
         if len(set(held_out.values())) > 1 and not held_out_allowed:
             raise DatasetFilesError(f"{flag}: {next(p for p, h in held_out.items() if h)} is a held-out file and "
-                                    f"{next(p for p, h in held_out.items() if not h)} a training shard: what is made "
-                                    f"of them would be neither training nor eval data (MLPerf never trains on the "
-                                    f"eval set); give each set on its own")
+                                    f"{next(p for p, h in held_out.items() if not h)} a training shard: give one set "
+                                    f"or the other (MLPerf never trains on the eval set, and an eval set of training "
+                                    f"records holds nothing out)")
         entries = tuple(chosen[path] for path in paths)
         return cls(tuple(paths), tuple(FileIdentity(path, f.bytes, f.head) for path, f in zip(paths, entries)),
                    first.packed, first.shapes, 0 if unknown else sequences, 0 if unknown else records, entries,
                    tuple(described), whole)
+
+
+def _kind(info: DatasetInfo) -> str:
+    """"packed data of L=128, P=20, S=3", say."""
+    shapes = info.shapes
+    return (f"{'packed' if info.packed else 'unpacked'} data of L={shapes.max_seq_length}, "
+            f"P={shapes.max_predictions_per_seq}" + (f", S={shapes.max_sequences_per_pack}" if info.packed else ""))
 
 
 def metadata_path(directory: str) -> str:

@@ -316,7 +316,7 @@ def test_eval_records_are_never_trained_on_whatever_way_they_take(corpus, unpack
                                             rf"data holds too"):
         require_apart(tfrecords(str(packed_held_out)), held_out, "--eval_files")
     with pytest.raises(DatasetFilesError, match=rf"--input_files: {held_out[0]} is a held-out file and {parts[0]} a "
-                                                rf"training shard: what is made of them would be neither training nor eval data"):
+                                                rf"training shard: give one set or the other"):
         pack_pretraining_dataset(held_out + parts, str(tmp_path / "mixed"), SETTINGS, num_workers=1)
 
 

@@ -9,12 +9,14 @@ from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, ru
 
 from bert_packed.dataset_info import (
     DataFile,
+    Dataset,
     DatasetInfo,
     DatasetInfoError,
     metadata_path,
     read_dataset_info,
     write_dataset_info,
 )
+from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
 from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset
 
@@ -106,3 +108,14 @@ def test_every_command_refuses_a_directory_of_another_kind(unpacked_dir, packed_
     with pytest.raises(OutputDirectoryError, match=rf"{packed}: holds packed data; a training run would be mixed"):
         make_trainer(config(packed, tfrecords(packed_dir))).train()
     assert not (packed / "train_log.jsonl").exists() and not (packed / "run.json").exists()
+
+
+def test_files_of_two_kinds_are_refused_naming_both_before_a_command_s_own_check(packed_dir, unpacked_dir):
+    asked = []
+    with pytest.raises(SettingsError, match=rf"^--input_file: the files mix datasets of other kinds or shapes: "
+                                            rf"{unpacked_dir} holds unpacked data of L={MAX_SEQ_LENGTH}, "
+                                            rf"P={MAX_PREDICTIONS}, {packed_dir} packed data of L={MAX_SEQ_LENGTH}, "
+                                            rf"P={MAX_PREDICTIONS}, S={MAX_SEQUENCES_PER_PACK}; give one kind$"):
+        Dataset.open([tfrecords(unpacked_dir)[0], tfrecords(packed_dir)[0]], "--input_file",
+                     require=lambda info, path: asked.append(path))
+    assert asked == []  # its advice ("use --input_mode=packed") would fit one of them only
