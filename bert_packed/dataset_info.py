@@ -468,19 +468,10 @@ class Dataset:
         groups: dict[str, list[str]] = {}
         for path in paths:
             groups.setdefault(os.path.dirname(path), []).append(path)
-        infos = {directory: read_dataset_info(directory) for directory in groups}
-        described = {directory: info for directory, info in infos.items() if info is not None}
+        described = _of_one_kind({directory: read_dataset_info(directory) for directory in groups}, flag)
         if not described:
             return cls(tuple(paths), tuple(FileIdentity.of(path) for path in paths))
-        if len(described) < len(groups):
-            bare = sorted(d for d, info in infos.items() if info is None)
-            raise SettingsError(f"{flag}: {bare[0]} has no metadata.json but the other files' directories do; give "
-                                f"one kind of data")
-        (first_directory, first), *others = described.items()
-        for directory, info in others:  # before the command's checks: their advice would fit one of them only
-            if (info.packed, info.shapes) != (first.packed, first.shapes):
-                raise SettingsError(f"{flag}: the files mix datasets of other kinds or shapes: {first_directory} "
-                                    f"holds {_kind(first)}, {directory} {_kind(info)}; give one kind")
+        first = next(iter(described.values()))
         for directory, info in described.items():
             require(info, metadata_path(directory))
         chosen: dict[str, DataFile] = {}
@@ -510,6 +501,23 @@ class Dataset:
         return cls(tuple(paths), tuple(FileIdentity(path, f.bytes, f.head) for path, f in zip(paths, entries)),
                    first.packed, first.shapes, 0 if unknown else sequences, 0 if unknown else records, entries,
                    tuple(described), whole)
+
+
+def _of_one_kind(infos: dict[str, DatasetInfo | None], flag: str) -> dict[str, DatasetInfo]:
+    """The described directories of `infos` ({} if none is), refused unless all are and hold data of one
+    kind and shape: checked before a command's own checks, whose advice would fit one of them only."""
+    described = {directory: info for directory, info in infos.items() if info is not None}
+    if described and len(described) < len(infos):
+        bare = sorted(d for d, info in infos.items() if info is None)
+        raise SettingsError(f"{flag}: {bare[0]} has no metadata.json but the other files' directories do; give "
+                            f"one kind of data")
+    if described:
+        (first_directory, first), *others = described.items()
+        for directory, info in others:
+            if (info.packed, info.shapes) != (first.packed, first.shapes):
+                raise SettingsError(f"{flag}: the files mix datasets of other kinds or shapes: {first_directory} "
+                                    f"holds {_kind(first)}, {directory} {_kind(info)}; give one kind")
+    return described
 
 
 def _kind(info: DatasetInfo) -> str:
