@@ -365,13 +365,31 @@ def test_every_input_format_gives_the_same_instances_of_the_same_documents(corpu
         with caplog.at_level(logging.INFO):
             caplog.clear()
             metadata = create_pretraining_dataset(inputs, str(tmp_path / input_format), settings, num_workers=1)
-        assert f"(--input_format={input_format}), detected in {inputs[0]}:" in caplog.text
+        assert f"(--input_format={input_format}), detected in {inputs[0]} and its 1 other files:" in caplog.text
         assert "warning" not in caplog.text.lower()
         assert metadata["settings"]["input_format"] == input_format
         for key in ("num_documents", "num_sentences", "num_sequences", "num_tokens", "random_next_fraction"):
             assert metadata[key] == expected[key], (input_format, key)
         for name, values in read_all(str(tmp_path / "wikiextractor")).items():
             np.testing.assert_array_equal(read_all(str(tmp_path / input_format))[name], values)
+
+
+def test_files_that_detect_as_other_formats_are_refused_naming_both(corpus, tmp_path):
+    """One sentence a line beside one document a line: read in one format, the second file's
+    articles would be cut into documents of a sentence each, IsNext pairs across articles."""
+    sentences = _write_in_format(corpus[:1], tmp_path, "sentences")[0]
+    documents = _write_in_format(corpus[1:], tmp_path, "documents")[0]
+    with pytest.raises(CorpusError) as refused:
+        create_pretraining_dataset([sentences, documents], str(tmp_path / "out"), dataset_settings(), num_workers=1)
+    assert str(refused.value) == (
+        f"{sentences} reads as one sentence a line, a blank line between documents (blank lines separate groups of "
+        f"lines) but {documents} as one document a line (no blank lines, and 8 of its first 8 lines hold several "
+        f"sentences): the files of one corpus are read in one format; give --input_format, or make records of each "
+        f"format in their own run")
+    assert not (tmp_path / "out").exists()
+    given = create_pretraining_dataset([sentences, documents], str(tmp_path / "given"),
+                                       dataclasses.replace(dataset_settings(), input_format="documents"), num_workers=1)
+    assert given["settings"]["input_format"] == "documents"
 
 
 def test_a_corpus_read_in_the_wrong_format_is_named_by_its_statistics(corpus, tmp_path, caplog):

@@ -219,13 +219,25 @@ def _job(input_files: list[str], output_dir: str, settings: DatasetSettings) -> 
 
 
 def resolve_input_format(input_files: list[str], settings: DatasetSettings) -> DatasetSettings:
-    """The settings with "auto" replaced by the format detected from the first input file, said
-    in one line: every file of the corpus is then read in that format."""
+    """The settings with "auto" replaced by the format detected in every input file, said in one
+    line: the corpus is read in that format.
+
+    Raises:
+      CorpusError: two files detect as different formats (a file of one document a line read as
+        sentences would cut its documents apart, silently), naming both.
+    """
     if settings.input_format != "auto":
         return settings
     input_format, reason = detect_format(input_files[0])
-    logging.info("input format: %s (--input_format=%s), detected in %s: %s", INPUT_FORMATS[input_format], input_format,
-                 input_files[0], reason)
+    for path in input_files[1:]:
+        other, other_reason = detect_format(path)
+        if other != input_format:
+            raise CorpusError(f"{input_files[0]} reads as {INPUT_FORMATS[input_format]} ({reason}) but {path} as "
+                              f"{INPUT_FORMATS[other]} ({other_reason}): the files of one corpus are read in one "
+                              f"format; give --input_format, or make records of each format in their own run")
+    logging.info("input format: %s (--input_format=%s), detected in %s%s: %s", INPUT_FORMATS[input_format],
+                 input_format, input_files[0], f" and its {len(input_files) - 1} other files" if input_files[1:] else "",
+                 reason)
     return dataclasses.replace(settings, input_format=input_format)
 
 
