@@ -2,6 +2,7 @@
 read by the real readers (transformers, keras-hub), not checked by names."""
 
 import json
+import logging
 import os
 
 import numpy as np
@@ -192,10 +193,17 @@ def test_the_export_holds_what_transformers_reads_and_every_format_round_trips(e
             np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
 
 
-def test_a_run_directory_exports_its_newest_weights(packed_dir, bert_config_file, tmp_path):
+def test_a_run_directory_exports_its_newest_weights(packed_dir, bert_config_file, tmp_path, caplog):
     trainer = make_trainer(config(tmp_path / "run", tfrecords(packed_dir), num_train_steps=2, save_checkpoints_steps=1,
                                   export_huggingface_dir=str(tmp_path / "by_the_run"), vocab_file=VOCAB))
     trainer.train()  # finished: model.ckpt-2 and by_the_run/ exported, checkpoints/ckpt-2
+    # The finished run given a new export directory exports there (once), from its last checkpoint.
+    for expected in ("exporting its weights to the new --export_huggingface_dir", "nothing to do"):
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            make_trainer(config(tmp_path / "run", tfrecords(packed_dir), num_train_steps=2, save_checkpoints_steps=1,
+                                export_huggingface_dir=str(tmp_path / "later"), vocab_file=VOCAB)).train()
+        assert f"{tmp_path / 'run'}: finished at step 2; {expected}" in caplog.text
     result = run_command("export_model", f"--checkpoint={tmp_path / 'run'}", f"--bert_config_file={bert_config_file}",
                          f"--vocab_file={VOCAB}", f"--output_dir={tmp_path / 'hf'}")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -205,7 +213,7 @@ def test_a_run_directory_exports_its_newest_weights(packed_dir, bert_config_file
                         f"--vocab_file={VOCAB}", f"--output_dir={tmp_path / 'hf'}")
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"{tmp_path / 'run' / 'checkpoints' / 'ckpt-2'} (step 2)" in again.stdout
-    for directory in ("hf", "by_the_run"):
+    for directory in ("hf", "by_the_run", "later"):
         loaded = BertPretrainingModel(BertConfig(**TINY))
         load_huggingface(loaded, str(tmp_path / directory))
         for mine, theirs in zip(loaded.weights, trainer.model.weights):

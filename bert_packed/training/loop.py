@@ -38,6 +38,7 @@ from bert_packed.errors import InternalError, TrainingError
 from bert_packed.input_pipeline import WATCHED_SINCE, reading_errors_named
 from bert_packed.model import export_google_checkpoint, export_huggingface, load_weights
 from bert_packed.model.checkpoint import checkpoint_step
+from bert_packed.model.huggingface import CONFIG_FILE
 from bert_packed.run_directory import RunDirectory
 from bert_packed.training.checkpoints import Checkpoints
 from bert_packed.training.config import TrainConfig, describe_run, eval_every_samples, require_divides
@@ -82,7 +83,8 @@ def train_and_evaluate(config: TrainConfig, train_data: TrainData, eval_data: Ev
     with files.exclusive(os.path.join(directory.path, ".lock"), "run_pretraining"):
         previous = _claim(directory, config, train_data, eval_data, step)
         if _resume(directory, config, step, checkpoints, previous):
-            logging.info("%s: finished at step %d; nothing to do", config.run.output_dir, int(step.step.numpy()))
+            if not _export_if_new(directory, config, step):
+                logging.info("%s: finished at step %d; nothing to do", config.run.output_dir, int(step.step.numpy()))
             return RunResult(RunLogs.last_train_record(directory), int(step.step.numpy()), None, directory)
         logs = RunLogs(directory)
         try:
@@ -340,11 +342,33 @@ def _finish(directory: RunDirectory, logs: RunLogs, config: TrainConfig, train_d
         path = export_google_checkpoint(step.model, directory.exported_weights(current), current)
         logging.debug("weights exported as %s (google-research/MLPerf TF1 names: an --init_checkpoint)", path)
         if config.run.export_huggingface_dir:
-            export_huggingface(step.model, config.run.export_huggingface_dir, config.run.vocab_file,
-                               config.run.do_lower_case)
-            logging.info("weights exported as a Hugging Face BERT directory: %s", config.run.export_huggingface_dir)
+            _export(config, step)
     logs.mlperf.run_stop(sequences, reached)
-    directory.write_info({**directory.read_info(), "finished": {"step": current, "reached": reached}})
+    exported = {"huggingface_dir": config.run.export_huggingface_dir} if config.run.export_huggingface_dir else {}
+    directory.write_info({**directory.read_info(), "finished": {"step": current, "reached": reached, **exported}})
+
+
+def _export(config: TrainConfig, step: CompiledStep) -> None:
+    export_huggingface(step.model, config.run.export_huggingface_dir, config.run.vocab_file, config.run.do_lower_case)
+    logging.info("weights exported as a Hugging Face BERT directory: %s", config.run.export_huggingface_dir)
+
+
+def _export_if_new(directory: RunDirectory, config: TrainConfig, step: CompiledStep) -> bool:
+    """A finished run given an --export_huggingface_dir it has not exported to (whole) exports its
+    last weights there (restored from its last checkpoint); returns whether it did."""
+    wanted = config.run.export_huggingface_dir
+    if not wanted or not chief(step.strategy)[0]:
+        return False
+    info = directory.read_info()
+    finished = info.get("finished") or {}
+    done = finished.get("huggingface_dir")
+    if done and files.absolute(done) == files.absolute(wanted) and files.exists(os.path.join(wanted, CONFIG_FILE)):
+        return False
+    logging.info("%s: finished at step %d; exporting its weights to the new --export_huggingface_dir",
+                 config.run.output_dir, int(step.step.numpy()))
+    _export(config, step)
+    directory.write_info({**info, "finished": {**finished, "huggingface_dir": wanted}})
+    return True
 
 
 def _save(directory: RunDirectory, checkpoints: Checkpoints, step: CompiledStep, train_data: TrainData) -> None:
