@@ -297,6 +297,40 @@ def test_bad_input_to_the_export_is_one_line_and_nothing_half_written_looks_comp
     assert sorted(os.listdir(out)) == sorted(EXPORT_FILES)
 
 
+def test_a_hugging_face_tensor_the_model_does_not_have_is_refused_naming_it(tmp_path):
+    """Tied copies equal to what they copy and the old position_ids buffer are nothing lost;
+    any other tensor left unread would be, and is named."""
+    from safetensors.numpy import load_file, save_file
+
+    from bert_packed.model import export_huggingface
+    from bert_packed.model.checkpoint import CheckpointError
+
+    source = random_model(TINY, seed=3)
+    directory = tmp_path / "hf"
+    export_huggingface(source, str(directory), VOCAB, True)
+    weights_file = directory / "model.safetensors"
+    tensors = load_file(str(weights_file))
+    embeddings = tensors["bert.embeddings.word_embeddings.weight"]
+    cases = [({"cls.predictions.decoder.weight": embeddings, "bert.embeddings.position_ids": np.arange(128)[None]},
+              None),
+             ({"cls.predictions.decoder.weight": embeddings + 1}, "cls.predictions.decoder.weight"),
+             ({"classifier.weight": np.zeros((2, 32), np.float32), "classifier.bias": np.zeros(2, np.float32)},
+              "classifier.bias, classifier.weight")]
+    for extra, named in cases:
+        save_file({**tensors, **extra}, str(weights_file), metadata={"format": "pt"})
+        loaded = BertPretrainingModel(BertConfig(**TINY))
+        if named is None:
+            assert load_huggingface(loaded, str(directory)) == len(tensors)
+            for mine, theirs in zip(loaded.weights, source.weights):
+                np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
+            continue
+        with pytest.raises(CheckpointError) as refused:
+            load_huggingface(loaded, str(directory))
+        assert str(refused.value) == (f"{weights_file}: holds {len(extra)} tensors the model does not have ({named}): "
+                                      f"another model's weights; give a BertForPreTraining or BertForMaskedLM "
+                                      f"directory")
+
+
 def test_init_checkpoint_takes_a_hugging_face_directory(packed_dir, unpacked_dir, exported, tmp_path):
     """Continuing pre-training from published weights: the config is checked against
     --bert_config_file, and the packed and the unpacked run start from the same loss."""

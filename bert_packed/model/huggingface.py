@@ -216,7 +216,8 @@ def load_huggingface(model: BertPretrainingModel, directory: str) -> int:
 
     Raises:
       CheckpointError: config.json differs from the model's config (require_same_model), no
-        model.safetensors, or listing every missing or mismatched weight.
+        model.safetensors, listing every missing or mismatched weight, or naming tensors the
+        model does not have (_unused_tensors).
     """
     require_same_model(directory, model.config)
     path = os.path.join(directory, WEIGHTS_FILE)
@@ -237,9 +238,37 @@ def load_huggingface(model: BertPretrainingModel, directory: str) -> int:
     problems = shape_problems(names, {name: value.shape for name, value in tensors.items()})
     if problems:
         raise CheckpointError(f"{path}: does not fit the model ({len(problems)} problems): " + "; ".join(problems))
+    unused = _unused_tensors(tensors, {name for name, _, _ in names}, model.next_sentence_prediction)
+    if unused:
+        originals = {_canonical(name): name for name in stored}
+        raise CheckpointError(f"{path}: holds {len(unused)} tensors the model does not have ("
+                              f"{', '.join(originals[name] for name in unused[:3])}{', ...' if unused[3:] else ''}): "
+                              f"another model's weights; give a BertForPreTraining or BertForMaskedLM directory")
     for name, weight, transposed in names:
         weight.assign(tensors[name].T if transposed else tensors[name])
     return len(names)
+
+
+# Tensors a BertForPreTraining file may hold beside the model's weights: tied copies, saved by
+# older transformers, and what they copy.
+_TIED = {"cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
+         "cls.predictions.decoder.bias": "cls.predictions.bias"}
+
+
+def _unused_tensors(tensors: dict[str, np.ndarray], wanted: set[str], next_sentence_prediction: bool) -> list[str]:
+    """The tensors (canonical names) that loading would leave unread and that are not known to be
+    nothing lost: older transformers' position_ids buffer, a tied copy equal to what it copies,
+    the next-sentence head of a model trained without one (--nsp_loss=false)."""
+    unused = []
+    for name in sorted(set(tensors) - wanted):
+        copied = _TIED.get(name)
+        if name == "bert.embeddings.position_ids" or (copied in tensors and np.array_equal(tensors[name],
+                                                                                           tensors[copied])):
+            continue
+        if not next_sentence_prediction and name.startswith(("bert.pooler.", "cls.seq_relationship.")):
+            continue
+        unused.append(name)
+    return unused
 
 
 def _canonical(name: str) -> str:
