@@ -324,7 +324,7 @@ def remove_leftovers(directory: str, of: str | None = None) -> list[str]:
         if not match or name.startswith(".lock") or (of is not None and not name.startswith(f".{of}.tmp-")):
             continue
         pid = int(match.group(1))
-        if pid == os.getpid() or ("://" not in directory and _alive({"host": socket.gethostname(), "pid": pid})):
+        if pid == os.getpid() or ("://" not in directory and still_running({"host": socket.gethostname(), "pid": pid})):
             continue
         path = os.path.join(directory, name)
         rmtree(path) if isdir(path) else remove(path)
@@ -446,8 +446,7 @@ def exclusive(lock_path: str, what: str):
     Raises:
       DirectoryLockedError: naming the holder (command, host, pid, start time).
     """
-    holder = {"command": what, "host": socket.gethostname(), "pid": os.getpid(),
-              "started": time.strftime("%Y-%m-%d %H:%M:%S"), "process_start": _process_start(os.getpid()),
+    holder = {"command": what, **this_process(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
               "claim": os.urandom(8).hex()}
     where = os.path.dirname(lock_path) or "."
     if "://" not in lock_path:
@@ -475,7 +474,7 @@ def _locked(lock_path: str, holder: dict, where: str):
                 if e.errno != errno.EEXIST:
                     raise
                 current = _lock_holder(lock_path)
-                if current is None or _alive(current):
+                if current is None or still_running(current):
                     raise DirectoryLockedError(_held_message(where, lock_path, current)) from None
                 try:  # stale: whoever renames it away takes over; the others find the new holder
                     os.rename(lock_path, f"{lock_path}.stale-{os.getpid()}")
@@ -497,7 +496,7 @@ def _claimed(claim_path: str, holder: dict):
     """The claim of exclusive() on a bucket: `claim_path` names `holder` for the block. A claim
     of this host's process that no longer runs is replaced; any other refuses."""
     current = _lock_holder(claim_path)
-    if current is None or (current and _alive(current)):
+    if current is None or (current and still_running(current)):
         raise DirectoryLockedError(_held_message(os.path.dirname(claim_path), claim_path, current))
 
     def confirm() -> None:
@@ -534,7 +533,14 @@ def _lock_holder(lock_path: str) -> dict | None:
     return holder if isinstance(holder, dict) and holder else None
 
 
-def _alive(holder: dict) -> bool:
+def this_process() -> dict:
+    """This process as still_running tells it apart from a later one given its pid."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "process_start": _process_start(os.getpid())}
+
+
+def still_running(holder: dict) -> bool:
+    """Whether the process of `holder` (this_process()'s, or a lock's holder) still runs: on
+    another host, it is taken to."""
     if not holder:
         return False
     if holder.get("host") != socket.gethostname():

@@ -8,6 +8,8 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -81,6 +83,55 @@ def test_two_worker_processes_write_the_single_machine_commands_output(tmp_path)
     assert same_files(tmp_path / "packed_local", tmp_path / "packed_beam") == []
     assert metadata_without_timings(tmp_path / "packed_local") == metadata_without_timings(tmp_path / "packed_beam")
     assert not os.path.exists(tmp_path / "packed_beam" / ".work")
+
+
+def _workers_of(pid):
+    """The processes whose parent is `pid` and that run bert_packed.beam.worker."""
+    found = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/stat") as stat, open(f"/proc/{name}/cmdline") as cmdline:
+                parent, command = int(stat.read().rsplit(")", 1)[1].split()[1]), cmdline.read()
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        if parent == pid and "bert_packed.beam.worker" in command:
+            found.append(int(name))
+    return found
+
+
+def _running(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_a_command_killed_with_kill_9_takes_its_worker_processes_with_it(tmp_path):
+    """Beam's local workers ran on after a kill -9 of the command, writing, two more with every
+    rerun: each now ends within about a second of the command, and the same command completes."""
+    corpus = write_corpus(str(tmp_path), num_files=2)
+    create = [f"--input_file={','.join(corpus)}", f"--vocab_file={VOCAB}", *SHAPES, "--dupe_factor=20",
+              f"--output_dir={tmp_path / 'out'}", *TWO_PROCESSES]
+    driver = subprocess.Popen([sys.executable, "-m", "bert_packed.beam", "create", *create], cwd=REPO,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while len(workers := _workers_of(driver.pid)) < 2 and driver.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(workers) == 2, "the command's two worker processes did not start"
+    driver.kill()
+    driver.wait()
+    deadline = time.monotonic() + 5
+    while any(map(_running, workers)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [pid for pid in workers if _running(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "worker processes ran on after the command was killed"
+    result = beam("create", *create)
+    assert result.returncode == 0, result.stderr
+    assert read_dataset_info(str(tmp_path / "out")).num_records > 0
 
 
 def test_a_failed_pack_pipeline_commits_nothing_and_the_same_command_completes_it(unpacked_dir, tmp_path,

@@ -33,7 +33,11 @@ from __future__ import annotations
 import contextlib
 import importlib
 import io
+import json
+import os
 import re
+import shlex
+import sys
 import threading
 import time
 
@@ -43,7 +47,10 @@ from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions,
 from apache_beam.options.pipeline_options_validator import PipelineOptionsValidator
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.runners.runner import PipelineRunner, create_runner
+from apache_beam.transforms.environments import SubprocessSDKEnvironment
 
+from bert_packed import files
+from bert_packed.beam import worker
 from bert_packed.errors import SettingsError, UserError
 from bert_packed.output_job import OutputJob, WorkUnits
 from bert_packed.packing import packer
@@ -117,6 +124,19 @@ def _runner(options: PipelineOptions) -> PipelineRunner:
         raise SettingsError(f"--runner={name}: {error}") from None
 
 
+def _here(options: PipelineOptions) -> tuple[FnApiRunner, PipelineOptions]:
+    """Beam's FnApiRunner and the options to run it with: worker processes (multi_processing) are
+    Beam's own, started as bert_packed.beam.worker, which ends with this process."""
+    if options.view_as(DirectOptions).direct_running_mode != "multi_processing":
+        return FnApiRunner(), options
+    # For multi_processing Beam sets its own command; for in_memory it keeps the environment given
+    # here, and starts direct_num_workers of it all the same.
+    options = PipelineOptions.from_dictionary({**options.get_all_options(drop_default=True),
+                                               "direct_running_mode": "in_memory"})
+    command = f"exec {shlex.quote(sys.executable)} -m bert_packed.beam.worker"
+    return FnApiRunner(default_environment=SubprocessSDKEnvironment.from_command_string(command)), options
+
+
 class WorkerInputError(UserError, RuntimeError):
     """Bad input that a worker found (a corrupt record, say): its one line, as the worker said it."""
 
@@ -149,7 +169,7 @@ def _run(options: PipelineOptions, build) -> float:
         traceback in a RuntimeError of its own).
       RunnerError: a thread of the runner failed, the pipeline left running.
     """
-    runner = _runner(options)
+    runner, options = (_runner(options), options) if options.view_as(StandardOptions).runner else _here(options)
     failed = []
 
     def run_pipeline():
@@ -167,6 +187,8 @@ def _run(options: PipelineOptions, build) -> float:
     start = time.perf_counter()
     # A daemon, as the threads Beam starts from it: an interrupted command exits without them.
     thread = threading.Thread(target=run_pipeline, name=PIPELINE_THREAD, daemon=True)
+    if not options.view_as(StandardOptions).runner:  # its worker processes, if any, end with this one
+        os.environ[worker.DRIVER] = json.dumps(files.this_process())
     try:
         thread.start()
         while thread.is_alive() and not thread_failures:
@@ -175,6 +197,7 @@ def _run(options: PipelineOptions, build) -> float:
             thread.join(5)  # a failure as the pipeline ends lets it end
     finally:
         threading.excepthook = excepthook
+        os.environ.pop(worker.DRIVER, None)
     if thread.is_alive():
         raise RunnerError(f"the runner failed: {type(thread_failures[0]).__name__}: {thread_failures[0]} (a worker "
                           f"process killed, out of memory say, or one that could not start). Finished files are kept; "
