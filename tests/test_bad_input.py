@@ -211,11 +211,13 @@ def test_pack_refuses_a_symlink_loop_its_glob_matches_and_an_unwritable_director
     assert_one_line(result, "/sys/bert_packed_cannot_write_here: Operation not permitted")
     result = command("scripts/pack_pretraining_data.py", *base, f"--output_dir=file://{UNWRITABLE}")
     assert_one_line(result, "Operation not permitted")
-    # A directory that is there but refuses files: the line names it, not the lock file written
-    # first in it (that write was outside the storage layer: an internal error, exit 1).
+    # A directory that is there but refuses files: the line names the flag and the directory, not
+    # the lock file written first in it (that write was outside the storage layer: an internal
+    # error, exit 1).
     for output in (EXISTING_UNWRITABLE, f"file://{EXISTING_UNWRITABLE}"):
         result = command("scripts/pack_pretraining_data.py", *base, f"--output_dir={output}")
-        assert_one_line(result, f"pack_pretraining_data: error: {output}: Permission denied")
+        assert_one_line(result, f"pack_pretraining_data: error: --output_dir: {output}: Permission denied; give an "
+                                f"--output_dir this process may write to")
 
 
 def test_an_output_file_that_is_a_directory_is_refused_before_the_work(create_args, tmp_path):

@@ -220,6 +220,12 @@ def test_bad_input_is_one_line_before_anything_runs(unpacked_dir, tmp_path, args
     assert not output.exists()
 
 
+def test_help_is_on_stdout_and_ends_on_a_newline():
+    result = run_command("create_pretraining_data", "--help", launcher="beam")
+    assert result.returncode == 0 and result.stderr == ""
+    assert result.stdout.startswith("Data preparation on Apache Beam") and result.stdout.endswith("cluster commands.\n")
+
+
 def test_without_beam_installed_the_command_says_what_to_install(unpacked_dir, tmp_path, monkeypatch):
     """make run installs the main job's needs only: Beam comes with make test or its extra."""
     import importlib.util

@@ -154,7 +154,7 @@ def test_an_output_under_a_missing_directory_or_a_file_is_one_line_naming_it(tmp
     for parent, reason in ((tmp_path / "missing", "No such file or directory"), (tmp_path / "a_file", "Not a directory")):
         result = run_command("compare_curves", run, f"--output={parent / 'curves.png'}")
         assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
-        assert result.stderr.strip().splitlines()[-1] == f"compare_curves: error: {parent}: {reason}"
+        assert result.stderr.strip().splitlines()[-1] == f"compare_curves: error: --output: {parent}: {reason}"
     assert sorted(os.listdir(tmp_path)) == ["a_file", "run"]  # no lock file left beside them
 
 

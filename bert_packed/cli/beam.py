@@ -171,7 +171,8 @@ def entry_point():
     global PROGRAM
     PROGRAM = "bert_packed.beam"
     if sys.argv[1:2] in (["-h"], ["--help"], ["--helpshort"]):
-        exit_with(0, __doc__.strip())
+        print(__doc__.strip())  # on stdout, as every command's --help
+        sys.exit(0)
     name = sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("-") else ""
     if name not in COMMANDS:
         exit_with(2, f"{PROGRAM}: error: {'unknown command ' + repr(name) if name else 'no command'}: give create or "

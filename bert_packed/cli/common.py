@@ -22,6 +22,7 @@ The errors are told apart by their classes alone: each was converted where it ha
 from __future__ import annotations
 
 import collections
+import errno
 import logging
 import os
 import re
@@ -113,13 +114,26 @@ def _fail_on_storage(error: StorageError, program: str, output_flag: str | tuple
         exit_with(EXIT_TRY_AGAIN, f"{program}: the storage failed a request, retried ({error.kind}: {error.reason}). "
                                   f"{kept}, and nothing half-written is taken for finished: run the same command "
                                   f"again to continue (exit status {EXIT_TRY_AGAIN})")
-    if not error.disk_full:
-        fail(program, error)
     names = (output_flag,) if isinstance(output_flag, str) else output_flag
+    if not error.disk_full:
+        flag = next((name for name in names if _within(error.path, getattr(flags.FLAGS, name))), None)
+        if flag is None:
+            fail(program, error)
+        refused = error.errno in (errno.EROFS, errno.EACCES, errno.EPERM) or error.kind == "PermissionDeniedError"
+        fail(program, f"--{flag}: {error}" + (f"; give an --{flag} this process may write to" if refused else ""))
     where = error.path or next(
         (getattr(flags.FLAGS, name) for name in names if getattr(flags.FLAGS, name)), tempfile.gettempdir())
     fail(program, f"{where}: the disk is full ({error.reason}). {kept}; partial files were removed. Free some "
                   f"space and run the same command again to continue")
+
+
+def _within(path: str | None, directory) -> bool:
+    """Whether `path` is the directory `directory` (a flag's value), in it, or a parent that it
+    would be made in."""
+    if not path or not isinstance(directory, str) or not directory:
+        return False
+    path, directory = path.rstrip("/"), directory.rstrip("/")
+    return path == directory or path.startswith(directory + "/") or directory.startswith(path + "/")
 
 
 def _flags_parser(main: Callable[[list[str]], None], program: str, positional: bool, pass_on: bool) -> Callable:
