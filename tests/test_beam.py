@@ -15,7 +15,7 @@ import time
 
 import apache_beam
 import pytest
-from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, VOCAB, run_command, write_corpus
+from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, VOCAB, run_command, tfrecords, write_corpus
 
 from bert_packed import files
 from bert_packed.beam import pipelines
@@ -168,6 +168,25 @@ def test_a_failed_pack_pipeline_commits_nothing_and_the_same_command_completes_i
     assert gone.returncode == 2 and gone.stderr.strip().endswith(
         f"{output / 'packed-00002-of-00003.tfrecord'}: gone (1 of the 4 files its metadata.json lists): the dataset "
         f"is no longer whole; remove {output} and run the same command again"), gone.stderr
+
+
+def test_a_pipelines_lock_names_the_beam_command(unpacked_dir, tmp_path, monkeypatch):
+    """The single-machine command started while a pipeline writes the same output is refused,
+    naming the command that holds it as the user ran it."""
+    pack = [f"--input_files={unpacked_dir}/part-*.tfrecord", "--num_shards=2"]
+    output = tmp_path / "beam"
+    write_shard, refusals = pipelines.write_shard, []
+
+    def meanwhile(*args):
+        if not refusals:
+            with pytest.raises(files.DirectoryLockedError) as refused:
+                pipelines.pack_pretraining_dataset(tfrecords(unpacked_dir), str(output), args[3])
+            refusals.append(str(refused.value))
+        return write_shard(*args)
+
+    monkeypatch.setattr(pipelines, "write_shard", meanwhile)
+    assert beam("pack", *pack, f"--output_dir={output}").returncode == 0
+    assert refusals[0].startswith(f"{output}: in use by bert_packed.beam pack (pid {os.getpid()} on ")
 
 
 def test_a_create_pipeline_resumes_the_shards_it_did_not_write(tmp_path, monkeypatch):

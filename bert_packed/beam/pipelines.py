@@ -235,7 +235,8 @@ def create_on_beam(input_files: list[str], output_dir: str, settings: DatasetSet
             | "Spread" >> beam.Reshuffle()
             | "Shards" >> beam.Map(make_file_shards, units, output_dir, settings)))
 
-    return create_pretraining_dataset(input_files, output_dir, settings, make_shards=make_shards)
+    return create_pretraining_dataset(input_files, output_dir, settings, make_shards=make_shards,
+                                      command="bert_packed.beam create")
 
 
 def pack_on_beam(input_files: list[str], output_dir: str, settings: PackSettings, options: PipelineOptions) -> dict:
@@ -256,6 +257,7 @@ class BeamPasses:
     """
 
     shared_work = True
+    command = "bert_packed.beam pack"
 
     def __init__(self, options: PipelineOptions):
         self.options = options

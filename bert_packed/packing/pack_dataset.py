@@ -79,8 +79,7 @@ def pack_pretraining_dataset(input_files: list[str], output_dir: str, settings: 
     # A run is its settings and inputs' paths (another is refused) and their content (when that
     # changed, the run is done again): each input's size and the hash of its beginning, cheap.
     sources = [files.absolute(path) for path in input_files]
-    job = OutputJob(output_dir, "pack_pretraining_data", "packed data", {"settings": settings.to_dict(),
-                                                                         "sources": sources},
+    job = OutputJob(output_dir, passes.command, "packed data", {"settings": settings.to_dict(), "sources": sources},
                     sources, outputs=("packed-",), shared_work=passes.shared_work)
     done = job.finished()
     if done is not None:
@@ -140,6 +139,7 @@ class LocalPasses:
     core), the work (bucket files, appended to and memory-mapped) on its disk."""
 
     shared_work = False  # a bucket's output gets its work in a local directory (appends, memory maps)
+    command = "pack_pretraining_data"  # in the output's lock, for whoever finds it held
 
     def __init__(self, num_workers: int = 0):
         self.num_workers = num_workers

@@ -164,7 +164,8 @@ def _passes(settings: DatasetSettings) -> list[int]:
 
 
 def create_pretraining_dataset(input_files: list[str], output_dir: str, settings: DatasetSettings,
-                               num_workers: int = 0, make_shards: Callable | None = None) -> dict:
+                               num_workers: int = 0, make_shards: Callable | None = None,
+                               command: str = "create_pretraining_data") -> dict:
     """Writes the unpacked dataset; returns the metadata (also written to metadata.json).
 
     Args:
@@ -176,6 +177,7 @@ def create_pretraining_dataset(input_files: list[str], output_dir: str, settings
         (a ShardJob) is one input file's unwritten shards, for make_file_shards, which saves
         each shard's summary in `units` (WorkUnits). None: this machine's processes;
         bert_packed.beam gives a Beam pipeline's.
+      command: the command run, named in the output's lock for whoever finds it held.
 
     Raises:
       CorpusError / VocabularyError: bad input, naming the file.
@@ -187,7 +189,7 @@ def create_pretraining_dataset(input_files: list[str], output_dir: str, settings
         raise CorpusError("no input files")
     tokenizer = Tokenizer(settings.vocab_file, settings.do_lower_case)  # fails early on a bad vocabulary
     settings = resolve_input_format(input_files, settings)
-    job = _job(input_files, output_dir, settings)
+    job = _job(input_files, output_dir, settings, command)
     done = job.finished()
     if done is not None:
         return done
@@ -202,7 +204,8 @@ def create_pretraining_dataset(input_files: list[str], output_dir: str, settings
         return job.commit(_description(job, settings))
 
 
-def _job(input_files: list[str], output_dir: str, settings: DatasetSettings) -> OutputJob:
+def _job(input_files: list[str], output_dir: str, settings: DatasetSettings,
+         command: str = "create_pretraining_data") -> OutputJob:
     """The OutputJob of a run (its settings' input format resolved).
 
     A run is its settings (the vocabulary by its content) and its inputs by name, not by folder: a
@@ -214,7 +217,7 @@ def _job(input_files: list[str], output_dir: str, settings: DatasetSettings) -> 
     sources = [files.absolute(path) for path in input_files]
     identity = {"settings": {key: value for key, value in settings.to_dict().items() if key != "vocab_file"},
                 "sources": [os.path.basename(path) for path in sources]}
-    return OutputJob(output_dir, "create_pretraining_data", "unpacked data", identity, sources,
+    return OutputJob(output_dir, command, "unpacked data", identity, sources,
                      outputs=("part-", "eval-"), identify=_source_identity, shared_work=True)
 
 
