@@ -390,3 +390,17 @@ def test_l_and_p_come_from_the_data_s_metadata_when_not_given(packed_dir, unpack
     assert other.returncode == 2
     assert other.stderr.strip().splitlines()[-1].endswith(f"metadata.json says max_seq_length={MAX_SEQ_LENGTH}, "
                                                           f"but --max_seq_length=256")
+
+
+def test_an_unknown_flag_in_a_flagfile_names_the_flagfile_and_line(tmp_path):
+    inner, outer = tmp_path / "inner.cfg", tmp_path / "outer.cfg"
+    inner.write_text("--max_seq_length=128\n--bogus_flag=3\n")
+    outer.write_text(f"--train_batch_size=8\n--flagfile={inner}\n")
+    assert_one_line(command("run_pretraining.py", f"--flagfile={outer}"),
+                    f"run_pretraining: error: {inner}:2: unknown flag --bogus_flag (no flag of this command has "
+                    f"that name)")
+    assert_one_line(command("run_pretraining.py", "--bogus_flag=3"),
+                    "run_pretraining: error: Unknown command line flag 'bogus_flag'")
+    assert_one_line(command("scripts/pack_pretraining_data.py", f"--flagfile={tmp_path / 'missing.cfg'}"),
+                    f"pack_pretraining_data: error: --flagfile: cannot read it ([Errno 2] No such file or directory: "
+                    f"'{tmp_path / 'missing.cfg'}')")

@@ -127,6 +127,32 @@ def _fail_on_storage(error: StorageError, program: str, output_flag: str | tuple
                   f"space and run the same command again to continue")
 
 
+def _unknown_flag(error: flags.UnrecognizedFlagError, args: list[str]) -> str:
+    """absl's refusal of a flag no command defines, naming the flagfile and line that gave it (a
+    flagfile may name another) when the command line did not."""
+    name = error.flagname
+    spellings = (f"--{name}", f"-{name}", f"--no{name}", f"-no{name}")
+    if any(arg.split("=", 1)[0] in spellings for arg in args):
+        return str(error)
+    seen, pending = set(), [arg.split("=", 1)[1] for arg in args if arg.startswith(("--flagfile=", "-flagfile="))]
+    while pending:
+        path = pending.pop(0)
+        if path in seen:
+            continue
+        seen.add(path)
+        try:
+            with open(path, encoding="utf-8") as f:
+                lines = [line.strip() for line in f]
+        except (OSError, UnicodeDecodeError):
+            continue
+        for number, line in enumerate(lines, 1):
+            if line.split("=", 1)[0] in spellings:
+                return f"{path}:{number}: unknown flag {line.split('=', 1)[0]} (no flag of this command has that name)"
+            if line.startswith(("--flagfile=", "-flagfile=")):
+                pending.append(line.split("=", 1)[1])
+    return str(error)
+
+
 def _within(path: str | None, directory) -> bool:
     """Whether `path` is the directory `directory` (a flag's value), in it, or a parent that it
     would be made in."""
@@ -150,6 +176,10 @@ def _flags_parser(main: Callable[[list[str]], None], program: str, positional: b
             sys.exit(0)
         try:
             rest = flags.FLAGS(argv, known_only=pass_on)
+        except flags.UnrecognizedFlagError as e:
+            fail(program, _unknown_flag(e, argv[1:]))
+        except flags.CantOpenFlagFileError as e:
+            fail(program, f"--flagfile: cannot read it ({str(e).split('flagfile: ', 1)[-1]})")
         except flags.Error as e:
             fail(program, e)
         if len(rest) > 1 and not positional and not pass_on:
