@@ -164,6 +164,21 @@ def open_file(path: str, mode: str = "r"):
     return opened if isinstance(opened, io.StringIO) else _StorageFile(opened, path)
 
 
+# The first bytes of the compressed formats that corpora are shipped in.
+_COMPRESSIONS = ((b"\x1f\x8b", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"), (b"\x28\xb5\x2f\xfd", "zstd"),
+                 (b"PK\x03\x04", "zip"))
+
+
+def compression(path: str) -> str | None:
+    """The compression of the file at `path`, from its first bytes: "gzip", "bzip2", "xz", "zstd"
+    or "zip"; None for any other file."""
+    with open_file(path, "rb") as f:
+        head = f.read(10)
+    if head.startswith(b"BZh") and head[4:10] != b"1AY&SY":  # text that begins "BZh", not bzip2's block
+        return None
+    return next((name for magic, name in _COMPRESSIONS if head.startswith(magic)), None)
+
+
 def _open(path: str, mode: str):
     gfile = _gfile(path)
     if gfile is not None:

@@ -392,6 +392,37 @@ def test_files_that_detect_as_other_formats_are_refused_naming_both(corpus, tmp_
     assert given["settings"]["input_format"] == "documents"
 
 
+def test_compressed_corpora_give_the_same_records_and_a_damaged_one_is_one_line(corpus, tmp_path):
+    import bz2
+    import gzip
+    import lzma
+
+    settings = dataset_settings(dupe_factor=1)
+    create_pretraining_dataset(corpus, str(tmp_path / "plain"), settings, num_workers=1)
+    expected = read_all(str(tmp_path / "plain"))
+    for suffix, compress in ((".gz", gzip.compress), (".bz2", bz2.compress), (".xz", lzma.compress)):
+        inputs = []
+        for path in corpus:
+            inputs.append(str(tmp_path / (os.path.basename(path) + suffix)))
+            with open(path, "rb") as source, open(inputs[-1], "wb") as f:
+                f.write(compress(source.read()))
+        output = str(tmp_path / suffix[1:])
+        create_pretraining_dataset(inputs, output, settings, num_workers=1)
+        for name, values in expected.items():
+            np.testing.assert_array_equal(read_all(output)[name], values)
+    cut = tmp_path / "cut.gz"
+    cut.write_bytes((tmp_path / (os.path.basename(corpus[0]) + ".gz")).read_bytes()[:600])
+    zstd = tmp_path / "text.zst"
+    zstd.write_bytes(b"\x28\xb5\x2f\xfd" + bytes(20))
+    for path, message in ((cut, rf"^{cut}: gzip-compressed, and it cannot be decompressed after line \d+ \(Compressed "
+                                rf"file ended before the end-of-stream marker was reached\): cut short or damaged\?$"),
+                          (zstd, rf"^{zstd}: zstd-compressed; decompress it first \(gzip, bzip2 and xz files are read "
+                                 rf"as they are\)$")):
+        with pytest.raises(CorpusError, match=message):
+            create_pretraining_dataset([str(path)], str(tmp_path / "refused"), settings, num_workers=1)
+    assert not (tmp_path / "refused").exists()
+
+
 def test_a_corpus_read_in_the_wrong_format_is_named_by_its_statistics(corpus, tmp_path, caplog):
     """One document a line, read as one sentence a line: one document a file; documents of one
     sentence each: nearly every next segment random. Each warned in one line naming the format."""

@@ -164,3 +164,19 @@ def test_random_and_mutated_bytes_are_read_as_the_framing_says_or_refused(tmp_pa
     else:
         assert list(read_records(str(path))) == expected
         assert [r.numpy() for r in tf.data.TFRecordDataset(str(path))] == expected  # TensorFlow agrees
+
+
+def test_a_compressed_file_says_it_is_compressed(tmp_path):
+    import bz2
+    import gzip
+
+    path = tmp_path / "records.tfrecord"
+    with TFRecordWriter(str(path)) as writer:
+        writer.write_all([b"first", b"second"])
+    for kind, compress in (("gzip", gzip.compress), ("bzip2", bz2.compress)):
+        compressed = tmp_path / f"records.{kind}"
+        compressed.write_bytes(compress(path.read_bytes()))
+        with pytest.raises(CorruptRecordError) as refused:
+            list(read_records(str(compressed)))
+        assert str(refused.value) == (f"{compressed}: {kind}-compressed; TFRecord files are read uncompressed: "
+                                      f"decompress it first")

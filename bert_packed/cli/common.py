@@ -36,6 +36,7 @@ from typing import NoReturn
 
 from absl import app, flags
 
+from bert_packed import files
 from bert_packed.errors import StorageError, UserError
 
 # Interrupted by SIGINT (Ctrl-C): the shell's 128 + 2.
@@ -141,7 +142,7 @@ def _unknown_flag(error: flags.UnrecognizedFlagError, args: list[str]) -> str:
             continue
         seen.add(path)
         try:
-            with open(path, encoding="utf-8") as f:
+            with files.open_file(path) as f:
                 lines = [line.strip() for line in f]
         except (OSError, UnicodeDecodeError):
             continue

@@ -15,13 +15,16 @@ abbreviations, initials and decimal numbers.
 
 from __future__ import annotations
 
+import bz2
 import contextlib
 import dataclasses
 import errno
 import functools
+import gzip
 import itertools
 import json
 import logging
+import lzma
 import re
 
 from bert_packed import files
@@ -43,6 +46,10 @@ _LAST_WORD = re.compile(r"(\S+)$")
 # at spaces into pieces of at most this many characters: the tokenizer then works on bounded
 # pieces, and each piece can fill an instance instead of being truncated into one.
 MAX_SENTENCE_CHARACTERS = 4_000
+
+
+# Compressed corpora are read as they are (files.compression tells which).
+_DECOMPRESS = {"gzip": gzip.open, "bzip2": bz2.open, "xz": lzma.open}
 
 
 class CorpusError(UserError, ValueError):
@@ -197,22 +204,40 @@ def _numbered_lines(path: str):
         raise CorpusError(f"{path}: {files.size(path) / 2**20:,.0f} MB; one input file is one unit of work held in "
                           f"memory, at most {MAX_INPUT_BYTES >> 20} MB: split it (split -C {MAX_INPUT_BYTES >> 20}M, "
                           f"at line ends; MLPerf's shards are about 25 MB)")
-    number, whole = 0, True
+    number, whole, characters, kind = 0, True, 0, None
     try:
-        with files.open_file(path) as f:
+        kind = files.compression(path)
+        if kind in ("zstd", "zip"):
+            raise CorpusError(f"{path}: {kind}-compressed; decompress it first (gzip, bzip2 and xz files are read as "
+                              f"they are)")
+        with contextlib.ExitStack() as opened:
+            if kind is None:
+                f = opened.enter_context(files.open_file(path))
+            else:
+                f = opened.enter_context(_DECOMPRESS[kind](opened.enter_context(files.open_file(path, "rb")), "rt",
+                                                           encoding="utf-8"))
             for line in iter(lambda: f.readline(MAX_LINE_CHARACTERS), ""):
                 number += whole  # a line longer than MAX_LINE_CHARACTERS comes in pieces of one number
                 if number == 1 and whole:
                     line = line.removeprefix("\ufeff")  # a byte-order mark is not text
                 whole = line.endswith("\n")
+                characters += len(line)
+                if characters > MAX_INPUT_BYTES:
+                    raise CorpusError(f"{path}: more than {MAX_INPUT_BYTES >> 20} MB of text once decompressed; one "
+                                      f"input file is one unit of work held in memory: split it")
                 yield number, line
     except UnicodeDecodeError:
-        raise CorpusError(f"{path}: not UTF-8 text (near line {number + 1}): expected {_FORMATS_TEXT}") from None
+        compressed = f" once {kind}-decompressed" if kind else ""
+        raise CorpusError(f"{path}: not UTF-8 text{compressed} (near line {number + 1}): expected "
+                          f"{_FORMATS_TEXT}") from None
     except StorageError as e:
         if e.retry_may_help:
             raise
         reason = "no such input file" if e.errno == errno.ENOENT else f"cannot read: {e.reason}"
         raise CorpusError(f"{path}: {reason}") from None
+    except (EOFError, OSError, lzma.LZMAError) as e:  # the decompressor's: the storage's are StorageErrors
+        raise CorpusError(f"{path}: {kind}-compressed, and it cannot be decompressed after line {number} ({e}): cut "
+                          f"short or damaged?") from None
 
 
 def _read_wikiextractor(path: str, lines):

@@ -148,7 +148,7 @@ def read_record_batches(path: str, batch_size: int = 1024, block_bytes: int = 16
             index += count
             if error:
                 what = "length" if error == 1 else "data"
-                raise CorruptRecordError(f"{path}: record {index}: {what} checksum mismatch (corrupt file?)")
+                raise _corrupt(path, index, f"{what} checksum mismatch (corrupt file?)")
             pending = data[used:]
             if len(pending) >= 12:  # a checked header whose record is not yet read, or too long
                 declared = int.from_bytes(pending[:8], "little")
@@ -157,12 +157,22 @@ def read_record_batches(path: str, batch_size: int = 1024, block_bytes: int = 16
                     raise CorruptRecordError(f"{path}: record {index}: declares {declared:,} bytes, more than a "
                                              f"record of these features can hold ({max_record_bytes:,})")
                 if declared + 16 > left:
-                    raise CorruptRecordError(f"{path}: record {index}: truncated data (it declares {declared:,} "
-                                             f"bytes, the file ends {max(left - 16, 0):,} bytes after its header)")
+                    raise _corrupt(path, index, f"truncated data (it declares {declared:,} bytes, the file ends "
+                                                f"{max(left - 16, 0):,} bytes after its header)")
             if not block:
                 if pending:
-                    raise CorruptRecordError(f"{path}: record {index}: truncated header (file ends mid-record)")
+                    raise _corrupt(path, index, "truncated header (file ends mid-record)")
                 return
+
+
+def _corrupt(path: str, index: int, what: str) -> CorruptRecordError:
+    """The error of record `index`; a file whose first record breaks because it is compressed says
+    so (TFRecord files are written, and read here, uncompressed)."""
+    kind = files.compression(path) if index == 0 else None
+    if kind:
+        return CorruptRecordError(f"{path}: {kind}-compressed; TFRecord files are read uncompressed: decompress it "
+                                  f"first")
+    return CorruptRecordError(f"{path}: record {index}: {what}")
 
 
 def read_records(path: str) -> Iterator[bytes]:
