@@ -239,12 +239,19 @@ def inside_baseline_spread(baseline: Configuration, other: Configuration) -> tup
     return inside, compared, worst
 
 
-def automatic_accuracy(runs: list[Run]) -> float:
-    """A target every run reaches and that tells runs apart: 90% of the way from the lowest first
-    evaluation to the lowest final one (0.0954 and 0.1054 give 0.1044)."""
-    first = min(run.evals[0].get("mlm_accuracy", 0.0) for run in runs)
-    final = min(run.evals[-1].get("mlm_accuracy", 0.0) for run in runs)
-    return first + 0.9 * (final - first)
+def first_and_final(runs: list[Run]) -> tuple[float, float]:
+    """The highest first evaluation of the runs, and their lowest final one (MLM accuracy)."""
+    return (max(run.evals[0].get("mlm_accuracy", 0.0) for run in runs),
+            min(run.evals[-1].get("mlm_accuracy", 0.0) for run in runs))
+
+
+def automatic_accuracy(runs: list[Run]) -> float | None:
+    """A target that every run reaches and none meets at its first evaluation, so that the runs
+    are told apart by how fast they rise: 90% of the way from the highest first evaluation to the
+    lowest final one (0.0954 and 0.1054 give 0.1044). None when the curves do not rise past every
+    first evaluation (flat): no time to a target would mean anything."""
+    first, final = first_and_final(runs)
+    return first + 0.9 * (final - first) if final > first else None
 
 
 def _source(runs: list[Run]) -> str:
@@ -252,7 +259,7 @@ def _source(runs: list[Run]) -> str:
     return "eval" if all(run.evals for run in runs) else "train"
 
 
-def summary_table(runs: list[Run], accuracy: float) -> list[dict]:
+def summary_table(runs: list[Run], accuracy: float | None) -> list[dict]:
     """One row a configuration (its seeds' mean, and their range); speed-ups are of the means,
     against the first configuration (the baseline).
 
@@ -262,7 +269,7 @@ def summary_table(runs: list[Run], accuracy: float) -> list[dict]:
     `accuracy` (None unless every seed reaches it), sequences/s and real tokens/s (training time
     only), throughput speed-up, time-to-accuracy speed-up, the throughput speed-up divided by the
     ratio of packing factors, and with several baseline seeds how many of the baseline's
-    evaluations have this configuration inside their range.
+    evaluations have this configuration inside their range. No `accuracy`: no to-target figures.
     """
     groups = group_runs(runs)
     baseline = groups[0]
@@ -273,7 +280,7 @@ def summary_table(runs: list[Run], accuracy: float) -> list[dict]:
         return lambda run: (run.evals if source == "eval" else run.train)[-1].get(key)
 
     def reached(key):
-        return lambda run: (run.reach(accuracy) or {}).get(key)
+        return lambda run: (run.reach(accuracy) or {}).get(key) if accuracy is not None else None
 
     base_speed = baseline.mean(lambda run: run.sequences_per_second)
     base_seconds = baseline.mean(reached("seconds"))
@@ -310,8 +317,14 @@ def summary_table(runs: list[Run], accuracy: float) -> list[dict]:
     return rows
 
 
-def format_table(rows: list[dict], accuracy: float) -> str:
-    """Markdown table of summary_table rows: means, with the seeds' range where there are several."""
+def above_the_packing_factor(row: dict) -> bool:
+    """A clock speed-up beyond the ratio of packing factors: more than packing can give."""
+    return row["speedup_over_packing_factor"] > 1.0
+
+
+def format_table(rows: list[dict], accuracy: float | None) -> str:
+    """Markdown table of summary_table rows: means, with the seeds' range where there are several;
+    a clock speed-up above the packing factor marked as noise (verdict_notes)."""
 
     def number(value, spec, spread=None):
         if value is None:
@@ -323,8 +336,9 @@ def format_table(rows: list[dict], accuracy: float) -> str:
     def inside(value):
         return "-" if value is None else f"{value[0]}/{value[1]}" + (f" (by {value[2]:.5f})" if value[2] else "")
 
+    target = "target" if accuracy is None else f"{accuracy:.3f}"
     lines = [f"| configuration | seeds | input | packing factor | sequences an update | final MLM accuracy | "
-             f"final loss | sequences to {accuracy:.3f} | seconds to {accuracy:.3f} | sequences/s (own clock) | "
+             f"final loss | sequences to {target} | seconds to {target} | sequences/s (own clock) | "
              f"real tokens/s (own clock) | speed-up by the runs' clocks | time-to-accuracy speed-up | "
              f"clock speed-up / packing factor | inside the baseline's seed range |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -336,21 +350,45 @@ def format_table(rows: list[dict], accuracy: float) -> str:
             f"{number(r['final_loss'], '.4f')} | "
             f"{number(r['sequences_to_accuracy'], ',.0f', r['sequences_to_accuracy_range'])} | "
             f"{number(r['seconds_to_accuracy'], '.1f', r['seconds_to_accuracy_range'])} | "
-            f"{r['sequences_per_second']:.1f} | {r['real_tokens_per_second']:,.0f} | {r['throughput_speedup']:.2f} | "
+            f"{r['sequences_per_second']:.1f} | {r['real_tokens_per_second']:,.0f} | {r['throughput_speedup']:.2f}"
+            f"{' (noise)' if above_the_packing_factor(r) else ''} | "
             f"{number(r['time_to_accuracy_speedup'], '.2f')} | {r['speedup_over_packing_factor']:.2f} | "
             f"{inside(r['inside_baseline_spread'])} |")
     return "\n".join(lines)
 
 
-def target_note(rows: list[dict], accuracy: float, automatic: bool) -> str:
-    """What the to-target columns mean: the target used, and whether any run reached it."""
-    how = "--accuracy=auto: every run reaches it" if automatic else "--accuracy"
+def target_note(runs: list[Run], rows: list[dict], accuracy: float | None, automatic: bool) -> str:
+    """What the to-target columns mean: the target used, and whether any run reached it; or why
+    there is no automatic target."""
+    if accuracy is None:
+        first, final = first_and_final(runs)
+        return (f"no time-to-accuracy figure: the curves are flat, none rising past every run's first evaluation "
+                f"(the highest first {first:.4f}, the lowest final {final:.4f}), so no target tells the runs apart "
+                f"(--accuracy=auto); train longer, or give --accuracy")
+    how = "--accuracy=auto: every run reaches it, none at its first evaluation" if automatic else "--accuracy"
     reached = [row["run"] for row in rows if row["sequences_to_accuracy"] is not None]
     if not reached:
         return (f"target MLM accuracy {accuracy:.3f} ({how}): no configuration reached it in every seed, so the "
                 f"to-target columns are empty; --accuracy=auto picks a target every run reaches")
     return (f"target MLM accuracy {accuracy:.3f} ({how}); {len(reached)} of the {len(rows)} configurations reached it "
             f"in every seed")
+
+
+def verdict_notes(rows: list[dict]) -> list[str]:
+    """What the table cannot tell: a clock speed-up above the packing factor (the machine's noise),
+    and a gap between configurations of one seed (seed noise)."""
+    notes = []
+    above = [row["run"] for row in rows[1:] if above_the_packing_factor(row)]
+    if above:
+        notes.append(f"{', '.join(above)}: a speed-up by the runs' clocks above the ratio of packing factors, which "
+                     f"packing cannot give: the machine's noise, not a result (marked noise)")
+    single = [row["run"] for row in rows if row["seeds"] == 1]
+    if single:
+        who = ("every configuration has" if len(single) == len(rows)
+               else f"{', '.join(single)} {'has' if len(single) == 1 else 'have'}")
+        notes.append(f"{who} one seed: a gap between curves cannot be told from seed noise; make experiments runs "
+                     f"three seeds of each configuration and five of the baseline, for bands")
+    return notes
 
 
 CLOCK_NOTE = ("sequences/s and the speed-up by the runs' clocks come from each run's own wall clock, at the mercy of "

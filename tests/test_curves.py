@@ -8,6 +8,8 @@ from conftest import REPO, run_command
 
 from bert_packed.curves import (
     RunError,
+    above_the_packing_factor,
+    automatic_accuracy,
     configuration_name,
     describe_speedup,
     format_table,
@@ -15,8 +17,10 @@ from bert_packed.curves import (
     load_run,
     plot,
     summary_table,
+    target_note,
     throughput_lines,
     value_at,
+    verdict_notes,
 )
 
 
@@ -46,6 +50,38 @@ def test_table_measures_time_to_accuracy_and_speedups(tmp_path):
     assert rows[1]["time_to_accuracy_speedup"] == pytest.approx(2.0)
     assert rows[1]["speedup_over_packing_factor"] == pytest.approx(1.0)
     assert rows[1]["final_mlm_accuracy"] == 0.5
+
+
+def test_verdicts_that_cannot_mislead(tmp_path):
+    """No automatic target a run meets at its first evaluation (curves that never rose gave a
+    time-to-accuracy speed-up of 1.30); a clock speed-up above the packing factor is noise; one
+    seed cannot tell a gap from seed noise."""
+    padded = load_run(write_run(tmp_path / "padded", "padded", 1.0, 2.0, 8, [0.2, 0.4]))
+    packed = load_run(write_run(tmp_path / "packed", "packed", 1.2, 1.0, 12, [0.4, 0.4]))  # met at once, flat
+    assert automatic_accuracy([padded, packed]) is None
+    rows = summary_table([padded, packed], None)
+    assert rows[1]["time_to_accuracy_speedup"] is None and rows[1]["sequences_to_accuracy"] is None
+    # 12 sequences a second against the padded run's 4, at a packing factor of 1.2: 3.0x
+    assert rows[1]["throughput_speedup"] == pytest.approx(3.0) and above_the_packing_factor(rows[1])
+    table = format_table(rows, None)
+    assert "| sequences to target | seconds to target |" in table and "| 3.00 (noise) |" in table
+    assert target_note([padded, packed], rows, None, True) == (
+        "no time-to-accuracy figure: the curves are flat, none rising past every run's first evaluation (the "
+        "highest first 0.4000, the lowest final 0.4000), so no target tells the runs apart (--accuracy=auto); train "
+        "longer, or give --accuracy")
+    assert verdict_notes(rows) == [
+        "packed: a speed-up by the runs' clocks above the ratio of packing factors, which packing cannot give: the "
+        "machine's noise, not a result (marked noise)",
+        "every configuration has one seed: a gap between curves cannot be told from seed noise; make experiments "
+        "runs three seeds of each configuration and five of the baseline, for bands"]
+    seeds = [load_run(write_run(tmp_path / f"padded_seed{i}", "padded", 1.0, 2.0, 8, [0.2, 0.4])) for i in (1, 2)]
+    rising = load_run(write_run(tmp_path / "rising", "packed", 2.0, 2.0, 16, [0.3, 0.5]))
+    assert automatic_accuracy(seeds + [rising]) == pytest.approx(0.39)
+    rows = summary_table(seeds + [rising], 0.39)
+    assert not above_the_packing_factor(rows[1]) and "noise" not in format_table(rows, 0.39)
+    assert verdict_notes(rows) == [
+        "rising has one seed: a gap between curves cannot be told from seed noise; make experiments runs three seeds "
+        "of each configuration and five of the baseline, for bands"]
 
 
 def test_seeds_of_a_configuration_are_one_row_with_their_mean_and_range(tmp_path):
@@ -135,9 +171,10 @@ def test_cli_writes_a_png_and_a_table(tmp_path):
     assert output.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and output.stat().st_size > 20_000
     rows = [line for line in result.stdout.splitlines() if line.startswith("| packed")]
     assert rows and "| 2.00 |" in rows[0]
-    auto = run_command("compare_curves", padded, packed, "--output", str(output), "--accuracy", "auto")
-    # 90% of the way from the lowest first evaluation (0.2) to the lowest final one (0.4).
-    assert auto.returncode == 0 and "sequences to 0.380" in auto.stdout
+    rising = write_run(tmp_path / "rising", "packed", 2.0, 2.0, 16, [0.3, 0.5])
+    auto = run_command("compare_curves", padded, rising, "--output", str(output), "--accuracy", "auto")
+    # 90% of the way from the highest first evaluation (0.3) to the lowest final one (0.4).
+    assert auto.returncode == 0 and "sequences to 0.390" in auto.stdout
     # Through tf.io.gfile, as on a bucket: the runs read and the figure written by file:// URIs.
     remote = run_command("compare_curves", "file://" + padded, "file://" + packed, "--output",
                          f"file://{tmp_path}/remote curves.png", "--accuracy", "0.4")

@@ -31,6 +31,7 @@ from bert_packed.curves import (
     summary_table,
     target_note,
     throughput_lines,
+    verdict_notes,
 )
 from bert_packed.errors import SettingsError
 from bert_packed.settings import help_groups
@@ -67,7 +68,8 @@ def main(argv) -> None:
         plot(runs, FLAGS.output)
     rows = summary_table(runs, accuracy)
     print(format_table(rows, accuracy))
-    print(f"\n{target_note(rows, accuracy, FLAGS.accuracy == 'auto')}\n{CLOCK_NOTE}")
+    print("\n" + "\n".join([target_note(runs, rows, accuracy, FLAGS.accuracy == "auto"), CLOCK_NOTE,
+                             *verdict_notes(rows)]))
     if FLAGS.throughput:
         for line in throughput_lines(FLAGS.throughput):
             print(line)
