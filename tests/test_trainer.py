@@ -951,3 +951,46 @@ def test_a_tf_config_that_cannot_be_used_is_one_line(packed_dir, bert_config_fil
     assert result.returncode == 2
     assert result.stderr.splitlines()[-1].startswith("run_pretraining: error: TF_CONFIG=not json: cannot be used "
                                                      "(Expecting value: line 1 column 1 (char 0)); expected")
+
+
+def test_a_signal_when_an_evaluation_is_due_or_during_it_saves_first_and_the_resume_evaluates(
+        packed_dir, unpacked_dir, tmp_path, monkeypatch):
+    """A preemptible VM's notice is 30 s, and an evaluation of MLPerf's 10,000 sequences took longer
+    than that when it ran before the save: a signal as one is due skips it, one during it abandons
+    it after the batch in hand; either way the checkpoint is saved at once, and the resumed run
+    does the evaluation first, so that its logs are those of a run never stopped."""
+    settings = dict(num_train_steps=6, iterations_per_loop=2, eval_files=tuple(tfrecords(unpacked_dir)),
+                    eval_every_samples=1, eval_batch_size=16, target_mlm_accuracy=1.0)
+    straight = make_trainer(config(tmp_path / "straight", tfrecords(packed_dir), **settings))
+    straight.train()
+    expected = read_log(tmp_path / "straight" / "eval_log.jsonl")
+    assert [r["step"] for r in expected] == [2, 4, 6]
+    for when in ("due", "during"):
+        run = make_trainer(config(tmp_path / when, tfrecords(packed_dir), **settings))
+        loop = run.update.loop
+        if when == "due":
+            sigterm_in_the_loop_from(run, 2)  # after the loop of steps 3-4, as the evaluation at 4 is due
+        else:
+            batch, batches = run.compiled._evaluate_batch, []
+
+            def signalled_at_the_second_batch_at_step_4(features, run=run, batch=batch, batches=batches):
+                batches.append(int(run.step))
+                if batches.count(4) == 2:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                return batch(features)
+
+            monkeypatch.setattr(run.compiled, "_evaluate_batch", signalled_at_the_second_batch_at_step_4)
+        run.train()
+        assert run.stopped_by == "SIGTERM" and int(run.step) == 4, when
+        assert [r["step"] for r in read_log(tmp_path / when / "eval_log.jsonl")] == [2], when
+        assert (tmp_path / when / "checkpoints" / "ckpt-4.index").exists()
+        monkeypatch.undo()
+        run.update.loop, run.stopped_by = loop, None
+        run.train()
+        resumed = read_log(tmp_path / when / "eval_log.jsonl")
+        assert [r["step"] for r in resumed] == [2, 4, 6], when
+        for mine, theirs in zip(resumed, expected):
+            assert {k: v for k, v in mine.items() if k != "seconds"} == \
+                {k: v for k, v in theirs.items() if k != "seconds"}, when
+        train_logs = [read_log(tmp_path / name / "train_log.jsonl") for name in (when, "straight")]
+        assert [r["loss"] for r in train_logs[0]] == [r["loss"] for r in train_logs[1]], when

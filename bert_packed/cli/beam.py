@@ -33,7 +33,7 @@ from absl import flags
 from absl import logging as absl_logging
 
 from bert_packed import files
-from bert_packed.cli.common import exit_with, run
+from bert_packed.cli.common import exit_with, exit_with_help, run
 from bert_packed.errors import SettingsError, UserError
 from bert_packed.input_files import expand_globs
 
@@ -171,8 +171,7 @@ def entry_point():
     global PROGRAM
     PROGRAM = "bert_packed.beam"
     if sys.argv[1:2] in (["-h"], ["--help"], ["--helpshort"]):
-        print(__doc__.strip())  # on stdout, as every command's --help
-        sys.exit(0)
+        exit_with_help(__doc__.strip())
     name = sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("-") else ""
     if name not in COMMANDS:
         exit_with(2, f"{PROGRAM}: error: {'unknown command ' + repr(name) if name else 'no command'}: give create or "

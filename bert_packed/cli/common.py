@@ -286,6 +286,12 @@ def fail(program: str, error: Exception | str) -> NoReturn:
     exit_with(2, f"{program}: error: {error}")
 
 
+def exit_with_help(text: str) -> NoReturn:
+    """Exits with status 0 after `text` on stdout, as every command's --help."""
+    print(text)
+    sys.exit(0)
+
+
 def exit_with(status: int, line: str) -> NoReturn:
     """Exits with `status` after one line on stderr."""
     sys.stderr.write(line + "\n")

@@ -91,12 +91,11 @@ def train_and_evaluate(config: TrainConfig, train_data: TrainData, eval_data: Ev
             _start(logs, config, train_data, eval_data, step)
             n, every = config.batch.steps_per_update, eval_every_samples(config, step.batching)
             current, sequences = int(step.step.numpy()), int(step.sequences.numpy())
-            last = logs.last_eval
-            reached = last.get("step") == current and last.get("mlm_accuracy", 0.0) >= config.eval.target_mlm_accuracy
             next_eval = (sequences // every + 1) * every if every else None
             pipeline = train_pipeline(train_data, config, step.batching, current)
             start, first_step, stop = time.perf_counter(), current, Stop(step.update.stop_requested)
             with stop.on_signals():
+                reached = _reached_when_resumed(logs, config, eval_data, step, every)
                 training = current < config.last_step and not on_any_worker(step.strategy, reached)
                 if training:
                     logs.mlperf.block_start(sequences)
@@ -118,9 +117,9 @@ def train_and_evaluate(config: TrainConfig, train_data: TrainData, eval_data: Ev
                         logs.say_progress(config, first_step, len(results), seconds)
                     step.step.assign(current)
                     step.sequences.assign(sequences)
-                    if next_eval is not None and sequences >= next_eval and eval_data.files:
+                    if next_eval is not None and sequences >= next_eval and eval_data.files and not stop.by:
                         next_eval = (sequences // every + 1) * every
-                        reached = _evaluate_and_log(logs, config, eval_data, step, seconds)
+                        reached = bool(_evaluate_and_log(logs, config, eval_data, step, seconds))
                         if reached:
                             break
                         if current < config.last_step:
@@ -212,6 +211,7 @@ class Stop:
         try:
             yield self
         finally:
+            self._flag.assign(0)  # an evaluation after the loop (the last, or evaluate_only) runs whole
             signal.set_wakeup_fd(previous_fd)
             for number, handler in previous.items():
                 signal.signal(number, handler)
@@ -295,13 +295,32 @@ def _train_record(row: np.ndarray, step: int, sequences_before: int, seconds: fl
             "padding_efficiency": sums["tokens"] / sums["slots"], "gradient_norm": sums["gradient_norm"], **metrics}
 
 
+def _reached_when_resumed(logs: RunLogs, config: TrainConfig, eval_data: EvalData, step: CompiledStep,
+                          every: int | None) -> bool:
+    """Whether the run, as it starts or resumes, has reached the target accuracy: at its last
+    evaluation, or at the one due when a signal stopped it (before the evaluation or during it, so
+    that it stopped in seconds), which is done now."""
+    current, sequences, last = int(step.step.numpy()), int(step.sequences.numpy()), logs.last_eval
+    if last.get("step") == current and last.get("mlm_accuracy", 0.0) >= config.eval.target_mlm_accuracy:
+        return True
+    due = bool(every and eval_data.files and sequences >= every
+               and last.get("sequences", -1) < sequences // every * every)
+    return on_any_worker(step.strategy, due) and bool(_evaluate_and_log(logs, config, eval_data, step,
+                                                                        logs.seconds_before))
+
+
 def _evaluate_and_log(logs: RunLogs, config: TrainConfig, eval_data: EvalData, step: CompiledStep,
-                      seconds: float) -> bool:
-    """Evaluates and logs; returns whether the target accuracy is reached."""
+                      seconds: float) -> bool | None:
+    """Evaluates and logs; returns whether the target accuracy is reached, None when a signal
+    stopped the evaluation (nothing logged)."""
     current, sequences = int(step.step.numpy()), int(step.sequences.numpy())
     logging.debug("evaluating at step %d (%d sequences trained)", current, sequences)
     start = time.perf_counter()
-    metrics = _checked(step.evaluate(eval_pipeline(eval_data, config)), eval_data, config)
+    metrics = step.evaluate(eval_pipeline(eval_data, config))
+    if metrics is None:
+        logging.debug("the evaluation at step %d was stopped; the run does it when it resumes", current)
+        return None
+    metrics = _checked(metrics, eval_data, config)
     logs.eval_seconds += time.perf_counter() - start
     logs.eval({"step": current, "sequences": sequences, "seconds": seconds, **metrics})
     accuracy = metrics.get("mlm_accuracy", 0.0)

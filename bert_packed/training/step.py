@@ -79,8 +79,10 @@ class CompiledStep:
         """An iterator over the micro-batches of `pipeline`, distributed over the replicas."""
         return iter(self.strategy.distribute_datasets_from_function(lambda context: make_dataset(pipeline, context)))
 
-    def evaluate(self, pipeline: PipelineConfig) -> dict:
-        """The metrics over the batches of `pipeline` (losses.metrics_from_sums); {} when it has none.
+    def evaluate(self, pipeline: PipelineConfig) -> dict | None:
+        """The metrics over the batches of `pipeline` (losses.metrics_from_sums); {} when it has none;
+        None when a signal came meanwhile (Update.stop_requested, summed over the replicas with each
+        batch, so that every worker abandons it after the same batch).
 
         Packed and unpacked eval records give the same figures: the sums are per sequence, added
         over batches and replicas, and divided once. Under multi-worker training each input
@@ -91,12 +93,15 @@ class CompiledStep:
             for features in self.strategy.distribute_datasets_from_function(
                     lambda context: make_dataset(pipeline, context)):
                 sums = self._evaluate_batch(features)
+                if int(sums.pop("stop_requests")):
+                    return None
                 totals = sums if totals is None else {k: totals[k] + sums[k] for k in sums}
         return metrics_from_sums(totals, self.config.model.loss_averaging, self.config.model.nsp_loss) if totals else {}
 
     def _evaluate_batch_fn(self, features):
         def replica(features):
-            return pretraining_sums(self.model(features, training=False), features)
+            return {**pretraining_sums(self.model(features, training=False), features),
+                    "stop_requests": tf.identity(self.update.stop_requested)}
 
         sums = self.strategy.run(replica, args=(features,))
         return {k: self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for k, v in sums.items()}
