@@ -459,6 +459,16 @@ def test_cli_takes_the_input_format_and_says_the_detected_one(corpus, tmp_path):
     assert result.returncode == 0, result.stderr
     assert f"input format: JSON lines, one document an object (--input_format=jsonl), detected in {inputs[0]}: its " \
            f"first line opens a JSON object" in result.stderr.splitlines()
+    # Its last line: is packing worth it for these records (the planner's answer at their L).
+    from bert_packed.packing import plan
+
+    factor = plan(load_histogram(str(tmp_path / "auto" / "histogram.json")), 128, "lp", 3).packing_factor
+    assert 1.0 < factor < 3.0
+    assert result.stdout.splitlines()[-1] == (
+        f"create_pretraining_data: packed (lp, up to 3 sequences a pack), these records are {factor:.2f} sequences a "
+        f"pack: training packed is at most {factor:.2f}x as fast in sequences a second"
+        f"{'; little to gain: most records fill their rows' if factor < 1.25 else ''} (docs/packing.md: what "
+        f"corpora gain)")
     result = run_command("create_pretraining_data", f"--input_file={inputs[0]}", f"--output_dir={tmp_path}/field",
                          "--input_format=jsonl", "--text_field=body", *common)
     assert result.returncode == 2

@@ -11,11 +11,18 @@ one shard per input file, plus histogram.json and metadata.json).
 
 from __future__ import annotations
 
+import os
+
 from absl import flags
 
+from bert_packed import files
 from bert_packed.cli.common import run
 from bert_packed.cli.settings_flags import define_flags, from_flags
+from bert_packed.dataset_info import HISTOGRAM_FILE
 from bert_packed.input_files import expand_globs
+from bert_packed.packing import load_histogram, plan
+from bert_packed.packing.pack_settings import PackCommandSettings
+from bert_packed.packing.plan import DEFAULT_ALGORITHM
 from bert_packed.pretraining_data.create_dataset import (
     CreateSettings,
     DatasetSettings,
@@ -55,13 +62,28 @@ def main(argv):
 
 
 def report(program: str, metadata: dict, where: str) -> None:
-    """The command's last line: what it made, and where."""
+    """The command's last lines: what it made, and where; then, for an output directory, whether
+    packing is worth it for these records (packing_answer)."""
     held_out = metadata.get("num_eval_instances", 0)
     documents = metadata.get("num_documents", 0)
     print(f"{program}: {metadata['num_sequences']:,} training instances from {documents:,} "
           f"document{'' if documents == 1 else 's'} ({metadata.get('padding_fraction', 0.0):.1%} padding at "
           f"L={metadata['max_seq_length']})"
           + (f", {held_out:,} held out for evaluation" if held_out else "") + f" -> {where}")
+    histogram = os.path.join(where, HISTOGRAM_FILE)
+    if FLAGS.output_dir and files.exists(histogram):
+        print(f"{program}: {packing_answer(load_histogram(histogram), metadata['max_seq_length'])}")
+
+
+def packing_answer(histogram, max_seq_length: int) -> str:
+    """The planner's answer at the records' L and pack_pretraining_data's default depth and
+    algorithm: the packing factor, and the speed-up it bounds (a pack costs what a row costs)."""
+    depth = PackCommandSettings.max_sequences_per_pack
+    factor = plan(histogram, max_seq_length, DEFAULT_ALGORITHM, depth).packing_factor
+    little = "; little to gain: most records fill their rows" if factor < 1.25 else ""
+    return (f"packed ({DEFAULT_ALGORITHM}, up to {depth} sequences a pack), these records are {factor:.2f} sequences "
+            f"a pack: training packed is at most {factor:.2f}x as fast in sequences a second{little} "
+            f"(docs/packing.md: what corpora gain)")
 
 
 def entry_point():
