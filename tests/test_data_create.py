@@ -223,7 +223,8 @@ def test_cli_writes_the_dataset(tmp_path):
     result = run_cli(f"--input_file={paths[0]}", f"--output_dir={tmp_path}/out", "--max_seq_length=64",
                      "--max_predictions_per_seq=10", "--dupe_factor=1", "--num_workers=1")
     assert result.returncode == 0, result.stderr
-    [summary] = result.stdout.strip().splitlines()  # one line says what was made
+    summary, answer = result.stdout.strip().splitlines()  # what was made; whether packing is worth it
+    assert answer.startswith("create_pretraining_data: packed (lp, up to 3 sequences a pack), these records are ")
     count = int(summary.split(": ", 1)[1].split(" training instances", 1)[0].replace(",", ""))
     assert count == json.load(open(tmp_path / "out" / "metadata.json"))["num_instances"] > 0
     assert sorted(os.listdir(tmp_path / "out")) == ["histogram.json", "metadata.json", "part-00000-000.tfrecord"]

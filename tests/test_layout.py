@@ -19,7 +19,7 @@ RANKS = {
     "packing": 2, "pretraining_data": 2,
     "input_pipeline": 3, "model": 3, "beam": 3,
     "training": 4, "curves": 4,
-    "cli": 5, "doctor": 5,
+    "cli": 5, "doctor": 5, "vocab": 5,
 }
 # Modules on the data path: they must not import TensorFlow when they are imported.
 WITHOUT_TENSORFLOW = ("errors", "features", "files", "progress", "dataset_info", "run_directory", "output_job",

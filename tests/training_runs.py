@@ -47,7 +47,8 @@ class Setup:
     eval_data: EvalData
 
 
-def config(output_dir, files, dropout=0.1, eval_files=(), eval_packed=False, **values) -> Setup:
+def config(output_dir, files, dropout=0.1, eval_files=(), eval_packed=False, vocab_size=TINY["vocab_size"],
+           **values) -> Setup:
     """A run of the tiny model on the test data (packed records of S=3 unless `input_mode` says).
 
     Args:
@@ -55,10 +56,12 @@ def config(output_dir, files, dropout=0.1, eval_files=(), eval_packed=False, **v
       files: the training files.
       dropout: the BERT config's dropout rates.
       eval_files: the eval files (unpacked, or packed with `eval_packed`).
+      vocab_size: the BERT config's (the test vocabulary's size unless the data has another).
       values: settings by their flags' names; facts of the training data by their TrainData names
         (packing_factor, strategies, identity, ...).
     """
-    bert = BertConfig(**TINY, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+    bert = BertConfig(**{**TINY, "vocab_size": vocab_size}, hidden_dropout_prob=dropout,
+                      attention_probs_dropout_prob=dropout)
     values = {**DEFAULTS, **values}
     facts = {name: values.pop(name) for name in list(values) if name in _DATA_FACTS}
     unknown = set(values) - set(setting_names())

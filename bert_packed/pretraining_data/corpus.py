@@ -155,6 +155,23 @@ def detect_format(path: str) -> tuple[str, str]:
     return "sentences", "no blank lines, and its lines hold one sentence each: one document"
 
 
+def detect_corpus_format(paths: list[str]) -> tuple[str, str]:
+    """The format of a corpus's files (detect_format: every file's), and why.
+
+    Raises:
+      CorpusError: two files detect as different formats (a file of one document a line read as
+        sentences would cut its documents apart, silently), naming both; as detect_format.
+    """
+    input_format, reason = detect_format(paths[0])
+    for path in paths[1:]:
+        other, other_reason = detect_format(path)
+        if other != input_format:
+            raise CorpusError(f"{paths[0]} reads as {INPUT_FORMATS[input_format]} ({reason}) but {path} as "
+                              f"{INPUT_FORMATS[other]} ({other_reason}): the files of one corpus are read in one "
+                              f"format; give --input_format, or make records of each format in their own run")
+    return input_format, reason
+
+
 _FORMATS_TEXT = "WikiExtractor output (<doc ...> ... </doc>), one sentence a line with blank lines between documents, " \
                 "one document a line, or JSON lines (--input_format)"
 

@@ -44,7 +44,13 @@ from bert_packed.errors import SettingsError, UserError
 from bert_packed.features import Shapes
 from bert_packed.output_job import OutputJob, WorkUnits
 from bert_packed.packing.histogram import histogram_from_lengths, merge_histograms, save_histogram
-from bert_packed.pretraining_data.corpus import INPUT_FORMATS, CorpusError, detect_format, iter_documents, split_sentences
+from bert_packed.pretraining_data.corpus import (
+    INPUT_FORMATS,
+    CorpusError,
+    detect_corpus_format,
+    iter_documents,
+    split_sentences,
+)
 from bert_packed.pretraining_data.instances import MaskingConfig, create_instances, instance_features
 from bert_packed.pretraining_data.tokenization import DEFAULT_VOCAB_FILE, Tokenizer, vocabulary_path
 from bert_packed.progress import Progress
@@ -85,23 +91,29 @@ class DatasetSettings:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class CreateSettings:
-    """create_pretraining_data's settings (and `python -m bert_packed.beam create`'s), by their
-    flags' names and with the MLPerf reference script's defaults where it has them, checked when
-    built. dataset_settings() gives the job's own."""
+class CorpusSettings:
+    """How a command reads a corpus (create_pretraining_data's, the vocabulary builder's)."""
 
     input_file: str | None = setting(None, "Comma-separated input files or globs, text in --input_format.",
                                      group="input")
     input_format: str = setting(
         "auto", "How the text files hold documents: " + "; ".join(f"{name}: {text}" for name, text in
                                                                   INPUT_FORMATS.items())
-        + "; auto: detected from the first input file's first lines, and said in one line.",
+        + "; auto: detected from each input file's first lines, and said in one line.",
         group="input", choices=("auto", *INPUT_FORMATS))
     text_field: str = setting("text", "With --input_format=jsonl: the field of each object that holds its text.",
                               group="input")
+    do_lower_case: bool = setting(True, "Lower-case and strip accents (uncased models).", group="input")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CreateSettings(CorpusSettings):
+    """create_pretraining_data's settings (and `python -m bert_packed.beam create`'s), by their
+    flags' names and with the MLPerf reference script's defaults where it has them, checked when
+    built. dataset_settings() gives the job's own."""
+
     vocab_file: str = setting(DEFAULT_VOCAB_FILE, "BERT WordPiece vocabulary (the reference has no default).",
                               group="input")
-    do_lower_case: bool = setting(True, "Lower-case and strip accents (uncased models).", group="input")
     output_dir: str | None = setting(None, "Where the TFRecord shards, histogram.json and metadata.json go.",
                                      group="output")
     output_file: str | None = setting(None, "Instead of --output_dir, as the reference: one TFRecord file (or a "
@@ -222,22 +234,11 @@ def _job(input_files: list[str], output_dir: str, settings: DatasetSettings,
 
 
 def resolve_input_format(input_files: list[str], settings: DatasetSettings) -> DatasetSettings:
-    """The settings with "auto" replaced by the format detected in every input file, said in one
-    line: the corpus is read in that format.
-
-    Raises:
-      CorpusError: two files detect as different formats (a file of one document a line read as
-        sentences would cut its documents apart, silently), naming both.
-    """
+    """The settings with "auto" replaced by the format detected in every input file
+    (detect_corpus_format), said in one line: the corpus is read in that format."""
     if settings.input_format != "auto":
         return settings
-    input_format, reason = detect_format(input_files[0])
-    for path in input_files[1:]:
-        other, other_reason = detect_format(path)
-        if other != input_format:
-            raise CorpusError(f"{input_files[0]} reads as {INPUT_FORMATS[input_format]} ({reason}) but {path} as "
-                              f"{INPUT_FORMATS[other]} ({other_reason}): the files of one corpus are read in one "
-                              f"format; give --input_format, or make records of each format in their own run")
+    input_format, reason = detect_corpus_format(input_files)
     logging.info("input format: %s (--input_format=%s), detected in %s%s: %s", INPUT_FORMATS[input_format],
                  input_format, input_files[0], f" and its {len(input_files) - 1} other files" if input_files[1:] else "",
                  reason)

@@ -1,0 +1,64 @@
+"""The vocabulary builder: google-research's layout, learned from a corpus in any input format,
+read by the data commands' tokenizer, and trained on."""
+
+import dataclasses
+import json
+
+import numpy as np
+from conftest import TINY, dataset_settings, run_command, tfrecords
+from training_runs import config, make_trainer, read_log
+
+from bert_packed.pretraining_data.create_dataset import create_pretraining_dataset
+from bert_packed.pretraining_data.tokenization import Tokenizer
+from bert_packed.pretraining_data.vocabulary import build_vocabulary, reserved_tokens
+
+
+def test_the_layout_is_google_research_s_and_the_size_a_multiple_of_8(corpus):
+    uncased = build_vocabulary(corpus, 1000)
+    assert uncased[:2] == ["[PAD]", "[unused0]"] and uncased[99:104] == ["[unused98]", "[UNK]", "[CLS]", "[SEP]",
+                                                                          "[MASK]"]
+    assert uncased[:104] == reserved_tokens()
+    assert len(uncased) % 8 == 0 and len(uncased) <= 1000 and len(set(uncased)) == len(uncased)
+    assert any(token.startswith("##") for token in uncased) and "the" in uncased
+    assert not any(token != token.lower() for token in uncased[104:] if not token.startswith("[unused"))
+    cased = build_vocabulary(corpus, 1000, do_lower_case=False)
+    assert any(token != token.lower() for token in cased[104:])
+    # The corpus (16 documents) has fewer pieces than 30,528: the vocabulary is what it has, to a multiple of 8.
+    everything = build_vocabulary(corpus, 30_528)
+    assert len(everything) % 8 == 0 and len(everything) < 30_528
+    assert len(set(everything)) == len(everything)
+
+
+def test_a_built_vocabulary_makes_records_that_train(corpus, tmp_path):
+    """The command writes the vocabulary and the BERT config of its size; the data commands read
+    the vocabulary, and the tiny model trains on its records."""
+    template = tmp_path / "template.json"
+    template.write_text(json.dumps({**TINY, "hidden_act": "gelu", "type_vocab_size": 2}))
+    vocab = tmp_path / "mine" / "vocab.txt"
+    result = run_command("build_vocabulary", f"--input_file={','.join(corpus)}", f"--vocab_file={vocab}",
+                         "--vocab_size=1000", f"--bert_config_file={template}")
+    assert result.returncode == 0, result.stderr
+    tokens = vocab.read_text().splitlines()
+    written = json.loads((tmp_path / "mine" / "bert_config.json").read_text())
+    assert written == {**TINY, "hidden_act": "gelu", "type_vocab_size": 2, "vocab_size": len(tokens)}
+    assert result.stdout.splitlines()[0].startswith(f"build_vocabulary: {len(tokens):,} tokens, ")
+    assert Tokenizer(str(vocab)).vocab_size == len(tokens)
+    settings = dataclasses.replace(dataset_settings(dupe_factor=1), vocab_file=str(vocab))
+    create_pretraining_dataset(corpus, str(tmp_path / "records"), settings, num_workers=1)
+    trainer = make_trainer(config(tmp_path / "run", tfrecords(str(tmp_path / "records")), input_mode="padded",
+                                  num_train_steps=2, vocab_size=len(tokens)))
+    trainer.train()
+    losses = [r["loss"] for r in read_log(tmp_path / "run" / "train_log.jsonl")]
+    assert len(losses) == 2 and np.all(np.isfinite(losses)) and losses[0] > 1.0
+
+
+def test_bad_settings_are_one_line(corpus, tmp_path):
+    for args, message in (
+            ([f"--vocab_file={tmp_path}/v.txt", "--vocab_size=50"], "--vocab_size=50 must be at least 112"),
+            ([], "--input_file and --vocab_file are required"),
+            ([f"--vocab_file={tmp_path}/v.txt", f"--bert_config_file={tmp_path}/none.json"],
+             f"--bert_config_file={tmp_path}/none.json: cannot read it as a BERT config")):
+        result = run_command("build_vocabulary", f"--input_file={','.join(corpus)}" if args else "--vocab_size=1000",
+                             *args)
+        assert result.returncode == 2 and message in result.stderr.strip().splitlines()[-1], result.stderr
+    assert not (tmp_path / "v.txt").exists()
