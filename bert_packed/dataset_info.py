@@ -470,7 +470,12 @@ class Dataset:
             groups.setdefault(os.path.dirname(path), []).append(path)
         described = _of_one_kind({directory: read_dataset_info(directory) for directory in groups}, flag)
         if not described:
-            return cls(tuple(paths), tuple(FileIdentity.of(path) for path in paths))
+            identity = tuple(FileIdentity.of(path) for path in paths)
+            compressed = next(((path, kind) for path in paths if (kind := files.compression(path))), None)
+            if compressed:  # found now, not when the first batch (or evaluation) reads it
+                raise DatasetFilesError(f"{flag}: {compressed[0]} is {compressed[1]}-compressed; TFRecord files are "
+                                        f"read uncompressed: decompress it first")
+            return cls(tuple(paths), identity)
         first = next(iter(described.values()))
         for directory, info in described.items():
             require(info, metadata_path(directory))

@@ -272,6 +272,26 @@ def test_train_refuses_an_unwritable_output_dir(packed_dir, bert_config_file):
     assert_one_line(result, "Operation not permitted")
 
 
+def test_train_refuses_at_start_an_unwritable_export_dir_and_compressed_eval_files(packed_dir, unpacked_dir,
+                                                                                   bert_config_file, tmp_path):
+    """Both were found after the training: the export at the end, the eval files at the first evaluation."""
+    import gzip
+
+    common = [f"--bert_config_file={bert_config_file}", f"--input_file={packed_dir}/packed-*.tfrecord",
+              f"--max_seq_length={MAX_SEQ_LENGTH}", f"--max_predictions_per_seq={MAX_PREDICTIONS}",
+              f"--vocab_file={VOCAB}"]
+    result = command("run_pretraining.py", *common, f"--output_dir={tmp_path / 'a'}",
+                     f"--export_huggingface_dir={UNWRITABLE}")
+    assert_one_line(result, "run_pretraining: error: --export_huggingface_dir: /sys/bert_packed_cannot_write_here: "
+                            "Operation not permitted; give an --export_huggingface_dir this process may write to")
+    compressed = tmp_path / "eval.tfrecord"
+    compressed.write_bytes(gzip.compress(open(tfrecords(unpacked_dir)[0], "rb").read()))
+    result = command("run_pretraining.py", *common, f"--output_dir={tmp_path / 'b'}", f"--eval_files={compressed}")
+    assert_one_line(result, f"run_pretraining: error: --eval_files: {compressed} is gzip-compressed; TFRecord files "
+                            f"are read uncompressed: decompress it first")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b" / "train_log.jsonl").exists()
+
+
 @pytest.mark.parametrize("script, flags", [
     ("scripts/create_pretraining_data.py", ["--input_file", "--output_dir"]),
     ("scripts/pack_pretraining_data.py", ["--input_files", "--output_dir"]),
@@ -401,6 +421,10 @@ def test_an_unknown_flag_in_a_flagfile_names_the_flagfile_and_line(tmp_path):
                     f"that name)")
     assert_one_line(command("run_pretraining.py", "--bogus_flag=3"),
                     "run_pretraining: error: Unknown command line flag 'bogus_flag'")
+    (tmp_path / "binary.cfg").write_bytes(b"\x1f\x8b\x08\x00\xff\xfe--x\n")
+    assert_one_line(command("run_pretraining.py", f"--flagfile={tmp_path / 'binary.cfg'}"),
+                    "run_pretraining: error: --flagfile: not UTF-8 text (a compressed or binary file?); a flagfile "
+                    "holds one flag a line")
     assert_one_line(command("scripts/pack_pretraining_data.py", f"--flagfile={tmp_path / 'missing.cfg'}"),
                     f"pack_pretraining_data: error: --flagfile: cannot read it ([Errno 2] No such file or directory: "
                     f"'{tmp_path / 'missing.cfg'}')")

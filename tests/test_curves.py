@@ -62,13 +62,15 @@ def test_verdicts_that_cannot_mislead(tmp_path):
     rows = summary_table([padded, packed], None)
     assert rows[1]["time_to_accuracy_speedup"] is None and rows[1]["sequences_to_accuracy"] is None
     # 12 sequences a second against the padded run's 4, at a packing factor of 1.2: 3.0x
-    assert rows[1]["throughput_speedup"] == pytest.approx(3.0) and above_the_packing_factor(rows[1])
+    assert rows[1]["throughput_speedup"] == pytest.approx(3.0) and above_the_packing_factor(rows[1], rows[0])
     table = format_table(rows, None)
     assert "| sequences to target | seconds to target |" in table and "| 3.00 (noise) |" in table
     assert target_note([padded, packed], rows, None, True) == (
-        "no time-to-accuracy figure: the curves are flat, none rising past every run's first evaluation (the "
-        "highest first 0.4000, the lowest final 0.4000), so no target tells the runs apart (--accuracy=auto); train "
-        "longer, or give --accuracy")
+        "no time-to-accuracy figure: no accuracy is above every run's first evaluation and below every run's final "
+        "one (the highest first 0.4000, the lowest final 0.4000: curves flat, or not overlapping), so no target tells "
+        "the runs apart (--accuracy=auto); train longer, or give --accuracy")
+    bucketed = dict(rows[1], input_mode="bucketed")  # shorter rows: another bound, not judged
+    assert not above_the_packing_factor(bucketed, rows[0])
     assert verdict_notes(rows) == [
         "packed: a speed-up by the runs' clocks above the ratio of packing factors, which packing cannot give: the "
         "machine's noise, not a result (marked noise)",
@@ -78,7 +80,7 @@ def test_verdicts_that_cannot_mislead(tmp_path):
     rising = load_run(write_run(tmp_path / "rising", "packed", 2.0, 2.0, 16, [0.3, 0.5]))
     assert automatic_accuracy(seeds + [rising]) == pytest.approx(0.39)
     rows = summary_table(seeds + [rising], 0.39)
-    assert not above_the_packing_factor(rows[1]) and "noise" not in format_table(rows, 0.39)
+    assert not above_the_packing_factor(rows[1], rows[0]) and "noise" not in format_table(rows, 0.39)
     assert verdict_notes(rows) == [
         "rising has one seed: a gap between curves cannot be told from seed noise; make experiments runs three seeds "
         "of each configuration and five of the baseline, for bands"]

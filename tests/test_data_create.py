@@ -397,6 +397,7 @@ def test_compressed_corpora_give_the_same_records_and_a_damaged_one_is_one_line(
     import bz2
     import gzip
     import lzma
+    import zlib
 
     settings = dataset_settings(dupe_factor=1)
     create_pretraining_dataset(corpus, str(tmp_path / "plain"), settings, num_workers=1)
@@ -413,6 +414,20 @@ def test_compressed_corpora_give_the_same_records_and_a_damaged_one_is_one_line(
             np.testing.assert_array_equal(read_all(output)[name], values)
     cut = tmp_path / "cut.gz"
     cut.write_bytes((tmp_path / (os.path.basename(corpus[0]) + ".gz")).read_bytes()[:600])
+    whole = (tmp_path / (os.path.basename(corpus[0]) + ".gz")).read_bytes()
+    for at in range(len(whole) // 2, len(whole)):  # a byte of the deflate stream changed: zlib's own error
+        damaged = whole[:at] + bytes([whole[at] ^ 0x55]) + whole[at + 1:]
+        try:
+            gzip.decompress(damaged)
+        except zlib.error:
+            break
+        except (OSError, EOFError):  # a CRC or length the change left wrong: not zlib's error
+            continue
+    else:
+        raise AssertionError("no change of one byte gave zlib's own error")
+    (tmp_path / "damaged.gz").write_bytes(damaged)
+    with pytest.raises(CorpusError, match=r"damaged.gz: gzip-compressed, and it cannot be decompressed after line "):
+        create_pretraining_dataset([str(tmp_path / "damaged.gz")], str(tmp_path / "refused"), settings, num_workers=1)
     zstd = tmp_path / "text.zst"
     zstd.write_bytes(b"\x28\xb5\x2f\xfd" + bytes(20))
     for path, message in ((cut, rf"^{cut}: gzip-compressed, and it cannot be decompressed after line \d+ \(Compressed "
@@ -468,7 +483,7 @@ def test_cli_takes_the_input_format_and_says_the_detected_one(corpus, tmp_path):
     assert result.stdout.splitlines()[-1] == (
         f"create_pretraining_data: packed (lp, up to 3 sequences a pack), these records are {factor:.2f} sequences a "
         f"pack: training packed is at most {factor:.2f}x as fast in sequences a second"
-        f"{'; little to gain: most records fill their rows' if factor < 1.25 else ''} (docs/packing.md: what "
+        f"{'; little to gain' if factor < 1.25 else ''} (docs/packing.md: what "
         f"corpora gain)")
     result = run_command("create_pretraining_data", f"--input_file={inputs[0]}", f"--output_dir={tmp_path}/field",
                          "--input_format=jsonl", "--text_field=body", *common)

@@ -599,13 +599,16 @@ def test_a_kill_during_the_export_of_a_run_that_reached_its_target_is_completed(
     assert [entry["metadata"]["status"] for entry in mllog(tmp_path) if entry["key"] == "run_stop"] == ["success"]
 
 
-def test_a_signal_during_the_evaluation_that_reaches_the_target_leaves_a_finished_run(packed_dir, unpacked_dir,
-                                                                                    tmp_path, monkeypatch):
+def test_a_signal_during_the_evaluation_that_would_reach_the_target_stops_and_the_resume_finishes(
+        packed_dir, unpacked_dir, tmp_path, monkeypatch):
+    """The evaluation is abandoned (a preemptible VM's notice is too short for a whole one) and the
+    checkpoint saved; the same command evaluates first, reaches the target and finishes there."""
     import bert_packed.training.loop as loop
 
     files, eval_files = tfrecords(packed_dir), tuple(tfrecords(unpacked_dir))
-    trainer = make_trainer(config(tmp_path, files, num_train_steps=4, eval_files=eval_files, eval_every_samples=1,
-                                  target_mlm_accuracy=0.0))
+    setup = config(tmp_path, files, num_train_steps=4, eval_files=eval_files, eval_every_samples=1,
+                   target_mlm_accuracy=0.0)
+    trainer = make_trainer(setup)
     evaluate = loop._evaluate_and_log
 
     def preempted_meanwhile(*args):
@@ -614,8 +617,15 @@ def test_a_signal_during_the_evaluation_that_reaches_the_target_leaves_a_finishe
 
     monkeypatch.setattr(loop, "_evaluate_and_log", preempted_meanwhile)
     trainer.train()
-    assert trainer.stopped_by is None  # nothing to resume: the command says it finished, not "stopped"
+    assert trainer.stopped_by == "SIGTERM" and int(trainer.step) == 1
+    assert "finished" not in json.loads((tmp_path / "run.json").read_text())
+    assert not (tmp_path / "eval_log.jsonl").exists() or read_log(tmp_path / "eval_log.jsonl") == []
+    monkeypatch.undo()
+    trainer.stopped_by = None
+    trainer.train()
+    assert trainer.stopped_by is None
     assert json.loads((tmp_path / "run.json").read_text())["finished"] == {"step": 1, "reached": True}
+    assert [r["step"] for r in read_log(tmp_path / "eval_log.jsonl")] == [1]
 
 
 def test_an_output_dir_holding_another_run_is_refused_and_left_intact(packed_dir, tmp_path):

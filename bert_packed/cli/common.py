@@ -179,6 +179,8 @@ def _flags_parser(main: Callable[[list[str]], None], program: str, positional: b
             rest = flags.FLAGS(argv, known_only=pass_on)
         except flags.UnrecognizedFlagError as e:
             fail(program, _unknown_flag(e, argv[1:]))
+        except UnicodeDecodeError:  # absl reads a flagfile as text
+            fail(program, "--flagfile: not UTF-8 text (a compressed or binary file?); a flagfile holds one flag a line")
         except flags.CantOpenFlagFileError as e:
             fail(program, f"--flagfile: cannot read it ({str(e).split('flagfile: ', 1)[-1]})")
         except flags.Error as e:

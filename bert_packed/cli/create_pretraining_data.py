@@ -80,7 +80,7 @@ def packing_answer(histogram, max_seq_length: int) -> str:
     algorithm: the packing factor, and the speed-up it bounds (a pack costs what a row costs)."""
     depth = PackCommandSettings.max_sequences_per_pack
     factor = plan(histogram, max_seq_length, DEFAULT_ALGORITHM, depth).packing_factor
-    little = "; little to gain: most records fill their rows" if factor < 1.25 else ""
+    little = "; little to gain" if factor < 1.25 else ""
     return (f"packed ({DEFAULT_ALGORITHM}, up to {depth} sequences a pack), these records are {factor:.2f} sequences "
             f"a pack: training packed is at most {factor:.2f}x as fast in sequences a second{little} "
             f"(docs/packing.md: what corpora gain)")

@@ -38,6 +38,7 @@ import re
 import numpy as np
 
 from bert_packed import files
+from bert_packed.errors import StorageError
 from bert_packed.model.checkpoint import (
     CheckpointError,
     export_directory,
@@ -159,13 +160,22 @@ def require_export_directory(output_dir: str, vocab_file: str, do_lower_case: bo
     """What export_huggingface would refuse, checked before the run `run_dir` that ends with one.
 
     Raises:
-      VocabularyError / CheckpointError: as export_huggingface; or the directory is in the run's.
+      VocabularyError / CheckpointError: as export_huggingface; or the directory is in the run's,
+        or takes no file.
     """
     _vocabulary(vocab_file, do_lower_case, bert)
     inside = os.path.relpath(files.absolute(output_dir), files.absolute(run_dir)) if "://" not in output_dir else ".."
     if not inside.startswith(".."):
         raise CheckpointError(f"{output_dir}: in the run's --output_dir; export to a directory of its own")
     refuse_other_content(output_dir, _exported)
+    try:  # a directory that takes no file is found now, not after the training
+        files.makedirs(output_dir)
+        probe = os.path.join(output_dir, f".write-check-{os.getpid()}")
+        files.write_text_atomically(probe, "")
+        files.remove(probe)
+    except StorageError as e:
+        raise CheckpointError(f"--export_huggingface_dir: {e}; give an --export_huggingface_dir this process may "
+                              f"write to") from None
 
 
 def _write_weights(model: BertPretrainingModel, path: str) -> None:

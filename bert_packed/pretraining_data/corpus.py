@@ -26,6 +26,7 @@ import json
 import logging
 import lzma
 import re
+import zlib
 
 from bert_packed import files
 from bert_packed.errors import StorageError, UserError
@@ -252,7 +253,7 @@ def _numbered_lines(path: str):
             raise
         reason = "no such input file" if e.errno == errno.ENOENT else f"cannot read: {e.reason}"
         raise CorpusError(f"{path}: {reason}") from None
-    except (EOFError, OSError, lzma.LZMAError) as e:  # the decompressor's: the storage's are StorageErrors
+    except (EOFError, OSError, lzma.LZMAError, zlib.error) as e:  # the decompressor's: the storage's are StorageErrors
         raise CorpusError(f"{path}: {kind}-compressed, and it cannot be decompressed after line {number} ({e}): cut "
                           f"short or damaged?") from None
 
