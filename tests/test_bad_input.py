@@ -421,6 +421,12 @@ def test_an_unknown_flag_in_a_flagfile_names_the_flagfile_and_line(tmp_path):
                     f"that name)")
     assert_one_line(command("run_pretraining.py", "--bogus_flag=3"),
                     "run_pretraining: error: Unknown command line flag 'bogus_flag'")
+    nested = tmp_path / "nested.cfg"
+    nested.write_text("--train_batch_size=8\n--flagfile=inner.cfg\n")  # beside it, but read from the cwd
+    assert_one_line(command("run_pretraining.py", f"--flagfile={nested}"),
+                    f"run_pretraining: error: {nested}:2: --flagfile=inner.cfg: cannot read it ([Errno 2] No such "
+                    f"file or directory: 'inner.cfg'); a flagfile's path is read from the current directory, not from "
+                    f"the flagfile's")
     (tmp_path / "binary.cfg").write_bytes(b"\x1f\x8b\x08\x00\xff\xfe--x\n")
     assert_one_line(command("run_pretraining.py", f"--flagfile={tmp_path / 'binary.cfg'}"),
                     "run_pretraining: error: --flagfile: not UTF-8 text (a compressed or binary file?); a flagfile "

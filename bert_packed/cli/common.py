@@ -131,10 +131,33 @@ def _fail_on_storage(error: StorageError, program: str, output_flag: str | tuple
 def _unknown_flag(error: flags.UnrecognizedFlagError, args: list[str]) -> str:
     """absl's refusal of a flag no command defines, naming the flagfile and line that gave it (a
     flagfile may name another) when the command line did not."""
-    name = error.flagname
-    spellings = (f"--{name}", f"-{name}", f"--no{name}", f"-no{name}")
+    spellings = tuple(f"{dashes}{no}{error.flagname}" for dashes in ("--", "-") for no in ("", "no"))
     if any(arg.split("=", 1)[0] in spellings for arg in args):
         return str(error)
+    found = _flagfile_line(args, lambda line: line.split("=", 1)[0] in spellings)
+    if found is None:
+        return str(error)
+    path, number, line = found
+    return f"{path}:{number}: unknown flag {line.split('=', 1)[0]} (no flag of this command has that name)"
+
+
+def _unreadable_flagfile(error: flags.CantOpenFlagFileError, args: list[str]) -> str:
+    """absl's refusal of a flagfile it cannot open, naming the flagfile and line that named it
+    when the command line did not: its path is read from the current directory, not the flagfile's."""
+    reason = str(error).split("flagfile: ", 1)[-1]
+    given = {arg.split("=", 1)[1] for arg in args if arg.startswith(("--flagfile=", "-flagfile="))}
+    missing = re.search(r"'([^']*)'$", reason)
+    if missing and missing[1] not in given:
+        found = _flagfile_line(args, lambda line: line.split("=", 1)[-1] == missing[1] and "flagfile" in line)
+        if found is not None:
+            return (f"{found[0]}:{found[1]}: --flagfile={missing[1]}: cannot read it ({reason}); a flagfile's path "
+                    f"is read from the current directory, not from the flagfile's")
+    return f"--flagfile: cannot read it ({reason})"
+
+
+def _flagfile_line(args: list[str], wanted) -> tuple[str, int, str] | None:
+    """(flagfile, line number, line) of the first line of the flagfiles `args` give (and those they
+    name) for which wanted(line) holds, else None."""
     seen, pending = set(), [arg.split("=", 1)[1] for arg in args if arg.startswith(("--flagfile=", "-flagfile="))]
     while pending:
         path = pending.pop(0)
@@ -147,11 +170,11 @@ def _unknown_flag(error: flags.UnrecognizedFlagError, args: list[str]) -> str:
         except (OSError, UnicodeDecodeError):
             continue
         for number, line in enumerate(lines, 1):
-            if line.split("=", 1)[0] in spellings:
-                return f"{path}:{number}: unknown flag {line.split('=', 1)[0]} (no flag of this command has that name)"
+            if wanted(line):
+                return path, number, line
             if line.startswith(("--flagfile=", "-flagfile=")):
                 pending.append(line.split("=", 1)[1])
-    return str(error)
+    return None
 
 
 def _within(path: str | None, directory) -> bool:
@@ -182,7 +205,7 @@ def _flags_parser(main: Callable[[list[str]], None], program: str, positional: b
         except UnicodeDecodeError:  # absl reads a flagfile as text
             fail(program, "--flagfile: not UTF-8 text (a compressed or binary file?); a flagfile holds one flag a line")
         except flags.CantOpenFlagFileError as e:
-            fail(program, f"--flagfile: cannot read it ({str(e).split('flagfile: ', 1)[-1]})")
+            fail(program, _unreadable_flagfile(e, argv[1:]))
         except flags.Error as e:
             fail(program, e)
         if len(rest) > 1 and not positional and not pass_on:
