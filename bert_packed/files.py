@@ -536,7 +536,7 @@ def _claimed(claim_path: str, holder: dict):
 
 def _lock_holder(lock_path: str) -> dict | None:
     """The holder a lock (or a claim) names; {} when there is none, None when it cannot be read."""
-    if exists(lock_path) and not isfile(lock_path):
+    if _other_than_a_file(lock_path):
         return None  # a directory, say: nobody's lock, and nothing to take over
     try:
         with open_file(lock_path) as f:
@@ -546,6 +546,19 @@ def _lock_holder(lock_path: str) -> dict | None:
     except ValueError:
         return None
     return holder if isinstance(holder, dict) and holder else None
+
+
+@_on_storage
+def _other_than_a_file(path: str) -> bool:
+    """Whether `path` exists and is no regular file, asked once: `exists and not isfile` would
+    call a lock released between the two questions unreadable."""
+    gfile = _gfile(path)
+    if gfile is not None:
+        return gfile.isdir(path)
+    try:
+        return not stat.S_ISREG(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return False
 
 
 def this_process() -> dict:
