@@ -137,7 +137,7 @@ def test_verbosity_1_shows_the_traceback_of_an_error_and_a_bug_is_never_taken_fo
 @pytest.mark.parametrize("change, message", [
     ({"hidden_dropout_prob": "0.1"}, "hidden_dropout_prob must be a number, got '0.1'"),
     ({"vocab_size": 2**40}, "vocab_size must be a positive integer below 2**31"),
-    ({"vocab_size": 1000}, "input_ids holds a token id at or above vocab_size=1000 of the BERT config"),
+    ({"vocab_size": 1000}, "--input_file: made with a vocabulary of 1,"),  # metadata.json says (test_vocabulary)
     ({"type_vocab_size": 1}, "segment_ids holds a segment id at or above type_vocab_size=1 of the BERT config"),
 ])
 def test_train_refuses_a_bert_config_that_cannot_work(packed_dir, bert_config_file, tmp_path, change, message):
@@ -148,6 +148,23 @@ def test_train_refuses_a_bert_config_that_cannot_work(packed_dir, bert_config_fi
                      f"--max_seq_length={MAX_SEQ_LENGTH}", f"--max_predictions_per_seq={MAX_PREDICTIONS}",
                      "--train_batch_size=4", "--num_train_steps=2")
     assert_one_line(result, message)
+    assert not list((tmp_path / "run").glob("checkpoints/*.index"))
+
+
+def test_train_refuses_a_token_id_beyond_the_vocabulary_at_the_batch_that_holds_it(unpacked_dir, bert_config_file,
+                                                                                  tmp_path):
+    """Records no metadata.json describes (the reference's own) say nothing of their vocabulary:
+    the first batch that holds a token id the BERT config lacks is refused."""
+    config = {**json.load(open(bert_config_file)), "vocab_size": 1000}
+    (tmp_path / "bert_config.json").write_text(json.dumps(config))
+    (tmp_path / "bare").mkdir()
+    for path in tfrecords(unpacked_dir):
+        os.link(path, tmp_path / "bare" / os.path.basename(path))
+    result = command("run_pretraining.py", f"--bert_config_file={tmp_path / 'bert_config.json'}",
+                     f"--input_file={tmp_path}/bare/part-*.tfrecord", f"--output_dir={tmp_path / 'run'}",
+                     f"--max_seq_length={MAX_SEQ_LENGTH}", f"--max_predictions_per_seq={MAX_PREDICTIONS}",
+                     "--train_batch_size=4", "--num_train_steps=2")
+    assert_one_line(result, "input_ids holds a token id at or above vocab_size=1000 of the BERT config")
     assert not list((tmp_path / "run").glob("checkpoints/*.index"))
 
 

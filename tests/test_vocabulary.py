@@ -3,11 +3,16 @@ read by the data commands' tokenizer, and trained on."""
 
 import dataclasses
 import json
+import os
 
 import numpy as np
-from conftest import TINY, dataset_settings, run_command, tfrecords
+from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, TINY, dataset_settings, run_command, tfrecords
 from training_runs import config, make_trainer, read_log
 
+from bert_packed.dataset_info import read_dataset_info
+from bert_packed.features import Shapes
+from bert_packed.packing.pack_dataset import pack_pretraining_dataset
+from bert_packed.packing.pack_settings import PackSettings
 from bert_packed.pretraining_data.create_dataset import create_pretraining_dataset
 from bert_packed.pretraining_data.tokenization import Tokenizer
 from bert_packed.pretraining_data.vocabulary import build_vocabulary, reserved_tokens
@@ -50,6 +55,24 @@ def test_a_built_vocabulary_makes_records_that_train(corpus, tmp_path):
     trainer.train()
     losses = [r["loss"] for r in read_log(tmp_path / "run" / "train_log.jsonl")]
     assert len(losses) == 2 and np.all(np.isfinite(losses)) and losses[0] > 1.0
+    # The records, and their packs, say their vocabulary's size: a BERT config too small for it is
+    # refused at start, not at the first batch that holds a token id it lacks.
+    packed = tmp_path / "packed"
+    pack_pretraining_dataset(tfrecords(str(tmp_path / "records")), str(packed), PackSettings(
+        shapes=Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, 3)), num_workers=1)
+    for records in ("records", "packed"):
+        assert read_dataset_info(str(tmp_path / records)).details["vocab_size"] == len(tokens)
+    small = tmp_path / "small.json"
+    small.write_text(json.dumps({**TINY, "vocab_size": 200}))
+    for data in (f"{tmp_path}/records/part-*.tfrecord", f"{packed}/packed-*.tfrecord"):
+        result = run_command("run_pretraining", f"--bert_config_file={small}", f"--input_files={data}",
+                             f"--output_dir={tmp_path}/refused", "--num_train_steps=2")
+        metadata = os.path.join(os.path.dirname(data), "metadata.json")
+        assert result.returncode == 2 and result.stderr.strip().splitlines()[-1] == (
+            f"run_pretraining: error: --input_file: made with a vocabulary of {len(tokens):,} tokens ({metadata}), "
+            f"but the BERT config has vocab_size=200: give the --bert_config_file of that vocabulary (python -m "
+            f"bert_packed.vocab writes one with --bert_config_file)"), result.stderr
+        assert not (tmp_path / "refused").exists()
 
 
 def test_bad_settings_are_one_line(corpus, tmp_path):

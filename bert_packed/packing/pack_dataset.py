@@ -84,7 +84,7 @@ def pack_pretraining_dataset(input_files: list[str], output_dir: str, settings: 
     done = job.finished()
     if done is not None:
         return done
-    inputs = _described_inputs(sources, settings.shapes)  # refused inputs: nothing claimed
+    inputs, vocab_size = _described_inputs(sources, settings.shapes)  # refused inputs: nothing claimed
     with job.writing() as done:
         if done is not None:
             return done
@@ -98,17 +98,21 @@ def pack_pretraining_dataset(input_files: list[str], output_dir: str, settings: 
         histogram_path = os.path.join(output_dir, HISTOGRAM_FILE)
         save_histogram(histogram_path, merge_histograms(*[s["histogram"] for s in summaries]))
         return job.commit(_description(settings, packing_plan, shards, sources, checksum_in, seconds,
-                                       file_sha256(histogram_path)))
+                                       file_sha256(histogram_path), vocab_size))
 
 
-def _described_inputs(sources: list[str], shapes: Shapes) -> Dataset:
+def _described_inputs(sources: list[str], shapes: Shapes) -> tuple[Dataset, int | None]:
     """The inputs as their metadata.json describe them (Dataset.open), when they do: unpacked
-    records of the packer's L and P.
+    records of the packer's L and P; and the size of the vocabulary they were made with (the
+    largest, from inputs of several datasets), when their metadata.json say it.
 
     Raises:
       DatasetFilesError / SettingsError: naming the file or metadata.json and what differs.
     """
+    vocab_sizes = []
+
     def require(info: DatasetInfo, path: str) -> None:
+        vocab_sizes.append(info.details.get("vocab_size"))
         if info.packed:
             raise DatasetFilesError(f"--input_files: {path} describes packed data; the packer reads unpacked records "
                                     f"(create_pretraining_data's)")
@@ -118,7 +122,9 @@ def _described_inputs(sources: list[str], shapes: Shapes) -> Dataset:
             raise SettingsError(f"--input_files: {path} says {name}={getattr(info.shapes, name)}, but --{name}="
                                 f"{getattr(shapes, name)}")
 
-    return Dataset.open(sources, "--input_files", require=require)
+    inputs = Dataset.open(sources, "--input_files", require=require)
+    known = [size for size in vocab_sizes if size]
+    return inputs, max(known) if known else None
 
 
 # The names of the packer's work units and files (OutputJob keeps them in its work directory).
@@ -209,9 +215,9 @@ def audit_packs(summaries: list[dict], shards: list[dict]) -> int:
 
 
 def _description(settings: PackSettings, packing_plan, shards: list[dict], sources: list[str], checksum_in: int,
-                 seconds: dict, histogram_sha256: str) -> DatasetInfo:
+                 seconds: dict, histogram_sha256: str, vocab_size: int | None) -> DatasetInfo:
     """The packed dataset's metadata.json: its shards and what the plan made of the inputs (the
-    OutputJob adds the digests a rerun compares)."""
+    OutputJob adds the digests a rerun compares), and their vocabulary's size when known."""
     shapes = settings.shapes
     return DatasetInfo(
         packed=True, shapes=shapes, num_sequences=packing_plan.num_sequences, num_records=packing_plan.num_packs,
@@ -227,6 +233,7 @@ def _description(settings: PackSettings, packing_plan, shards: list[dict], sourc
                                                                           * shapes.max_seq_length),
             "seed": settings.seed,
             "seconds": seconds,  # of this run (a resumed run times only what it redid)
+            **({"vocab_size": vocab_size} if vocab_size else {}),
         })
 
 

@@ -213,7 +213,7 @@ def create_pretraining_dataset(input_files: list[str], output_dir: str, settings
             _make_shards_here(jobs, job.units, output_dir, settings, tokenizer, num_workers)
         else:
             make_shards(jobs, job.units, output_dir, settings)
-        return job.commit(_description(job, settings))
+        return job.commit(_description(job, settings, tokenizer.vocab_size))
 
 
 def _job(input_files: list[str], output_dir: str, settings: DatasetSettings,
@@ -502,9 +502,9 @@ def _worker_tokenizer(settings: DatasetSettings) -> Tokenizer:
     return _TOKENIZERS[key]
 
 
-def _description(job: OutputJob, settings: DatasetSettings) -> DatasetInfo:
+def _description(job: OutputJob, settings: DatasetSettings, vocab_size: int) -> DatasetInfo:
     """The dataset's metadata.json, from its shards' summaries (the histogram.json it names is
-    written here)."""
+    written here); `vocab_size`, the vocabulary's, is what a run's BERT config is checked against."""
     sources, output_dir = job.inputs, job.output_dir
     shards, evals = [], []
     for i in range(len(sources)):
@@ -540,6 +540,7 @@ def _description(job: OutputJob, settings: DatasetSettings) -> DatasetInfo:
         sources=tuple(sources), histogram_sha256=file_sha256(histogram_path),
         details={
             "settings": settings.to_dict(),
+            "vocab_size": vocab_size,
             "num_documents": sum(s["num_documents"] for s in first_pass),
             "num_empty_documents": sum(len(s["empty_documents"]) for s in first_pass),
             "num_sentences": sum(s["num_sentences"] for s in first_pass),

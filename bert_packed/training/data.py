@@ -107,7 +107,8 @@ class EvalData:
 
 
 def describe(paths: list[str], flag: str, shapes: Shapes, input_mode: str | None = None, depth_given: bool = False,
-             training: bool = False, held_out_allowed: bool = False) -> tuple[Dataset, np.ndarray | None]:
+             training: bool = False, held_out_allowed: bool = False,
+             vocab_size: int | None = None) -> tuple[Dataset, np.ndarray | None]:
     """What the data is, from its metadata.json (Dataset.open), checked against the settings, and
     its length histogram when a dataset's histogram.json is the files' own (every training file of
     one dataset), else None.
@@ -125,7 +126,8 @@ def describe(paths: list[str], flag: str, shapes: Shapes, input_mode: str | None
       SettingsError / DatasetFilesError / DatasetInfoError: naming the flag or file.
     """
     dataset = Dataset.open(paths, flag, training, held_out_allowed,
-                           require=lambda info, _: _check_against_settings(info, flag, shapes, input_mode, depth_given))
+                           require=lambda info, path: _check_against_settings(info, path, flag, shapes, input_mode,
+                                                                              depth_given, vocab_size))
     if dataset.packed is None:
         logging.warning("%s: no metadata.json beside the files; cannot check them against the flags", flag)
         packed = input_mode in PACKED_RECORD_MODES
@@ -159,8 +161,13 @@ def _dataset_histogram(directory: str, info: DatasetInfo) -> np.ndarray | None:
     return counted
 
 
-def _check_against_settings(info: DatasetInfo, flag: str, shapes: Shapes, input_mode: str | None,
-                            depth_given: bool) -> None:
+def _check_against_settings(info: DatasetInfo, path: str, flag: str, shapes: Shapes, input_mode: str | None,
+                            depth_given: bool, vocab_size: int | None) -> None:
+    made_with = info.details.get("vocab_size")
+    if vocab_size and made_with and made_with > vocab_size:  # token ids the embeddings do not hold
+        raise SettingsError(f"{flag}: made with a vocabulary of {made_with:,} tokens ({path}), but the BERT config "
+                            f"has vocab_size={vocab_size:,}: give the --bert_config_file of that vocabulary (python -m "
+                            f"bert_packed.vocab writes one with --bert_config_file)")
     packed = None if input_mode is None else input_mode in PACKED_RECORD_MODES  # packed_online: unpacked
     if packed is False and info.packed:
         raise SettingsError(f"{flag}: packed data (metadata.json), but --input_mode={input_mode} reads unpacked "
@@ -226,6 +233,7 @@ def train_data(paths: list[str], shapes: Shapes, config: TrainConfig, depth_give
         whose positions must hold L).
       depth_given: whether --max_sequences_per_pack was given (else it is the data's).
       held_out_allowed: --train_on_held_out_files.
+      vocab_size: the BERT config's (None: not checked); data made with a larger vocabulary is refused.
       run: the run's directory, where a histogram counted here is cached.
     """
     batch = config.batch
@@ -238,7 +246,7 @@ def train_data(paths: list[str], shapes: Shapes, config: TrainConfig, depth_give
     require(all(1 <= b <= shapes.max_seq_length for b in batch.bucket_boundaries),
             f"--bucket_boundaries={','.join(map(str, batch.bucket_boundaries))}: each in [1, {shapes.max_seq_length}]")
     described, own_histogram = describe(paths, "--input_file", shapes, input_mode, depth_given, training=True,
-                                        held_out_allowed=held_out_allowed)
+                                        held_out_allowed=held_out_allowed, vocab_size=config.model.bert.vocab_size)
     require_no_held_out_packs(paths, held_out_allowed)
     facts = dict(files=tuple(paths), identity=described.identity, input_mode=input_mode)
     if input_mode != "packed_online" and described.num_sequences:
@@ -266,7 +274,7 @@ def eval_data(paths: list[str], flag: str, shapes: Shapes, config: TrainConfig) 
     input_mode = config.eval.eval_input_mode
     if input_mode == "packed_online":
         require_window(config.batch.online_packing_window, shapes.max_sequences_per_pack)
-    described, own_histogram = describe(paths, flag, shapes, input_mode)
+    described, own_histogram = describe(paths, flag, shapes, input_mode, vocab_size=config.model.bert.vocab_size)
     if input_mode != "packed_online":
         _require_counts(described)
         return EvalData(files=tuple(paths), identity=described.identity, shapes=described.shapes,
