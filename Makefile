@@ -40,7 +40,16 @@ $(TEST_STAMP): $(STAMP)
 # packs at a factor of about 2 as MLPerf's Wikipedia does; JOB=sample, the sample's long articles
 # as they are, which pack at 1.2 (the long-article case of docs/experiments.md). Results in
 # runs/JOB; re-running reuses every finished stage.
-JOB ?= wikipedia_like
+# CORPUS='my/text/*.txt.gz' (JOB=corpus), your own text in any input format: the same stages but
+# phase 1, in runs/corpus, phase 2 packed against unpacked from INIT_CHECKPOINT's weights or
+# random ones; VOCAB_FILE and BERT_CONFIG_FILE for a vocabulary of your own (python -m
+# bert_packed.vocab writes both), DATA_FLAGS for create_pretraining_data (--input_format=jsonl).
+CORPUS ?=
+VOCAB_FILE ?=
+BERT_CONFIG_FILE ?=
+INIT_CHECKPOINT ?=
+DATA_FLAGS ?=
+JOB ?= $(if $(strip $(CORPUS)),corpus,wikipedia_like)
 override JOB := $(strip $(JOB))
 DIR := runs/$(JOB)
 # One seed each for the main job; `make experiments` runs three, and two more of the baseline,
@@ -60,8 +69,8 @@ ABLATION := ablation_packs_as_rows ablation_packed_depth1 ablation_unpacked_batc
 	ablation_batch_corrected_schedule_in_sequences ablation_plain_betas_schedule_in_sequences
 
 job:
-	@$(if $(filter-out 1,$(words $(JOB)))$(filter-out wikipedia_like sample,$(JOB)),\
-		echo "make: JOB=$(JOB): expected wikipedia_like or sample" >&2 && exit 2,true)
+	@$(if $(filter-out 1,$(words $(JOB)))$(filter-out wikipedia_like sample corpus,$(JOB)),\
+		echo "make: JOB=$(JOB): expected wikipedia_like or sample (CORPUS=... runs on your own text)" >&2 && exit 2,true)
 
 # A value as one shell word, exactly as given: in single quotes, each ' as '\''. The *_FLAGS are
 # taken unexpanded ($(value ...)), so that a quote, a $ or a ; in them reaches the job as typed
@@ -72,7 +81,12 @@ run: job $(STAMP)
 	@$(PYTHON) scripts/main_job.py --job=$(JOB) --seeds=$(call quote,$(subst $() ,$(comma),$(strip $(SEEDS)))) \
 		--baseline_seeds=$(call quote,$(subst $() ,$(comma),$(strip $(BASELINE_SEEDS)))) \
 		--curves=$(call quote,$(CURVES)) --phase1_flags=$(call quote,$(value PHASE1_FLAGS)) \
-		--phase2_flags=$(call quote,$(value PHASE2_FLAGS)) --throughput_flags=$(call quote,$(value THROUGHPUT_FLAGS))
+		--phase2_flags=$(call quote,$(value PHASE2_FLAGS)) --throughput_flags=$(call quote,$(value THROUGHPUT_FLAGS)) \
+		$(if $(strip $(CORPUS)),--corpus=$(call quote,$(value CORPUS))) \
+		$(if $(strip $(VOCAB_FILE)),--vocab_file=$(call quote,$(value VOCAB_FILE))) \
+		$(if $(strip $(BERT_CONFIG_FILE)),--bert_config_file=$(call quote,$(value BERT_CONFIG_FILE))) \
+		$(if $(strip $(INIT_CHECKPOINT)),--init_checkpoint=$(call quote,$(value INIT_CHECKPOINT))) \
+		--data_flags=$(call quote,$(value DATA_FLAGS))
 
 # The figure and table of docs/experiments.md: the main job with three seeds of each phase-2
 # configuration and five of the baseline (JOB=sample: the long-article case).

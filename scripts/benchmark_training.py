@@ -46,6 +46,8 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("sample_dir", os.path.join(ROOT, "runs", "wikipedia_like"),
                     "Holds unpacked/ and packed/ at L=512, as `make run` builds them.")
 flags.DEFINE_list("configs", ["tiny", "mini"], "Comma-separated configs/bert_config_*.json names.")
+flags.DEFINE_string("bert_config_file", None, "A BERT config of your own, measured instead of --configs (one whose "
+                                              "vocab_size holds your data's vocabulary).")
 flags.DEFINE_integer("batch_size", 8, "Rows per update in every mode.", lower_bound=1)
 flags.DEFINE_list("modes", ["padded", "bucketed", "packed"],
                   f"Input modes to measure ({', '.join(MODES)}); the first is the baseline of the speed-ups.")
@@ -70,7 +72,7 @@ def main(argv) -> int:
         raise InputFilesError(f"{FLAGS.sample_dir}: no sample data at L=512; `make run` builds it")
     info = read_dataset_info(os.path.join(FLAGS.sample_dir, "packed"))
     factor, shapes = info.packing_factor, info.shapes
-    print(f"\nsample at L={shapes.max_seq_length}: packing factor {factor:.3f}; {FLAGS.rounds} rounds of "
+    print(f"\n{FLAGS.sample_dir} at L={shapes.max_seq_length}: packing factor {factor:.3f}; {FLAGS.rounds} rounds of "
           f"{FLAGS.updates} updates of {FLAGS.batch_size} rows per mode, alternated\n")
     print("| config | input | sequences/s | real tokens/s | padding efficiency | speed-up (median, range) | "
           "speed-up / packing factor |")
@@ -80,8 +82,10 @@ def main(argv) -> int:
                   shapes.max_sequences_per_pack)
     factors = {"padded": 1.0, "bucketed": 1.0, "packed": factor, "packed_online": online.packing_factor}
     with tempfile.TemporaryDirectory() as work:
-        for name in FLAGS.configs:
-            bert = BertConfig.from_json_file(os.path.join(ROOT, "configs", f"bert_config_{name}.json"))
+        configs = ({os.path.basename(FLAGS.bert_config_file): FLAGS.bert_config_file} if FLAGS.bert_config_file
+                   else {name: os.path.join(ROOT, "configs", f"bert_config_{name}.json") for name in FLAGS.configs})
+        for name, path in configs.items():
+            bert = BertConfig.from_json_file(path)
             runs = {mode: benchmark_run(
                 bert, packed if mode == "packed" else unpacked,
                 shapes if mode in PACK_MODES else shapes.unpacked(),

@@ -14,10 +14,14 @@ Each stage is the command a user would type (docs/ shows them), run in this proc
 what it does in a line starting with "== ", and each command in a line or a few. Running the job
 again reuses every finished stage; the first stage that fails ends it with its exit status.
 
-Two corpora, each in runs/JOB (the configs/tiny_JOB_*.cfg flagfiles name these paths):
+Three corpora, each in runs/JOB (the configs/tiny_JOB_*.cfg flagfiles name these paths):
 wikipedia_like, the shipped sample's text cut to Wikipedia's length mix, which packs at a factor
 of about 2 as MLPerf's Wikipedia does; sample, the sample's long articles as they are, which
-pack at 1.2 (the long-article case of docs/experiments.md).
+pack at 1.2 (the long-article case of docs/experiments.md); corpus, your own text (--corpus):
+no phase 1, and phase 2 unpacked and packed from your weights (--init_checkpoint) or from
+random ones.
+
+    python scripts/main_job.py --corpus='my/text/*.txt.gz'     # make run CORPUS='my/text/*.txt.gz'
 """
 
 from __future__ import annotations
@@ -33,13 +37,27 @@ from absl import flags
 from bert_packed.cli.common import run
 from bert_packed.cli.in_process import command_in_this_process, run_in_process
 from bert_packed.errors import SettingsError
+from bert_packed.files import write_text_atomically
 
 PROGRAM = "main_job"
-# The phase-2 configurations compared; the first is the baseline.
+# The phase-2 configurations compared; the first is the baseline. On your own text: packed
+# against unpacked.
 PHASE2 = ("unpacked", "packed_batch_corrected", "packed_adjusted_betas", "packed_plain_betas", "packed_online")
+CORPUS_PHASE2 = ("unpacked", "packed_batch_corrected")
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("job", "wikipedia_like", ["wikipedia_like", "sample"], "The corpus (runs/JOB).")
+flags.DEFINE_enum("job", "wikipedia_like", ["wikipedia_like", "sample", "corpus"],
+                  "The corpus (runs/JOB); corpus: your own text, --corpus.")
+flags.DEFINE_string("corpus", None, "Your own text (runs/corpus): a glob, or globs separated by commas, of files in any "
+                                    "input format, gzip, bzip2 or xz too.")
+flags.DEFINE_string("vocab_file", None, "With --corpus: its vocabulary (BERT's uncased by default; python -m "
+                                        "bert_packed.vocab builds one of your own).")
+flags.DEFINE_string("bert_config_file", None, "With --corpus: the model (configs/bert_config_tiny.json by default; "
+                                              "its vocab_size holds the vocabulary's).")
+flags.DEFINE_string("init_checkpoint", None, "With --corpus: the weights phase 2 starts from (a run directory, a "
+                                             "checkpoint, a Hugging Face directory); without it, random weights.")
+flags.DEFINE_string("data_flags", "", "With --corpus: flags added to create_pretraining_data's command, split as "
+                                      "--phase1_flags (\"--input_format=jsonl --text_field=body --dupe_factor=5\").")
 flags.DEFINE_list("seeds", ["1"], "Phase 2's seeds (`make experiments`: 1,2,3).")
 flags.DEFINE_list("baseline_seeds", [], "More seeds of the unpacked baseline alone (`make experiments`: 4,5).")
 flags.DEFINE_string("curves", None, "The comparison's PNG (default runs/JOB/curves.png).")
@@ -120,39 +138,49 @@ def seeds() -> tuple[list[str], list[str]]:
     return [str(int(v)) for v in given["seeds"]], [str(int(v)) for v in given["baseline_seeds"]]
 
 
-def phase2(job: str, directory: str, seeds: list[str], baseline_seeds: list[str], phase2_flags: list[str]) -> None:
-    """Stage 7: each configuration of PHASE2 for each seed, then the baseline's other seeds."""
-    also = f"; unpacked also {' '.join(baseline_seeds)}" if baseline_seeds else ""
-    stage(7, f"phase 2 at L=512: {' '.join(PHASE2)}; seeds {' '.join(seeds)}{also}")
-    phase2 = [(config, seed) for seed in seeds for config in PHASE2] + [("unpacked", seed) for seed in baseline_seeds]
-    for config, seed in phase2:
-        print(f"-- {config}, seed {seed}", flush=True)
-        command("bert_packed.cli.run_pretraining", f"--flagfile=configs/tiny_{job}_{config}.cfg", f"--seed={seed}",
-                f"--output_dir={directory}/{config}_seed{seed}", *phase2_flags)
+def own_text() -> tuple[str, list[str], list[str]]:
+    """The job, and with --corpus the flags of your own text: the model's, added to every
+    phase-2 command (before --phase2_flags, which may change them), and the vocabulary's with
+    --data_flags, added to create_pretraining_data's. They are for --corpus alone: the shipped
+    jobs' flagfiles name their own model and vocabulary."""
+    given = [name for name in ("vocab_file", "bert_config_file", "init_checkpoint") if getattr(FLAGS, name)]
+    given += ["data_flags"] if FLAGS.data_flags.strip() else []
+    if FLAGS.corpus is None:
+        if FLAGS.job == "corpus":
+            raise SettingsError("--job=corpus runs on your own text: give --corpus (a glob of your text files)")
+        if given:
+            raise SettingsError(f"--{given[0]} is for --corpus (your own text): the {FLAGS.job} job's flagfiles name "
+                                f"its model and vocabulary")
+        return FLAGS.job, [], []
+    if not FLAGS.corpus.strip():
+        raise SettingsError("--corpus is empty: expected a glob of your text files (--corpus='my/text/*.txt.gz')")
+    if FLAGS["job"].present and FLAGS.job != "corpus":
+        raise SettingsError(f"--job={FLAGS.job} and --corpus={FLAGS.corpus}: give one (--corpus runs in runs/corpus)")
+    model = [f"--{name}={getattr(FLAGS, name)}" for name in ("bert_config_file", "init_checkpoint", "vocab_file")
+             if getattr(FLAGS, name)]
+    vocabulary = [f"--vocab_file={FLAGS.vocab_file}"] if FLAGS.vocab_file else []
+    return "corpus", model, vocabulary + checked_flags("data_flags", "bert_packed.cli.create_pretraining_data")
 
 
-def main(argv):
-    del argv
-    job, (phase2_seeds, baseline_seeds) = FLAGS.job, seeds()
-    directory = f"runs/{job}"
-    curves = FLAGS.curves or f"{directory}/curves.png"
-    phase1_flags = checked_flags("phase1_flags", "bert_packed.cli.run_pretraining")
-    phase2_flags = checked_flags("phase2_flags", "bert_packed.cli.run_pretraining")
-    throughput_flags = checked_flags("throughput_flags", "benchmark_training")
+def data_stages(job: str, directory: str, data_flags: list[str]) -> None:
+    """Stages 1 to 4: the corpus, its records at L=512, their plan and packs, and phase 1's records."""
     if job == "wikipedia_like":
         stage(1, f"the corpus: the sample's text cut to Wikipedia's length mix ({directory}/corpus)")
         command("make_wikipedia_like_corpus", f"--output_dir={directory}/corpus")
         # Two passes over the text, each masked anew (MLPerf's recipe makes ten): 6,300 sequences,
         # enough for the length histogram to be read to 0.13 in total variation.
-        text, input_format, dupe_factor = f"{directory}/corpus/*.txt", "sentences", 2
-    else:
+        text, text_flags = f"{directory}/corpus/*.txt", ["--input_format=sentences", "--dupe_factor=2"]
+    elif job == "sample":
         stage(1, "the corpus: the sample's 121 articles as they are (data/wikipedia_sample)")
-        text, input_format, dupe_factor = "data/wikipedia_sample/wiki_*", "wikiextractor", 1
+        text, text_flags = "data/wikipedia_sample/wiki_*", ["--input_format=wikiextractor", "--dupe_factor=1"]
+    else:  # its format detected, as create_pretraining_data says; one pass unless --data_flags says more
+        stage(1, f"the corpus: your text, {FLAGS.corpus}")
+        text, text_flags = FLAGS.corpus, ["--dupe_factor=1"]
 
     stage(2, f"pre-training records at L=512 ({directory}/unpacked)")
-    command("bert_packed.cli.create_pretraining_data", f"--input_file={text}", f"--input_format={input_format}",
+    command("bert_packed.cli.create_pretraining_data", f"--input_file={text}", *text_flags,
             f"--output_dir={directory}/unpacked", "--max_seq_length=512", "--max_predictions_per_seq=76",
-            f"--dupe_factor={dupe_factor}", "--eval_fraction=0.1")
+            "--eval_fraction=0.1", *data_flags)
 
     stage(3, f"their lengths against Wikipedia's, and packing at L=512 ({directory}/packed)")
     command("bert_packed.cli.plan_packing", f"--histogram={directory}/unpacked/histogram.json", "--algorithm=lp",
@@ -161,34 +189,93 @@ def main(argv):
             f"--output_dir={directory}/packed", "--max_seq_length=512", "--max_predictions_per_seq=76",
             "--max_sequences_per_pack=3", "--algorithm=lp", "--verify")
 
+    if job == "corpus":
+        stage(4, "no records at L=128: phase 1 (MLPerf's first, short phase, at L=128) is not run on your text")
+        return
     stage(4, f"pre-training records at L=128 for phase 1 ({directory}/phase1_data)")
-    command("bert_packed.cli.create_pretraining_data", f"--input_file={text}", f"--input_format={input_format}",
+    command("bert_packed.cli.create_pretraining_data", f"--input_file={text}", text_flags[0],
             f"--output_dir={directory}/phase1_data", "--max_seq_length=128", "--max_predictions_per_seq=20",
             "--dupe_factor=1", "--eval_fraction=0.1")
 
-    stage(5, f"phase 1 at L=128 ({directory}/phase1)")
-    command("bert_packed.cli.run_pretraining", f"--flagfile=configs/tiny_{job}_phase1.cfg", *phase1_flags)
 
-    stage(6, f"the phase-1 weights evaluated at L=512 ({directory}/phase1_eval)")
-    command_unless_done(f"{directory}/phase1_eval/eval_results.txt", "bert_packed.cli.run_pretraining",
+def starting_weights(job: str, directory: str, phase1_flags: list[str], phase2_flags: list[str]) -> None:
+    """Stages 5 and 6: phase 1, then its weights evaluated at L=512; with your own text, the
+    weights you gave evaluated (or none: random weights)."""
+    if job == "corpus":
+        start = (f"--init_checkpoint={FLAGS.init_checkpoint}" if FLAGS.init_checkpoint
+                 else "random weights (INIT_CHECKPOINT=, --init_checkpoint: from weights of your own)")
+        stage(5, f"no phase 1: phase 2 starts from {start}")
+        same_start(directory, FLAGS.init_checkpoint or "random weights")
+        if not FLAGS.init_checkpoint:
+            stage(6, "no weights to evaluate before phase 2: it starts from random weights")
+            return
+        stage(6, f"the weights phase 2 starts from evaluated at L=512 ({directory}/init_eval)")
+        evaluated = f"{directory}/init_eval"
+    else:
+        stage(5, f"phase 1 at L=128 ({directory}/phase1)")
+        command("bert_packed.cli.run_pretraining", f"--flagfile=configs/tiny_{job}_phase1.cfg", *phase1_flags)
+        stage(6, f"the phase-1 weights evaluated at L=512 ({directory}/phase1_eval)")
+        evaluated = f"{directory}/phase1_eval"
+    command_unless_done(f"{evaluated}/eval_results.txt", "bert_packed.cli.run_pretraining",
                         f"--flagfile=configs/tiny_{job}_phase2.cfg", "--do_train=false", "--do_eval",
-                        f"--input_file={directory}/unpacked/eval-*.tfrecord", f"--output_dir={directory}/phase1_eval",
+                        f"--input_file={directory}/unpacked/eval-*.tfrecord", f"--output_dir={evaluated}",
                         *phase2_flags)
 
+
+def same_start(directory: str, weights: str) -> None:
+    """Records what phase 2 on your text starts from, or refuses other weights than a run before
+    started from: a finished run does not start again, and curves from other weights would be
+    compared as if from these."""
+    record = f"{directory}/phase2_start.txt"
+    if os.path.exists(record):
+        with open(record, encoding="utf-8") as f:
+            before = f.read().strip()
+        if before != weights:
+            raise SettingsError(f"{directory}: phase 2 ran from {before}, and this command starts it from {weights}: "
+                                f"give the weights it ran from, or remove {directory}/*_seed*, {directory}/init_eval and "
+                                f"{record} to run it again")
+    write_text_atomically(record, weights + "\n")
+
+
+def phase2(job: str, directory: str, seeds: list[str], baseline_seeds: list[str], phase2_flags: list[str]) -> None:
+    """Stage 7: each configuration of the job for each seed, then the baseline's other seeds."""
+    configs = CORPUS_PHASE2 if job == "corpus" else PHASE2
+    also = f"; unpacked also {' '.join(baseline_seeds)}" if baseline_seeds else ""
+    stage(7, f"phase 2 at L=512: {' '.join(configs)}; seeds {' '.join(seeds)}{also}")
+    runs = [(config, seed) for seed in seeds for config in configs] + [("unpacked", seed) for seed in baseline_seeds]
+    for config, seed in runs:
+        print(f"-- {config}, seed {seed}", flush=True)
+        command("bert_packed.cli.run_pretraining", f"--flagfile=configs/tiny_{job}_{config}.cfg", f"--seed={seed}",
+                f"--output_dir={directory}/{config}_seed{seed}", *phase2_flags)
+
+
+def main(argv):
+    del argv
+    (phase2_seeds, baseline_seeds), (job, model_flags, data_flags) = seeds(), own_text()
+    directory = f"runs/{job}"
+    curves = FLAGS.curves or f"{directory}/curves.png"
+    phase1_flags = checked_flags("phase1_flags", "bert_packed.cli.run_pretraining")
+    phase2_flags = model_flags + checked_flags("phase2_flags", "bert_packed.cli.run_pretraining")
+    throughput_flags = checked_flags("throughput_flags", "benchmark_training")
+    model = [f"--bert_config_file={FLAGS.bert_config_file}"] if FLAGS.bert_config_file else []
+
+    data_stages(job, directory, data_flags)
+    starting_weights(job, directory, phase1_flags, phase2_flags)
     phase2(job, directory, phase2_seeds, baseline_seeds, phase2_flags)
 
     stage(8, f"throughput, packed and unpacked alternated on these records ({directory}/throughput.json)")
-    command_unless_done(f"{directory}/throughput.json", "benchmark_training", "--configs=tiny",
+    command_unless_done(f"{directory}/throughput.json", "benchmark_training", "--configs=tiny", *model,
                         f"--sample_dir={directory}", "--modes=padded,packed", "--target=0",
                         f"--output_json={directory}/throughput.json", *throughput_flags)
 
     stage(9, f"comparison ({curves})")
+    configs = CORPUS_PHASE2 if job == "corpus" else PHASE2
     compared = ([f"{directory}/unpacked_seed{seed}" for seed in baseline_seeds]
-                + [f"{directory}/{config}_seed{seed}" for config in PHASE2 for seed in phase2_seeds])
+                + [f"{directory}/{config}_seed{seed}" for config in configs for seed in phase2_seeds])
     command("bert_packed.cli.compare_curves", f"--output={curves}", "--accuracy=auto",
             f"--throughput={directory}/throughput.json", *compared)
-    print(f"results: {directory}/ (curves, */train_log.jsonl, */eval_log.jsonl, phase1/model.ckpt-250, "
-          "throughput.json)")
+    weights = "phase1/model.ckpt-250, " if job != "corpus" else ""
+    print(f"results: {directory}/ (curves, */train_log.jsonl, */eval_log.jsonl, {weights}throughput.json)")
 
 
 def entry_point():

@@ -10,8 +10,10 @@ suite, `make experiments` is `make run` with more seeds) are not run here. Every
 checked: a bounded number of lines, no traceback, no TensorFlow C++ log line, no raw record.
 """
 
+import gzip
 import io
 import json
+import math
 import os
 import re
 import shlex
@@ -20,14 +22,18 @@ import sys
 import tempfile
 
 import pytest
-from conftest import REPO, run_script
+from conftest import REPO, TINY, run_command, run_script
 
+from bert_packed.dataset_info import read_dataset_info
 from bert_packed.tensorflow_loading import STARTUP_NOTICES
 
 README = os.path.join(REPO, "README.md")
 PAGES = [README] + sorted(os.path.join(REPO, "docs", name) for name in os.listdir(os.path.join(REPO, "docs"))
                           if name.endswith(".md"))
-SET_UP = {"make run", "make test", "make experiments", "make experiments JOB=sample", "make ablation"}
+# test_the_main_job_runs_on_your_own_compressed_text_with_a_vocabulary_built_from_it runs the CORPUS= ones.
+SET_UP = {"make run", "make test", "make experiments", "make experiments JOB=sample", "make ablation",
+          "make run CORPUS='my/text/*.txt.gz'", "make run CORPUS='my/text/*.txt.gz' VOCAB_FILE=runs/mine/vocab/vocab.txt "
+                                                "BERT_CONFIG_FILE=runs/mine/vocab/bert_config.json"}
 # README sizes -> test sizes.
 SMALLER = [
     (re.compile(r"--dupe_factor=10\b"), "--dupe_factor=1"),
@@ -109,13 +115,19 @@ def environment() -> dict:
             "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
 
 
+def lay_out_as_a_clone(root):
+    """`root` laid out as a clone: the repository's Makefile, configs, data and scripts; .venv is
+    this environment."""
+    for name in ("Makefile", "pyproject.toml", "configs", "data", "scripts", "run_pretraining.py"):
+        os.symlink(os.path.join(REPO, name), root / name)
+    os.symlink(sys.prefix, root / ".venv")
+
+
 @pytest.fixture(scope="module")
 def main_job(tmp_path_factory):
     """A directory laid out as a clone, after a small `make run`; (its path, make's output)."""
     root = tmp_path_factory.mktemp("checkout")
-    for name in ("Makefile", "pyproject.toml", "configs", "data", "scripts", "run_pretraining.py"):
-        os.symlink(os.path.join(REPO, name), root / name)
-    os.symlink(sys.prefix, root / ".venv")
+    lay_out_as_a_clone(root)
     # This environment is the one make uses, installed: its stamp newer than pyproject.toml.
     stamp = root / "installed"
     stamp.touch()
@@ -179,7 +191,62 @@ def test_the_main_job_runs_and_reads_well(main_job):
         assert '"key": "submission_org", "value": "My Org"' in f.read()
 
 
+@pytest.mark.slow
+def test_the_main_job_runs_on_your_own_compressed_text_with_a_vocabulary_built_from_it(corpus, tmp_path):
+    """`make run CORPUS=...`'s job on the test corpus gzip-compressed, with a vocabulary built
+    from it and the BERT config of its size: no phase 1, phase 2 unpacked and packed from random
+    weights (said), throughput and comparison, in runs/corpus."""
+    lay_out_as_a_clone(tmp_path)
+    (tmp_path / "text").mkdir()
+    for path in corpus:
+        with open(path, "rb") as f, gzip.open(tmp_path / "text" / (os.path.basename(path) + ".gz"), "wb") as out:
+            out.write(f.read())
+    template = tmp_path / "template.json"
+    template.write_text(json.dumps({**TINY, "max_position_embeddings": 512}))
+    built = run_command("build_vocabulary", "--input_file=text/*.gz", "--vocab_file=mine/vocab.txt", "--vocab_size=1000",
+                        f"--bert_config_file={template}", cwd=str(tmp_path))
+    assert built.returncode == 0, built.stderr
+    result = run_script("main_job", "--corpus=text/*.gz", "--vocab_file=mine/vocab.txt",
+                        "--bert_config_file=mine/bert_config.json",
+                        "--phase2_flags=--num_train_steps=2 --max_eval_steps=1 --train_batch_size=4 --eval_batch_size=8",
+                        "--throughput_flags=--rounds=1 --updates=1 --batch_size=2", cwd=str(tmp_path))
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert_reads_well(output, "main_job --corpus", 90)
+    stages = [line for line in result.stdout.splitlines() if line.startswith("== ")]
+    assert stages[0] == "== 1/9 the corpus: your text, text/*.gz" and len(stages) == 9
+    assert ("== 5/9 no phase 1: phase 2 starts from random weights (INIT_CHECKPOINT=, --init_checkpoint: from "
+            "weights of your own)") in stages
+    assert "detected in text/wiki_00.gz and its other file" in output  # gzip read as it is
+    vocabulary = (tmp_path / "mine" / "vocab.txt").read_text().splitlines()
+    for records in ("unpacked", "packed"):
+        assert read_dataset_info(str(tmp_path / "runs" / "corpus" / records)).details["vocab_size"] == len(vocabulary)
+    for run in ("unpacked_seed1", "packed_batch_corrected_seed1"):
+        with open(tmp_path / "runs" / "corpus" / run / "train_log.jsonl", encoding="utf-8") as f:
+            losses = [json.loads(line)["loss"] for line in f]
+        assert len(losses) == 2 and all(math.isfinite(loss) for loss in losses), run
+        assert "--bert_config_file=mine/bert_config.json" in (tmp_path / "runs" / "corpus" / run / "flags.txt").read_text()
+    assert output.count("initialised from random weights (--seed=1): no --init_checkpoint") == 2
+    assert output.count("mllog.txt: passes the MLPerf compliance checker") == 2
+    assert (tmp_path / "runs" / "corpus" / "curves.png").exists() and (tmp_path / "runs" / "corpus" / "throughput.json").exists()
+    # Other starting weights than the finished runs': refused, not compared as if from these.
+    again = run_script("main_job", "--corpus=text/*.gz", "--vocab_file=mine/vocab.txt",
+                       "--bert_config_file=mine/bert_config.json", "--init_checkpoint=runs/corpus/unpacked_seed1",
+                       cwd=str(tmp_path))
+    assert again.returncode == 2 and again.stderr.strip().splitlines()[-1] == (
+        "main_job: error: runs/corpus: phase 2 ran from random weights, and this command starts it from "
+        "runs/corpus/unpacked_seed1: give the weights it ran from, or remove runs/corpus/*_seed*, runs/corpus/init_eval "
+        "and runs/corpus/phase2_start.txt to run it again"), again.stderr[-2000:]
+
+
 @pytest.mark.parametrize("args, message", [
+    (["--vocab_file=v.txt"], "--vocab_file is for --corpus (your own text): the wikipedia_like job's flagfiles name "
+                             "its model and vocabulary"),
+    (["--job=corpus"], "--job=corpus runs on your own text: give --corpus (a glob of your text files)"),
+    (["--corpus= "], "--corpus is empty: expected a glob of your text files (--corpus='my/text/*.txt.gz')"),
+    (["--corpus=text/*", "--job=sample"], "--job=sample and --corpus=text/*: give one (--corpus runs in runs/corpus)"),
+    (["--corpus=text/*", "--data_flags=--dupe_factr=2"], "--data_flags: '--dupe_factr=2': create_pretraining_data has "
+                                                          "no such flag (--data_flags holds flags, --name=value)"),
     (["--phase2_flags=--submission_org='My Org"], "--phase2_flags=--submission_org='My Org: No closing quotation "
                                                   "(the value is split as a shell splits a line)"),
     (["--seeds="], "--seeds is empty: expected at least one seed (--seeds=1)"),

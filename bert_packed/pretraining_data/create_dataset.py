@@ -239,8 +239,9 @@ def resolve_input_format(input_files: list[str], settings: DatasetSettings) -> D
     if settings.input_format != "auto":
         return settings
     input_format, reason = detect_corpus_format(input_files)
+    others = len(input_files) - 1
     logging.info("input format: %s (--input_format=%s), detected in %s%s: %s", INPUT_FORMATS[input_format],
-                 input_format, input_files[0], f" and its {len(input_files) - 1} other files" if input_files[1:] else "",
+                 input_format, input_files[0], {0: "", 1: " and its other file"}.get(others, f" and its {others} other files"),
                  reason)
     return dataclasses.replace(settings, input_format=input_format)
 

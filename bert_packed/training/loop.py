@@ -252,6 +252,8 @@ def _resume(directory: RunDirectory, config: TrainConfig, step: CompiledStep, ch
     if not resumed and config.model.init_checkpoint:
         load_weights(step.model, config.model.init_checkpoint)
         logging.info("initialised from %s", config.model.init_checkpoint)
+    elif not resumed:  # said: a run meant to start from given weights whose flag was lost looks the same
+        logging.info("initialised from random weights (--seed=%d): no --init_checkpoint", config.run.seed)
     finished = previous.get("finished") or {}
     done = bool(resumed) and finished.get("step") == current and (current >= config.last_step
                                                                   or finished.get("reached", False))
