@@ -326,13 +326,15 @@ def test_a_held_out_share_that_holds_out_nothing_writes_no_empty_eval_file(corpu
         create_pretraining_dataset(corpus, str(tmp_path), settings, num_workers=1)
 
 
-def test_a_huge_line_without_a_boundary_is_cut_into_pieces_and_fills_instances(tmp_path, caplog):
+def test_a_huge_line_without_a_boundary_is_cut_into_pieces_and_fills_instances(tmp_path, caplog, monkeypatch):
     words = [word for word in open(SAMPLE, encoding="utf-8").read().split() if word.isalpha()]
     line = " ".join(words[i % len(words)] for i in range(200_000))  # ~1.3 MB, one "sentence"
     (tmp_path / "huge.txt").write_text(line)  # no newline at all
-    metadata = create_pretraining_dataset([str(tmp_path / "huge.txt")], str(tmp_path / "out"),
-                                          dataset_settings(dupe_factor=1, short_seq_prob=0.0), num_workers=1)
-    assert "huge.txt:1: a sentence of" in caplog.text and "is cut into" in caplog.text
+    monkeypatch.chdir(tmp_path)
+    metadata = create_pretraining_dataset(["huge.txt"], "out", dataset_settings(dupe_factor=1, short_seq_prob=0.0),
+                                          num_workers=1)
+    assert " huge.txt:1: a sentence of" in caplog.text and "is cut into" in caplog.text
+    assert str(tmp_path) not in caplog.text  # the file named as given, not made absolute
     # Each piece is a sentence: hundreds of instances, not one; the tokens an instance cannot hold
     # are truncated as the reference truncates, and said.
     assert metadata["num_instances"] > 200

@@ -226,6 +226,9 @@ def test_a_run_directory_exports_its_newest_weights(packed_dir, bert_config_file
     # One training checkpoint by name; the newest damaged: the one before it, said in one line.
     named = export(tmp_path / "run" / "checkpoints" / "ckpt-1")
     assert named.returncode == 0 and "ckpt-1 (step 1)" in named.stdout, named.stderr[-2000:]
+    for file in ("ckpt-1.index", "ckpt-1.data-00000-of-00001"):  # a file of it: the checkpoint it belongs to
+        by_file = export(tmp_path / "run" / "checkpoints" / file, bert_config_file, "hf_" + file)
+        assert by_file.returncode == 0 and "ckpt-1 (step 1)" in by_file.stdout, by_file.stderr[-2000:]
     data = next((tmp_path / "run" / "checkpoints").glob("ckpt-2.data-*"))
     data.write_bytes(data.read_bytes()[:-64] + bytes(64))
     older = export(tmp_path / "run")

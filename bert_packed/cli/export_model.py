@@ -73,8 +73,8 @@ def main(argv) -> None:
 def _run_and_step(checkpoint: str) -> tuple[str | None, int | None]:
     """(the run directory, the step) that `checkpoint` names: a run directory (its newest weights,
     step None), its checkpoints/ folder (the same), or one of its training checkpoints
-    (checkpoints/ckpt-N); (None, None) for anything else."""
-    match = re.match(r"^(.*)/checkpoints(?:/ckpt-(\d+))?$", checkpoint)
+    (checkpoints/ckpt-N, or one of its files: ckpt-N.index); (None, None) for anything else."""
+    match = re.match(r"^(.*)/checkpoints(?:/ckpt-(\d+)(?:\.index|\.data-\d+-of-\d+)?)?/?$", checkpoint)
     for run_dir, step in ((checkpoint, None), *([(match.group(1), match.group(2))] if match else [])):
         directory = RunDirectory(run_dir)
         if directory.holds_run() or (step is None and run_dir == checkpoint and files.isdir(directory.checkpoints)):

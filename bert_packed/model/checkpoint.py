@@ -107,9 +107,10 @@ def load_google_checkpoint(model: BertPretrainingModel, path: str) -> int:
 
 
 def _prefix(path: str) -> str:
-    """A checkpoint's prefix: `path`, or for a directory the checkpoint its state file names."""
+    """A checkpoint's prefix: `path` (a prefix, or one of its files: model.ckpt-N.index), or for a
+    directory the checkpoint its state file names."""
     if not files.isdir(path):
-        return path
+        return re.sub(r"\.(index|data-\d+-of-\d+)$", "", path)
     state = tf.train.get_checkpoint_state(path)
     if state is None or not state.model_checkpoint_path:
         newest = newest_exported_step(path)

@@ -84,7 +84,7 @@ def pack_pretraining_dataset(input_files: list[str], output_dir: str, settings: 
     done = job.finished()
     if done is not None:
         return done
-    inputs, vocab_size = _described_inputs(sources, settings.shapes)  # refused inputs: nothing claimed
+    inputs, vocab_size = _described_inputs(input_files, settings.shapes)  # refused inputs: nothing claimed
     with job.writing() as done:
         if done is not None:
             return done
@@ -101,7 +101,7 @@ def pack_pretraining_dataset(input_files: list[str], output_dir: str, settings: 
                                        file_sha256(histogram_path), vocab_size))
 
 
-def _described_inputs(sources: list[str], shapes: Shapes) -> tuple[Dataset, int | None]:
+def _described_inputs(input_files: list[str], shapes: Shapes) -> tuple[Dataset, int | None]:
     """The inputs as their metadata.json describe them (Dataset.open), when they do: unpacked
     records of the packer's L and P; and the size of the vocabulary they were made with (the
     largest, from inputs of several datasets), when their metadata.json say it.
@@ -122,7 +122,7 @@ def _described_inputs(sources: list[str], shapes: Shapes) -> tuple[Dataset, int 
             raise SettingsError(f"--input_files: {path} says {name}={getattr(info.shapes, name)}, but --{name}="
                                 f"{getattr(shapes, name)}")
 
-    inputs = Dataset.open(sources, "--input_files", require=require)
+    inputs = Dataset.open(input_files, "--input_files", require=require)  # named as given
     known = [size for size in vocab_sizes if size]
     return inputs, max(known) if known else None
 

@@ -210,7 +210,7 @@ def create_pretraining_dataset(input_files: list[str], output_dir: str, settings
             return done
         jobs = _unwritten_shards(job, settings)
         if make_shards is None:
-            _make_shards_here(jobs, job.units, output_dir, settings, tokenizer, num_workers)
+            _make_shards_here(jobs, job.units, output_dir, settings, tokenizer, num_workers, input_files)
         else:
             make_shards(jobs, job.units, output_dir, settings)
         return job.commit(_description(job, settings, tokenizer.vocab_size))
@@ -280,9 +280,10 @@ def make_file_shards(job: ShardJob, units: WorkUnits, output_dir: str, settings:
 
 
 def _make_shards_here(jobs: list[ShardJob], units: WorkUnits, output_dir: str, settings: DatasetSettings,
-                      tokenizer: Tokenizer, num_workers: int) -> None:
+                      tokenizer: Tokenizer, num_workers: int, input_files: list[str]) -> None:
     """Runs the jobs on this machine: each file tokenized in this process (the Rust tokenizer uses
-    every core), its passes on a pool of `num_workers` processes (0: one per core)."""
+    every core), its passes on a pool of `num_workers` processes (0: one per core). A file is read
+    by its path as given (`input_files`), which its warnings name."""
     todo = sum(len(job.passes) for job in jobs)
     done = len(units.summaries())  # by an earlier run
     progress = Progress("create_pretraining_data", total=done + todo, unit="shards")
@@ -296,7 +297,8 @@ def _make_shards_here(jobs: list[ShardJob], units: WorkUnits, output_dir: str, s
     in_flight: set = set()
     try:
         for job in jobs:
-            documents, held_out, empty = _tokenize_file(job.source, job.file_index, tokenizer, settings)
+            documents, held_out, empty = _tokenize_file(input_files[job.file_index], job.file_index, tokenizer,
+                                                        settings)
             for p in job.passes:
                 args = (job.file_index, p, job.source, held_out if p == EVAL_PASS else documents, empty, units,
                         output_dir, settings)
