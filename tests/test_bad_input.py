@@ -243,6 +243,12 @@ def test_an_output_file_that_is_a_directory_is_refused_before_the_work(create_ar
     result = command("scripts/create_pretraining_data.py", *create_args, f"--output_file={tmp_path / 'out'}")
     assert_one_line(result, f"--output_file={tmp_path / 'out'}: a directory; give a file's path")
     assert sorted(os.listdir(tmp_path)) == ["out"]
+    # In a directory that takes no file: the line names the flag and the file, not its work (.parts).
+    output = f"{EXISTING_UNWRITABLE}/out.tfrecord"
+    for outputs in (output, f"{tmp_path / 'a'},{output}"):  # the second of two: made from the first's work
+        result = command("scripts/create_pretraining_data.py", *create_args, f"--output_file={outputs}")
+        assert_one_line(result, f"create_pretraining_data: error: --output_file: {output}: ")
+        assert result.stderr.strip().endswith("; give an --output_file this process may write to"), result.stderr
 
 
 CASES = ["--eval_batch_size=0", "--eval_batch_size=-3", "--learning_rate=-1", "--lamb_weight_decay_rate=-0.1",

@@ -117,9 +117,11 @@ def _fail_on_storage(error: StorageError, program: str, output_flag: str | tuple
                                   f"again to continue (exit status {EXIT_TRY_AGAIN})")
     names = (output_flag,) if isinstance(output_flag, str) else output_flag
     if not error.disk_full:
-        flag = next((name for name in names if _within(error.path, getattr(flags.FLAGS, name))), None)
+        flag, output = _output_holding(error.path, names)
         if flag is None:
             fail(program, error)
+        if not _within(error.path, output):  # its work, <file>.parts: what the user gave is the file
+            error = error.at(output)
         refused = error.errno in (errno.EROFS, errno.EACCES, errno.EPERM) or error.kind == "PermissionDeniedError"
         fail(program, f"--{flag}: {error}" + (f"; give an --{flag} this process may write to" if refused else ""))
     where = error.path or next(
@@ -175,6 +177,20 @@ def _flagfile_line(args: list[str], wanted) -> tuple[str, int, str] | None:
             if line.startswith(("--flagfile=", "-flagfile=")):
                 pending.append(line.split("=", 1)[1])
     return None
+
+
+def _output_holding(path: str | None, names: tuple[str, ...]) -> tuple[str | None, str]:
+    """(the output flag, the output) whose value holds `path`: the output, in it, a parent it is
+    made in, or its work (create_pretraining_files' `<file>.parts`); a value may list several
+    outputs separated by commas. (None, "") when none does."""
+    for name in names:
+        value = getattr(flags.FLAGS, name)
+        if not isinstance(value, str):
+            continue
+        for output in [value, *(part.strip() for part in value.split(",") if "," in value and part.strip())]:
+            if _within(path, output) or _within(path, output + ".parts"):
+                return name, output
+    return None, ""
 
 
 def _within(path: str | None, directory) -> bool:
