@@ -44,11 +44,10 @@ $(TEST_STAMP): $(STAMP)
 # phase 1, in runs/corpus, phase 2 packed against unpacked from INIT_CHECKPOINT's weights or
 # random ones; VOCAB_FILE and BERT_CONFIG_FILE for a vocabulary of your own (python -m
 # bert_packed.vocab writes both), DATA_FLAGS for create_pretraining_data (--input_format=jsonl).
-CORPUS ?=
-VOCAB_FILE ?=
-BERT_CONFIG_FILE ?=
-INIT_CHECKPOINT ?=
-DATA_FLAGS ?=
+# Taken from make's command line only: a CORPUS or an INIT_CHECKPOINT in the environment, set for
+# something else, does not change what `make run` runs.
+$(foreach name,CORPUS VOCAB_FILE BERT_CONFIG_FILE INIT_CHECKPOINT DATA_FLAGS,\
+	$(if $(filter environment,$(origin $(name))),$(eval $(name) :=)))
 JOB ?= $(if $(strip $(CORPUS)),corpus,wikipedia_like)
 override JOB := $(strip $(JOB))
 DIR := runs/$(JOB)
@@ -71,6 +70,8 @@ ABLATION := ablation_packs_as_rows ablation_packed_depth1 ablation_unpacked_batc
 job:
 	@$(if $(filter-out 1,$(words $(JOB)))$(filter-out wikipedia_like sample corpus,$(JOB)),\
 		echo "make: JOB=$(JOB): expected wikipedia_like or sample (CORPUS=... runs on your own text)" >&2 && exit 2,true)
+	@$(if $(filter command line,$(origin CORPUS)),$(if $(strip $(CORPUS)),true,\
+		echo "make: CORPUS is empty: expected a glob of your text files (CORPUS='my/text/*.txt.gz')" >&2 && exit 2),true)
 
 # A value as one shell word, exactly as given: in single quotes, each ' as '\''. The *_FLAGS are
 # taken unexpanded ($(value ...)), so that a quote, a $ or a ; in them reaches the job as typed

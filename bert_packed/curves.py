@@ -450,19 +450,26 @@ def median_and_range(values: list[float], spec: str = ".2f") -> str:
 
 def describe_speedup(speedups: list[float], packing_factor: float) -> str:
     """One line: the median speed-up, its range, its share of the packing factor, and a caveat
-    when the rounds disagree by more than the effect itself (the machine's noise, not packing).
+    when the rounds disagree by more than the effect itself, or when the speed-up is above the
+    packing factor, which packing cannot give (the machine's noise, not packing).
 
     >>> describe_speedup([1.19, 0.99, 1.30], 1.203)
     'speed-up 1.19x (median of 3 alternated rounds, range 0.99-1.30) at packing factor 1.203: 0.99 of it; the \
 rounds disagree by 0.31, more than the 0.19 measured: the machine was too loaded to tell'
+    >>> describe_speedup([1.28], 1.031)
+    "speed-up 1.28x (median of 1 alternated round, range 1.28-1.28) at packing factor 1.031: 1.24 of it; above the \
+packing factor, which packing cannot give: the machine's noise, not a result (more --rounds tell)"
     """
     s = summary(speedups)
-    line = (f"speed-up {s['median']:.2f}x (median of {len(speedups)} alternated rounds, range {s['min']:.2f}-"
-            f"{s['max']:.2f}) at packing factor {packing_factor:.3f}: {s['median'] / packing_factor:.2f} of it")
+    rounds = f"{len(speedups)} alternated round{'s' if len(speedups) != 1 else ''}"
+    line = (f"speed-up {s['median']:.2f}x (median of {rounds}, range {s['min']:.2f}-{s['max']:.2f}) at packing "
+            f"factor {packing_factor:.3f}: {s['median'] / packing_factor:.2f} of it")
     spread, effect = s["max"] - s["min"], abs(s["median"] - 1.0)
     if spread > effect:
         line += (f"; the rounds disagree by {spread:.2f}, more than the {effect:.2f} measured: the machine was too "
                  f"loaded to tell")
+    elif s["median"] > packing_factor:
+        line += "; above the packing factor, which packing cannot give: the machine's noise, not a result (more --rounds tell)"
     return line
 
 

@@ -72,7 +72,8 @@ def main(argv) -> int:
         raise InputFilesError(f"{FLAGS.sample_dir}: no sample data at L=512; `make run` builds it")
     info = read_dataset_info(os.path.join(FLAGS.sample_dir, "packed"))
     factor, shapes = info.packing_factor, info.shapes
-    print(f"\n{FLAGS.sample_dir} at L={shapes.max_seq_length}: packing factor {factor:.3f}; {FLAGS.rounds} rounds of "
+    rounds = f"{FLAGS.rounds} round{'s' if FLAGS.rounds != 1 else ''}"
+    print(f"\n{FLAGS.sample_dir} at L={shapes.max_seq_length}: packing factor {factor:.3f}; {rounds} of "
           f"{FLAGS.updates} updates of {FLAGS.batch_size} rows per mode, alternated\n")
     print("| config | input | sequences/s | real tokens/s | padding efficiency | speed-up (median, range) | "
           "speed-up / packing factor |")

@@ -27,6 +27,7 @@ random ones.
 from __future__ import annotations
 
 import gc
+import glob
 import os
 import re
 import shlex
@@ -44,6 +45,13 @@ PROGRAM = "main_job"
 # against unpacked.
 PHASE2 = ("unpacked", "packed_batch_corrected", "packed_adjusted_betas", "packed_plain_betas", "packed_online")
 CORPUS_PHASE2 = ("unpacked", "packed_batch_corrected")
+# In runs/corpus: what phase 2 starts from (--init_checkpoint, or random weights), and the text
+# (--corpus and --data_flags) the records were made from.
+PHASE2_START, TEXT = "phase2_start.txt", "text.txt"
+# create_pretraining_data's flags that the job sets itself: the text, where its records go, and
+# what phase 2 needs of them (L=512, P=76, held-out documents for its evaluations).
+JOB_DATA_FLAGS = ("input_file", "output_dir", "output_file", "max_seq_length", "max_predictions_per_seq",
+                  "eval_fraction")
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("job", "wikipedia_like", ["wikipedia_like", "sample", "corpus"],
@@ -77,10 +85,12 @@ def command(module: str, *args: str) -> None:
     gc.collect()  # the command's models and datasets: a dozen commands then take the memory of one
 
 
-def command_unless_done(done: str, module: str, *args: str) -> None:
-    """command(), unless the file `done` is there: the commands whose output is a file, not a
-    directory that says whether it is finished."""
-    if os.path.exists(done):
+def command_unless_done(done: str, module: str, *args: str, made_from: tuple[str, ...] = ()) -> None:
+    """command(), unless the file `done` is there and newer than every file of `made_from` (the
+    records it measured, say: made again since, it is done again): the commands whose output is
+    a file, not a directory that says whether it is finished."""
+    if os.path.exists(done) and all(os.path.getmtime(done) >= os.path.getmtime(path)
+                                    for path in made_from if os.path.exists(path)):
         print(f"already done: {done}", flush=True)
     else:
         command(module, *args)
@@ -156,10 +166,73 @@ def own_text() -> tuple[str, list[str], list[str]]:
         raise SettingsError("--corpus is empty: expected a glob of your text files (--corpus='my/text/*.txt.gz')")
     if FLAGS["job"].present and FLAGS.job != "corpus":
         raise SettingsError(f"--job={FLAGS.job} and --corpus={FLAGS.corpus}: give one (--corpus runs in runs/corpus)")
+    if FLAGS.phase1_flags.strip():
+        raise SettingsError("--phase1_flags (PHASE1_FLAGS): your text has no phase 1; --phase2_flags (PHASE2_FLAGS) "
+                            "go to its runs")
+    data_flags = checked_flags("data_flags", "bert_packed.cli.create_pretraining_data")
+    for word in data_flags:
+        name = word.removeprefix("--").partition("=")[0]
+        if name in JOB_DATA_FLAGS or name.startswith(("help", "flagfile")):
+            raise SettingsError(f"--data_flags (DATA_FLAGS): {word}: the job sets it (your text's records at L=512 in "
+                                f"runs/corpus/unpacked, a tenth of its documents held out for phase 2's evaluations)")
+    fits_the_model()
+    same_text("runs/corpus", text_made_from())
+    phase2_start("runs/corpus", FLAGS.init_checkpoint or "random weights")  # refused now, not at stage 5
     model = [f"--{name}={getattr(FLAGS, name)}" for name in ("bert_config_file", "init_checkpoint", "vocab_file")
              if getattr(FLAGS, name)]
     vocabulary = [f"--vocab_file={FLAGS.vocab_file}"] if FLAGS.vocab_file else []
-    return "corpus", model, vocabulary + checked_flags("data_flags", "bert_packed.cli.create_pretraining_data")
+    return "corpus", model, vocabulary + data_flags
+
+
+def text_made_from() -> str:
+    """The record of what runs/corpus holds the job of: --corpus, --vocab_file and --data_flags."""
+    return "\n".join([f"--corpus={FLAGS.corpus}", f"--vocab_file={FLAGS.vocab_file or ''}",
+                      *shell_words("data_flags")]) + "\n"
+
+
+def same_text(directory: str, record: str) -> None:
+    """Refuses at once a directory that holds the job on other text (or another vocabulary, or
+    other --data_flags): its records would be made again under finished runs."""
+    path = f"{directory}/{TEXT}"
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            before = f.read()
+        if before != record:
+            was = before.splitlines()[0].removeprefix("--corpus=")
+            raise SettingsError(f"{directory} holds the job on --corpus={was} (CORPUS=) with its vocabulary and "
+                                f"--data_flags ({path}); this command gives other ones: remove {directory} (or move "
+                                f"it) to run on other text, or give the same")
+
+
+def fits_the_model() -> None:
+    """Refuses at once starting weights that are not there, and a vocabulary larger than the BERT
+    config's vocab_size: found at stage 6 or 7, after the records are made."""
+    from bert_packed import files
+    from bert_packed.model import BertConfig
+
+    init = FLAGS.init_checkpoint
+    if init and not any(files.exists(path) for path in (init, init + ".index", re.sub(r"\.index$", "", init))):
+        raise SettingsError(f"--init_checkpoint={init} (INIT_CHECKPOINT=): not there; expected a run directory, a "
+                            f"checkpoint (model.ckpt-N) or a Hugging Face directory")
+    vocab_file = FLAGS.vocab_file or "data/bert_uncased_vocab.txt"
+    config_file = FLAGS.bert_config_file or "configs/bert_config_tiny.json"
+    if not files.isfile(vocab_file):
+        raise SettingsError(f"--vocab_file={vocab_file} (VOCAB_FILE=): not a file; expected a BERT vocab.txt")
+    with files.open_file(vocab_file) as f:
+        vocabulary = f.read()
+    tokens = vocabulary.count("\n") + (not vocabulary.endswith("\n"))
+    theirs = os.path.join(init or "", "vocab.txt")  # a Hugging Face directory's: the ids its weights were trained on
+    if init and files.isfile(theirs):
+        with files.open_file(theirs) as f:
+            if f.read().split() != vocabulary.split():
+                raise SettingsError(f"--init_checkpoint={init} (INIT_CHECKPOINT=) was trained on {theirs}, another "
+                                    f"vocabulary than --vocab_file={vocab_file} (VOCAB_FILE=): each token id would "
+                                    f"mean another word to its weights; give the vocabulary of those weights")
+    vocab_size = BertConfig.from_json_file(config_file).vocab_size
+    if vocab_size < tokens:
+        raise SettingsError(f"--bert_config_file={config_file} (BERT_CONFIG_FILE=) has vocab_size={vocab_size:,}, but "
+                            f"--vocab_file={vocab_file} holds {tokens:,} tokens: give the BERT config of that "
+                            f"vocabulary (python -m bert_packed.vocab writes one with --bert_config_file)")
 
 
 def data_stages(job: str, directory: str, data_flags: list[str]) -> None:
@@ -181,6 +254,8 @@ def data_stages(job: str, directory: str, data_flags: list[str]) -> None:
     command("bert_packed.cli.create_pretraining_data", f"--input_file={text}", *text_flags,
             f"--output_dir={directory}/unpacked", "--max_seq_length=512", "--max_predictions_per_seq=76",
             "--eval_fraction=0.1", *data_flags)
+    if job == "corpus":  # made: what runs/corpus holds the job of
+        write_text_atomically(f"{directory}/{TEXT}", text_made_from())
 
     stage(3, f"their lengths against Wikipedia's, and packing at L=512 ({directory}/packed)")
     command("bert_packed.cli.plan_packing", f"--histogram={directory}/unpacked/histogram.json", "--algorithm=lp",
@@ -199,42 +274,51 @@ def data_stages(job: str, directory: str, data_flags: list[str]) -> None:
 
 
 def starting_weights(job: str, directory: str, phase1_flags: list[str], phase2_flags: list[str]) -> None:
-    """Stages 5 and 6: phase 1, then its weights evaluated at L=512; with your own text, the
-    weights you gave evaluated (or none: random weights)."""
-    if job == "corpus":
-        start = (f"--init_checkpoint={FLAGS.init_checkpoint}" if FLAGS.init_checkpoint
-                 else "random weights (INIT_CHECKPOINT=, --init_checkpoint: from weights of your own)")
-        stage(5, f"no phase 1: phase 2 starts from {start}")
-        same_start(directory, FLAGS.init_checkpoint or "random weights")
-        if not FLAGS.init_checkpoint:
-            stage(6, "no weights to evaluate before phase 2: it starts from random weights")
-            return
-        stage(6, f"the weights phase 2 starts from evaluated at L=512 ({directory}/init_eval)")
-        evaluated = f"{directory}/init_eval"
-    else:
-        stage(5, f"phase 1 at L=128 ({directory}/phase1)")
-        command("bert_packed.cli.run_pretraining", f"--flagfile=configs/tiny_{job}_phase1.cfg", *phase1_flags)
-        stage(6, f"the phase-1 weights evaluated at L=512 ({directory}/phase1_eval)")
-        evaluated = f"{directory}/phase1_eval"
-    command_unless_done(f"{evaluated}/eval_results.txt", "bert_packed.cli.run_pretraining",
+    """Stages 5 and 6: phase 1, then its weights evaluated at L=512."""
+    stage(5, f"phase 1 at L=128 ({directory}/phase1)")
+    command("bert_packed.cli.run_pretraining", f"--flagfile=configs/tiny_{job}_phase1.cfg", *phase1_flags)
+    stage(6, f"the phase-1 weights evaluated at L=512 ({directory}/phase1_eval)")
+    command_unless_done(f"{directory}/phase1_eval/eval_results.txt", "bert_packed.cli.run_pretraining",
                         f"--flagfile=configs/tiny_{job}_phase2.cfg", "--do_train=false", "--do_eval",
-                        f"--input_file={directory}/unpacked/eval-*.tfrecord", f"--output_dir={evaluated}",
+                        f"--input_file={directory}/unpacked/eval-*.tfrecord", f"--output_dir={directory}/phase1_eval",
                         *phase2_flags)
 
 
-def same_start(directory: str, weights: str) -> None:
-    """Records what phase 2 on your text starts from, or refuses other weights than a run before
-    started from: a finished run does not start again, and curves from other weights would be
-    compared as if from these."""
-    record = f"{directory}/phase2_start.txt"
-    if os.path.exists(record):
-        with open(record, encoding="utf-8") as f:
-            before = f.read().strip()
-        if before != weights:
-            raise SettingsError(f"{directory}: phase 2 ran from {before}, and this command starts it from {weights}: "
-                                f"give the weights it ran from, or remove {directory}/*_seed*, {directory}/init_eval and "
-                                f"{record} to run it again")
-    write_text_atomically(record, weights + "\n")
+def your_starting_weights(directory: str, phase2_flags: list[str]) -> None:
+    """Stages 5 and 6 on your text: no phase 1; the weights you gave evaluated at L=512 (or none:
+    random weights), then recorded as what phase 2 starts from."""
+    weights = FLAGS.init_checkpoint or "random weights"
+    start = (f"--init_checkpoint={FLAGS.init_checkpoint}" if FLAGS.init_checkpoint
+             else "random weights (INIT_CHECKPOINT= gives weights of your own)")
+    stage(5, f"no phase 1: phase 2 starts from {start}")
+    before = phase2_start(directory, weights)
+    if not FLAGS.init_checkpoint:
+        stage(6, "no weights to evaluate before phase 2: it starts from random weights")
+    else:
+        stage(6, f"the weights phase 2 starts from evaluated at L=512 ({directory}/init_eval)")
+        evaluated = f"{directory}/init_eval/eval_results.txt"
+        if before != weights and os.path.exists(evaluated):
+            os.remove(evaluated)  # other weights' figures
+        command_unless_done(evaluated, "bert_packed.cli.run_pretraining", "--flagfile=configs/tiny_corpus_phase2.cfg",
+                            "--do_train=false", "--do_eval", f"--input_file={directory}/unpacked/eval-*.tfrecord",
+                            f"--output_dir={directory}/init_eval", *phase2_flags)
+    write_text_atomically(f"{directory}/{PHASE2_START}", weights + "\n")
+
+
+def phase2_start(directory: str, weights: str) -> str | None:
+    """What phase 2 on your text started from before (None: nothing recorded); other weights than
+    those of a phase-2 run that started are refused: a run that started does not start again, and
+    its curves would be compared as if from these."""
+    record = f"{directory}/{PHASE2_START}"
+    if not os.path.exists(record):
+        return None
+    with open(record, encoding="utf-8") as f:
+        before = f.read().strip()
+    started = glob.glob(f"{glob.escape(directory)}/*_seed*/run.json")
+    if before != weights and started:
+        raise SettingsError(f"{directory}: phase 2 ran from {before}, and this command starts it from {weights}: "
+                            f"give the weights it ran from, or remove {directory}/*_seed* to run it again")
+    return before
 
 
 def phase2(job: str, directory: str, seeds: list[str], baseline_seeds: list[str], phase2_flags: list[str]) -> None:
@@ -260,13 +344,18 @@ def main(argv):
     model = [f"--bert_config_file={FLAGS.bert_config_file}"] if FLAGS.bert_config_file else []
 
     data_stages(job, directory, data_flags)
-    starting_weights(job, directory, phase1_flags, phase2_flags)
+    if job == "corpus":
+        your_starting_weights(directory, phase2_flags)
+    else:
+        starting_weights(job, directory, phase1_flags, phase2_flags)
     phase2(job, directory, phase2_seeds, baseline_seeds, phase2_flags)
 
     stage(8, f"throughput, packed and unpacked alternated on these records ({directory}/throughput.json)")
     command_unless_done(f"{directory}/throughput.json", "benchmark_training", "--configs=tiny", *model,
                         f"--sample_dir={directory}", "--modes=padded,packed", "--target=0",
-                        f"--output_json={directory}/throughput.json", *throughput_flags)
+                        f"--output_json={directory}/throughput.json", *throughput_flags,
+                        made_from=(f"{directory}/unpacked/metadata.json", f"{directory}/packed/metadata.json",
+                                   *([FLAGS.bert_config_file] if FLAGS.bert_config_file else [])))
 
     stage(9, f"comparison ({curves})")
     configs = CORPUS_PHASE2 if job == "corpus" else PHASE2
@@ -274,7 +363,7 @@ def main(argv):
                 + [f"{directory}/{config}_seed{seed}" for config in configs for seed in phase2_seeds])
     command("bert_packed.cli.compare_curves", f"--output={curves}", "--accuracy=auto",
             f"--throughput={directory}/throughput.json", *compared)
-    weights = "phase1/model.ckpt-250, " if job != "corpus" else ""
+    weights = "phase1/model.ckpt-250, " if job != "corpus" else "init_eval/, " if FLAGS.init_checkpoint else ""
     print(f"results: {directory}/ (curves, */train_log.jsonl, */eval_log.jsonl, {weights}throughput.json)")
 
 

@@ -215,8 +215,7 @@ def test_the_main_job_runs_on_your_own_compressed_text_with_a_vocabulary_built_f
     assert_reads_well(output, "main_job --corpus", 90)
     stages = [line for line in result.stdout.splitlines() if line.startswith("== ")]
     assert stages[0] == "== 1/9 the corpus: your text, text/*.gz" and len(stages) == 9
-    assert ("== 5/9 no phase 1: phase 2 starts from random weights (INIT_CHECKPOINT=, --init_checkpoint: from "
-            "weights of your own)") in stages
+    assert "== 5/9 no phase 1: phase 2 starts from random weights (INIT_CHECKPOINT= gives weights of your own)" in stages
     assert "detected in text/wiki_00.gz and its other file" in output  # gzip read as it is
     vocabulary = (tmp_path / "mine" / "vocab.txt").read_text().splitlines()
     for records in ("unpacked", "packed"):
@@ -229,14 +228,32 @@ def test_the_main_job_runs_on_your_own_compressed_text_with_a_vocabulary_built_f
     assert output.count("initialised from random weights (--seed=1): no --init_checkpoint") == 2
     assert output.count("mllog.txt: passes the MLPerf compliance checker") == 2
     assert (tmp_path / "runs" / "corpus" / "curves.png").exists() and (tmp_path / "runs" / "corpus" / "throughput.json").exists()
-    # Other starting weights than the finished runs': refused, not compared as if from these.
-    again = run_script("main_job", "--corpus=text/*.gz", "--vocab_file=mine/vocab.txt",
-                       "--bert_config_file=mine/bert_config.json", "--init_checkpoint=runs/corpus/unpacked_seed1",
-                       cwd=str(tmp_path))
-    assert again.returncode == 2 and again.stderr.strip().splitlines()[-1] == (
-        "main_job: error: runs/corpus: phase 2 ran from random weights, and this command starts it from "
-        "runs/corpus/unpacked_seed1: give the weights it ran from, or remove runs/corpus/*_seed*, runs/corpus/init_eval "
-        "and runs/corpus/phase2_start.txt to run it again"), again.stderr[-2000:]
+    # Other starting weights than the finished runs', other text, a vocabulary the model cannot
+    # hold: refused at once, in a line, nothing run or changed.
+    own = ("--corpus=text/*.gz", "--vocab_file=mine/vocab.txt", "--bert_config_file=mine/bert_config.json")
+    (tmp_path / "theirs").mkdir()  # a Hugging Face directory's vocabulary: BERT's
+    os.symlink(os.path.join(REPO, "data", "bert_uncased_vocab.txt"), tmp_path / "theirs" / "vocab.txt")
+    for args, message in (
+            ((*own, "--init_checkpoint=runs/corpus/unpacked_seed1"),
+             "runs/corpus: phase 2 ran from random weights, and this command starts it from runs/corpus/unpacked_seed1: "
+             "give the weights it ran from, or remove runs/corpus/*_seed* to run it again"),
+            (("--corpus=text/wiki_00.gz", *own[1:]),
+             "runs/corpus holds the job on --corpus=text/*.gz (CORPUS=) with its vocabulary and --data_flags "
+             "(runs/corpus/text.txt); this command gives other ones: remove runs/corpus (or move it) to run on other "
+             "text, or give the same"),
+            ((*own, "--init_checkpoint=theirs"),
+             "--init_checkpoint=theirs (INIT_CHECKPOINT=) was trained on theirs/vocab.txt, another vocabulary than "
+             "--vocab_file=mine/vocab.txt (VOCAB_FILE=): each token id would mean another word to its weights; give "
+             "the vocabulary of those weights"),
+            (("--corpus=text/*.gz", "--bert_config_file=mine/bert_config.json"),
+             f"--bert_config_file=mine/bert_config.json (BERT_CONFIG_FILE=) has vocab_size={len(vocabulary):,}, but "
+             f"--vocab_file=data/bert_uncased_vocab.txt holds 30,522 tokens: give the BERT config of that vocabulary "
+             f"(python -m bert_packed.vocab writes one with --bert_config_file)")):
+        before = sorted(os.listdir(tmp_path / "runs" / "corpus"))
+        again = run_script("main_job", *args, cwd=str(tmp_path))
+        assert again.returncode == 2 and again.stdout == "", again.stdout[-2000:]
+        assert again.stderr.strip().splitlines() == [f"main_job: error: {message}"], again.stderr[-2000:]
+        assert sorted(os.listdir(tmp_path / "runs" / "corpus")) == before
 
 
 @pytest.mark.parametrize("args, message", [
@@ -247,6 +264,14 @@ def test_the_main_job_runs_on_your_own_compressed_text_with_a_vocabulary_built_f
     (["--corpus=text/*", "--job=sample"], "--job=sample and --corpus=text/*: give one (--corpus runs in runs/corpus)"),
     (["--corpus=text/*", "--data_flags=--dupe_factr=2"], "--data_flags: '--dupe_factr=2': create_pretraining_data has "
                                                           "no such flag (--data_flags holds flags, --name=value)"),
+    (["--corpus=text/*", "--data_flags=--max_seq_length=128"],
+     "--data_flags (DATA_FLAGS): --max_seq_length=128: the job sets it (your text's records at L=512 in "
+     "runs/corpus/unpacked, a tenth of its documents held out for phase 2's evaluations)"),
+    (["--corpus=text/*", "--phase1_flags=--train_batch_size=2"],
+     "--phase1_flags (PHASE1_FLAGS): your text has no phase 1; --phase2_flags (PHASE2_FLAGS) go to its runs"),
+    (["--corpus=text/*", "--init_checkpoint=no/such"], "--init_checkpoint=no/such (INIT_CHECKPOINT=): not there; "
+                                                       "expected a run directory, a checkpoint (model.ckpt-N) or a "
+                                                       "Hugging Face directory"),
     (["--phase2_flags=--submission_org='My Org"], "--phase2_flags=--submission_org='My Org: No closing quotation "
                                                   "(the value is split as a shell splits a line)"),
     (["--seeds="], "--seeds is empty: expected at least one seed (--seeds=1)"),

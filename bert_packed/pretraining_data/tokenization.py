@@ -33,7 +33,8 @@ class Tokenizer:
     Attributes:
       vocab_file: the vocabulary, one token a line; the line number is the id.
       do_lower_case: lower-case and strip accents (BERT uncased).
-      vocab_size: number of tokens.
+      vocab_size: the ids' range, 0 to vocab_size - 1: its lines (a token on two lines takes the id
+        of the last, and the ids past it stay taken).
       cls_id, sep_id, mask_id, pad_id: ids of the special tokens.
     """
 
@@ -54,7 +55,7 @@ class Tokenizer:
             raise VocabularyError(f"{vocab_file}: not a BERT vocabulary: missing {', '.join(missing)}")
         self.vocab_file = vocab_file
         self.do_lower_case = do_lower_case
-        self.vocab_size = len(vocab)
+        self.vocab_size = max(vocab.values()) + 1
         self.pad_id, self.cls_id, self.sep_id, self.mask_id = (
             vocab["[PAD]"], vocab["[CLS]"], vocab["[SEP]"], vocab["[MASK]"])
         self._tokenizer = BertWordPieceTokenizer(  # the tokens, not the path: it may be a gs:// one
