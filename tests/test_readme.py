@@ -228,11 +228,16 @@ def test_the_main_job_runs_on_your_own_compressed_text_with_a_vocabulary_built_f
     assert output.count("initialised from random weights (--seed=1): no --init_checkpoint") == 2
     assert output.count("mllog.txt: passes the MLPerf compliance checker") == 2
     assert (tmp_path / "runs" / "corpus" / "curves.png").exists() and (tmp_path / "runs" / "corpus" / "throughput.json").exists()
-    # Other starting weights than the finished runs', other text, a vocabulary the model cannot
-    # hold: refused at once, in a line, nothing run or changed.
+    refused_at_once(tmp_path, len(vocabulary))
+
+
+def refused_at_once(root, vocab_size: int) -> None:
+    """After the job on your text in `root`: other starting weights than its runs', other text,
+    weights of another vocabulary, a vocabulary the model cannot hold are each refused in a line,
+    nothing run or changed."""
     own = ("--corpus=text/*.gz", "--vocab_file=mine/vocab.txt", "--bert_config_file=mine/bert_config.json")
-    (tmp_path / "theirs").mkdir()  # a Hugging Face directory's vocabulary: BERT's
-    os.symlink(os.path.join(REPO, "data", "bert_uncased_vocab.txt"), tmp_path / "theirs" / "vocab.txt")
+    (root / "theirs").mkdir()  # a Hugging Face directory's vocabulary: BERT's
+    os.symlink(os.path.join(REPO, "data", "bert_uncased_vocab.txt"), root / "theirs" / "vocab.txt")
     for args, message in (
             ((*own, "--init_checkpoint=runs/corpus/unpacked_seed1"),
              "runs/corpus: phase 2 ran from random weights, and this command starts it from runs/corpus/unpacked_seed1: "
@@ -246,14 +251,14 @@ def test_the_main_job_runs_on_your_own_compressed_text_with_a_vocabulary_built_f
              "--vocab_file=mine/vocab.txt (VOCAB_FILE=): each token id would mean another word to its weights; give "
              "the vocabulary of those weights"),
             (("--corpus=text/*.gz", "--bert_config_file=mine/bert_config.json"),
-             f"--bert_config_file=mine/bert_config.json (BERT_CONFIG_FILE=) has vocab_size={len(vocabulary):,}, but "
+             f"--bert_config_file=mine/bert_config.json (BERT_CONFIG_FILE=) has vocab_size={vocab_size:,}, but "
              f"--vocab_file=data/bert_uncased_vocab.txt holds 30,522 tokens: give the BERT config of that vocabulary "
              f"(python -m bert_packed.vocab writes one with --bert_config_file)")):
-        before = sorted(os.listdir(tmp_path / "runs" / "corpus"))
-        again = run_script("main_job", *args, cwd=str(tmp_path))
+        before = sorted(os.listdir(root / "runs" / "corpus"))
+        again = run_script("main_job", *args, cwd=str(root))
         assert again.returncode == 2 and again.stdout == "", again.stdout[-2000:]
         assert again.stderr.strip().splitlines() == [f"main_job: error: {message}"], again.stderr[-2000:]
-        assert sorted(os.listdir(tmp_path / "runs" / "corpus")) == before
+        assert sorted(os.listdir(root / "runs" / "corpus")) == before
 
 
 @pytest.mark.parametrize("args, message", [
