@@ -52,6 +52,9 @@ PHASE2_START, TEXT = "phase2_start.txt", "text.txt"
 # what phase 2 needs of them (L=512, P=76, held-out documents for its evaluations).
 JOB_DATA_FLAGS = ("input_file", "output_dir", "output_file", "max_seq_length", "max_predictions_per_seq",
                   "eval_fraction")
+# The model's flags, given by the job's own (checked before any stage), in no --data_flags or
+# --phase2_flags on your text.
+MODEL_FLAGS = {"vocab_file": "VOCAB_FILE", "bert_config_file": "BERT_CONFIG_FILE", "init_checkpoint": "INIT_CHECKPOINT"}
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("job", "wikipedia_like", ["wikipedia_like", "sample", "corpus"],
@@ -85,15 +88,26 @@ def command(module: str, *args: str) -> None:
     gc.collect()  # the command's models and datasets: a dozen commands then take the memory of one
 
 
-def command_unless_done(done: str, module: str, *args: str, made_from: tuple[str, ...] = ()) -> None:
-    """command(), unless the file `done` is there and newer than every file of `made_from` (the
-    records it measured, say: made again since, it is done again): the commands whose output is
+def command_unless_done(done: str, module: str, *args: str, made_from: tuple[str, ...] = (),
+                        made_with: str | None = None) -> None:
+    """command(), unless the file `done` is there, newer than every file of `made_from` (the
+    records it measured, say: made again since, it is done again), and made with `made_with` (the
+    model and flags it measured, recorded beside it as <done>.with): the commands whose output is
     a file, not a directory that says whether it is finished."""
-    if os.path.exists(done) and all(os.path.getmtime(done) >= os.path.getmtime(path)
-                                    for path in made_from if os.path.exists(path)):
+    record = f"{done}.with"
+    same = made_with is None or (os.path.exists(record) and read_text(record) == made_with)
+    if same and os.path.exists(done) and all(os.path.getmtime(done) >= os.path.getmtime(path)
+                                             for path in made_from if os.path.exists(path)):
         print(f"already done: {done}", flush=True)
-    else:
-        command(module, *args)
+        return
+    command(module, *args)
+    if made_with is not None:
+        write_text_atomically(record, made_with)
+
+
+def read_text(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
 
 
 def stage(number: int, what: str) -> None:
@@ -175,9 +189,15 @@ def own_text() -> tuple[str, list[str], list[str]]:
         if name in JOB_DATA_FLAGS or name.startswith(("help", "flagfile")):
             raise SettingsError(f"--data_flags (DATA_FLAGS): {word}: the job sets it (your text's records at L=512 in "
                                 f"runs/corpus/unpacked, a tenth of its documents held out for phase 2's evaluations)")
+    for option in ("data_flags", "phase2_flags"):
+        for word in shell_words(option):
+            name = word.removeprefix("--").partition("=")[0]
+            if name in MODEL_FLAGS:
+                raise SettingsError(f"--{option} ({option.upper()}): {word}: give --{name} ({MODEL_FLAGS[name]}=), "
+                                    f"which the job checks before any stage and gives every command that needs it")
     fits_the_model()
     same_text("runs/corpus", text_made_from())
-    phase2_start("runs/corpus", FLAGS.init_checkpoint or "random weights")  # refused now, not at stage 5
+    phase2_start("runs/corpus", starting_weights_and_model())  # refused now, not at stage 5
     model = [f"--{name}={getattr(FLAGS, name)}" for name in ("bert_config_file", "init_checkpoint", "vocab_file")
              if getattr(FLAGS, name)]
     vocabulary = [f"--vocab_file={FLAGS.vocab_file}"] if FLAGS.vocab_file else []
@@ -195,8 +215,7 @@ def same_text(directory: str, record: str) -> None:
     other --data_flags): its records would be made again under finished runs."""
     path = f"{directory}/{TEXT}"
     if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            before = f.read()
+        before = read_text(path)
         if before != record:
             was = before.splitlines()[0].removeprefix("--corpus=")
             raise SettingsError(f"{directory} holds the job on --corpus={was} (CORPUS=) with its vocabulary and "
@@ -287,7 +306,7 @@ def starting_weights(job: str, directory: str, phase1_flags: list[str], phase2_f
 def your_starting_weights(directory: str, phase2_flags: list[str]) -> None:
     """Stages 5 and 6 on your text: no phase 1; the weights you gave evaluated at L=512 (or none:
     random weights), then recorded as what phase 2 starts from."""
-    weights = FLAGS.init_checkpoint or "random weights"
+    weights = starting_weights_and_model()
     start = (f"--init_checkpoint={FLAGS.init_checkpoint}" if FLAGS.init_checkpoint
              else "random weights (INIT_CHECKPOINT= gives weights of your own)")
     stage(5, f"no phase 1: phase 2 starts from {start}")
@@ -305,6 +324,18 @@ def your_starting_weights(directory: str, phase2_flags: list[str]) -> None:
     write_text_atomically(f"{directory}/{PHASE2_START}", weights + "\n")
 
 
+def measured_with(throughput_flags: list[str]) -> str:
+    """What a throughput measurement depends on besides the records: the BERT config's content and
+    the measurement's flags."""
+    return f"{read_text(FLAGS.bert_config_file or 'configs/bert_config_tiny.json').strip()}\n{' '.join(throughput_flags)}\n"
+
+
+def starting_weights_and_model() -> str:
+    """What phase 2 on your text starts from, and the BERT config of its model."""
+    return (f"{FLAGS.init_checkpoint or 'random weights'} with --bert_config_file="
+            f"{FLAGS.bert_config_file or 'configs/bert_config_tiny.json'}")
+
+
 def phase2_start(directory: str, weights: str) -> str | None:
     """What phase 2 on your text started from before (None: nothing recorded); other weights than
     those of a phase-2 run that started are refused: a run that started does not start again, and
@@ -312,8 +343,7 @@ def phase2_start(directory: str, weights: str) -> str | None:
     record = f"{directory}/{PHASE2_START}"
     if not os.path.exists(record):
         return None
-    with open(record, encoding="utf-8") as f:
-        before = f.read().strip()
+    before = read_text(record).strip()
     started = glob.glob(f"{glob.escape(directory)}/*_seed*/run.json")
     if before != weights and started:
         raise SettingsError(f"{directory}: phase 2 ran from {before}, and this command starts it from {weights}: "
@@ -354,8 +384,8 @@ def main(argv):
     command_unless_done(f"{directory}/throughput.json", "benchmark_training", "--configs=tiny", *model,
                         f"--sample_dir={directory}", "--modes=padded,packed", "--target=0",
                         f"--output_json={directory}/throughput.json", *throughput_flags,
-                        made_from=(f"{directory}/unpacked/metadata.json", f"{directory}/packed/metadata.json",
-                                   *([FLAGS.bert_config_file] if FLAGS.bert_config_file else [])))
+                        made_from=(f"{directory}/unpacked/metadata.json", f"{directory}/packed/metadata.json"),
+                        made_with=measured_with(throughput_flags))
 
     stage(9, f"comparison ({curves})")
     configs = CORPUS_PHASE2 if job == "corpus" else PHASE2

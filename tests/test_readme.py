@@ -240,8 +240,9 @@ def refused_at_once(root, vocab_size: int) -> None:
     os.symlink(os.path.join(REPO, "data", "bert_uncased_vocab.txt"), root / "theirs" / "vocab.txt")
     for args, message in (
             ((*own, "--init_checkpoint=runs/corpus/unpacked_seed1"),
-             "runs/corpus: phase 2 ran from random weights, and this command starts it from runs/corpus/unpacked_seed1: "
-             "give the weights it ran from, or remove runs/corpus/*_seed* to run it again"),
+             "runs/corpus: phase 2 ran from random weights with --bert_config_file=mine/bert_config.json, and this "
+             "command starts it from runs/corpus/unpacked_seed1 with --bert_config_file=mine/bert_config.json: give the "
+             "weights it ran from, or remove runs/corpus/*_seed* to run it again"),
             (("--corpus=text/wiki_00.gz", *own[1:]),
              "runs/corpus holds the job on --corpus=text/*.gz (CORPUS=) with its vocabulary and --data_flags "
              "(runs/corpus/text.txt); this command gives other ones: remove runs/corpus (or move it) to run on other "
@@ -272,6 +273,12 @@ def refused_at_once(root, vocab_size: int) -> None:
     (["--corpus=text/*", "--data_flags=--max_seq_length=128"],
      "--data_flags (DATA_FLAGS): --max_seq_length=128: the job sets it (your text's records at L=512 in "
      "runs/corpus/unpacked, a tenth of its documents held out for phase 2's evaluations)"),
+    (["--corpus=text/*", "--phase2_flags=--init_checkpoint=x"],
+     "--phase2_flags (PHASE2_FLAGS): --init_checkpoint=x: give --init_checkpoint (INIT_CHECKPOINT=), which the job "
+     "checks before any stage and gives every command that needs it"),
+    (["--corpus=text/*", "--data_flags=--vocab_file=v.txt"],
+     "--data_flags (DATA_FLAGS): --vocab_file=v.txt: give --vocab_file (VOCAB_FILE=), which the job checks before any "
+     "stage and gives every command that needs it"),
     (["--corpus=text/*", "--phase1_flags=--train_batch_size=2"],
      "--phase1_flags (PHASE1_FLAGS): your text has no phase 1; --phase2_flags (PHASE2_FLAGS) go to its runs"),
     (["--corpus=text/*", "--init_checkpoint=no/such"], "--init_checkpoint=no/such (INIT_CHECKPOINT=): not there; "
