@@ -35,6 +35,7 @@ import sys
 
 from absl import flags
 
+from bert_packed import files
 from bert_packed.cli.common import run
 from bert_packed.cli.in_process import command_in_this_process, run_in_process
 from bert_packed.errors import SettingsError
@@ -106,7 +107,8 @@ def command_unless_done(done: str, module: str, *args: str, made_from: tuple[str
 
 
 def read_text(path: str) -> str:
-    with open(path, encoding="utf-8") as f:
+    """A text file's content; a BERT config or a vocabulary may be a gs:// or file:// one."""
+    with files.open_file(path) as f:
         return f.read()
 
 
@@ -226,8 +228,8 @@ def same_text(directory: str, record: str) -> None:
 def fits_the_model() -> None:
     """Refuses at once starting weights that are not there, and a vocabulary larger than the BERT
     config's vocab_size: found at stage 6 or 7, after the records are made."""
-    from bert_packed import files
     from bert_packed.model import BertConfig
+    from bert_packed.pretraining_data.tokenization import Tokenizer
 
     init = FLAGS.init_checkpoint
     if init and not any(files.exists(path) for path in (init, init + ".index", re.sub(r"\.index$", "", init))):
@@ -235,15 +237,10 @@ def fits_the_model() -> None:
                             f"checkpoint (model.ckpt-N) or a Hugging Face directory")
     vocab_file = FLAGS.vocab_file or "data/bert_uncased_vocab.txt"
     config_file = FLAGS.bert_config_file or "configs/bert_config_tiny.json"
-    if not files.isfile(vocab_file):
-        raise SettingsError(f"--vocab_file={vocab_file} (VOCAB_FILE=): not a file; expected a BERT vocab.txt")
-    with files.open_file(vocab_file) as f:
-        vocabulary = f.read()
-    tokens = vocabulary.count("\n") + (not vocabulary.endswith("\n"))
+    tokens = Tokenizer(vocab_file).vocab_size  # refuses, in a line, what is no BERT vocabulary
     theirs = os.path.join(init or "", "vocab.txt")  # a Hugging Face directory's: the ids its weights were trained on
     if init and files.isfile(theirs):
-        with files.open_file(theirs) as f:
-            if f.read().split() != vocabulary.split():
+        if read_text(theirs).split() != read_text(vocab_file).split():
                 raise SettingsError(f"--init_checkpoint={init} (INIT_CHECKPOINT=) was trained on {theirs}, another "
                                     f"vocabulary than --vocab_file={vocab_file} (VOCAB_FILE=): each token id would "
                                     f"mean another word to its weights; give the vocabulary of those weights")
