@@ -78,7 +78,9 @@ class Update:
         self._clip_after_allreduce = config.optimizer.clip_by_global_norm_after_gradient_allreduce
         self._step = step  # micro-steps done before the compiled call
         self._seed = tf.constant([config.run.seed % 2**31, config.run.seed // 2**31 % 2**31], tf.int32)
-        self._gradients = tf.function(self._gradients_fn, jit_compile=True) if config.model.xla else self._gradients_fn
+        # A function of its own, called once a micro-batch: traced once however many micro-batches
+        # an update holds (its forward and backward pass are most of the update's operations).
+        self._gradients = tf.function(self._gradients_fn, jit_compile=True if config.model.xla else None)
         # Set (to 1) by a signal while a compiled loop runs (loop.Stop): the loop ends after the
         # update in hand, on every worker after the same update (each update sums the flags).
         self.stop_requested = tf.Variable(0, dtype=tf.int32, trainable=False, name="stop_requested")
