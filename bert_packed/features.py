@@ -45,6 +45,21 @@ for what they hold once parsed (MODEL_KEYS; model_features renames, record_featu
 
 Records keep their names on disk (users' packed data and the MLPerf tools use them); only the
 dict the model reads is renamed.
+
+Fine-tuning rows (bert_packed.finetuning; built in memory from a task's files) hold sequences as
+packs do, under the model's keys, and a classifier's slot for each sequence:
+
+  key              length  meaning
+  input_ids        L       the sequences' tokens one after another, then 0
+  sequence_ids     L       the sequence index of each token, 1..S; 0 for padding
+  segment_ids      L       each sequence's own segment ids
+  positions        L       position ids restarting at 0 for each sequence
+  cls_positions    S       offset of each sequence's [CLS]
+  labels           S       its label: the class's index, or a regression's score (float32)
+  label_weights    S       1 where a sequence is, 0 for an empty slot
+  example_ids      S       the example's index in its file (0 for an empty slot)
+
+One example a row is the same layout with S = 1.
 """
 
 from __future__ import annotations
@@ -117,6 +132,13 @@ class Shapes:
     def model_lengths(self) -> dict[str, int]:
         """Feature name -> length in the model's feature dict (what the input pipeline yields)."""
         return model_features(self.packed_lengths())
+
+
+def finetuning_lengths(max_seq_length: int, max_sequences_per_pack: int) -> dict[str, int]:
+    """Feature name -> length in a fine-tuning row (module docstring)."""
+    seq, slots = max_seq_length, max_sequences_per_pack
+    return {"input_ids": seq, "sequence_ids": seq, "segment_ids": seq, "positions": seq, "cls_positions": slots,
+            "labels": slots, "label_weights": slots, "example_ids": slots}
 
 
 def model_features(packed: dict) -> dict:

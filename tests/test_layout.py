@@ -16,14 +16,15 @@ RANKS = {
     "__init__": 0, "errors": 0, "features": 0, "files": 0, "progress": 0, "dataset_info": 0, "run_directory": 0,
     "tensorflow_loading": 0, "settings": 0, "input_files": 0, "output_job": 0,
     "records": 1,
-    "packing": 2, "pretraining_data": 2,
+    "packing": 2, "pretraining_data": 2, "finetuning": 2,
     "input_pipeline": 3, "model": 3, "beam": 3,
     "training": 4, "curves": 4,
     "cli": 5, "doctor": 5, "vocab": 5,
 }
 # Modules on the data path: they must not import TensorFlow when they are imported.
 WITHOUT_TENSORFLOW = ("errors", "features", "files", "progress", "dataset_info", "run_directory", "output_job",
-                      "tensorflow_loading", "settings", "input_files", "records", "packing", "pretraining_data", "beam")
+                      "tensorflow_loading", "settings", "input_files", "records", "packing", "pretraining_data",
+                      "finetuning", "beam")
 
 
 def python_files(*folders):

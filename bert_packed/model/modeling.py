@@ -374,3 +374,61 @@ class BertPretrainingModel(keras.Model):
     def from_config(cls, config):
         return cls(BertConfig(**config["config"]), config.get("next_sentence_prediction", True),
                    config.get("recompute", "none"))
+
+
+class BertClassifierModel(keras.Model):
+    """BERT fine-tuned to classify (or score) each sequence of a row: google-research's
+    run_classifier head on each sequence's own [CLS].
+
+    The encoder and the pooler are a BertPretrainingModel's (`bert`, with the next-sentence head,
+    whose pooler is google-research's bert/pooler), so every weight format that model loads
+    (model.load_weights) starts a fine-tuning run; its masked-LM head and next-sentence
+    classifier are kept (a checkpoint of either model reads the other's weights) but not trained.
+    On the pooled [CLS]: dropout at hidden_dropout_prob, then `classifier` (google-research's
+    output_weights and output_bias).
+
+    Inputs (int32): input_ids, sequence_ids, segment_ids, positions [B, L]; cls_positions [B, S]
+    (bert_packed.features' fine-tuning rows). Other keys are ignored.
+
+    Args:
+      config: the BERT hyper-parameters.
+      num_outputs: the classes' logits, or 1 for a regression's score.
+      recompute: as BertPretrainingModel's.
+
+    Returns:
+      {"logits": float32 [B, S, num_outputs]}.
+    """
+
+    def __init__(self, config: BertConfig, num_outputs: int, recompute: str = "none", **kwargs):
+        super().__init__(**kwargs)
+        self.config = config
+        self.num_outputs = num_outputs
+        self.recompute = recompute
+        self.bert = BertPretrainingModel(config, next_sentence_prediction=True, recompute=recompute, name="bert")
+        self.classifier = keras.layers.Dense(num_outputs, kernel_initializer=_initializer(config.initializer_range),
+                                             name="classifier")
+
+    def build(self, input_shape=None):
+        self.bert.build()
+        self.bert.masked_lm.trainable = False
+        self.bert.next_sentence.classifier.trainable = False
+        self.classifier.build([None, None, self.config.hidden_size])
+        self.built = True
+
+    def call(self, features, training=False, dropout_seed=None):
+        if training and dropout_seed is None:
+            dropout_seed = tf.random.uniform([2], maxval=tf.int32.max, dtype=tf.int32)
+        sequence_output = self.bert.encode(features, training=training, dropout_seed=dropout_seed)   # [B, L, H]
+        cls = tf.gather(sequence_output, features["cls_positions"], batch_dims=1)                # [B, S, H]
+        pooled = self.bert.next_sentence.pooler(cls)
+        if training:  # the encoder's layers take seeds 0..num_hidden_layers
+            pooled = dropout(pooled, self.config.hidden_dropout_prob,
+                             fold_seed(dropout_seed, self.config.num_hidden_layers + 1))
+        return {"logits": tf.cast(self.classifier(pooled), tf.float32)}                          # [B, S, C]
+
+    def get_config(self):
+        return {"config": self.config.to_dict(), "num_outputs": self.num_outputs, "recompute": self.recompute}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(BertConfig(**config["config"]), config["num_outputs"], config.get("recompute", "none"))

@@ -130,3 +130,28 @@ def metrics_from_sums(sums: dict, loss_averaging: str = "token", nsp_loss: bool 
     if not nsp_loss:
         del metrics["nsp_loss"], metrics["nsp_accuracy"]
     return metrics
+
+
+def classifier_sums(outputs: dict, features: dict, regression: bool) -> dict[str, tf.Tensor]:
+    """Sums behind a fine-tuning loss, per example whatever the rows hold (packed or one a row).
+
+    Args:
+      outputs: BertClassifierModel's {"logits": [B, S, C]}.
+      features: the fine-tuning rows' labels and label_weights [B, S].
+      regression: the one output is a score (squared error), not a class's logit (cross-entropy).
+
+    Returns:
+      float32 scalars: example_loss (the examples' losses summed), examples (how many), and
+      example_correct (right classes; 0 for a regression).
+    """
+    logits = tf.cast(outputs["logits"], tf.float32)
+    weights = tf.cast(features["label_weights"], tf.float32)                              # [B, S]
+    if regression:
+        loss = tf.square(logits[..., 0] - features["labels"])
+        correct = tf.zeros_like(weights)
+    else:
+        labels = tf.cast(features["labels"], tf.int32)
+        loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+        correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32)
+    return {"example_loss": tf.reduce_sum(loss * weights), "examples": tf.reduce_sum(weights),
+            "example_correct": tf.reduce_sum(correct * weights)}

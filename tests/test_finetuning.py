@@ -1,0 +1,244 @@
+"""Fine-tuning's tasks, examples and head: GLUE's files read as google-research reads them, each
+example packed exactly once, and packed rows giving each example the logits, loss and gradients
+it gets alone in a row."""
+
+import json
+
+import numpy as np
+import pytest
+import scipy.stats
+import tensorflow as tf
+from conftest import TINY, VOCAB
+
+from bert_packed.finetuning.encode import encode_examples, make_rows, truncated_lengths
+from bert_packed.finetuning.metrics import scores
+from bert_packed.finetuning.tasks import TASKS, TaskDataError, get_task, read_examples, task_labels
+from bert_packed.model import BertClassifierModel, BertConfig, BertPretrainingModel, export_google_checkpoint, load_weights
+from bert_packed.packing.assign import assign_to_packs
+from bert_packed.pretraining_data.tokenization import Tokenizer
+from bert_packed.training.losses import classifier_sums
+
+SENTENCES = ["the cat sat on the mat .", "it was a sunny day", "paris is the capital of france .",
+             "he said that it would rain , but it did not rain at all that day .", "no", "a dog barked twice",
+             "the history of the city begins in the year one thousand", "she left"]
+
+# One line of each GLUE task's file (after its header), as the GLUE benchmark's files hold them.
+GLUE_LINES = {
+    "cola": ("gj04\t1\t\tthe cat sat on the mat .", "1", None),
+    "sst-2": ("it was a sunny day\t1", "1", None),
+    "mrpc": ("1\t702876\t702977\tthe cat sat .\the said \"no\" .", "1", 'he said "no" .'),
+    "qqp": ("7\t15\t16\twhy is the sky blue ?\twhat makes the sky blue ?\t1", "1", "what makes the sky blue ?"),
+    "sts-b": ("0\tmain-captions\tMSRvid\t2012test\t0001\tnone\tnone\ta plane takes off .\tan air plane is taking "
+              "off .\t5.000", 5.0, "an air plane is taking off ."),
+    "mnli": ("0\t31193\t31193n\tgovernment\t( x )\t( y )\t(ROOT x)\t(ROOT y)\tthe cat sat .\tthe cat stood .\t"
+             "neutral\tneutral", "neutral", "the cat stood ."),
+    "qnli": ("0\twhen did it rain ?\tit rained on monday .\tentailment", "entailment", "it rained on monday ."),
+    "rte": ("0\tthe cat sat .\ta cat exists .\tnot_entailment", "not_entailment", "a cat exists ."),
+}
+
+
+def write_task_file(tmp_path, task_name, lines, name="train.tsv"):
+    task = TASKS[task_name]
+    path = tmp_path / name
+    path.write_text("".join(f"{line}\n" for line in (["header"] if task.header else []) + lines))
+    return str(path)
+
+
+@pytest.mark.parametrize("task_name", sorted(GLUE_LINES))
+def test_each_glue_task_reads_its_text_pair_and_label_from_its_columns(tmp_path, task_name):
+    line, label, pair = GLUE_LINES[task_name]
+    examples = read_examples(TASKS[task_name], write_task_file(tmp_path, task_name, [line, line]))
+    assert len(examples) == 2
+    assert examples[0].label == label and examples[0].text_pair == pair
+    assert examples[1].line == (3 if TASKS[task_name].header else 2)
+    assert examples[0].text in line.split("\t")
+
+
+def test_mnli_s_dev_file_takes_the_gold_label_after_five_annotators(tmp_path):
+    dev = "0\t1\t1n\tfiction\tx\ty\tx\ty\ta man sleeps .\ta man is awake .\tneutral\tcontradiction\tcontradiction" \
+          "\tcontradiction\tneutral\tcontradiction"
+    [example] = read_examples(TASKS["mnli"], write_task_file(tmp_path, "mnli", [dev], "dev_matched.tsv"))
+    assert (example.text, example.text_pair, example.label) == ("a man sleeps .", "a man is awake .", "contradiction")
+
+
+@pytest.mark.parametrize("task_name, line, message", [
+    ("mrpc", "1\t702876\tthe cat sat .\the said no .", "train.tsv:2: 4 tab-separated columns; mrpc expects 5"),
+    ("sst-2", "it was sunny\tpositive", "train.tsv:2: label 'positive' is not one of sst-2's labels (0, 1)"),
+    ("sts-b", GLUE_LINES["sts-b"][0].replace("5.000", "high"), "train.tsv:2: label 'high' is not a number"),
+    ("rte", "0\t \ta cat exists .\tentailment", "train.tsv:2: an empty text"),
+    ("mnli", "0\t1\t1n\tfiction\tx\ty\tneutral", "train.tsv:2: 7 tab-separated columns; mnli expects 12 or 16"),
+])
+def test_a_bad_line_is_named_with_its_file_and_line(tmp_path, task_name, line, message):
+    path = write_task_file(tmp_path, task_name, [GLUE_LINES[task_name][0], line])
+    with pytest.raises(TaskDataError) as error:
+        read_examples(TASKS[task_name], path)
+    assert str(error.value).startswith(str(tmp_path / message.replace(":2:", f":{2 + TASKS[task_name].header}:")))
+
+
+def test_an_empty_file_or_a_header_alone_is_refused(tmp_path):
+    for text in ("", "sentence\tlabel\n"):
+        (tmp_path / "train.tsv").write_text(text)
+        with pytest.raises(TaskDataError, match=r"train.tsv: no examples \(an empty file or only its header\)"):
+            read_examples(TASKS["sst-2"], str(tmp_path / "train.tsv"))
+    with pytest.raises(TaskDataError, match=r"--task_name=squad: expected one of cola, sst-2, mrpc"):
+        get_task("squad")
+    assert get_task("SST-2") is TASKS["sst-2"]
+
+
+def test_a_task_of_your_own_in_json_lines_takes_its_training_file_s_labels(tmp_path):
+    train, dev = tmp_path / "train.jsonl", tmp_path / "dev.jsonl"
+    train.write_text('{"text": "good film", "label": "pos"}\n\n{"text": "bad", "text_pair": "very", "label": "neg"}\n'
+                     '{"text": "fine", "label": 3}\n')
+    examples = read_examples(TASKS["jsonl"], str(train))
+    assert [(e.text, e.text_pair, e.label, e.line) for e in examples] == [
+        ("good film", None, "pos", 1), ("bad", "very", "neg", 3), ("fine", None, "3", 4)]
+    labels = task_labels(TASKS["jsonl"], examples)
+    assert labels == ("3", "neg", "pos")
+    for line, message in [('{"text": "x", "label": "meh"}', 'dev.jsonl:1: label "meh" is not among the training '
+                                                             "file's labels (3, neg, pos)"),
+                          ('{"text": "x"', "dev.jsonl:1: not JSON"),
+                          ('["x", "pos"]', 'dev.jsonl:1: expected an object with a "text" string and a "label"'),
+                          ('{"text": "x", "label": 1.5}', 'dev.jsonl:1: "label" is 1.5; expected a class name'),
+                          ('{"text": "x", "text_pair": 2, "label": "pos"}', 'dev.jsonl:1: "text_pair" is int')]:
+        dev.write_text(line + "\n")
+        with pytest.raises(TaskDataError) as error:
+            read_examples(TASKS["jsonl"], str(dev), labels)
+        assert str(error.value).startswith(str(tmp_path / message)), str(error.value)
+
+
+def _truncated_by_popping(length, pair_length, max_tokens):
+    """google-research's _truncate_seq_pair, literally."""
+    while length + pair_length > max_tokens:
+        if length > pair_length:
+            length -= 1
+        else:
+            pair_length -= 1
+    return length, pair_length
+
+
+def test_truncation_is_google_research_s():
+    rng = np.random.default_rng(0)
+    for length, pair_length, max_tokens in rng.integers(0, 60, size=(3000, 3)):
+        assert truncated_lengths(int(length), int(pair_length), int(max_tokens)) == _truncated_by_popping(
+            int(length), int(pair_length), int(max_tokens))
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return Tokenizer(VOCAB)
+
+
+def test_examples_become_cls_text_sep_pair_sep_cut_to_the_length(tokenizer):
+    task = TASKS["mrpc"]
+    examples = [read_one(task, "the cat sat on the mat .", "it was a sunny day", "1"),
+                read_one(task, " ".join(["word"] * 20), "no", "0")]
+    encoded = encode_examples(examples, task, task.labels, tokenizer, max_seq_length=12)
+    cat = tokenizer.encode(["the cat sat on the mat ."])[0].tolist()
+    sunny = tokenizer.encode(["it was a sunny day"])[0].tolist()
+    # 7 + 5 text tokens into 9: the longer loses 2, then one each.
+    assert encoded.input_ids[0].tolist() == [tokenizer.cls_id, *cat[:5], tokenizer.sep_id, *sunny[:4], tokenizer.sep_id]
+    assert encoded.segment_ids[0].tolist() == [0] * 7 + [1] * 5
+    assert len(encoded.input_ids[1]) == 12 and encoded.input_ids[1][-3:].tolist()[-1] == tokenizer.sep_id
+    assert encoded.labels.tolist() == [1.0, 0.0]
+
+
+def read_one(task, text, pair, label):
+    from bert_packed.finetuning.tasks import Example
+
+    return Example(text, pair, label, 1)
+
+
+def test_packing_keeps_every_example_exactly_once_in_its_own_slot(tokenizer):
+    task = TASKS["sst-2"]
+    examples = [read_one(task, sentence, None, str(i % 2)) for i, sentence in enumerate(SENTENCES * 5)]
+    encoded = encode_examples(examples, task, task.labels, tokenizer, max_seq_length=32)
+    assignment = assign_to_packs(encoded.lengths, 32, 4, "lp", seed=3)
+    rows = make_rows(encoded, assignment, 32, 4)
+    assert assignment.num_packs < len(examples) / 2  # short texts: several a row
+    weights = rows["label_weights"].astype(bool)
+    assert sorted(rows["example_ids"][weights].tolist()) == list(range(len(examples)))
+    for row in range(assignment.num_packs):
+        for slot in np.flatnonzero(weights[row]):
+            example = rows["example_ids"][row, slot]
+            tokens = rows["sequence_ids"][row] == slot + 1
+            assert rows["input_ids"][row][tokens].tolist() == encoded.input_ids[example].tolist()
+            assert rows["positions"][row][tokens].tolist() == list(range(len(encoded.input_ids[example])))
+            assert rows["input_ids"][row, rows["cls_positions"][row, slot]] == tokenizer.cls_id
+            assert rows["labels"][row, slot] == encoded.labels[example]
+    alone = assign_to_packs(encoded.lengths, 32, 1)
+    assert alone.num_packs == len(examples) and set(alone.position.tolist()) == {0}
+
+
+def classifier_rows(tokenizer, regression=False):
+    """Packed rows and one-example rows of the same examples."""
+    task = TASKS["sts-b" if regression else "mrpc"]
+    examples = [read_one(task, a, b, str(i % 5) if regression else str(i % 2))
+                for i, (a, b) in enumerate(zip(SENTENCES, SENTENCES[3:] + SENTENCES[:3]))]
+    encoded = encode_examples(examples, task, task.labels, tokenizer, max_seq_length=48)
+    packed = make_rows(encoded, assign_to_packs(encoded.lengths, 48, 3, seed=1), 48, 3)
+    alone = make_rows(encoded, assign_to_packs(encoded.lengths, 48, 1), 48, 1)
+    return packed, alone
+
+
+def by_example(rows, values):
+    """Per-example values [n, ...] from per-slot ones [B, S, ...]."""
+    weights = rows["label_weights"].astype(bool)
+    order = np.argsort(rows["example_ids"][weights])
+    return np.asarray(values)[weights][order]
+
+
+@pytest.mark.parametrize("regression", [False, True])
+def test_packed_rows_give_each_example_its_own_logits_loss_and_gradients(tokenizer, regression):
+    config = BertConfig(**TINY, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    model = BertClassifierModel(config, num_outputs=1 if regression else 2)
+    model.build()
+    packed, alone = classifier_rows(tokenizer, regression)
+    assert packed["input_ids"].shape[0] < alone["input_ids"].shape[0]
+    results = []
+    for rows in (packed, alone):
+        features = {k: tf.constant(v) for k, v in rows.items()}
+        with tf.GradientTape() as tape:
+            logits = model(features, training=True, dropout_seed=tf.constant([1, 2]))["logits"]
+            sums = classifier_sums({"logits": logits}, features, regression)
+            loss = sums["example_loss"] / sums["examples"]
+        gradients = tape.gradient(loss, model.trainable_variables)
+        results.append((by_example(rows, logits.numpy()), float(loss), float(sums["examples"]), gradients))
+    (packed_logits, packed_loss, packed_count, packed_gradients), (logits, loss, count, gradients) = results
+    assert packed_count == count == len(SENTENCES)
+    np.testing.assert_allclose(packed_logits, logits, atol=1e-6)
+    assert packed_loss == pytest.approx(loss, rel=1e-6)
+    trained = [v.path for v in model.trainable_variables]
+    assert not any("masked_lm" in path or "seq_relationship" in path for path in trained)
+    assert any("pooler" in path for path in trained) and any("classifier" in path for path in trained)
+    for a, b in zip(packed_gradients, gradients):
+        np.testing.assert_allclose(tf.convert_to_tensor(a).numpy(), tf.convert_to_tensor(b).numpy(), atol=1e-6)
+
+
+def test_the_classifier_starts_from_a_pretraining_model_s_weights(tmp_path):
+    config = BertConfig(**TINY)
+    pretrained = BertPretrainingModel(config)
+    pretrained.build()
+    path = export_google_checkpoint(pretrained, str(tmp_path / "bert_model.ckpt"))
+    classifier = BertClassifierModel(config, num_outputs=3)
+    classifier.build()
+    assert load_weights(classifier.bert, path) == 30  # a google-research checkpoint's, query/key/value apart
+    for a, b in zip(pretrained.weights, classifier.bert.weights, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_scores_are_glue_s():
+    labels = np.array([1, 0, 1, 1, 0, 0, 1, 0])
+    predictions = np.array([1, 0, 0, 1, 1, 0, 1, 1])
+    tp, fp, fn, tn = 3, 2, 1, 2
+    got = scores(("accuracy", "f1", "matthews_corrcoef"), predictions, labels)
+    assert got["accuracy"] == 5 / 8
+    assert got["f1"] == pytest.approx(2 * tp / (2 * tp + fp + fn))
+    assert got["matthews_corrcoef"] == pytest.approx((tp * tn - fp * fn) / np.sqrt((tp + fp) * (tp + fn) * (tn + fp)
+                                                                                   * (tn + fn)))
+    values, truth = np.array([0.1, 0.4, 0.35, 0.8]), np.array([0.0, 1.0, 2.0, 3.0])
+    got = scores(("pearson", "spearman"), values, truth)
+    assert got["pearson"] == pytest.approx(np.corrcoef(values, truth)[0, 1])
+    assert got["spearman"] == pytest.approx(0.8)
+    assert scores(("pearson", "matthews_corrcoef"), np.zeros(4), truth) == {"pearson": 0.0, "matthews_corrcoef": 0.0}
+    assert scipy.stats.spearmanr(values, truth)[0] == pytest.approx(0.8)
+    assert json.dumps(scores(("f1",), np.zeros(3), np.zeros(3))) == '{"f1": 0.0}'
