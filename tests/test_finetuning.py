@@ -3,6 +3,7 @@ example packed exactly once, and packed rows giving each example the logits, los
 it gets alone in a row."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -10,10 +11,18 @@ import scipy.stats
 import tensorflow as tf
 from conftest import TINY, VOCAB
 
+from bert_packed.errors import InternalError
 from bert_packed.finetuning.encode import encode_examples, make_rows, truncated_lengths
 from bert_packed.finetuning.metrics import scores
 from bert_packed.finetuning.tasks import TASKS, TaskDataError, get_task, read_examples, task_labels
-from bert_packed.model import BertClassifierModel, BertConfig, BertPretrainingModel, export_google_checkpoint, load_weights
+from bert_packed.model import (
+    BertClassifierModel,
+    BertConfig,
+    BertPretrainingModel,
+    export_google_checkpoint,
+    export_huggingface,
+    load_weights,
+)
 from bert_packed.packing.assign import assign_to_packs
 from bert_packed.pretraining_data.tokenization import Tokenizer
 from bert_packed.training.losses import classifier_sums
@@ -242,3 +251,48 @@ def test_scores_are_glue_s():
     assert scores(("pearson", "matthews_corrcoef"), np.zeros(4), truth) == {"pearson": 0.0, "matthews_corrcoef": 0.0}
     assert scipy.stats.spearmanr(values, truth)[0] == pytest.approx(0.8)
     assert json.dumps(scores(("f1",), np.zeros(3), np.zeros(3))) == '{"f1": 0.0}'
+
+
+@pytest.fixture(scope="module")
+def exported_classifier(tokenizer, tmp_path_factory):
+    """(a classifier of MRPC's two labels, its packed rows, its Hugging Face export)."""
+    model = BertClassifierModel(BertConfig(**TINY), num_outputs=2)
+    model.build()
+    packed, _ = classifier_rows(tokenizer)
+    directory = str(tmp_path_factory.mktemp("classifier") / "hf")
+    export_huggingface(model, directory, VOCAB, do_lower_case=True, labels=("0", "1"))
+    return model, packed, directory
+
+
+def test_a_classifier_exports_as_a_sequence_classifier_without_pretraining_heads(exported_classifier):
+    from safetensors.numpy import load_file
+
+    model, _, directory = exported_classifier
+    config = json.load(open(os.path.join(directory, "config.json")))
+    assert config["architectures"] == ["BertForSequenceClassification"] and config["num_labels"] == 2
+    assert config["id2label"] == {"0": "0", "1": "1"} and config["problem_type"] == "single_label_classification"
+    tensors = load_file(os.path.join(directory, "model.safetensors"))
+    np.testing.assert_array_equal(tensors["classifier.weight"], model.classifier.kernel.numpy().T)
+    assert "bert.pooler.dense.weight" in tensors and not any(name.startswith("cls.") for name in tensors)
+    with pytest.raises(InternalError, match="a classifier of 2 outputs exported with 3 labels"):
+        export_huggingface(model, directory, VOCAB, do_lower_case=True, labels=("a", "b", "c"))
+
+
+@pytest.mark.slow  # loads PyTorch and transformers
+def test_transformers_gives_each_example_alone_the_logits_it_has_in_a_pack(exported_classifier):
+    import torch
+    import transformers
+
+    model, packed, directory = exported_classifier
+    ours = by_example(packed, model({k: tf.constant(v) for k, v in packed.items()})["logits"].numpy())
+    theirs = transformers.BertForSequenceClassification.from_pretrained(directory).eval()
+    weights = packed["label_weights"].astype(bool)
+    rows, slots = np.nonzero(weights)
+    for example in range(len(ours)):
+        [at] = np.flatnonzero(packed["example_ids"][rows, slots] == example)
+        tokens = packed["sequence_ids"][rows[at]] == slots[at] + 1
+        with torch.no_grad():
+            logits = theirs(input_ids=torch.tensor(packed["input_ids"][rows[at]][tokens][None], dtype=torch.long),
+                            token_type_ids=torch.tensor(packed["segment_ids"][rows[at]][tokens][None],
+                                                        dtype=torch.long)).logits.numpy()[0]
+        np.testing.assert_allclose(logits, ours[example], atol=1e-4, rtol=0)

@@ -16,6 +16,7 @@ The names follow from the google-research ones (checkpoint.google_variable_names
     bert/embeddings/word_embeddings  [V, H]           -> bert.embeddings.word_embeddings.weight
     cls/predictions/output_bias  [V]                  -> cls.predictions.bias
     cls/seq_relationship/output_weights  [2, H]       -> cls.seq_relationship.weight
+    output_weights  [C, H] (a fine-tuned classifier)  -> classifier.weight (BertForSequenceClassification)
 
 A model trained without the next-sentence head (--nsp_loss=false) has no pooler and no
 seq_relationship: its config.json names BertForMaskedLM, which reads it whole.
@@ -38,7 +39,7 @@ import re
 import numpy as np
 
 from bert_packed import files
-from bert_packed.errors import StorageError
+from bert_packed.errors import InternalError, StorageError
 from bert_packed.model.checkpoint import (
     CheckpointError,
     export_directory,
@@ -49,7 +50,7 @@ from bert_packed.model.checkpoint import (
     shape_problems,
 )
 from bert_packed.model.config import BertConfig
-from bert_packed.model.modeling import LAYER_NORM_EPSILON, BertPretrainingModel
+from bert_packed.model.modeling import LAYER_NORM_EPSILON, BertClassifierModel, BertPretrainingModel
 from bert_packed.pretraining_data.tokenization import Tokenizer
 
 CONFIG_FILE = "config.json"
@@ -66,7 +67,8 @@ _SPECIAL_TOKENS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PA
                    "mask_token": "[MASK]"}
 _RENAMED = {"cls/predictions/output_bias": "cls.predictions.bias",
             "cls/seq_relationship/output_weights": "cls.seq_relationship.weight",
-            "cls/seq_relationship/output_bias": "cls.seq_relationship.bias"}
+            "cls/seq_relationship/output_bias": "cls.seq_relationship.bias",
+            "output_weights": "classifier.weight", "output_bias": "classifier.bias"}
 
 
 def huggingface_variable_names(model: BertPretrainingModel) -> list[tuple[str, object, bool]]:
@@ -103,13 +105,25 @@ def huggingface_config(bert: BertConfig, next_sentence_prediction: bool = True) 
             "tie_word_embeddings": True, "dtype": "float32"}
 
 
+def classifier_config(bert: BertConfig, labels: tuple[str, ...]) -> dict:
+    """config.json of a BertForSequenceClassification with `bert`'s sizes: a logit a class of
+    `labels`, named by them; no labels: one output, a regression's score."""
+    names = labels or ("score",)
+    return {**huggingface_config(bert), "architectures": ["BertForSequenceClassification"],
+            "num_labels": len(names), "id2label": dict(enumerate(names)),
+            "label2id": {name: index for index, name in enumerate(names)},
+            "problem_type": "single_label_classification" if labels else "regression"}
+
+
 def is_huggingface_directory(path: str) -> bool:
     """Whether `path` is a directory with a Hugging Face config.json (else a TF1 checkpoint)."""
     return files.isdir(path) and files.exists(os.path.join(path, CONFIG_FILE))
 
 
-def export_huggingface(model: BertPretrainingModel, output_dir: str, vocab_file: str, do_lower_case: bool) -> str:
+def export_huggingface(model: BertPretrainingModel | BertClassifierModel, output_dir: str, vocab_file: str,
+                       do_lower_case: bool, labels: tuple[str, ...] = ()) -> str:
     """Writes the model as a Hugging Face BERT directory (module docstring); returns `output_dir`.
+    A classifier is written as a BertForSequenceClassification of its `labels` (classifier_config).
 
     Each file is written under a temporary name, then renamed; config.json goes last and is
     removed first, so a directory cut short by a kill is never read as a model, and the same
@@ -122,6 +136,8 @@ def export_huggingface(model: BertPretrainingModel, output_dir: str, vocab_file:
         `output_dir` holds files other than an export's.
     """
     bert = model.config
+    if isinstance(model, BertClassifierModel) and max(len(labels), 1) != model.num_outputs:
+        raise InternalError(f"a classifier of {model.num_outputs} outputs exported with {len(labels)} labels")
     tokenizer = _vocabulary(vocab_file, do_lower_case, bert)
     with export_directory(output_dir, _exported) as confirm:
         if files.exists(os.path.join(output_dir, CONFIG_FILE)):
@@ -137,8 +153,9 @@ def export_huggingface(model: BertPretrainingModel, output_dir: str, vocab_file:
         for name, values in ((TOKENIZER_CONFIG_FILE, tokenizer_config), (SPECIAL_TOKENS_FILE, _SPECIAL_TOKENS)):
             files.write_text_atomically(os.path.join(output_dir, name), json.dumps(values, indent=2) + "\n")
         confirm()
-        files.write_text_atomically(os.path.join(output_dir, CONFIG_FILE),
-                                    json.dumps(huggingface_config(bert, model.next_sentence_prediction), indent=2) + "\n")
+        config = (classifier_config(bert, labels) if isinstance(model, BertClassifierModel)
+                  else huggingface_config(bert, model.next_sentence_prediction))
+        files.write_text_atomically(os.path.join(output_dir, CONFIG_FILE), json.dumps(config, indent=2) + "\n")
     return output_dir
 
 
