@@ -296,3 +296,44 @@ def test_transformers_gives_each_example_alone_the_logits_it_has_in_a_pack(expor
                             token_type_ids=torch.tensor(packed["segment_ids"][rows[at]][tokens][None],
                                                         dtype=torch.long)).logits.numpy()[0]
         np.testing.assert_allclose(logits, ours[example], atol=1e-4, rtol=0)
+
+
+def classification_update(rows, input_mode, packing_factor, tmp_path, start=None):
+    """The weights after two updates of the compiled step, each on every row of `rows` at once."""
+    from training_runs import config as run_config
+
+    from bert_packed.training.objective import Classification
+    from bert_packed.training.process import set_up_process
+    from bert_packed.training.step import CompiledStep
+
+    num_rows = len(rows["input_ids"])
+    setup = run_config(tmp_path / input_mode, [], dropout=0.0, input_mode=input_mode, train_batch_size=num_rows,
+                       optimizer="adamw", adjust_batch_for_packing=False, adjust_betas_for_packing=False,
+                       packing_factor=packing_factor, clip_by_global_norm_after_gradient_allreduce=True)
+    set_up_process(setup.config)
+    step = CompiledStep(setup.config, setup.train_data, objective=Classification(setup.config, num_outputs=2))
+    if start is not None:
+        for weight, value in zip(step.model.weights, start, strict=True):
+            weight.assign(value)
+    before = [w.numpy() for w in step.model.weights]
+    dataset = tf.data.Dataset.from_tensor_slices(rows).batch(num_rows).repeat()
+    results = step.run_updates(iter(step.strategy.distribute_datasets_from_function(lambda context: dataset)), 2)
+    metrics = step.objective.metrics(dict(zip(step.objective.sum_keys, results[0, 1:])))
+    return before, [w.numpy() for w in step.model.weights], metrics, step
+
+
+def test_the_compiled_step_trains_packed_rows_as_it_trains_one_example_a_row(tokenizer, tmp_path):
+    packed, alone = classifier_rows(tokenizer)
+    start, packed_after, packed_metrics, step = classification_update(packed, "packed", len(SENTENCES) / len(
+        packed["input_ids"]), tmp_path)
+    assert step.update.sum_keys == ("example_loss", "examples", "example_correct", "tokens", "slots",
+                                    "gradient_norm")
+    _, alone_after, alone_metrics, _ = classification_update(alone, "padded", 1.0, tmp_path, start)
+    assert packed_metrics["num_sequences"] == alone_metrics["num_sequences"] == len(SENTENCES)
+    assert packed_metrics["loss"] == pytest.approx(alone_metrics["loss"], rel=1e-6)
+    assert packed_metrics["accuracy"] == alone_metrics["accuracy"]
+    changed = 0
+    for before, a, b in zip(start, packed_after, alone_after, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+        changed += not np.array_equal(a, before)
+    assert changed == len([w for w in step.model.trainable_weights])  # every trained weight moved, the rest kept

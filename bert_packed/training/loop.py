@@ -45,9 +45,7 @@ from bert_packed.training.config import TrainConfig, describe_run, eval_every_sa
 from bert_packed.training.data import EvalData, TrainData, eval_pipeline, train_pipeline
 from bert_packed.training.distribution import chief, common_step, on_any_worker
 from bert_packed.training.logs import RunLogs
-from bert_packed.training.losses import metrics_from_sums
 from bert_packed.training.step import CompiledStep
-from bert_packed.training.update import SUM_KEYS
 
 
 @dataclasses.dataclass
@@ -111,7 +109,7 @@ def train_and_evaluate(config: TrainConfig, train_data: TrainData, eval_data: Ev
                         logging.debug("compiled and ran the first loop in %.1f s", seconds - logs.seconds_before)
                     for row in results:
                         current += n
-                        logs.train(_train_record(row, current, sequences, seconds, logs, config, checkpoints))
+                        logs.train(_train_record(row, current, sequences, seconds, logs, step, checkpoints))
                         sequences = logs.last_record["sequences"]
                     if len(results):
                         logs.say_progress(config, first_step, len(results), seconds)
@@ -281,11 +279,10 @@ def _start(logs: RunLogs, config: TrainConfig, train_data: TrainData, eval_data:
 
 
 def _train_record(row: np.ndarray, step: int, sequences_before: int, seconds: float, logs: RunLogs,
-                  config: TrainConfig, checkpoints: Checkpoints) -> dict:
+                  compiled: CompiledStep, checkpoints: Checkpoints) -> dict:
     """One update's train record, after checking its loss and gradient are finite."""
-    sums = dict(zip(SUM_KEYS, row[1:].tolist()))
-    metrics = metrics_from_sums({k: v for k, v in sums.items() if k not in ("tokens", "slots")},
-                                config.model.loss_averaging, config.model.nsp_loss)
+    sums = dict(zip(compiled.update.sum_keys, row[1:].tolist()))
+    metrics = compiled.objective.metrics({k: sums[k] for k in compiled.objective.sum_keys})
     for what, value in (("loss", metrics["loss"]), ("the gradient norm", sums["gradient_norm"])):
         if not math.isfinite(value):
             raise TrainingError(f"{what} is {value} at step {step}; stopped without saving, the last good "
@@ -293,7 +290,7 @@ def _train_record(row: np.ndarray, step: int, sequences_before: int, seconds: fl
     return {"step": step, "sequences": sequences_before + int(metrics["num_sequences"]),
             "learning_rate": float(row[0]), "seconds": seconds,
             "train_seconds": logs.train_seconds_before + seconds - logs.seconds_before - logs.eval_seconds,
-            "real_tokens": sums["tokens"], "predictions": sums["mlm_predictions"],
+            "real_tokens": sums["tokens"], **({"predictions": sums["mlm_predictions"]} if "mlm_predictions" in sums else {}),
             "padding_efficiency": sums["tokens"] / sums["slots"], "gradient_norm": sums["gradient_norm"], **metrics}
 
 

@@ -16,11 +16,10 @@ import numpy as np
 import tensorflow as tf
 
 from bert_packed.input_pipeline import PipelineConfig, make_dataset, reading_errors_named
-from bert_packed.model import BertPretrainingModel
 from bert_packed.run_directory import LOGS
 from bert_packed.training.config import TrainConfig, batching
 from bert_packed.training.data import TrainData
-from bert_packed.training.losses import metrics_from_sums, pretraining_sums
+from bert_packed.training.objective import Pretraining
 from bert_packed.training.process import check_process_set_up
 from bert_packed.training.update import Update, make_optimizer, make_schedule
 
@@ -33,12 +32,15 @@ class CompiledStep:
       train_data: the training data's description (its input mode and packing factor size the
         micro-batch and set the betas).
       strategy: the tf.distribute strategy (default: the current one).
+      objective: what the model is trained to do (objective.Pretraining, the default, or
+        Classification).
 
     Attributes:
       config: the settings it was built for.
+      objective: its objective.
       batching: what one update holds (config.Batching: rows, accumulation, betas).
       strategy: the tf.distribute strategy.
-      model: the BertPretrainingModel.
+      model: the objective's model (a BertPretrainingModel or BertClassifierModel).
       schedule: the learning-rate schedule (optimizers.PolynomialWarmup).
       optimizer: its optimizer (a LossScaleOptimizer with fp16).
       update: the compiled update (update.loop).
@@ -47,14 +49,16 @@ class CompiledStep:
       state: what a checkpoint holds (a tf.train.Checkpoint).
     """
 
-    def __init__(self, config: TrainConfig, train_data: TrainData, strategy: tf.distribute.Strategy | None = None):
+    def __init__(self, config: TrainConfig, train_data: TrainData, strategy: tf.distribute.Strategy | None = None,
+                 objective=None):
         strategy = strategy or tf.distribute.get_strategy()
         check_process_set_up(config)
         self.config, self.strategy = config, strategy
+        self.objective = objective or Pretraining(config)
         self.batching = batching(config, train_data.input_mode, train_data.packing_factor,
                                  train_data.shapes.max_sequences_per_pack, strategy.num_replicas_in_sync)
         with strategy.scope():
-            self.model = BertPretrainingModel(config.model.bert, config.model.nsp_loss, config.model.recompute)
+            self.model = self.objective.build_model()
             self.model.build()
             self.schedule = make_schedule(config, self.batching)
             self.optimizer = make_optimizer(config, self.batching, self.schedule)
@@ -62,7 +66,7 @@ class CompiledStep:
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
             self.sequences = tf.Variable(0, dtype=tf.int64, trainable=False, name="sequences")
             self.log_sizes = tf.Variable([0] * len(LOGS), dtype=tf.int64, trainable=False, name="log_sizes")
-        self.update = Update(config, self.batching, self.model, self.optimizer, strategy, self.step)
+        self.update = Update(config, self.batching, self.model, self.optimizer, strategy, self.step, self.objective)
         self._evaluate_batch = tf.function(self._evaluate_batch_fn)
         self.state = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.step,
                                          sequences=self.sequences, log_sizes=self.log_sizes)
@@ -71,7 +75,7 @@ class CompiledStep:
         """Runs `num_updates` updates on batches of `iterator` in one compiled call.
 
         Returns:
-          [num_updates, 1 + len(update.SUM_KEYS)]: each update's learning rate and sums.
+          [num_updates, 1 + len(update.sum_keys)]: each update's learning rate and sums.
         """
         return self.update.loop(iterator, tf.constant(num_updates)).numpy()
 
@@ -80,7 +84,7 @@ class CompiledStep:
         return iter(self.strategy.distribute_datasets_from_function(lambda context: make_dataset(pipeline, context)))
 
     def evaluate(self, pipeline: PipelineConfig) -> dict | None:
-        """The metrics over the batches of `pipeline` (losses.metrics_from_sums); {} when it has none;
+        """The metrics over the batches of `pipeline` (its objective's); {} when it has none;
         None when a signal came meanwhile (Update.stop_requested, summed over the replicas with each
         batch, so that every worker abandons it after the same batch).
 
@@ -96,11 +100,11 @@ class CompiledStep:
                 if int(sums.pop("stop_requests")):
                     return None
                 totals = sums if totals is None else {k: totals[k] + sums[k] for k in sums}
-        return metrics_from_sums(totals, self.config.model.loss_averaging, self.config.model.nsp_loss) if totals else {}
+        return self.objective.metrics(totals) if totals else {}
 
     def _evaluate_batch_fn(self, features):
         def replica(features):
-            return {**pretraining_sums(self.model(features, training=False), features),
+            return {**self.objective.sums(self.model(features, training=False), features),
                     "stop_requests": tf.identity(self.update.stop_requested)}
 
         sums = self.strategy.run(replica, args=(features,))

@@ -23,7 +23,6 @@ from bert_packed.model import BertConfig
 from bert_packed.training.config import TrainConfig, make_config
 from bert_packed.training.data import TrainData, train_pipeline
 from bert_packed.training.step import CompiledStep
-from bert_packed.training.update import SUM_KEYS
 
 # bf16 dense tensor-core peaks (TFLOP/s, no sparsity) of the cards a GPU figure is taken on, by a
 # part of the device name; the first match counts, so the PCIe and NVL H100s come before the SXM.
@@ -104,7 +103,7 @@ def measure_alternately(trainers: dict[str, Measured], rounds: int, updates: int
             start = time.perf_counter()
             rows = trainer.run_updates(updates)
             seconds = time.perf_counter() - start
-            sums = {key: float(rows[:, 1 + i].sum()) for i, key in enumerate(SUM_KEYS)}
+            sums = {key: float(rows[:, 1 + i].sum()) for i, key in enumerate(trainer.step.update.sum_keys)}
             flops = training_flops(trainer.step.config.model.bert, sums["tokens"], sums["nsp_sequences"],
                                    sums["mlm_predictions"])
             mode = modes[name]

@@ -23,13 +23,11 @@ import tensorflow as tf
 
 from bert_packed.model.modeling import fold_seed
 from bert_packed.training.config import Batching, TrainConfig
-from bert_packed.training.losses import loss_from_sums, normalizers, pretraining_sums
 from bert_packed.training.optimizers import AdamWeightDecay, Lamb, PolynomialWarmup
 
-# What one update returns after its learning rate, in this order: pretraining_sums, the token
-# counts of the rows, and the norm of the gradient applied.
-SUM_KEYS = ("mlm_nll", "mlm_predictions", "mlm_correct", "mlm_sequence_nll", "mlm_sequence_correct",
-            "mlm_sequences", "nsp_nll", "nsp_correct", "nsp_sequences", "tokens", "slots", "gradient_norm")
+# What one update returns after its learning rate and its objective's sums (Update.sum_keys):
+# the token counts of the rows, and the norm of the gradient applied.
+UPDATE_KEYS = ("tokens", "slots", "gradient_norm")
 # The global gradient norm clipped to: the MLPerf reference's 1.0.
 CLIP_NORM = 1.0
 
@@ -61,20 +59,23 @@ class Update:
       model: the BertPretrainingModel.
       optimizer: from make_optimizer (a LossScaleOptimizer with fp16).
       optimizer_itself: LAMB or AdamW (inside the LossScaleOptimizer with fp16).
-      loop: the compiled call: loop(iterator, num_updates) -> [num_updates, 1 + len(SUM_KEYS)],
+      sum_keys: what an update reports after its learning rate: the objective's sums, then
+        UPDATE_KEYS.
+      loop: the compiled call: loop(iterator, num_updates) -> [num_updates, 1 + len(sum_keys)],
         each update's learning rate and sums (fewer rows when stop_requested was set meanwhile).
       stop_requested: a flag the loop reads before each update.
     """
 
     def __init__(self, config: TrainConfig, batching: Batching, model, optimizer, strategy: tf.distribute.Strategy,
-                 step: tf.Variable):
+                 step: tf.Variable, objective):
         self.model = model
+        self.objective = objective  # objective.Pretraining or Classification
+        self.sum_keys = objective.sum_keys + UPDATE_KEYS
         self.optimizer = optimizer
         self._loss_scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
         self.optimizer_itself = optimizer.inner_optimizer if self._loss_scaled else optimizer
         self._strategy = strategy
         self._steps_per_update = batching.steps_per_update
-        self._loss_averaging = config.model.loss_averaging
         self._clip_after_allreduce = config.optimizer.clip_by_global_norm_after_gradient_allreduce
         self._step = step  # micro-steps done before the compiled call
         self._seed = tf.constant([config.run.seed % 2**31, config.run.seed // 2**31 % 2**31], tf.int32)
@@ -87,7 +88,7 @@ class Update:
         self.loop = tf.function(self._loop_fn)
 
     def _loop_fn(self, iterator, num_updates):
-        results = tf.TensorArray(tf.float32, size=0, dynamic_size=True, element_shape=[1 + len(SUM_KEYS)])
+        results = tf.TensorArray(tf.float32, size=0, dynamic_size=True, element_shape=[1 + len(self.sum_keys)])
         for index in tf.range(num_updates):
             requests = self._strategy.run(lambda: tf.identity(self.stop_requested))
             if self._strategy.reduce(tf.distribute.ReduceOp.SUM, requests, axis=None) > 0:
@@ -97,7 +98,7 @@ class Update:
             first_micro_step = self._step + tf.cast(index, tf.int64) * self._steps_per_update
             sums = self._strategy.run(self._replica_update, args=(batches, first_micro_step))
             sums = {k: self._strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for k, v in sums.items()}
-            results = results.write(index, tf.stack([learning_rate] + [sums[k] for k in SUM_KEYS]))
+            results = results.write(index, tf.stack([learning_rate] + [sums[k] for k in self.sum_keys]))
         return results.stack()
 
     def _scale(self):
@@ -113,7 +114,7 @@ class Update:
         if self._clip_after_allreduce:
             counts = {}
             for features in batches:
-                for name, value in normalizers(features).items():
+                for name, value in self.objective.counts(features).items():
                     counts[name] = counts.get(name, 0.0) + value
             counts = {k: context.all_reduce(tf.distribute.ReduceOp.SUM, v) for k, v in counts.items()}
             gradients, totals = self._accumulated(batches, counts, seeds)
@@ -160,8 +161,8 @@ class Update:
         """
         variables = self.model.trainable_variables
         with tf.GradientTape() as tape:
-            sums = pretraining_sums(self.model(features, training=True, dropout_seed=seed), features)
-            loss = loss_from_sums(sums, self._loss_averaging, counts)
+            sums = self.objective.sums(self.model(features, training=True, dropout_seed=seed), features)
+            loss = self.objective.loss(sums, counts)
             if self._loss_scaled:
                 loss = self.optimizer.scale_loss(loss)
         gradients = [tf.convert_to_tensor(d) for d in tape.gradient(loss, variables)]
