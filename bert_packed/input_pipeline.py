@@ -18,6 +18,8 @@ Modes:
                  with no sequence where a pack has fewer than S): a micro-batch holds exactly
                  what its packs hold, unpacked. What tells packing itself apart from what an
                  update holds (docs/experiments.md).
+Fine-tuning's rows are made in memory from a task's files (bert_packed.finetuning); rows_dataset
+batches them, packed or one example a row, epoch after epoch.
 
 Feature shapes (B = batch, L = max_seq_length, P' = predictions per row, S = sequences per row):
   input_ids, sequence_ids, segment_ids, positions [B, L]; masked_lm_positions, masked_lm_ids,
@@ -391,3 +393,50 @@ def too_few_files(num_files: int, pipelines: int) -> str:
     return (f"{num_files} training files cannot be shared among {pipelines} input pipelines (one a worker): each "
             f"reads files of its own. Pack into at least {pipelines} files (pack_pretraining_data "
             f"--num_shards={pipelines}), or give create_pretraining_data at least {pipelines} text files")
+
+
+def rows_dataset(rows: dict[str, np.ndarray], batch_size: int, seed: int, first_batch: int = 0,
+                 is_training: bool = True, input_context: tf.distribute.InputContext | None = None) -> tf.data.Dataset:
+    """Batches of rows held in memory (a fine-tuning set, bert_packed.finetuning.encode.make_rows).
+
+    In training the rows are read epoch after epoch, each epoch in an order that is a function of
+    (seed, epoch) alone, and batch b holds positions [b * batch_size, (b + 1) * batch_size) of
+    that endless stream (a batch may span two epochs; no row is left out of an epoch). So batch b
+    is the same whenever it is read: a run resumed at batch b reads what the uninterrupted run read
+    from b on. In evaluation every row is read once, in order, the last batch partial.
+
+    For 5 rows in batches of 2, where the seed orders epoch 0 as [3 1 2 0 4] and epoch 1 as
+    [4 1 3 2 0]: batches [3 1] [2 0] [4 4] [1 3] [2 0] ...; first_batch=2 starts at [4 4].
+
+    Args:
+      rows: {feature: array [num_rows, ...]}.
+      batch_size: rows a batch, all input pipelines together.
+      seed: the epochs' orders.
+      first_batch: the first batch to read (a resumed run's micro-step).
+      is_training: shuffle and repeat (else every row once, in order).
+      input_context: under a tf.distribute strategy, this pipeline's share: its part of each batch.
+
+    Returns:
+      A dataset of {feature: tensor [batch_size / input pipelines, ...]}.
+    """
+    num_rows = len(next(iter(rows.values())))
+    pipelines, pipeline = ((input_context.num_input_pipelines, input_context.input_pipeline_id)
+                           if input_context else (1, 0))
+    if batch_size % pipelines:
+        raise SettingsError(f"a batch of {batch_size} rows does not split over {pipelines} input pipelines")
+    share = batch_size // pipelines
+    tensors = {name: tf.constant(value) for name, value in rows.items()}
+    if not is_training:
+        order = tf.data.Dataset.range(num_rows).shard(pipelines, pipeline) if pipelines > 1 else \
+            tf.data.Dataset.range(num_rows)
+        return order.batch(share).map(lambda index: {k: tf.gather(v, index) for k, v in tensors.items()})
+    start = first_batch * batch_size
+    first_epoch = start // num_rows
+
+    def epoch_order(epoch):
+        return tf.data.Dataset.from_tensor_slices(tf.random.experimental.stateless_shuffle(
+            tf.range(num_rows, dtype=tf.int64), seed=tf.stack([tf.cast(seed, tf.int64), epoch])))
+
+    stream = tf.data.Dataset.range(first_epoch, 2**62).flat_map(epoch_order).skip(start - first_epoch * num_rows)
+    batches = stream.batch(batch_size).map(lambda index: index[pipeline * share:(pipeline + 1) * share])
+    return batches.map(lambda index: {k: tf.gather(v, index) for k, v in tensors.items()})

@@ -337,3 +337,20 @@ def test_the_compiled_step_trains_packed_rows_as_it_trains_one_example_a_row(tok
         np.testing.assert_allclose(a, b, atol=1e-6)
         changed += not np.array_equal(a, before)
     assert changed == len([w for w in step.model.trainable_weights])  # every trained weight moved, the rest kept
+
+
+def test_rows_are_read_each_epoch_whole_and_a_resumed_read_continues_the_same_batches():
+    from bert_packed.input_pipeline import rows_dataset
+
+    rows = {"example_ids": np.arange(7), "labels": np.arange(7) * 0.5}
+    batches = [b["example_ids"].numpy().tolist() for b in rows_dataset(rows, 3, seed=5).take(14)]
+    stream = sum(batches, [])
+    for epoch in range(6):  # 42 rows read: six epochs, each every row once, each in its own order
+        assert sorted(stream[epoch * 7:(epoch + 1) * 7]) == list(range(7))
+    assert len({tuple(stream[e * 7:(e + 1) * 7]) for e in range(6)}) > 1
+    for first in (1, 2, 5, 9):
+        resumed = [b["example_ids"].numpy().tolist() for b in rows_dataset(rows, 3, seed=5, first_batch=first).take(3)]
+        assert resumed == batches[first:first + 3]
+    assert stream != sum([b["example_ids"].numpy().tolist() for b in rows_dataset(rows, 3, seed=6).take(14)], [])
+    labels = [b["labels"].numpy().tolist() for b in rows_dataset(rows, 3, seed=5, is_training=False)]
+    assert labels == [[0.0, 0.5, 1.0], [1.5, 2.0, 2.5], [3.0]]
