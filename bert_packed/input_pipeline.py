@@ -72,6 +72,8 @@ class PipelineConfig:
       identity: when given, each file's FileIdentity as the run started: checked before each
         evaluation and, packed on the fly, before each file is read; a reading error is traced to a
         changed file first.
+      rows: rows held in memory, read instead of records (rows_dataset: a fine-tuning set made
+        from `files`, packed or not as `mode` says).
     """
 
     files: tuple[str, ...]
@@ -91,6 +93,7 @@ class PipelineConfig:
     strategies: tuple = ()
     online_packing_window: int | None = None
     identity: tuple = ()
+    rows: dict | None = None
 
 
 WATCHED_SINCE = "the run started"
@@ -116,6 +119,9 @@ def make_dataset(config: PipelineConfig, input_context: tf.distribute.InputConte
         raise SettingsError("no input files")
     if not config.is_training:  # read once, from here: checked now
         check_unchanged(config.identity, WATCHED_SINCE)
+    if config.rows is not None:
+        return _finished(rows_dataset(config.rows, config.batch_size, config.seed, config.skip_steps,
+                                      config.is_training, input_context), config)
     shapes = config.shapes
     batch_size = config.batch_size
     skip = config.skip_steps
@@ -403,40 +409,48 @@ def rows_dataset(rows: dict[str, np.ndarray], batch_size: int, seed: int, first_
     (seed, epoch) alone, and batch b holds positions [b * batch_size, (b + 1) * batch_size) of
     that endless stream (a batch may span two epochs; no row is left out of an epoch). So batch b
     is the same whenever it is read: a run resumed at batch b reads what the uninterrupted run read
-    from b on. In evaluation every row is read once, in order, the last batch partial.
+    from b on. In evaluation every row is read once, in order, and the last batch is filled with
+    empty rows (no sequence: they count nothing), so that every replica gets as many batches.
 
     For 5 rows in batches of 2, where the seed orders epoch 0 as [3 1 2 0 4] and epoch 1 as
     [4 1 3 2 0]: batches [3 1] [2 0] [4 4] [1 3] [2 0] ...; first_batch=2 starts at [4 4].
 
     Args:
-      rows: {feature: array [num_rows, ...]}.
-      batch_size: rows a batch, all input pipelines together.
+      rows: {feature: array [num_rows, ...]}; an empty row is all zeros.
+      batch_size: rows a batch, all replicas together.
       seed: the epochs' orders.
       first_batch: the first batch to read (a resumed run's micro-step).
       is_training: shuffle and repeat (else every row once, in order).
-      input_context: under a tf.distribute strategy, this pipeline's share: its part of each batch.
+      input_context: under a tf.distribute strategy: this input pipeline yields its replicas'
+        shares of each batch, one replica's after another (replica k of batch b is the stream's
+        (b * replicas + k)-th share).
 
     Returns:
-      A dataset of {feature: tensor [batch_size / input pipelines, ...]}.
+      A dataset of {feature: tensor [batch_size / replicas, ...]}.
     """
     num_rows = len(next(iter(rows.values())))
-    pipelines, pipeline = ((input_context.num_input_pipelines, input_context.input_pipeline_id)
-                           if input_context else (1, 0))
-    if batch_size % pipelines:
-        raise SettingsError(f"a batch of {batch_size} rows does not split over {pipelines} input pipelines")
-    share = batch_size // pipelines
+    replicas, pipelines, pipeline = ((input_context.num_replicas_in_sync, input_context.num_input_pipelines,
+                                      input_context.input_pipeline_id) if input_context else (1, 1, 0))
+    if batch_size % replicas:
+        raise SettingsError(f"a batch of {batch_size} rows does not split over {replicas} replicas")
+    if is_training:
+        start = first_batch * batch_size
+        first_epoch = start // num_rows
+
+        def epoch_order(epoch):
+            return tf.data.Dataset.from_tensor_slices(tf.random.experimental.stateless_shuffle(
+                tf.range(num_rows, dtype=tf.int64), seed=tf.stack([tf.cast(seed, tf.int64), epoch])))
+
+        stream = tf.data.Dataset.range(first_epoch, 2**62).flat_map(epoch_order).skip(start - first_epoch * num_rows)
+    else:
+        padded = -(-num_rows // batch_size) * batch_size
+        rows = {name: np.concatenate([value, np.zeros((padded - num_rows, *value.shape[1:]), value.dtype)])
+                for name, value in rows.items()}
+        stream = tf.data.Dataset.range(padded)
     tensors = {name: tf.constant(value) for name, value in rows.items()}
-    if not is_training:
-        order = tf.data.Dataset.range(num_rows).shard(pipelines, pipeline) if pipelines > 1 else \
-            tf.data.Dataset.range(num_rows)
-        return order.batch(share).map(lambda index: {k: tf.gather(v, index) for k, v in tensors.items()})
-    start = first_batch * batch_size
-    first_epoch = start // num_rows
-
-    def epoch_order(epoch):
-        return tf.data.Dataset.from_tensor_slices(tf.random.experimental.stateless_shuffle(
-            tf.range(num_rows, dtype=tf.int64), seed=tf.stack([tf.cast(seed, tf.int64), epoch])))
-
-    stream = tf.data.Dataset.range(first_epoch, 2**62).flat_map(epoch_order).skip(start - first_epoch * num_rows)
-    batches = stream.batch(batch_size).map(lambda index: index[pipeline * share:(pipeline + 1) * share])
-    return batches.map(lambda index: {k: tf.gather(v, index) for k, v in tensors.items()})
+    shares = stream.batch(batch_size // replicas)
+    if pipelines > 1:
+        per_pipeline = replicas // pipelines
+        shares = shares.enumerate().filter(lambda index, _: index % replicas // per_pipeline == pipeline).map(
+            lambda _, share: share)
+    return shares.map(lambda index: {k: tf.gather(v, index) for k, v in tensors.items()})

@@ -311,7 +311,8 @@ def classification_update(rows, input_mode, packing_factor, tmp_path, start=None
                        optimizer="adamw", adjust_batch_for_packing=False, adjust_betas_for_packing=False,
                        packing_factor=packing_factor, clip_by_global_norm_after_gradient_allreduce=True)
     set_up_process(setup.config)
-    step = CompiledStep(setup.config, setup.train_data, objective=Classification(setup.config, num_outputs=2))
+    step = CompiledStep(setup.config, setup.train_data,
+                        objective=Classification(setup.config, num_outputs=2, scores=("accuracy", "f1")))
     if start is not None:
         for weight, value in zip(step.model.weights, start, strict=True):
             weight.assign(value)
@@ -337,6 +338,19 @@ def test_the_compiled_step_trains_packed_rows_as_it_trains_one_example_a_row(tok
         np.testing.assert_allclose(a, b, atol=1e-6)
         changed += not np.array_equal(a, before)
     assert changed == len([w for w in step.model.trainable_weights])  # every trained weight moved, the rest kept
+    # The trained step evaluates each example once, packed or not (batches of 2 rows: the last filled).
+    figures = evaluation(step, packed, "packed")
+    assert figures["num_sequences"] == len(SENTENCES) and set(figures) == {"loss", "num_sequences", "accuracy", "f1"}
+    assert figures == pytest.approx(evaluation(step, alone, "padded"), rel=1e-6)
+
+
+def evaluation(step, rows, mode):
+    from bert_packed.features import Shapes
+    from bert_packed.input_pipeline import PipelineConfig
+
+    pipeline = PipelineConfig(("train.tsv",), Shapes(48, 0, rows["cls_positions"].shape[1]), mode, batch_size=2,
+                              is_training=False, rows=rows)
+    return step.evaluate(pipeline)
 
 
 def test_rows_are_read_each_epoch_whole_and_a_resumed_read_continues_the_same_batches():
@@ -353,4 +367,4 @@ def test_rows_are_read_each_epoch_whole_and_a_resumed_read_continues_the_same_ba
         assert resumed == batches[first:first + 3]
     assert stream != sum([b["example_ids"].numpy().tolist() for b in rows_dataset(rows, 3, seed=6).take(14)], [])
     labels = [b["labels"].numpy().tolist() for b in rows_dataset(rows, 3, seed=5, is_training=False)]
-    assert labels == [[0.0, 0.5, 1.0], [1.5, 2.0, 2.5], [3.0]]
+    assert labels == [[0.0, 0.5, 1.0], [1.5, 2.0, 2.5], [3.0, 0.0, 0.0]]  # filled with empty rows

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from bert_packed.finetuning.metrics import scores as glue_scores
 from bert_packed.model import BertClassifierModel, BertPretrainingModel
 from bert_packed.training.config import TrainConfig
 from bert_packed.training.losses import classifier_sums, loss_from_sums, metrics_from_sums, normalizers, pretraining_sums
@@ -46,7 +47,11 @@ class Pretraining:
     def loss(self, sums: dict, counts: dict | None = None) -> tf.Tensor:
         return loss_from_sums(sums, self.config.model.loss_averaging, counts)
 
-    def metrics(self, sums: dict) -> dict[str, float]:
+    def example_outputs(self, outputs: dict, features: dict) -> dict[str, tf.Tensor]:
+        """What an evaluation gathers example by example: nothing (every metric is a ratio of sums)."""
+        return {}
+
+    def metrics(self, sums: dict, examples: dict | None = None) -> dict[str, float]:
         return metrics_from_sums(sums, self.config.model.loss_averaging, self.config.model.nsp_loss)
 
 
@@ -55,18 +60,23 @@ class Classification:
     regression), averaged over the examples of an update, as google-research's run_classifier
     averages over a batch.
 
+    An evaluation also scores each example's prediction by the task's metrics (GLUE's: F1 and the
+    correlations do not add up over batches).
+
     Args:
       config: the run's settings (the model's BERT config and recompute).
       num_outputs: the classes, or 1 for a regression.
       regression: the one output is a score.
+      scores: the task's metrics (finetuning.tasks.Task.metrics).
     """
 
     sum_keys = ("example_loss", "examples", "example_correct")
 
-    def __init__(self, config: TrainConfig, num_outputs: int, regression: bool = False):
+    def __init__(self, config: TrainConfig, num_outputs: int, regression: bool = False, scores: tuple[str, ...] = ()):
         self.config = config
         self.num_outputs = num_outputs
         self.regression = regression
+        self.scores = scores
 
     def build_model(self) -> BertClassifierModel:
         return BertClassifierModel(self.config.model.bert, self.num_outputs, self.config.model.recompute)
@@ -80,9 +90,23 @@ class Classification:
     def loss(self, sums: dict, counts: dict | None = None) -> tf.Tensor:
         return sums["example_loss"] / tf.maximum((counts or sums)["examples"], 1.0)
 
-    def metrics(self, sums: dict) -> dict[str, float]:
-        examples = float(sums["examples"])
-        metrics = {"loss": float(self.loss(sums)), "num_sequences": examples}
+    def example_outputs(self, outputs: dict, features: dict) -> dict[str, tf.Tensor]:
+        """Each slot's example, label and prediction (the class, or the score), and whether it holds
+        an example: [B * S] each."""
+        logits = tf.cast(outputs["logits"], tf.float32)
+        predictions = logits[..., 0] if self.regression else tf.cast(tf.argmax(logits, -1), tf.float32)
+        return {name: tf.reshape(value, [-1]) for name, value in (
+            ("example_ids", features["example_ids"]), ("labels", features["labels"]), ("predictions", predictions),
+            ("weights", features["label_weights"]))}
+
+    def metrics(self, sums: dict, examples: dict | None = None) -> dict[str, float]:
+        """The loss and accuracy of summed sums, and with `examples` (example_outputs of every
+        batch) the task's scores of their predictions."""
+        count = float(sums["examples"])
+        metrics = {"loss": float(self.loss(sums)), "num_sequences": count}
         if not self.regression:
-            metrics["accuracy"] = float(sums["example_correct"]) / examples if examples else 0.0
+            metrics["accuracy"] = float(sums["example_correct"]) / count if count else 0.0
+        if examples is not None and count:
+            held = examples["weights"] > 0
+            metrics.update(glue_scores(self.scores, examples["predictions"][held], examples["labels"][held]))
         return metrics

@@ -89,26 +89,33 @@ class CompiledStep:
         batch, so that every worker abandons it after the same batch).
 
         Packed and unpacked eval records give the same figures: the sums are per sequence, added
-        over batches and replicas, and divided once. Under multi-worker training each input
-        pipeline evaluates its share of the records (input_pipeline).
+        over batches and replicas, and divided once; what the objective scores example by example
+        (a fine-tuning task's F1, say) is gathered from every replica first. Under multi-worker
+        training each input pipeline evaluates its share of the records (input_pipeline).
         """
-        totals = None
+        totals, examples = None, []
         with reading_errors_named(pipeline):
             for features in self.strategy.distribute_datasets_from_function(
                     lambda context: make_dataset(pipeline, context)):
-                sums = self._evaluate_batch(features)
+                sums, per_example = self._evaluate_batch(features)
                 if int(sums.pop("stop_requests")):
                     return None
                 totals = sums if totals is None else {k: totals[k] + sums[k] for k in sums}
-        return self.objective.metrics(totals) if totals else {}
+                examples.append({name: value.numpy() for name, value in per_example.items()})
+        if not totals:
+            return {}
+        gathered = {name: np.concatenate([batch[name] for batch in examples]) for name in examples[0]}
+        return self.objective.metrics(totals, gathered)
 
     def _evaluate_batch_fn(self, features):
         def replica(features):
-            return {**self.objective.sums(self.model(features, training=False), features),
-                    "stop_requests": tf.identity(self.update.stop_requested)}
+            outputs = self.model(features, training=False)
+            sums = {**self.objective.sums(outputs, features), "stop_requests": tf.identity(self.update.stop_requested)}
+            return sums, self.objective.example_outputs(outputs, features)
 
-        sums = self.strategy.run(replica, args=(features,))
-        return {k: self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for k, v in sums.items()}
+        sums, per_example = self.strategy.run(replica, args=(features,))
+        return ({k: self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for k, v in sums.items()},
+                {k: self.strategy.gather(v, axis=0) for k, v in per_example.items()})
 
     def _variables(self) -> list:
         return [*self.model.variables, *self.optimizer.variables, self.step, self.sequences, self.log_sizes]
