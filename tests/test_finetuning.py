@@ -73,8 +73,8 @@ def test_mnli_s_dev_file_takes_the_gold_label_after_five_annotators(tmp_path):
 @pytest.mark.parametrize("task_name, line, message", [
     ("mrpc", "1\t702876\tthe cat sat .\the said no .", "train.tsv:2: 4 tab-separated columns; mrpc expects 5"),
     ("sst-2", "it was sunny\tpositive", "train.tsv:2: label 'positive' is not one of sst-2's labels (0, 1)"),
-    ("sts-b", GLUE_LINES["sts-b"][0].replace("5.000", "high"), "train.tsv:2: label 'high' is not a number"),
-    ("rte", "0\t \ta cat exists .\tentailment", "train.tsv:2: an empty text"),
+    ("sts-b", GLUE_LINES["sts-b"][0].replace("5.000", "high"), "train.tsv:2: label 'high' is not a finite number"),
+    ("sts-b", GLUE_LINES["sts-b"][0].replace("5.000", "nan"), "train.tsv:2: label 'nan' is not a finite number"),
     ("mnli", "0\t1\t1n\tfiction\tx\ty\tneutral", "train.tsv:2: 7 tab-separated columns; mnli expects 12 or 16"),
 ])
 def test_a_bad_line_is_named_with_its_file_and_line(tmp_path, task_name, line, message):
@@ -82,6 +82,19 @@ def test_a_bad_line_is_named_with_its_file_and_line(tmp_path, task_name, line, m
     with pytest.raises(TaskDataError) as error:
         read_examples(TASKS[task_name], path)
     assert str(error.value).startswith(str(tmp_path / message.replace(":2:", f":{2 + TASKS[task_name].header}:")))
+
+
+def test_lines_end_at_newlines_only_blank_lines_and_a_byte_order_mark_are_passed_over(tmp_path):
+    path = tmp_path / "train.tsv"
+    mrpc = GLUE_LINES["mrpc"][0].replace("the cat sat .", "the cat\u2028sat\x85 .")  # separators inside a text
+    path.write_bytes(("\ufeffheader\r\n" + mrpc + "\r\n\r\n" + GLUE_LINES["mrpc"][0] + "\n\n").encode())
+    examples = read_examples(TASKS["mrpc"], str(path))
+    assert [(e.text, e.line) for e in examples] == [("the cat\u2028sat\x85 .", 2), ("the cat sat .", 4)]
+    path.write_bytes(b"header\n" + GLUE_LINES["mrpc"][0].encode() + b"\n1\t2\t3\tcaf\xe9\tx\n")
+    with pytest.raises(TaskDataError, match=r"train.tsv:3: not UTF-8 \(byte 0xe9\); expected UTF-8 text"):
+        read_examples(TASKS["mrpc"], str(path))
+    empty_question = "7\t15\t16\twhy is the sky blue ?\t\t1"  # Quora's data has a few: read, as google-research does
+    assert read_examples(TASKS["qqp"], write_task_file(tmp_path, "qqp", [empty_question]))[0].text_pair == ""
 
 
 def test_an_empty_file_or_a_header_alone_is_refused(tmp_path):
@@ -103,6 +116,10 @@ def test_a_task_of_your_own_in_json_lines_takes_its_training_file_s_labels(tmp_p
         ("good film", None, "pos", 1), ("bad", "very", "neg", 3), ("fine", None, "3", 4)]
     labels = task_labels(TASKS["jsonl"], examples)
     assert labels == ("3", "neg", "pos")
+    numbered = [read_one(TASKS["jsonl"], "x", None, label) for label in ("10", "2", "1", "2")]
+    assert task_labels(TASKS["jsonl"], numbered) == ("1", "2", "10")
+    with pytest.raises(TaskDataError, match="train.jsonl: every example has the label '2'; a classifier needs at least"):
+        task_labels(TASKS["jsonl"], numbered[1::2], "train.jsonl")
     for line, message in [('{"text": "x", "label": "meh"}', 'dev.jsonl:1: label "meh" is not among the training '
                                                              "file's labels (3, neg, pos)"),
                           ('{"text": "x"', "dev.jsonl:1: not JSON"),
@@ -251,6 +268,8 @@ def test_scores_are_glue_s():
     assert scores(("pearson", "matthews_corrcoef"), np.zeros(4), truth) == {"pearson": 0.0, "matthews_corrcoef": 0.0}
     assert scipy.stats.spearmanr(values, truth)[0] == pytest.approx(0.8)
     assert json.dumps(scores(("f1",), np.zeros(3), np.zeros(3))) == '{"f1": 0.0}'
+    with pytest.raises(InternalError, match=r"predictions \(3, 1\) against labels \(3,\)"):
+        scores(("accuracy",), np.zeros((3, 1)), np.zeros(3))  # broadcast, it would score 9 pairs
 
 
 @pytest.fixture(scope="module")

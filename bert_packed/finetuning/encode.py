@@ -13,7 +13,7 @@ import dataclasses
 
 import numpy as np
 
-from bert_packed.errors import UserError
+from bert_packed.errors import InternalError, UserError
 from bert_packed.features import finetuning_lengths
 from bert_packed.finetuning.tasks import Example, Task
 from bert_packed.packing.assign import PackAssignment
@@ -102,6 +102,9 @@ def encode_examples(examples: list[Example], task: Task, labels: tuple[str, ...]
         values = [float(e.label) for e in examples]
     else:
         index = {label: i for i, label in enumerate(labels)}
+        unknown = [e for e in examples if str(e.label) not in index]
+        if unknown:  # read_examples takes the labels of the training file
+            raise InternalError(f"label {unknown[0].label!r} (line {unknown[0].line}) is not one of {labels}")
         values = [index[str(e.label)] for e in examples]
     return EncodedExamples(input_ids, segment_ids, np.asarray(values, dtype=np.float32))
 

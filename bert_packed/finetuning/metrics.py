@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.stats
 
+from bert_packed.errors import InternalError
 from bert_packed.finetuning.tasks import ACCURACY, F1, MATTHEWS, PEARSON, SPEARMAN
 
 
@@ -62,4 +63,8 @@ SCORES = {
 def scores(metrics: tuple[str, ...], predictions: np.ndarray, labels: np.ndarray) -> dict[str, float]:
     """Each of `metrics` (tasks.Task.metrics) of predictions against labels (class indices, or
     scores for a regression), one value a metric."""
-    return {name: SCORES[name](np.asarray(predictions), np.asarray(labels)) for name in metrics}
+    predictions, labels = np.asarray(predictions), np.asarray(labels)
+    if predictions.ndim != 1 or predictions.shape != labels.shape or not len(labels):
+        raise InternalError(f"scores of predictions {predictions.shape} against labels {labels.shape}: expected "
+                            f"one of each an example")
+    return {name: SCORES[name](predictions, labels) for name in metrics}

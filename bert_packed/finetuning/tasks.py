@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import math
 import sys
 
 from bert_packed import files
@@ -93,7 +94,7 @@ TASKS = {task.name: task for task in (
          text_pair_column=9, dev_file="dev_matched.tsv"),
     Task("qnli", ENTAILMENT, (ACCURACY,), columns=(4,), text_column=1, text_pair_column=2),
     Task("rte", ENTAILMENT, (ACCURACY,), columns=(4,), text_column=1, text_pair_column=2),
-    Task("jsonl", (), (ACCURACY,), dev_file="dev.jsonl"),
+    Task("jsonl", (), (ACCURACY,), header=False, dev_file="dev.jsonl"),
 )}
 
 
@@ -116,60 +117,86 @@ def read_examples(task: Task, path: str, labels: tuple[str, ...] | None = None) 
     Returns:
       The examples in the file's order.
 
+    Blank lines are passed over; a text may be empty (Quora's questions have a few), as for
+    google-research; the file is UTF-8 (a byte-order mark is passed over).
+
     Raises:
-      TaskDataError: a line with the wrong number of columns or not a JSON object, an empty text,
-        a label outside the task's labels, a score that is not a number, or no example at all;
-        each names the file and line.
+      TaskDataError: text that is not UTF-8, a line with the wrong number of columns or not a JSON
+        object, a label outside the task's labels, a score that is not a finite number, or no
+        example at all; each names the file and line.
     """
-    with files.open_file(path) as f:
-        text = f.read()
-    examples = _read_jsonl(path, text, labels) if task.name == "jsonl" else _read_tsv(task, path, text)
+    with files.open_file(path, "rb") as f:
+        data = f.read()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise TaskDataError(f"{path}:{line}: not UTF-8 (byte 0x{data[e.start]:02x}); expected UTF-8 text") from None
+    # Lines end at \n (and \r\n) only: a text may hold any other separator Unicode knows.
+    lines = [line.removesuffix("\r") for line in text.split("\n")]
+    examples = _read_jsonl(path, lines, labels) if task.name == "jsonl" else _read_tsv(task, path, lines)
     if not examples:
         raise TaskDataError(f"{path}: no examples (an empty file{' or only its header' if task.header else ''}); "
                             f"expected {task.name}'s {'JSON lines' if task.name == 'jsonl' else 'TSV lines'}")
     return examples
 
 
-def task_labels(task: Task, train_examples: list[Example]) -> tuple[str, ...]:
-    """The classes of a task: its own, or for "jsonl" those of its training examples, sorted."""
+def task_labels(task: Task, train_examples: list[Example], path: str = "the training file") -> tuple[str, ...]:
+    """The classes of a task: its own, or for "jsonl" those of its training examples (`path`),
+    sorted (integers as numbers: 2 before 10).
+
+    Raises:
+      TaskDataError: a "jsonl" training file with fewer than two labels (nothing to tell apart).
+    """
     if task.name != "jsonl":
         return task.labels
-    return tuple(sorted({str(example.label) for example in train_examples}))
+    found = {str(example.label) for example in train_examples}
+    if len(found) < 2:
+        raise TaskDataError(f"{path}: every example has the label {next(iter(found))!r}; a classifier needs at "
+                            f"least two labels")
+    return tuple(sorted(found, key=lambda label: (0, int(label), "") if _is_integer(label) else (1, 0, label)))
 
 
-def _read_tsv(task: Task, path: str, text: str) -> list[Example]:
+def _is_integer(label: str) -> bool:
+    return label.lstrip("-").isdigit()
+
+
+def _read_tsv(task: Task, path: str, lines: list[str]) -> list[Example]:
     csv.field_size_limit(sys.maxsize)  # a GLUE line may be long; its length is not a format error
-    rows = csv.reader(text.splitlines(), delimiter="\t", quoting=csv.QUOTE_NONE)
     examples = []
-    for number, row in enumerate(rows, start=1):
-        if task.header and number == 1:
+    for number, line in enumerate(lines, start=1):
+        if (task.header and number == 1) or not line.strip():
             continue
+        [row] = csv.reader([line], delimiter="\t", quoting=csv.QUOTE_NONE)
         if len(row) not in task.columns:
             raise TaskDataError(f"{path}:{number}: {len(row)} tab-separated columns; {task.name} expects "
                                 f"{' or '.join(map(str, task.columns))}")
         first = row[task.text_column]
         pair = None if task.text_pair_column is None else row[task.text_pair_column]
         label = _label(task, path, number, row[task.label_column])
-        examples.append(_example(path, number, first, pair, label))
+        examples.append(Example(first, pair, label, number))
     return examples
 
 
 def _label(task: Task, path: str, number: int, value: str) -> str | float:
     if task.regression:
         try:
-            return float(value)
+            score = float(value)
         except ValueError:
-            raise TaskDataError(f"{path}:{number}: label {value!r} is not a number; {task.name} is scored by "
-                                f"a number") from None
+            score = math.nan
+        if not math.isfinite(score):
+            raise TaskDataError(f"{path}:{number}: label {value!r} is not a finite number; {task.name} is scored by "
+                                f"a number")
+        return score
     if value not in task.labels:
         raise TaskDataError(f"{path}:{number}: label {value!r} is not one of {task.name}'s labels "
                             f"({', '.join(task.labels)})")
     return value
 
 
-def _read_jsonl(path: str, text: str, labels: tuple[str, ...] | None) -> list[Example]:
+def _read_jsonl(path: str, lines: list[str], labels: tuple[str, ...] | None) -> list[Example]:
     examples = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
@@ -190,12 +217,6 @@ def _read_jsonl(path: str, text: str, labels: tuple[str, ...] | None) -> list[Ex
         if labels is not None and str(label) not in labels:
             raise TaskDataError(f"{path}:{number}: label {json.dumps(label)} is not among the training file's "
                                 f"labels ({', '.join(labels)})")
-        examples.append(_example(path, number, record["text"], pair, str(label)))
+        examples.append(Example(record["text"], pair, str(label), number))
     return examples
 
-
-def _example(path: str, number: int, text: str, pair: str | None, label) -> Example:
-    if not text.strip() or (pair is not None and not pair.strip()):
-        raise TaskDataError(f"{path}:{number}: an empty text; every example needs its text"
-                            f"{' and its text pair' if pair is not None else ''}")
-    return Example(text, pair, label, number)
