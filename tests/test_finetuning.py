@@ -331,7 +331,7 @@ def classification_update(rows, input_mode, packing_factor, tmp_path, start=None
                        packing_factor=packing_factor, clip_by_global_norm_after_gradient_allreduce=True)
     set_up_process(setup.config)
     step = CompiledStep(setup.config, setup.train_data,
-                        objective=Classification(setup.config, num_outputs=2, scores=("accuracy", "f1")))
+                        objective=Classification(setup.config, ("0", "1"), scores=("accuracy", "f1")))
     if start is not None:
         for weight, value in zip(step.model.weights, start, strict=True):
             weight.assign(value)

@@ -18,7 +18,7 @@ class RunLogs:
     """The logs of one run directory, continued from what it holds.
 
     Attributes:
-      mlperf: the MLPerf log.
+      mlperf: the MLPerf log (None for a run that keeps none: a fine-tuning run).
       last_record: the last train record logged.
       last_eval: the last eval record logged ({} when none).
       seconds_before: the run's clock when this process started (from the last train record).
@@ -27,7 +27,7 @@ class RunLogs:
       last_progress: (the run's clock, sequences, real tokens) at the last progress line.
     """
 
-    def __init__(self, directory: RunDirectory):
+    def __init__(self, directory: RunDirectory, mlperf: bool = True):
         train, evals = directory.read_log(TRAIN_LOG), directory.read_log(EVAL_LOG)
         self.last_record = train[-1] if train else {}
         self.last_eval = evals[-1] if evals else {}
@@ -37,7 +37,7 @@ class RunLogs:
         self.tokens = sum(record.get("real_tokens", 0.0) for record in train)
         self.last_progress = (self.seconds_before, self.last_record.get("sequences", 0), self.tokens)
         self._first_loop_end = None  # (the run's clock less evaluations, step) after this start's first loop
-        self.mlperf = MLPerfLog(directory)
+        self.mlperf = MLPerfLog(directory) if mlperf else None
         self._train = directory.open_log(TRAIN_LOG)
         self._eval = directory.open_log(EVAL_LOG)
         self._tensorboard = directory.tensorboard
@@ -108,7 +108,8 @@ class RunLogs:
     def close(self) -> None:
         for file in (self._train, self._eval):
             file.close()
-        self.mlperf.close()
+        if self.mlperf:
+            self.mlperf.close()
         with files.storage(self._tensorboard):
             self._writer.close()
 

@@ -36,7 +36,7 @@ from bert_packed import files
 from bert_packed.dataset_info import METADATA_FILE, DataChangedError, check_unchanged, refuse_other_output
 from bert_packed.errors import InternalError, TrainingError
 from bert_packed.input_pipeline import WATCHED_SINCE, reading_errors_named
-from bert_packed.model import export_google_checkpoint, export_huggingface, load_weights
+from bert_packed.model import export_google_checkpoint, export_huggingface
 from bert_packed.model.checkpoint import checkpoint_step
 from bert_packed.model.huggingface import CONFIG_FILE
 from bert_packed.run_directory import RunDirectory
@@ -84,7 +84,7 @@ def train_and_evaluate(config: TrainConfig, train_data: TrainData, eval_data: Ev
             if not _export_if_new(directory, config, step):
                 logging.info("%s: finished at step %d; nothing to do", config.run.output_dir, int(step.step.numpy()))
             return RunResult(RunLogs.last_train_record(directory), int(step.step.numpy()), None, directory)
-        logs = RunLogs(directory)
+        logs = RunLogs(directory, mlperf=step.objective.mlperf)
         try:
             _start(logs, config, train_data, eval_data, step)
             n, every = config.batch.steps_per_update, eval_every_samples(config, step.batching)
@@ -95,7 +95,7 @@ def train_and_evaluate(config: TrainConfig, train_data: TrainData, eval_data: Ev
             with stop.on_signals():
                 reached = _reached_when_resumed(logs, config, eval_data, step, every)
                 training = current < config.last_step and not on_any_worker(step.strategy, reached)
-                if training:
+                if training and logs.mlperf:
                     logs.mlperf.block_start(sequences)
                     iterator = step.train_iterator(pipeline)
                 while training and current < config.last_step and not stop.by:
@@ -120,7 +120,7 @@ def train_and_evaluate(config: TrainConfig, train_data: TrainData, eval_data: Ev
                         reached = bool(_evaluate_and_log(logs, config, eval_data, step, seconds))
                         if reached:
                             break
-                        if current < config.last_step:
+                        if current < config.last_step and logs.mlperf:
                             logs.mlperf.block_start(sequences)
                     if current and (current % config.save_steps == 0 or stop.by):  # step 0 is the start: nothing to keep
                         _save(directory, checkpoints, step, train_data)
@@ -152,15 +152,14 @@ def evaluate_only(config: TrainConfig, eval_data: EvalData, step: CompiledStep) 
             raise TrainingError(f"nothing to evaluate: no checkpoint in {checkpoints.directory} and no "
                                 f"--init_checkpoint")
         source = config.model.init_checkpoint
-        load_weights(step.model, source)
+        step.objective.load_initial_weights(step.model, source)
         step.step.assign(checkpoint_step(source))
     metrics = _checked(step.evaluate(eval_pipeline(eval_data, config)), eval_data, config)
     record = {"step": int(step.step.numpy()), "sequences": int(step.sequences.numpy()), "checkpoint": source, **metrics}
     if chief(step.strategy)[0]:  # eval_results.txt only: a training run may be logging here meanwhile
         files.makedirs(directory.path)
         directory.write_eval_results(record)
-    logging.debug("eval of %s: mlm accuracy %.4f, loss %.4f over %d sequences", source,
-                  metrics.get("mlm_accuracy", 0.0), metrics.get("loss", 0.0), metrics.get("num_sequences", 0))
+    logging.debug("eval of %s: %s", source, step.objective.describe(metrics))
     return record
 
 
@@ -248,7 +247,7 @@ def _resume(directory: RunDirectory, config: TrainConfig, step: CompiledStep, ch
                                   config.run.start_over_if_no_checkpoint_restores)
     current = int(step.step.numpy())
     if not resumed and config.model.init_checkpoint:
-        load_weights(step.model, config.model.init_checkpoint)
+        step.objective.load_initial_weights(step.model, config.model.init_checkpoint)
         logging.info("initialised from %s", config.model.init_checkpoint)
     elif not resumed:  # said: a run meant to start from given weights whose flag was lost looks the same
         logging.info("initialised from random weights (--seed=%d): no --init_checkpoint", config.run.seed)
@@ -267,13 +266,13 @@ def _resume(directory: RunDirectory, config: TrainConfig, step: CompiledStep, ch
 
 def _start(logs: RunLogs, config: TrainConfig, train_data: TrainData, eval_data: EvalData, step: CompiledStep) -> None:
     """What a run says and logs once it starts: the MLPerf parameters (once a run), the notes."""
-    if not logs.mlperf.started:
+    if logs.mlperf and not logs.mlperf.started:
         logs.mlperf.run_parameters(config, step.batching, train_data.num_sequences)
     for note in config.rounding_notes(bool(eval_data.files)):
         logging.warning("%s", note)
     for line in describe_run(config, step.batching):
         logging.info("%s", line)
-    if not eval_data.files:
+    if not eval_data.files and logs.mlperf:
         logging.warning("this run does not evaluate (no eval files): its mllog.txt cannot pass the MLPerf "
                         "compliance checker, which requires an evaluation (eval_accuracy)")
 
@@ -300,7 +299,7 @@ def _reached_when_resumed(logs: RunLogs, config: TrainConfig, eval_data: EvalDat
     evaluation, or at the one due when a signal stopped it (before the evaluation or during it, so
     that it stopped in seconds), which is done now."""
     current, sequences, last = int(step.step.numpy()), int(step.sequences.numpy()), logs.last_eval
-    if last.get("step") == current and last.get("mlm_accuracy", 0.0) >= config.eval.target_mlm_accuracy:
+    if last.get("step") == current and step.objective.reached(last, config):
         return True
     due = bool(every and eval_data.files and sequences >= every
                and last.get("sequences", -1) < sequences // every * every)
@@ -322,15 +321,15 @@ def _evaluate_and_log(logs: RunLogs, config: TrainConfig, eval_data: EvalData, s
     metrics = _checked(metrics, eval_data, config)
     logs.eval_seconds += time.perf_counter() - start
     logs.eval({"step": current, "sequences": sequences, "seconds": seconds, **metrics})
-    accuracy = metrics.get("mlm_accuracy", 0.0)
-    logs.mlperf.evaluation(sequences, accuracy, int(metrics.get("num_sequences", 0)))
-    logging.info("eval at step %d (%d sequences): mlm accuracy %.4f, loss %.4f over %d eval sequences, in %.1f s",
-                 current, sequences, accuracy, metrics.get("loss", 0.0), metrics.get("num_sequences", 0),
+    if logs.mlperf:
+        logs.mlperf.evaluation(sequences, metrics.get("mlm_accuracy", 0.0), int(metrics.get("num_sequences", 0)))
+    logging.info("eval at step %d (%d sequences): %s, in %.1f s", current, sequences, step.objective.describe(metrics),
                  time.perf_counter() - start)
-    target = config.eval.target_mlm_accuracy
-    if accuracy >= target:
-        logging.info("target mlm accuracy %.3f reached at step %d after %d sequences", target, current, sequences)
-    return accuracy >= target
+    reached = step.objective.reached(metrics, config)
+    if reached:
+        logging.info("target mlm accuracy %.3f reached at step %d after %d sequences", config.eval.target_mlm_accuracy,
+                     current, sequences)
+    return reached
 
 
 def _checked(metrics: dict, eval_data: EvalData, config: TrainConfig) -> dict:
@@ -361,13 +360,15 @@ def _finish(directory: RunDirectory, logs: RunLogs, config: TrainConfig, train_d
         logging.debug("weights exported as %s (google-research/MLPerf TF1 names: an --init_checkpoint)", path)
         if config.run.export_huggingface_dir:
             _export(config, step)
-    logs.mlperf.run_stop(sequences, reached)
+    if logs.mlperf:
+        logs.mlperf.run_stop(sequences, reached)
     exported = {"huggingface_dir": config.run.export_huggingface_dir} if config.run.export_huggingface_dir else {}
     directory.write_info({**directory.read_info(), "finished": {"step": current, "reached": reached, **exported}})
 
 
 def _export(config: TrainConfig, step: CompiledStep) -> None:
-    export_huggingface(step.model, config.run.export_huggingface_dir, config.run.vocab_file, config.run.do_lower_case)
+    export_huggingface(step.model, config.run.export_huggingface_dir, config.run.vocab_file, config.run.do_lower_case,
+                       step.objective.labels)
     logging.info("weights exported as a Hugging Face BERT directory: %s", config.run.export_huggingface_dir)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from bert_packed.finetuning.metrics import scores as glue_scores
-from bert_packed.model import BertClassifierModel, BertPretrainingModel
+from bert_packed.model import BertClassifierModel, BertPretrainingModel, load_weights
 from bert_packed.training.config import TrainConfig
 from bert_packed.training.losses import classifier_sums, loss_from_sums, metrics_from_sums, normalizers, pretraining_sums
 
@@ -25,10 +25,14 @@ class Pretraining:
 
     Attributes:
       sum_keys: the names of `sums`' values, in the order an update reports them.
+      mlperf: the run keeps the MLPerf log (mllog.txt).
+      labels: the classes an export names (none).
     """
 
     sum_keys = ("mlm_nll", "mlm_predictions", "mlm_correct", "mlm_sequence_nll", "mlm_sequence_correct",
                 "mlm_sequences", "nsp_nll", "nsp_correct", "nsp_sequences")
+    mlperf = True
+    labels = ()
 
     def __init__(self, config: TrainConfig):
         self.config = config
@@ -36,6 +40,21 @@ class Pretraining:
     def build_model(self) -> BertPretrainingModel:
         model = self.config.model
         return BertPretrainingModel(model.bert, model.nsp_loss, model.recompute)
+
+    def load_initial_weights(self, model: BertPretrainingModel, path: str) -> None:
+        """--init_checkpoint's weights (a TF1 checkpoint or a Hugging Face directory), all of them."""
+        load_weights(model, path)
+
+    @staticmethod
+    def reached(metrics: dict, config: TrainConfig) -> bool:
+        """Whether an evaluation reached the run's target (--target_mlm_accuracy: a setting of the
+        run, not of the compiled step, which another run may have built)."""
+        return metrics.get("mlm_accuracy", 0.0) >= config.eval.target_mlm_accuracy
+
+    @staticmethod
+    def describe(metrics: dict) -> str:
+        return (f"mlm accuracy {metrics.get('mlm_accuracy', 0.0):.4f}, loss {metrics.get('loss', 0.0):.4f} over "
+                f"{metrics.get('num_sequences', 0):.0f} eval sequences")
 
     def sums(self, outputs: dict, features: dict) -> dict[str, tf.Tensor]:
         return pretraining_sums(outputs, features)
@@ -65,21 +84,36 @@ class Classification:
 
     Args:
       config: the run's settings (the model's BERT config and recompute).
-      num_outputs: the classes, or 1 for a regression.
-      regression: the one output is a score.
+      labels: the classes, in the classifier's order; () for a regression (one output, a score).
       scores: the task's metrics (finetuning.tasks.Task.metrics).
     """
 
     sum_keys = ("example_loss", "examples", "example_correct")
+    mlperf = False
 
-    def __init__(self, config: TrainConfig, num_outputs: int, regression: bool = False, scores: tuple[str, ...] = ()):
+    def __init__(self, config: TrainConfig, labels: tuple[str, ...], scores: tuple[str, ...] = ()):
         self.config = config
-        self.num_outputs = num_outputs
-        self.regression = regression
+        self.labels = labels
+        self.regression = not labels
+        self.num_outputs = len(labels) or 1
         self.scores = scores
 
     def build_model(self) -> BertClassifierModel:
         return BertClassifierModel(self.config.model.bert, self.num_outputs, self.config.model.recompute)
+
+    def load_initial_weights(self, model: BertClassifierModel, path: str) -> None:
+        """--init_checkpoint's encoder and pooler (pre-trained weights, in any format pre-training
+        takes); the classifier starts from random weights, as google-research's does."""
+        load_weights(model.bert, path)
+
+    @staticmethod
+    def reached(metrics: dict, config: TrainConfig) -> bool:
+        return False  # a fine-tuning run trains its epochs
+
+    def describe(self, metrics: dict) -> str:
+        figures = [f"{name} {metrics[name]:.4f}" for name in ("accuracy", *self.scores) if name in metrics]
+        return ", ".join(dict.fromkeys(figures)) + (f", loss {metrics.get('loss', 0.0):.4f} over "
+                                                    f"{metrics.get('num_sequences', 0):.0f} examples")
 
     def sums(self, outputs: dict, features: dict) -> dict[str, tf.Tensor]:
         return classifier_sums(outputs, features, self.regression)
