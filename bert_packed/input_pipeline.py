@@ -93,7 +93,7 @@ class PipelineConfig:
     strategies: tuple = ()
     online_packing_window: int | None = None
     identity: tuple = ()
-    rows: dict | None = None
+    rows: dict | None = dataclasses.field(default=None, repr=False, compare=False)
 
 
 WATCHED_SINCE = "the run started"

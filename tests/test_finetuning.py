@@ -387,3 +387,119 @@ def test_rows_are_read_each_epoch_whole_and_a_resumed_read_continues_the_same_ba
     assert stream != sum([b["example_ids"].numpy().tolist() for b in rows_dataset(rows, 3, seed=6).take(14)], [])
     labels = [b["labels"].numpy().tolist() for b in rows_dataset(rows, 3, seed=5, is_training=False)]
     assert labels == [[0.0, 0.5, 1.0], [1.5, 2.0, 2.5], [3.0, 0.0, 0.0]]  # filled with empty rows
+
+
+def write_mrpc(directory, train_examples=40, dev_examples=12):
+    """A small MRPC-like task: pairs of the test sentences, labelled by whether they share a word."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, count in (("train.tsv", train_examples), ("dev.tsv", dev_examples)):
+        lines = ["Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"]
+        for i in range(count):
+            a, b = SENTENCES[i % len(SENTENCES)], SENTENCES[(i * 3 + 1) % len(SENTENCES)]
+            label = int(bool(set(a.split()) & set(b.split())))
+            lines.append(f"{label}\t{i}\t{i + 1000}\t{a}\t{b}")
+        (directory / name).write_text("\n".join(lines) + "\n")
+    return str(directory)
+
+
+def test_run_classifier_fine_tunes_packed_and_its_figures_are_the_padded_run_s(tmp_path, bert_config_file):
+    from conftest import run_command
+
+    data_dir = write_mrpc(tmp_path / "mrpc")
+    common = ["--task_name=MRPC", f"--data_dir={data_dir}", f"--vocab_file={VOCAB}",
+              f"--bert_config_file={bert_config_file}", "--do_train", "--do_eval", "--max_seq_length=64",
+              "--train_batch_size=8", "--num_train_epochs=2", "--learning_rate=1e-3", "--iterations_per_loop=3"]
+    pretrained = BertPretrainingModel(BertConfig.from_json_file(bert_config_file))
+    weights = export_google_checkpoint(pretrained, str(tmp_path / "pretrained" / "bert_model.ckpt"))
+    runs = {}
+    for mode in ("packed", "padded"):
+        result = run_command("run_classifier", *common, f"--input_mode={mode}", f"--output_dir={tmp_path / mode}",
+                             f"--init_checkpoint={weights}", f"--export_huggingface_dir={tmp_path / mode}-hf")
+        assert result.returncode == 0, result.stderr
+        assert f"initialised from {weights}" in result.stderr
+        assert f"run_classifier: trained 10 updates in {tmp_path / mode}: accuracy " in result.stdout
+        runs[mode] = read_log_file(tmp_path / mode / "eval_log.jsonl")
+        config = json.loads((tmp_path / f"{mode}-hf" / "config.json").read_text())
+        assert config["architectures"] == ["BertForSequenceClassification"] and config["id2label"] == {"0": "0",
+                                                                                                    "1": "1"}
+    for mode, evaluations in runs.items():
+        [last] = evaluations
+        assert last["num_sequences"] == 12 and last["step"] == 10 and {"accuracy", "f1", "loss"} <= set(last)
+        assert not (tmp_path / mode / "mllog.txt").exists() or "MLLOG" not in (tmp_path / mode / "mllog.txt").read_text()
+    train = read_log_file(tmp_path / "packed" / "train_log.jsonl")
+    assert len(train) == 10 and train[-1]["padding_efficiency"] > read_log_file(
+        tmp_path / "padded" / "train_log.jsonl")[-1]["padding_efficiency"]
+
+
+def read_log_file(path):
+    return [json.loads(line) for line in open(path, encoding="utf-8")]
+
+
+def classifier_flags(tmp_path, bert_config_file, output_dir, *more):
+    return ["--task_name=mrpc", f"--data_dir={tmp_path / 'mrpc'}", f"--vocab_file={VOCAB}",
+            f"--bert_config_file={bert_config_file}", "--max_seq_length=64", "--train_batch_size=8",
+            "--num_train_epochs=2", "--learning_rate=1e-3", "--iterations_per_loop=2", "--do_train", "--do_eval",
+            f"--output_dir={tmp_path / output_dir}", *more]
+
+
+def without_clocks(records):
+    return [{k: v for k, v in record.items() if "seconds" not in k} for record in records]
+
+
+def test_a_fine_tuning_run_stopped_by_a_signal_resumes_to_the_uninterrupted_run_s_logs(tmp_path, bert_config_file,
+                                                                                          monkeypatch):
+    import signal
+
+    from conftest import run_command
+
+    from bert_packed.training.step import CompiledStep
+
+    write_mrpc(tmp_path / "mrpc")
+    whole = run_command("run_classifier", *classifier_flags(tmp_path, bert_config_file, "whole"))
+    assert whole.returncode == 0, whole.stderr
+    run_updates = CompiledStep.run_updates
+
+    def then_sigterm(step, iterator, num_updates):
+        results = run_updates(step, iterator, num_updates)
+        if int(step.step) == 4:  # the second loop of two updates has run: the run stops after it
+            os.kill(os.getpid(), signal.SIGTERM)
+        return results
+
+    monkeypatch.setattr(CompiledStep, "run_updates", then_sigterm)
+    stopped = run_command("run_classifier", *classifier_flags(tmp_path, bert_config_file, "stopped"))
+    assert stopped.returncode == 75, stopped.stderr
+    assert "stopped by SIGTERM after saving step" in stopped.stderr and "the same command resumes" in stopped.stderr
+    monkeypatch.setattr(CompiledStep, "run_updates", run_updates)
+    resumed = run_command("run_classifier", *classifier_flags(tmp_path, bert_config_file, "stopped"))
+    assert resumed.returncode == 0 and "resumed from" in resumed.stderr, resumed.stderr
+    for log in ("train_log.jsonl", "eval_log.jsonl"):
+        assert without_clocks(read_log_file(tmp_path / "stopped" / log)) == without_clocks(
+            read_log_file(tmp_path / "whole" / log))
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda tmp: (tmp / "mrpc" / "dev.tsv").write_text("header\n1\t2\tno second text\n"),
+     "mrpc/dev.tsv:2: 3 tab-separated columns; mrpc expects 5"),
+    (lambda tmp: (tmp / "mrpc" / "train.tsv").unlink(), "mrpc/train.tsv"),
+    (lambda tmp: None, "at least one of --do_train or --do_eval must be given"),
+    (lambda tmp: None, "--task_name=squad: expected one of cola"),
+    (lambda tmp: None, "--max_seq_length=512: above the BERT config's max_position_embeddings=128"),
+])
+def test_run_classifier_refuses_bad_input_in_one_line_before_any_file_is_written(tmp_path, bert_config_file, change,
+                                                                                   message):
+    from conftest import run_command
+
+    write_mrpc(tmp_path / "mrpc")
+    change(tmp_path)
+    flags = classifier_flags(tmp_path, bert_config_file, "out")
+    if "do_train" in message:
+        flags = [f for f in flags if f not in ("--do_train", "--do_eval")]
+    if "squad" in message:
+        flags[0] = "--task_name=squad"
+    if "max_seq_length" in message:
+        flags[4] = "--max_seq_length=512"
+    result = run_command("run_classifier", *flags)
+    assert result.returncode == 2, result.stderr
+    [line] = [line for line in result.stderr.splitlines() if line.startswith("run_classifier: ")]
+    assert message in line and "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()

@@ -505,7 +505,7 @@ class TrainConfig:
         if self.save_steps != run.save_checkpoints_steps:
             notes.append(f"--save_checkpoints_steps={run.save_checkpoints_steps} is not a multiple of the loop of "
                          f"{self.loop_steps} micro-steps: checkpoints every {self.save_steps}")
-        if self.loop_steps > 1 and evaluates:
+        if self.loop_steps > 1 and evaluates and self.eval.eval_every_samples:  # 0: once, at the end
             notes.append(f"evaluations happen between compiled loops of {self.loop_steps} micro-steps: each at the "
                          f"first loop end after its cadence")
         return notes

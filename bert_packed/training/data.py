@@ -65,6 +65,8 @@ class TrainData:
       histogram: the files' length histogram, when the run needs it (packed on the fly, or no
         metadata.json counts the files): the run directory caches it.
       strategies: with "packed_online", the strategies of the plan the packer fills.
+      rows: a fine-tuning set's rows, made in memory from `files` (input_pipeline.rows_dataset),
+        read instead of records.
     """
 
     files: tuple[str, ...]
@@ -75,6 +77,7 @@ class TrainData:
     num_sequences: int = 0
     histogram: tuple[int, ...] = ()
     strategies: tuple = ()
+    rows: dict | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def identity_settings(self) -> dict:
         """What the data makes of a run, for its identity in run.json (beside the files')."""
@@ -96,6 +99,7 @@ class EvalData:
         (unpacked records packed as they are read).
       strategies: with "packed_online", as for TrainData.
       num_sequences: sequences in the files (0 when unknown): what a whole evaluation counts.
+      rows: as for TrainData.
     """
 
     files: tuple[str, ...] = ()
@@ -104,6 +108,7 @@ class EvalData:
     input_mode: str = "padded"
     strategies: tuple = ()
     num_sequences: int = 0
+    rows: dict | None = dataclasses.field(default=None, repr=False, compare=False)
 
 
 def describe(paths: list[str], flag: str, shapes: Shapes, input_mode: str | None = None, depth_given: bool = False,
@@ -305,7 +310,7 @@ def train_pipeline(data: TrainData, config: TrainConfig, batching: Batching, ski
                           deterministic=config.run.deterministic, bucket_boundaries=config.batch.bucket_boundaries,
                           skip_steps=skip_steps, vocab_size=bert.vocab_size, type_vocab_size=bert.type_vocab_size,
                           strategies=data.strategies, online_packing_window=config.batch.online_packing_window,
-                          identity=data.identity)
+                          identity=data.identity, rows=data.rows)
 
 
 def eval_pipeline(data: EvalData, config: TrainConfig) -> PipelineConfig:
@@ -315,4 +320,5 @@ def eval_pipeline(data: EvalData, config: TrainConfig) -> PipelineConfig:
                           config.run.seed, deterministic=config.run.deterministic,
                           max_batches=config.eval.max_eval_steps, vocab_size=bert.vocab_size,
                           type_vocab_size=bert.type_vocab_size, strategies=data.strategies,
-                          online_packing_window=config.batch.online_packing_window, identity=data.identity)
+                          online_packing_window=config.batch.online_packing_window, identity=data.identity,
+                          rows=data.rows)

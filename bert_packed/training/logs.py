@@ -95,10 +95,12 @@ class RunLogs:
             left = f", about {duration((last - step) * per_step)} left"
         else:
             left = ", time left: after the next loop (this one compiled the step)"
-        logging.info("step %d/%d: loss %.4f, mlm accuracy %.4f, %d sequences (%.1f/s, %.0f real tokens/s, padding "
-                     "efficiency %.1f%%)%s", step, last, record["loss"], record["mlm_accuracy"],
-                     record["sequences"], (record["sequences"] - before_sequences) / interval,
-                     (self.tokens - before_tokens) / interval, 100 * record["padding_efficiency"], left)
+        accuracy = next((f", {name.replace('_', ' ')} {record[name]:.4f}" for name in ("mlm_accuracy", "accuracy")
+                         if name in record), "")  # a fine-tuning regression has none
+        logging.info("step %d/%d: loss %.4f%s, %d sequences (%.1f/s, %.0f real tokens/s, padding efficiency %.1f%%)%s",
+                     step, last, record["loss"], accuracy, record["sequences"],
+                     (record["sequences"] - before_sequences) / interval, (self.tokens - before_tokens) / interval,
+                     100 * record["padding_efficiency"], left)
 
     @staticmethod
     def _append(file, record: dict) -> None:

@@ -97,7 +97,7 @@ def train_and_evaluate(config: TrainConfig, train_data: TrainData, eval_data: Ev
                 training = current < config.last_step and not on_any_worker(step.strategy, reached)
                 if training and logs.mlperf:
                     logs.mlperf.block_start(sequences)
-                    iterator = step.train_iterator(pipeline)
+                iterator = step.train_iterator(pipeline) if training else None
                 while training and current < config.last_step and not stop.by:
                     if current == first_step:
                         logging.debug("compiling the training step and running the first %d micro-steps",

@@ -1,0 +1,73 @@
+"""run_classifier's settings: google-research/bert's run_classifier.py flags, with its defaults and
+meanings, and how the examples are packed."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from bert_packed.errors import SettingsError
+from bert_packed.finetuning.tasks import TASKS
+from bert_packed.pretraining_data.tokenization import DEFAULT_VOCAB_FILE
+from bert_packed.settings import setting
+
+TASK_GROUP, TRAINING_GROUP, PACKING_GROUP, RUN_GROUP = "task", "training", "packing", "run"
+# How fine-tuning rows hold examples: several a row, or one a row (the baseline).
+FINETUNING_INPUT_MODES = ("packed", "padded")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ClassifierSettings:
+    """run_classifier's settings, checked when built."""
+
+    task_name: str | None = setting(None, f"The task: {', '.join(TASKS)} (jsonl: your own, train.jsonl and dev.jsonl "
+                                          f"of {{\"text\", \"text_pair\", \"label\"}} lines).", group=TASK_GROUP,
+                                    first_run=True)
+    data_dir: str | None = setting(None, "The task's files: GLUE's train.tsv and dev.tsv (MNLI: dev_matched.tsv).",
+                                   group=TASK_GROUP, first_run=True)
+    vocab_file: str = setting(DEFAULT_VOCAB_FILE, "The vocabulary the BERT model was trained with.", group=TASK_GROUP)
+    do_lower_case: bool = setting(True, "Lower-case the text (uncased models).", group=TASK_GROUP)
+    max_seq_length: int = setting(128, "Tokens a sequence keeps ([CLS] text [SEP] pair [SEP], the longer text cut "
+                                       "first), and a row holds.", group=TASK_GROUP)
+    bert_config_file: str | None = setting(None, "The BERT model's bert_config.json.", group=TRAINING_GROUP,
+                                           first_run=True)
+    init_checkpoint: str | None = setting(None, "Pre-trained weights: a TF1 checkpoint (google-research's, or a "
+                                                "run's exported weights) or a Hugging Face BERT directory.",
+                                          group=TRAINING_GROUP, first_run=True)
+    output_dir: str | None = setting(None, "Where the run's checkpoints, logs and results go.", group=TRAINING_GROUP,
+                                     first_run=True)
+    do_train: bool = setting(False, "Fine-tune on train.tsv (train.jsonl).", group=TRAINING_GROUP)
+    do_eval: bool = setting(False, "Evaluate on the dev file (at the end of training, or the newest checkpoint).",
+                            group=TRAINING_GROUP)
+    train_batch_size: int = setting(32, "Examples an update (packed: the packs that hold as many on average).",
+                                    group=TRAINING_GROUP)
+    eval_batch_size: int = setting(8, "Rows an evaluation batch.", group=TRAINING_GROUP)
+    learning_rate: float = setting(5e-5, "AdamW's peak learning rate.", group=TRAINING_GROUP)
+    num_train_epochs: float = setting(3.0, "Epochs of the training examples.", group=TRAINING_GROUP)
+    warmup_proportion: float = setting(0.1, "The share of the updates the learning rate warms up over, then decays "
+                                            "linearly to 0.", group=TRAINING_GROUP)
+    input_mode: str = setting("packed", "Several examples a row (packed, by the planner on the task's own length "
+                                        "histogram) or one a row (padded).", group=PACKING_GROUP,
+                              choices=FINETUNING_INPUT_MODES)
+    max_sequences_per_pack: int = setting(6, "Examples a row holds at most (packed).", group=PACKING_GROUP)
+    packing_algorithm: str = setting("lpfhp", "The planner's algorithm (python -m bert_packed.packing).",
+                                     group=PACKING_GROUP)
+    seed: int = setting(12345, "Seed for the classifier's initial weights, the order of the examples and dropout.",
+                        group=RUN_GROUP)
+    save_checkpoints_steps: int = setting(1000, "Checkpoint every this many updates (and at the end).",
+                                          group=RUN_GROUP)
+    iterations_per_loop: int = setting(1000, "Updates in one compiled call; logs and checkpoints happen between "
+                                             "calls.", group=RUN_GROUP)
+    export_huggingface_dir: str | None = setting(None, "At the end, the fine-tuned model as a Hugging Face "
+                                                       "BertForSequenceClassification directory.", group=RUN_GROUP)
+
+    def __post_init__(self):
+        if not (self.do_train or self.do_eval):
+            raise SettingsError("at least one of --do_train or --do_eval must be given")
+        for name in ("train_batch_size", "eval_batch_size", "max_sequences_per_pack", "save_checkpoints_steps",
+                     "iterations_per_loop"):
+            if getattr(self, name) < 1:
+                raise SettingsError(f"--{name}={getattr(self, name)}: must be at least 1")
+        if not self.num_train_epochs > 0:
+            raise SettingsError(f"--num_train_epochs={self.num_train_epochs}: must be above 0")
+        if not 0 <= self.warmup_proportion <= 1:
+            raise SettingsError(f"--warmup_proportion={self.warmup_proportion}: expected a share, in [0, 1]")

@@ -1,0 +1,113 @@
+"""What run_classifier builds from its settings before any device: the task's examples read,
+encoded and placed in rows (packed or one a row), and the run's settings, data and objective, so
+that pre-training's loop (loop.train_and_evaluate) fine-tunes.
+
+The run's settings follow google-research/bert's run_classifier: AdamW (weight decay 0.01, LayerNorm
+and biases excluded), the learning rate warmed up over --warmup_proportion of the updates and then
+decayed linearly to 0, the gradient clipped to a global norm of 1, int(examples / batch * epochs)
+updates. A packed update holds as many examples on average as a padded one: --train_batch_size
+counts examples, and the rows of an update are the packs that hold them (adjust_batch_for_packing),
+as pre-training counts its batch in sequences.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+
+from bert_packed.dataset_info import FileIdentity
+from bert_packed.errors import SettingsError
+from bert_packed.features import Shapes
+from bert_packed.finetuning.encode import encode_examples, make_rows
+from bert_packed.finetuning.settings import ClassifierSettings
+from bert_packed.finetuning.tasks import Task, get_task, read_examples, task_labels
+from bert_packed.model import BertConfig
+from bert_packed.model.huggingface import is_huggingface_directory, require_export_directory, require_same_model
+from bert_packed.packing.assign import assign_to_packs
+from bert_packed.pretraining_data.tokenization import Tokenizer
+from bert_packed.training.config import TrainConfig, make_config
+from bert_packed.training.data import EvalData, TrainData
+from bert_packed.training.objective import Classification
+
+
+@dataclasses.dataclass(frozen=True)
+class FineTuning:
+    """A fine-tuning run as the loop takes it.
+
+    Attributes:
+      config: the run's settings.
+      train_data: the training examples' rows (no files: evaluation only).
+      eval_data: the dev examples' rows (no files: no evaluation).
+      objective: the task's classifier (objective.Classification).
+    """
+
+    config: TrainConfig
+    train_data: TrainData
+    eval_data: EvalData
+    objective: Classification
+
+
+def classifier_run(settings: ClassifierSettings, flags_text: str = "") -> FineTuning:
+    """Reads and packs the task's files and makes the run's settings (module docstring).
+
+    Raises:
+      SettingsError / TaskDataError / VocabularyError: naming the flag, or the file and line.
+    """
+    task = get_task(settings.task_name)
+    bert = BertConfig.from_json_file(settings.bert_config_file)
+    if settings.max_seq_length > bert.max_position_embeddings:
+        raise SettingsError(f"--max_seq_length={settings.max_seq_length}: above the BERT config's "
+                            f"max_position_embeddings={bert.max_position_embeddings}")
+    if settings.init_checkpoint and is_huggingface_directory(settings.init_checkpoint):
+        require_same_model(settings.init_checkpoint, bert)
+    if settings.export_huggingface_dir:
+        require_export_directory(settings.export_huggingface_dir, settings.vocab_file, settings.do_lower_case, bert,
+                                 settings.output_dir)
+    tokenizer = Tokenizer(settings.vocab_file, settings.do_lower_case)
+    if tokenizer.vocab_size > bert.vocab_size:
+        raise SettingsError(f"--vocab_file={settings.vocab_file}: {tokenizer.vocab_size:,} tokens, but the BERT config "
+                            f"has vocab_size={bert.vocab_size:,}: not the vocabulary of this model")
+    train_path = os.path.join(settings.data_dir, task.train_file)
+    train_examples = read_examples(task, train_path)  # its labels are a "jsonl" task's classes, even to evaluate
+    labels = task_labels(task, train_examples, train_path)
+    train_data = _rows_data(TrainData, task, labels, train_path, train_examples, tokenizer, settings)
+    train_data = train_data if settings.do_train else dataclasses.replace(train_data, rows=None)
+    eval_data = EvalData()
+    if settings.do_eval:
+        dev_path = os.path.join(settings.data_dir, task.dev_file)
+        eval_data = _rows_data(EvalData, task, labels, dev_path, read_examples(task, dev_path, labels), tokenizer,
+                               settings)
+    steps = int(len(train_examples) / settings.train_batch_size * settings.num_train_epochs)
+    if settings.do_train and steps < 1:
+        raise SettingsError(f"--num_train_epochs={settings.num_train_epochs} of {len(train_examples)} examples in "
+                            f"batches of {settings.train_batch_size} is no update; train longer or on smaller batches")
+    config = make_config(
+        bert=bert, init_checkpoint=settings.init_checkpoint, output_dir=settings.output_dir,
+        input_mode=settings.input_mode, train_batch_size=settings.train_batch_size,
+        adjust_batch_for_packing=settings.input_mode == "packed", optimizer="adamw",
+        learning_rate=settings.learning_rate, num_train_steps=max(steps, 1),
+        num_warmup_steps=int(steps * settings.warmup_proportion), eval_batch_size=settings.eval_batch_size,
+        eval_every_samples=0, seed=settings.seed, deterministic=True,
+        save_checkpoints_steps=settings.save_checkpoints_steps, iterations_per_loop=settings.iterations_per_loop,
+        log_every_steps=max(1, min(100, steps // 10)), export_huggingface_dir=settings.export_huggingface_dir,
+        vocab_file=settings.vocab_file, do_lower_case=settings.do_lower_case, flags_text=flags_text)
+    return FineTuning(config, train_data, eval_data, Classification(config, labels, task.metrics))
+
+
+def _rows_data(kind: type, task: Task, labels: tuple[str, ...], path: str, examples: list, tokenizer,
+               settings: ClassifierSettings):
+    """TrainData or EvalData of a task file's examples, in rows as --input_mode says."""
+    depth = settings.max_sequences_per_pack if settings.input_mode == "packed" else 1
+    encoded = encode_examples(examples, task, labels, tokenizer, settings.max_seq_length)
+    assignment = assign_to_packs(encoded.lengths, settings.max_seq_length, depth, settings.packing_algorithm,
+                                 settings.seed)
+    rows = make_rows(encoded, assignment, settings.max_seq_length, depth)
+    logging.info("%s: %d examples in %d rows of %d tokens (%.2f examples a row, %.1f%% of the tokens real)", path,
+                 len(examples), assignment.num_packs, settings.max_seq_length, len(examples) / assignment.num_packs,
+                 100 * encoded.lengths.sum() / (assignment.num_packs * settings.max_seq_length))
+    facts = dict(files=(path,), identity=(FileIdentity.of(path),), shapes=Shapes(settings.max_seq_length, 0, depth),
+                 input_mode=settings.input_mode, num_sequences=len(examples), rows=rows)
+    if kind is TrainData:
+        facts["packing_factor"] = len(examples) / assignment.num_packs
+    return kind(**facts)
