@@ -7,6 +7,7 @@ import dataclasses
 
 from bert_packed.errors import SettingsError
 from bert_packed.finetuning.tasks import TASKS
+from bert_packed.packing.plan import DEFAULT_ALGORITHM
 from bert_packed.pretraining_data.tokenization import DEFAULT_VOCAB_FILE
 from bert_packed.settings import setting
 
@@ -49,7 +50,9 @@ class ClassifierSettings:
                                         "histogram) or one a row (padded).", group=PACKING_GROUP,
                               choices=FINETUNING_INPUT_MODES)
     max_sequences_per_pack: int = setting(6, "Examples a row holds at most (packed).", group=PACKING_GROUP)
-    packing_algorithm: str = setting("lpfhp", "The planner's algorithm (python -m bert_packed.packing).",
+    packing_algorithm: str = setting(DEFAULT_ALGORITHM, "The planner's algorithm (python -m bert_packed.packing): lp "
+                                                        "sits at the bound (SST-2-sized lengths at L=128, depth 6: "
+                                                        "about 10 s, 7% fewer rows than lpfhp's).",
                                      group=PACKING_GROUP)
     seed: int = setting(12345, "Seed for the classifier's initial weights, the order of the examples and dropout.",
                         group=RUN_GROUP)
