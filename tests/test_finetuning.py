@@ -4,6 +4,7 @@ it gets alone in a row."""
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -118,6 +119,8 @@ def test_a_task_of_your_own_in_json_lines_takes_its_training_file_s_labels(tmp_p
     assert labels == ("3", "neg", "pos")
     numbered = [read_one(TASKS["jsonl"], "x", None, label) for label in ("10", "2", "1", "2")]
     assert task_labels(TASKS["jsonl"], numbered) == ("1", "2", "10")
+    odd = [read_one(TASKS["jsonl"], "x", None, label) for label in ("1", "01", "--1", "\u00b2", "-3")]
+    assert task_labels(TASKS["jsonl"], odd) == ("-3", "01", "1", "--1", "\u00b2")  # the same order in every process
     with pytest.raises(TaskDataError, match="train.jsonl: every example has the label '2'; a classifier needs at least"):
         task_labels(TASKS["jsonl"], numbered[1::2], "train.jsonl")
     for line, message in [('{"text": "x", "label": "meh"}', 'dev.jsonl:1: label "meh" is not among the training '
@@ -417,18 +420,35 @@ def test_run_classifier_fine_tunes_packed_and_its_figures_are_the_padded_run_s(t
                              f"--init_checkpoint={weights}", f"--export_huggingface_dir={tmp_path / mode}-hf")
         assert result.returncode == 0, result.stderr
         assert f"initialised from {weights}" in result.stderr
-        assert f"run_classifier: trained 10 updates in {tmp_path / mode}: accuracy " in result.stdout
+        # 40 examples, 2 epochs: 10 updates of 8 rows; packed, whole epochs in updates of round(8 / factor) packs
+        [rows] = re.findall(r"train.tsv: 40 examples in (\d+) rows of 64 tokens", result.stderr)
+        updates = int(int(rows) / round(8 * int(rows) / 40) * 2)
+        assert (updates < 10) == (mode == "packed")
+        assert f"run_classifier: trained {updates} updates in {tmp_path / mode}: accuracy " in result.stdout
         runs[mode] = read_log_file(tmp_path / mode / "eval_log.jsonl")
         config = json.loads((tmp_path / f"{mode}-hf" / "config.json").read_text())
         assert config["architectures"] == ["BertForSequenceClassification"] and config["id2label"] == {"0": "0",
                                                                                                     "1": "1"}
     for mode, evaluations in runs.items():
         [last] = evaluations
-        assert last["num_sequences"] == 12 and last["step"] == 10 and {"accuracy", "f1", "loss"} <= set(last)
+        assert last["num_sequences"] == 12 and last["step"] == len(read_log_file(tmp_path / mode / "train_log.jsonl"))
+        assert {"accuracy", "f1", "loss"} <= set(last)
         assert not (tmp_path / mode / "mllog.txt").exists() or "MLLOG" not in (tmp_path / mode / "mllog.txt").read_text()
     train = read_log_file(tmp_path / "packed" / "train_log.jsonl")
-    assert len(train) == 10 and train[-1]["padding_efficiency"] > read_log_file(
-        tmp_path / "padded" / "train_log.jsonl")[-1]["padding_efficiency"]
+    assert len(train) < 10 and sum(r["sequences"] - p["sequences"] for p, r in zip([{"sequences": 0}] + train, train)
+                                   ) == train[-1]["sequences"] > 2 * 40 - 8  # two epochs of the 40 but the last part-update
+    assert train[-1]["padding_efficiency"] > read_log_file(tmp_path / "padded" / "train_log.jsonl")[-1][
+        "padding_efficiency"]
+    # The fine-tuned weights evaluate alone (google-research's --do_eval --init_checkpoint=its model.ckpt-N) to
+    # the run's last figures, packed or not; the run's directory refuses other epochs.
+    evaluated = run_command("run_classifier", *[f for f in common if f != "--do_train"], "--input_mode=padded",
+                            f"--init_checkpoint={tmp_path / 'packed' / f'model.ckpt-{len(train)}'}",
+                            f"--output_dir={tmp_path / 'e'}")
+    assert evaluated.returncode == 0, evaluated.stderr
+    figures = runs["packed"][0]
+    assert f"accuracy {figures['accuracy']:.4f}, f1 {figures['f1']:.4f}, loss {figures['loss']:.4f}" in evaluated.stdout
+    longer = run_command("run_classifier", *common, "--num_train_epochs=3", f"--output_dir={tmp_path / 'packed'}")
+    assert longer.returncode == 2 and "num_train_epochs" in longer.stderr, longer.stderr
 
 
 def read_log_file(path):
@@ -484,6 +504,7 @@ def test_a_fine_tuning_run_stopped_by_a_signal_resumes_to_the_uninterrupted_run_
     (lambda tmp: None, "at least one of --do_train or --do_eval must be given"),
     (lambda tmp: None, "--task_name=squad: expected one of cola"),
     (lambda tmp: None, "--max_seq_length=512: above the BERT config's max_position_embeddings=128"),
+    (lambda tmp: None, "--num_train_epochs=inf: must be above 0"),
 ])
 def test_run_classifier_refuses_bad_input_in_one_line_before_any_file_is_written(tmp_path, bert_config_file, change,
                                                                                    message):
@@ -498,6 +519,8 @@ def test_run_classifier_refuses_bad_input_in_one_line_before_any_file_is_written
         flags[0] = "--task_name=squad"
     if "max_seq_length" in message:
         flags[4] = "--max_seq_length=512"
+    if "inf" in message:
+        flags[6] = "--num_train_epochs=inf"
     result = run_command("run_classifier", *flags)
     assert result.returncode == 2, result.stderr
     [line] = [line for line in result.stderr.splitlines() if line.startswith("run_classifier: ")]

@@ -4,6 +4,7 @@ meanings, and how the examples are packed."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from bert_packed.errors import SettingsError
 from bert_packed.finetuning.tasks import TASKS
@@ -70,7 +71,7 @@ class ClassifierSettings:
                      "iterations_per_loop"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"--{name}={getattr(self, name)}: must be at least 1")
-        if not self.num_train_epochs > 0:
+        if not 0 < self.num_train_epochs < math.inf:
             raise SettingsError(f"--num_train_epochs={self.num_train_epochs}: must be above 0")
         if not 0 <= self.warmup_proportion <= 1:
             raise SettingsError(f"--warmup_proportion={self.warmup_proportion}: expected a share, in [0, 1]")

@@ -18,6 +18,7 @@ import csv
 import dataclasses
 import json
 import math
+import re
 import sys
 
 from bert_packed import files
@@ -154,11 +155,10 @@ def task_labels(task: Task, train_examples: list[Example], path: str = "the trai
     if len(found) < 2:
         raise TaskDataError(f"{path}: every example has the label {next(iter(found))!r}; a classifier needs at "
                             f"least two labels")
-    return tuple(sorted(found, key=lambda label: (0, int(label), "") if _is_integer(label) else (1, 0, label)))
+    return tuple(sorted(found, key=lambda label: (0, int(label), label) if _INTEGER.fullmatch(label) else (1, 0, label)))
 
 
-def _is_integer(label: str) -> bool:
-    return label.lstrip("-").isdigit()
+_INTEGER = re.compile(r"-?[0-9]+")
 
 
 def _read_tsv(task: Task, path: str, lines: list[str]) -> list[Example]:

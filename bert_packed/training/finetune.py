@@ -69,30 +69,49 @@ def classifier_run(settings: ClassifierSettings, flags_text: str = "") -> FineTu
         raise SettingsError(f"--vocab_file={settings.vocab_file}: {tokenizer.vocab_size:,} tokens, but the BERT config "
                             f"has vocab_size={bert.vocab_size:,}: not the vocabulary of this model")
     train_path = os.path.join(settings.data_dir, task.train_file)
-    train_examples = read_examples(task, train_path)  # its labels are a "jsonl" task's classes, even to evaluate
+    # A "jsonl" task's classes are its training file's labels, even to evaluate.
+    train_examples = read_examples(task, train_path) if settings.do_train or not task.labels else []
     labels = task_labels(task, train_examples, train_path)
-    train_data = _rows_data(TrainData, task, labels, train_path, train_examples, tokenizer, settings)
-    train_data = train_data if settings.do_train else dataclasses.replace(train_data, rows=None)
+    depth = settings.max_sequences_per_pack if settings.input_mode == "packed" else 1
+    train_data = TrainData(files=(), identity=(), shapes=Shapes(settings.max_seq_length, 0, depth),
+                           input_mode=settings.input_mode)
+    if settings.do_train:
+        train_data = _rows_data(TrainData, task, labels, train_path, train_examples, tokenizer, settings)
     eval_data = EvalData()
     if settings.do_eval:
         dev_path = os.path.join(settings.data_dir, task.dev_file)
         eval_data = _rows_data(EvalData, task, labels, dev_path, read_examples(task, dev_path, labels), tokenizer,
                                settings)
-    steps = int(len(train_examples) / settings.train_batch_size * settings.num_train_epochs)
-    if settings.do_train and steps < 1:
-        raise SettingsError(f"--num_train_epochs={settings.num_train_epochs} of {len(train_examples)} examples in "
-                            f"batches of {settings.train_batch_size} is no update; train longer or on smaller batches")
+    steps = _updates(settings, len(train_examples), train_data.packing_factor) if settings.do_train else 1
     config = make_config(
         bert=bert, init_checkpoint=settings.init_checkpoint, output_dir=settings.output_dir,
         input_mode=settings.input_mode, train_batch_size=settings.train_batch_size,
         adjust_batch_for_packing=settings.input_mode == "packed", optimizer="adamw",
-        learning_rate=settings.learning_rate, num_train_steps=max(steps, 1),
+        learning_rate=settings.learning_rate, num_train_steps=steps,
         num_warmup_steps=int(steps * settings.warmup_proportion), eval_batch_size=settings.eval_batch_size,
         eval_every_samples=0, seed=settings.seed, deterministic=True,
         save_checkpoints_steps=settings.save_checkpoints_steps, iterations_per_loop=settings.iterations_per_loop,
         log_every_steps=max(1, min(100, steps // 10)), export_huggingface_dir=settings.export_huggingface_dir,
         vocab_file=settings.vocab_file, do_lower_case=settings.do_lower_case, flags_text=flags_text)
-    return FineTuning(config, train_data, eval_data, Classification(config, labels, task.metrics))
+    # What makes the rows and the schedule, beside the settings run.json records: another value is
+    # another run, refused in its --output_dir.
+    identity = {name: getattr(settings, name) for name in (
+        "num_train_epochs", "warmup_proportion", "do_lower_case", "max_seq_length",
+        "max_sequences_per_pack", "packing_algorithm")}
+    identity.update(task_name=task.name, labels=list(labels), vocab_size=tokenizer.vocab_size)
+    return FineTuning(config, train_data, eval_data, Classification(config, labels, task.metrics, identity))
+
+
+def _updates(settings: ClassifierSettings, num_examples: int, packing_factor: float) -> int:
+    """The updates of --num_train_epochs: google-research's int(examples / batch * epochs) one
+    example a row; packed, whole epochs of the rows in the packs an update holds (the batch
+    correction rounds to whole packs: round(batch / packing factor))."""
+    rows = max(1, round(settings.train_batch_size / packing_factor))
+    steps = int(num_examples / (rows * packing_factor) * settings.num_train_epochs)
+    if steps < 1:
+        raise SettingsError(f"--num_train_epochs={settings.num_train_epochs} of {num_examples} examples in batches of "
+                            f"{settings.train_batch_size} is no update; train longer or on smaller batches")
+    return steps
 
 
 def _rows_data(kind: type, task: Task, labels: tuple[str, ...], path: str, examples: list, tokenizer,

@@ -78,7 +78,7 @@ def train_and_evaluate(config: TrainConfig, train_data: TrainData, eval_data: Ev
     directory = run_directory(config, step)
     checkpoints = Checkpoints(directory.checkpoints, step.state, config.run.keep_checkpoint_max)
     files.makedirs(directory.path)
-    with files.exclusive(os.path.join(directory.path, ".lock"), "run_pretraining"):
+    with files.exclusive(os.path.join(directory.path, ".lock"), step.objective.program):
         previous = _claim(directory, config, train_data, eval_data, step)
         if _resume(directory, config, step, checkpoints, previous):
             if not _export_if_new(directory, config, step):
@@ -224,7 +224,7 @@ def _claim(directory: RunDirectory, config: TrainConfig, train_data: TrainData, 
     if eval_data.files:  # what the training batch is held to, here, not at the first evaluation
         require_divides("--eval_batch_size", config.eval.eval_batch_size, step.strategy.num_replicas_in_sync)
     refuse_other_output(directory.path, "a training run")
-    identity = {**config.identity(), **train_data.identity_settings(),
+    identity = {**config.identity(), **train_data.identity_settings(), **step.objective.identity,
                 "rows_per_micro_batch": step.batching.rows_per_micro_batch}  # corrected on these replicas
     if train_data.input_mode == "packed_online":  # another window makes other packs
         identity["online_packing_window"] = config.batch.online_packing_window

@@ -16,6 +16,8 @@ import tensorflow as tf
 
 from bert_packed.finetuning.metrics import scores as glue_scores
 from bert_packed.model import BertClassifierModel, BertPretrainingModel, load_weights
+from bert_packed.model.checkpoint import holds_weight
+from bert_packed.model.huggingface import is_huggingface_directory
 from bert_packed.training.config import TrainConfig
 from bert_packed.training.losses import classifier_sums, loss_from_sums, metrics_from_sums, normalizers, pretraining_sums
 
@@ -27,12 +29,16 @@ class Pretraining:
       sum_keys: the names of `sums`' values, in the order an update reports them.
       mlperf: the run keeps the MLPerf log (mllog.txt).
       labels: the classes an export names (none).
+      program: the command that runs it (a lock's holder says it).
+      identity: what run.json records of the run beside its settings.
     """
 
     sum_keys = ("mlm_nll", "mlm_predictions", "mlm_correct", "mlm_sequence_nll", "mlm_sequence_correct",
                 "mlm_sequences", "nsp_nll", "nsp_correct", "nsp_sequences")
     mlperf = True
     labels = ()
+    program = "run_pretraining"
+    identity: dict = {}  # the settings already say the run
 
     def __init__(self, config: TrainConfig):
         self.config = config
@@ -86,13 +92,18 @@ class Classification:
       config: the run's settings (the model's BERT config and recompute).
       labels: the classes, in the classifier's order; () for a regression (one output, a score).
       scores: the task's metrics (finetuning.tasks.Task.metrics).
+      identity: what run.json records of the run beside its settings: the task, its labels, what
+        makes its rows and its epochs (another value is another run).
     """
 
     sum_keys = ("example_loss", "examples", "example_correct")
     mlperf = False
+    program = "run_classifier"
 
-    def __init__(self, config: TrainConfig, labels: tuple[str, ...], scores: tuple[str, ...] = ()):
+    def __init__(self, config: TrainConfig, labels: tuple[str, ...], scores: tuple[str, ...] = (),
+                 identity: dict | None = None):
         self.config = config
+        self.identity = identity or {}
         self.labels = labels
         self.regression = not labels
         self.num_outputs = len(labels) or 1
@@ -102,9 +113,14 @@ class Classification:
         return BertClassifierModel(self.config.model.bert, self.num_outputs, self.config.model.recompute)
 
     def load_initial_weights(self, model: BertClassifierModel, path: str) -> None:
-        """--init_checkpoint's encoder and pooler (pre-trained weights, in any format pre-training
-        takes); the classifier starts from random weights, as google-research's does."""
-        load_weights(model.bert, path)
+        """--init_checkpoint's weights: a fine-tuned classifier's TF1 checkpoint (a run's
+        model.ckpt-N, google-research's) whole; else pre-trained weights (in any format
+        pre-training takes) for the encoder and pooler, the classifier starting from random
+        weights, as google-research's does."""
+        if not is_huggingface_directory(path) and holds_weight(path, "output_weights"):
+            load_weights(model, path)
+        else:
+            load_weights(model.bert, path)
 
     @staticmethod
     def reached(metrics: dict, config: TrainConfig) -> bool:
