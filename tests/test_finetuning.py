@@ -298,6 +298,15 @@ def test_a_classifier_exports_as_a_sequence_classifier_without_pretraining_heads
     assert "bert.pooler.dense.weight" in tensors and not any(name.startswith("cls.") for name in tensors)
     with pytest.raises(InternalError, match="a classifier of 2 outputs exported with 3 labels"):
         export_huggingface(model, directory, VOCAB, do_lower_case=True, labels=("a", "b", "c"))
+    # The export starts a classifier whole (--init_checkpoint of a fine-tuned model, to evaluate it).
+    from bert_packed.training.objective import Classification
+
+    again = BertClassifierModel(BertConfig(**TINY), num_outputs=2)
+    again.build()
+    Classification(None, ("0", "1")).load_initial_weights(again, directory)
+    for a, b in zip(model.weights, again.weights, strict=True):
+        if "masked_lm" not in a.path and "seq_relationship" not in a.path:  # not exported: not trained
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
 @pytest.mark.slow  # loads PyTorch and transformers

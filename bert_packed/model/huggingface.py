@@ -265,7 +265,8 @@ def load_huggingface(model: BertPretrainingModel, directory: str) -> int:
     problems = shape_problems(names, {name: value.shape for name, value in tensors.items()})
     if problems:
         raise CheckpointError(f"{path}: does not fit the model ({len(problems)} problems): " + "; ".join(problems))
-    unused = _unused_tensors(tensors, {name for name, _, _ in names}, model.next_sentence_prediction)
+    unused = _unused_tensors(tensors, {name for name, _, _ in names},
+                             isinstance(model, BertClassifierModel) or model.next_sentence_prediction)
     if unused:
         originals = {_canonical(name): name for name in stored}
         raise CheckpointError(f"{path}: holds {len(unused)} tensors the model does not have ("
@@ -300,10 +301,25 @@ def _unused_tensors(tensors: dict[str, np.ndarray], wanted: set[str], next_sente
 
 def _canonical(name: str) -> str:
     """A stored name as huggingface_variable_names spells it: a bare BertModel's names under
-    `bert.`, LayerNorm's gamma and beta as weight and bias."""
-    if not name.startswith(("bert.", "cls.")):
+    `bert.` (a sequence classifier's head keeps its `classifier.`), LayerNorm's gamma and beta as
+    weight and bias."""
+    if not name.startswith(("bert.", "cls.", "classifier.")):
         name = "bert." + name
     return re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name))
+
+
+def holds_classifier(path: str) -> bool:
+    """Whether weights from outside a run (load_weights' `path`) are a fine-tuned classifier's: a
+    Hugging Face BertForSequenceClassification directory, or a TF1 checkpoint holding
+    google-research's run_classifier output_weights."""
+    if not is_huggingface_directory(path):
+        return holds_weight(path, "output_weights")
+    try:
+        with files.open_file(os.path.join(path, CONFIG_FILE)) as f:
+            architectures = json.load(f).get("architectures") or []
+    except (ValueError, AttributeError):
+        return False
+    return "BertForSequenceClassification" in architectures
 
 
 def holds_next_sentence_head(path: str) -> bool:

@@ -16,8 +16,7 @@ import tensorflow as tf
 
 from bert_packed.finetuning.metrics import scores as glue_scores
 from bert_packed.model import BertClassifierModel, BertPretrainingModel, load_weights
-from bert_packed.model.checkpoint import holds_weight
-from bert_packed.model.huggingface import is_huggingface_directory
+from bert_packed.model.huggingface import holds_classifier
 from bert_packed.training.config import TrainConfig
 from bert_packed.training.losses import classifier_sums, loss_from_sums, metrics_from_sums, normalizers, pretraining_sums
 
@@ -113,14 +112,11 @@ class Classification:
         return BertClassifierModel(self.config.model.bert, self.num_outputs, self.config.model.recompute)
 
     def load_initial_weights(self, model: BertClassifierModel, path: str) -> None:
-        """--init_checkpoint's weights: a fine-tuned classifier's TF1 checkpoint (a run's
-        model.ckpt-N, google-research's) whole; else pre-trained weights (in any format
-        pre-training takes) for the encoder and pooler, the classifier starting from random
-        weights, as google-research's does."""
-        if not is_huggingface_directory(path) and holds_weight(path, "output_weights"):
-            load_weights(model, path)
-        else:
-            load_weights(model.bert, path)
+        """--init_checkpoint's weights: a fine-tuned classifier's whole (a run's model.ckpt-N,
+        google-research's, a BertForSequenceClassification directory); else pre-trained weights
+        (in any format pre-training takes) for the encoder and pooler, the classifier starting
+        from random weights, as google-research's does."""
+        load_weights(model if holds_classifier(path) else model.bert, path)
 
     @staticmethod
     def reached(metrics: dict, config: TrainConfig) -> bool:
