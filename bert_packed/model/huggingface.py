@@ -314,12 +314,7 @@ def holds_classifier(path: str) -> bool:
     google-research's run_classifier output_weights."""
     if not is_huggingface_directory(path):
         return holds_weight(path, "output_weights")
-    try:
-        with files.open_file(os.path.join(path, CONFIG_FILE)) as f:
-            architectures = json.load(f).get("architectures") or []
-    except (ValueError, AttributeError):
-        return False
-    return "BertForSequenceClassification" in architectures
+    return "BertForSequenceClassification" in (_architectures(path) or [])
 
 
 def holds_next_sentence_head(path: str) -> bool:
@@ -328,12 +323,17 @@ def holds_next_sentence_head(path: str) -> bool:
     cls/seq_relationship. What cannot be read says True: loading it then names the problem."""
     if not is_huggingface_directory(path):
         return holds_weight(path, "cls/seq_relationship/output_weights")
+    return "BertForMaskedLM" not in (_architectures(path) or [])
+
+
+def _architectures(directory: str) -> list | None:
+    """The architectures a Hugging Face directory's config.json names ([] when none; None when it
+    cannot be read as a JSON object: loading it then names the problem)."""
     try:
-        with files.open_file(os.path.join(path, CONFIG_FILE)) as f:
-            architectures = json.load(f).get("architectures") or []
+        with files.open_file(os.path.join(directory, CONFIG_FILE)) as f:
+            return json.load(f).get("architectures") or []
     except (ValueError, AttributeError):
-        return True
-    return "BertForMaskedLM" not in architectures
+        return None
 
 
 def load_weights(model: BertPretrainingModel, path: str) -> int:
