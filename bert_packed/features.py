@@ -59,6 +59,13 @@ packs do, under the model's keys, and a classifier's slot for each sequence:
   label_weights    S       1 where a sequence is, 0 for an empty slot
   example_ids      S       the example's index in its file (0 for an empty slot)
 
+A span task's rows (SQuAD: a question and a window of its context a sequence) hold, in place of
+labels, where the answer is in each sequence (0, its [CLS], when the window does not hold it):
+
+  start_positions  S       the answer's first token, counted from the sequence's [CLS]
+  end_positions    S       its last token, likewise
+  example_ids      S       the window's index among the file's windows
+
 One example a row is the same layout with S = 1.
 """
 
@@ -134,11 +141,18 @@ class Shapes:
         return model_features(self.packed_lengths())
 
 
-def finetuning_lengths(max_seq_length: int, max_sequences_per_pack: int) -> dict[str, int]:
-    """Feature name -> length in a fine-tuning row (module docstring)."""
+# What a fine-tuning row says of each of its sequences, beside where it is (module docstring):
+# a classifier's label, or a span's first and last token.
+CLASSIFIER_TARGETS, SPAN_TARGETS = ("labels",), ("start_positions", "end_positions")
+
+
+def finetuning_lengths(max_seq_length: int, max_sequences_per_pack: int,
+                       targets: tuple[str, ...] = CLASSIFIER_TARGETS) -> dict[str, int]:
+    """Feature name -> length in a fine-tuning row (module docstring), with `targets` (CLASSIFIER_TARGETS
+    or SPAN_TARGETS) one a slot."""
     seq, slots = max_seq_length, max_sequences_per_pack
     return {"input_ids": seq, "sequence_ids": seq, "segment_ids": seq, "positions": seq, "cls_positions": slots,
-            "labels": slots, "label_weights": slots, "example_ids": slots}
+            **dict.fromkeys(targets, slots), "label_weights": slots, "example_ids": slots}
 
 
 def model_features(packed: dict) -> dict:

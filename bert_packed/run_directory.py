@@ -36,6 +36,8 @@ TRAIN_LOG = "train_log.jsonl"
 EVAL_LOG = "eval_log.jsonl"
 MLLOG = "mllog.txt"
 EVAL_RESULTS = "eval_results.txt"
+# run_squad's answers to its predict file, as google-research's writes them.
+PREDICTIONS, NBEST_PREDICTIONS = "predictions.json", "nbest_predictions.json"
 # The logs a checkpoint records the sizes of, in this order.
 LOGS = (TRAIN_LOG, EVAL_LOG, MLLOG)
 
@@ -214,6 +216,14 @@ class RunDirectory:
         """eval_results.txt: an evaluation alone, `key = value` lines (as the reference writes)."""
         files.write_text_atomically(self.file(EVAL_RESULTS),
                                     "".join(f"{key} = {value}\n" for key, value in sorted(record.items())))
+
+    def write_predictions(self, answers: dict, nbest: dict) -> None:
+        """predictions.json ({question id: answer}) and nbest_predictions.json ({question id:
+        [{"text", "probability", "start_logit", "end_logit"}, ...]}), as google-research's
+        run_squad writes them (the official evaluation script reads the first)."""
+        files.makedirs(self.path)
+        files.write_text_atomically(self.file(NBEST_PREDICTIONS), json.dumps(nbest, indent=4) + "\n")
+        files.write_text_atomically(self.file(PREDICTIONS), json.dumps(answers, indent=4) + "\n")
 
 
 def _by_name(entries: list) -> list:

@@ -168,7 +168,7 @@ def test_examples_become_cls_text_sep_pair_sep_cut_to_the_length(tokenizer):
     assert encoded.input_ids[0].tolist() == [tokenizer.cls_id, *cat[:5], tokenizer.sep_id, *sunny[:4], tokenizer.sep_id]
     assert encoded.segment_ids[0].tolist() == [0] * 7 + [1] * 5
     assert len(encoded.input_ids[1]) == 12 and encoded.input_ids[1][-3:].tolist()[-1] == tokenizer.sep_id
-    assert encoded.labels.tolist() == [1.0, 0.0]
+    assert encoded.targets["labels"].tolist() == [1.0, 0.0]
 
 
 def read_one(task, text, pair, label):
@@ -193,7 +193,7 @@ def test_packing_keeps_every_example_exactly_once_in_its_own_slot(tokenizer):
             assert rows["input_ids"][row][tokens].tolist() == encoded.input_ids[example].tolist()
             assert rows["positions"][row][tokens].tolist() == list(range(len(encoded.input_ids[example])))
             assert rows["input_ids"][row, rows["cls_positions"][row, slot]] == tokenizer.cls_id
-            assert rows["labels"][row, slot] == encoded.labels[example]
+            assert rows["labels"][row, slot] == encoded.targets["labels"][example]
     alone = assign_to_packs(encoded.lengths, 32, 1)
     assert alone.num_packs == len(examples) and set(alone.position.tolist()) == {0}
 

@@ -29,12 +29,14 @@ class EncodedExamples:
     Attributes:
       input_ids: int32 [n] arrays, each [CLS] text [SEP] (text_pair [SEP]).
       segment_ids: int32 [n] arrays of the same lengths.
-      labels: float32 [n]: each example's class index, or its score for a regression.
+      targets: {name: [n]}, what a row says of each sequence in its slot (features.CLASSIFIER_TARGETS:
+        labels, float32, each example's class index or its score for a regression;
+        features.SPAN_TARGETS: the answer's first and last token, int32).
     """
 
     input_ids: list[np.ndarray]
     segment_ids: list[np.ndarray]
-    labels: np.ndarray
+    targets: dict[str, np.ndarray]
 
     @property
     def lengths(self) -> np.ndarray:
@@ -106,7 +108,7 @@ def encode_examples(examples: list[Example], task: Task, labels: tuple[str, ...]
         if unknown:  # read_examples takes the labels of the training file
             raise InternalError(f"label {unknown[0].label!r} (line {unknown[0].line}) is not one of {labels}")
         values = [index[str(e.label)] for e in examples]
-    return EncodedExamples(input_ids, segment_ids, np.asarray(values, dtype=np.float32))
+    return EncodedExamples(input_ids, segment_ids, {"labels": np.asarray(values, dtype=np.float32)})
 
 
 def make_rows(encoded: EncodedExamples, assignment: PackAssignment, max_seq_length: int,
@@ -127,12 +129,12 @@ def make_rows(encoded: EncodedExamples, assignment: PackAssignment, max_seq_leng
       max_seq_length, max_sequences_per_pack: L and S of the rows.
 
     Returns:
-      {feature: array [num_packs, length]} with features.finetuning_lengths' keys (int32; labels
-      float32).
+      {feature: array [num_packs, length]} with features.finetuning_lengths' keys for the encoded
+      targets (int32; a target as its encoded dtype).
     """
-    lengths = finetuning_lengths(max_seq_length, max_sequences_per_pack)
-    rows = {name: np.zeros((assignment.num_packs, length), np.float32 if name == "labels" else np.int32)
-            for name, length in lengths.items()}
+    lengths = finetuning_lengths(max_seq_length, max_sequences_per_pack, tuple(encoded.targets))
+    rows = {name: np.zeros((assignment.num_packs, length), encoded.targets[name].dtype if name in encoded.targets
+                           else np.int32) for name, length in lengths.items()}
     for row, members in enumerate(assignment.members()):
         start = 0
         for slot, example in enumerate(members):
@@ -142,7 +144,8 @@ def make_rows(encoded: EncodedExamples, assignment: PackAssignment, max_seq_leng
             rows["sequence_ids"][row, start:end] = slot + 1
             rows["positions"][row, start:end] = np.arange(len(ids))
             rows["cls_positions"][row, slot] = start
-            rows["labels"][row, slot] = encoded.labels[example]
+            for name, values in encoded.targets.items():
+                rows[name][row, slot] = values[example]
             rows["label_weights"][row, slot] = 1
             rows["example_ids"][row, slot] = example
             start = end

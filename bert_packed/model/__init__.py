@@ -12,7 +12,8 @@ _EXPORTS = {
     "bert_packed.model.config": ("RECOMPUTE", "BertConfig", "ConfigError"),
     "bert_packed.model.huggingface": ("export_huggingface", "load_huggingface", "load_weights",
                                       "require_same_model"),
-    "bert_packed.model.modeling": ("BertClassifierModel", "BertEmbeddings", "BertPretrainingModel", "MaskedLMHead",
+    "bert_packed.model.modeling": ("BertClassifierModel", "BertEmbeddings", "BertPretrainingModel",
+                                   "BertQuestionAnsweringModel", "MaskedLMHead",
                                    "NextSentenceHead", "TransformerLayer", "attention_mask_from_sequence_ids"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}

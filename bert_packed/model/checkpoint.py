@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from bert_packed import files
 from bert_packed.errors import UserError
-from bert_packed.model.modeling import BertClassifierModel, BertPretrainingModel
+from bert_packed.model.modeling import BertClassifierModel, BertPretrainingModel, BertQuestionAnsweringModel
 
 
 class CheckpointError(UserError, ValueError):
@@ -45,16 +45,24 @@ class Part:
         self.weight.assign(whole)
 
 
-def google_variable_names(model: BertPretrainingModel | BertClassifierModel) -> list[tuple[str, object, bool]]:
+def google_variable_names(model: BertPretrainingModel | BertClassifierModel | BertQuestionAnsweringModel
+                          ) -> list[tuple[str, object, bool]]:
     """(TF1 name, model weight, stored transposed) for every weight of the model (a model without
     the next-sentence head has no pooler and no seq_relationship). A classifier's are its
     encoder's and pooler's, and its head's as google-research's run_classifier names them
-    (output_weights [C, H], output_bias), without the pre-training heads it does not train."""
+    (output_weights [C, H], output_bias), without the pre-training heads it does not train; a
+    question-answering model's, its encoder's and run_squad's cls/squad/output_weights [2, H] and
+    output_bias."""
     if not model.built:
         model.build()
     if isinstance(model, BertClassifierModel):
         return [entry for entry in google_variable_names(model.bert) if entry[0].startswith("bert/")] + [
             ("output_weights", model.classifier.kernel, True), ("output_bias", model.classifier.bias, False)]
+    if isinstance(model, BertQuestionAnsweringModel):  # run_squad's head, on the encoder alone (no pooler)
+        return [entry for entry in google_variable_names(model.bert)
+                if entry[0].startswith("bert/") and not entry[0].startswith("bert/pooler/")] + [
+            ("cls/squad/output_weights", model.qa_outputs.kernel, True),
+            ("cls/squad/output_bias", model.qa_outputs.bias, False)]
     names = []
 
     def dense(prefix, layer):

@@ -17,6 +17,7 @@ The names follow from the google-research ones (checkpoint.google_variable_names
     cls/predictions/output_bias  [V]                  -> cls.predictions.bias
     cls/seq_relationship/output_weights  [2, H]       -> cls.seq_relationship.weight
     output_weights  [C, H] (a fine-tuned classifier)  -> classifier.weight (BertForSequenceClassification)
+    cls/squad/output_weights  [2, H] (fine-tuned on spans) -> qa_outputs.weight (BertForQuestionAnswering)
 
 A model trained without the next-sentence head (--nsp_loss=false) has no pooler and no
 seq_relationship: its config.json names BertForMaskedLM, which reads it whole.
@@ -50,7 +51,12 @@ from bert_packed.model.checkpoint import (
     shape_problems,
 )
 from bert_packed.model.config import BertConfig
-from bert_packed.model.modeling import LAYER_NORM_EPSILON, BertClassifierModel, BertPretrainingModel
+from bert_packed.model.modeling import (
+    LAYER_NORM_EPSILON,
+    BertClassifierModel,
+    BertPretrainingModel,
+    BertQuestionAnsweringModel,
+)
 from bert_packed.pretraining_data.tokenization import Tokenizer
 
 CONFIG_FILE = "config.json"
@@ -68,7 +74,8 @@ _SPECIAL_TOKENS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PA
 _RENAMED = {"cls/predictions/output_bias": "cls.predictions.bias",
             "cls/seq_relationship/output_weights": "cls.seq_relationship.weight",
             "cls/seq_relationship/output_bias": "cls.seq_relationship.bias",
-            "output_weights": "classifier.weight", "output_bias": "classifier.bias"}
+            "output_weights": "classifier.weight", "output_bias": "classifier.bias",
+            "cls/squad/output_weights": "qa_outputs.weight", "cls/squad/output_bias": "qa_outputs.bias"}
 
 
 def huggingface_variable_names(model: BertPretrainingModel) -> list[tuple[str, object, bool]]:
@@ -120,10 +127,11 @@ def is_huggingface_directory(path: str) -> bool:
     return files.isdir(path) and files.exists(os.path.join(path, CONFIG_FILE))
 
 
-def export_huggingface(model: BertPretrainingModel | BertClassifierModel, output_dir: str, vocab_file: str,
-                       do_lower_case: bool, labels: tuple[str, ...] = ()) -> str:
+def export_huggingface(model: BertPretrainingModel | BertClassifierModel | BertQuestionAnsweringModel, output_dir: str,
+                       vocab_file: str, do_lower_case: bool, labels: tuple[str, ...] = ()) -> str:
     """Writes the model as a Hugging Face BERT directory (module docstring); returns `output_dir`.
-    A classifier is written as a BertForSequenceClassification of its `labels` (classifier_config).
+    A classifier is written as a BertForSequenceClassification of its `labels` (classifier_config),
+    a question-answering model as a BertForQuestionAnswering.
 
     Each file is written under a temporary name, then renamed; config.json goes last and is
     removed first, so a directory cut short by a kill is never read as a model, and the same
@@ -153,8 +161,12 @@ def export_huggingface(model: BertPretrainingModel | BertClassifierModel, output
         for name, values in ((TOKENIZER_CONFIG_FILE, tokenizer_config), (SPECIAL_TOKENS_FILE, _SPECIAL_TOKENS)):
             files.write_text_atomically(os.path.join(output_dir, name), json.dumps(values, indent=2) + "\n")
         confirm()
-        config = (classifier_config(bert, labels) if isinstance(model, BertClassifierModel)
-                  else huggingface_config(bert, model.next_sentence_prediction))
+        if isinstance(model, BertClassifierModel):
+            config = classifier_config(bert, labels)
+        elif isinstance(model, BertQuestionAnsweringModel):
+            config = {**huggingface_config(bert), "architectures": ["BertForQuestionAnswering"]}
+        else:
+            config = huggingface_config(bert, model.next_sentence_prediction)
         files.write_text_atomically(os.path.join(output_dir, CONFIG_FILE), json.dumps(config, indent=2) + "\n")
     return output_dir
 
@@ -266,7 +278,7 @@ def load_huggingface(model: BertPretrainingModel, directory: str) -> int:
     if problems:
         raise CheckpointError(f"{path}: does not fit the model ({len(problems)} problems): " + "; ".join(problems))
     unused = _unused_tensors(tensors, {name for name, _, _ in names},
-                             isinstance(model, BertClassifierModel) or model.next_sentence_prediction)
+                             getattr(model, "next_sentence_prediction", True))
     if unused:
         originals = {_canonical(name): name for name in stored}
         raise CheckpointError(f"{path}: holds {len(unused)} tensors the model does not have ("
@@ -301,9 +313,9 @@ def _unused_tensors(tensors: dict[str, np.ndarray], wanted: set[str], next_sente
 
 def _canonical(name: str) -> str:
     """A stored name as huggingface_variable_names spells it: a bare BertModel's names under
-    `bert.` (a sequence classifier's head keeps its `classifier.`), LayerNorm's gamma and beta as
-    weight and bias."""
-    if not name.startswith(("bert.", "cls.", "classifier.")):
+    `bert.` (a fine-tuned head keeps its `classifier.` or `qa_outputs.`), LayerNorm's gamma and
+    beta as weight and bias."""
+    if not name.startswith(("bert.", "cls.", "classifier.", "qa_outputs.")):
         name = "bert." + name
     return re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name))
 
@@ -315,6 +327,15 @@ def holds_classifier(path: str) -> bool:
     if not is_huggingface_directory(path):
         return holds_weight(path, "output_weights")
     return "BertForSequenceClassification" in (_architectures(path) or [])
+
+
+def holds_span_head(path: str) -> bool:
+    """Whether weights from outside a run (load_weights' `path`) are fine-tuned on spans: a Hugging
+    Face BertForQuestionAnswering directory, or a TF1 checkpoint holding google-research's
+    run_squad cls/squad/output_weights."""
+    if not is_huggingface_directory(path):
+        return holds_weight(path, "cls/squad/output_weights")
+    return "BertForQuestionAnswering" in (_architectures(path) or [])
 
 
 def holds_next_sentence_head(path: str) -> bool:

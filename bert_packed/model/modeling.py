@@ -432,3 +432,67 @@ class BertClassifierModel(keras.Model):
     @classmethod
     def from_config(cls, config):
         return cls(BertConfig(**config["config"]), config["num_outputs"], config.get("recompute", "none"))
+
+
+# A span logit at a position outside the sequence: its softmax there is 0 (exp underflows).
+OUTSIDE_THE_SEQUENCE = -1e9
+
+
+class BertQuestionAnsweringModel(keras.Model):
+    """BERT fine-tuned to find an answer's span in each sequence of a row: google-research's
+    run_squad head (a start and an end logit a token), read sequence by sequence.
+
+    Each sequence's logits are gathered from its own tokens, position 0 at its [CLS], and every
+    position past its end holds OUTSIDE_THE_SEQUENCE: a softmax over them is the sequence's alone,
+    so a sequence gets the same span probabilities wherever it sits in a pack, and alone in a
+    padded row. The encoder is a BertPretrainingModel's (`bert`, as BertClassifierModel's), its
+    heads kept but not trained; `qa_outputs` is google-research's cls/squad output_weights and
+    output_bias.
+
+    Inputs (int32): input_ids, sequence_ids, segment_ids, positions [B, L]; cls_positions [B, S].
+
+    Args:
+      config: the BERT hyper-parameters.
+      recompute: as BertPretrainingModel's.
+
+    Returns:
+      {"start_logits", "end_logits": float32 [B, S, L]}.
+    """
+
+    def __init__(self, config: BertConfig, recompute: str = "none", **kwargs):
+        super().__init__(**kwargs)
+        self.config = config
+        self.recompute = recompute
+        self.bert = BertPretrainingModel(config, next_sentence_prediction=True, recompute=recompute, name="bert")
+        self.qa_outputs = keras.layers.Dense(2, kernel_initializer=_initializer(config.initializer_range),
+                                             name="qa_outputs")
+
+    def build(self, input_shape=None):
+        self.bert.build()
+        self.bert.masked_lm.trainable = False
+        self.bert.next_sentence.trainable = False
+        self.qa_outputs.build([None, None, self.config.hidden_size])
+        self.built = True
+
+    def call(self, features, training=False, dropout_seed=None):
+        if training and dropout_seed is None:
+            dropout_seed = tf.random.uniform([2], maxval=tf.int32.max, dtype=tf.int32)
+        sequence_output = self.bert.encode(features, training=training, dropout_seed=dropout_seed)   # [B, L, H]
+        logits = tf.cast(self.qa_outputs(sequence_output), tf.float32)                           # [B, L, 2]
+        length = tf.shape(logits)[1]
+        slots = tf.shape(features["cls_positions"])[1]
+        row_positions = features["cls_positions"][:, :, None] + tf.range(length)[None, None, :]    # [B, S, L]
+        inside_the_row = row_positions < length
+        row_positions = tf.minimum(row_positions, length - 1)
+        owner = tf.gather(features["sequence_ids"], row_positions, batch_dims=1)                  # [B, S, L]
+        own = inside_the_row & (owner == tf.range(1, slots + 1)[None, :, None])
+        local = tf.gather(logits, row_positions, batch_dims=1)                                    # [B, S, L, 2]
+        local = tf.where(own[..., None], local, OUTSIDE_THE_SEQUENCE)
+        return {"start_logits": local[..., 0], "end_logits": local[..., 1]}
+
+    def get_config(self):
+        return {"config": self.config.to_dict(), "recompute": self.recompute}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(BertConfig(**config["config"]), config.get("recompute", "none"))

@@ -70,3 +70,14 @@ class Tokenizer:
         [[14743, 14324, 2003, 4569, 1012], [7668]]
         """
         return [np.asarray(e.ids, dtype=np.int32) for e in self._tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+    def encode_with_offsets(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Token ids of each text, and where each token stands in it: int32 [n] and int64 [n, 2]
+        (its first character and one past its last, in the text as given, accents and case included).
+
+        >>> tokenizer = Tokenizer("data/bert_uncased_vocab.txt")
+        >>> [(ids.tolist(), spans.tolist()) for ids, spans in tokenizer.encode_with_offsets(["Zürich's"])]
+        [([10204, 1005, 1055], [[0, 6], [6, 7], [7, 8]])]
+        """
+        return [(np.asarray(e.ids, dtype=np.int32), np.asarray(e.offsets, dtype=np.int64).reshape(-1, 2))
+                for e in self._tokenizer.encode_batch(texts, add_special_tokens=False)]

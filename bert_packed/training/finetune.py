@@ -1,8 +1,8 @@
-"""What run_classifier builds from its settings before any device: the task's examples read,
-encoded and placed in rows (packed or one a row), and the run's settings, data and objective, so
-that pre-training's loop (loop.train_and_evaluate) fine-tunes.
+"""What run_classifier and run_squad build from their settings before any device: the task's
+examples read, encoded and placed in rows (packed or one a row), and the run's settings, data and
+objective, so that pre-training's loop (loop.train_and_evaluate) fine-tunes.
 
-The run's settings follow google-research/bert's run_classifier: AdamW (weight decay 0.01, LayerNorm
+The run's settings follow google-research/bert's run_classifier and run_squad: AdamW (weight decay 0.01, LayerNorm
 and biases excluded), the learning rate warmed up over --warmup_proportion of the updates and then
 decayed linearly to 0, the gradient clipped to a global norm of 1, int(examples / batch * epochs)
 updates. A packed update holds as many examples on average as a padded one: --train_batch_size
@@ -19,16 +19,17 @@ import os
 from bert_packed.dataset_info import FileIdentity
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
-from bert_packed.finetuning.encode import encode_examples, make_rows
-from bert_packed.finetuning.settings import ClassifierSettings
-from bert_packed.finetuning.tasks import Task, get_task, read_examples, task_labels
+from bert_packed.finetuning.encode import EncodedExamples, encode_examples, make_rows
+from bert_packed.finetuning.settings import ClassifierSettings, FineTuningSettings, SquadSettings
+from bert_packed.finetuning.squad import make_windows, read_squad_examples
+from bert_packed.finetuning.tasks import get_task, read_examples, task_labels
 from bert_packed.model import BertConfig
 from bert_packed.model.huggingface import is_huggingface_directory, require_export_directory, require_same_model
 from bert_packed.packing.assign import assign_to_packs
 from bert_packed.pretraining_data.tokenization import Tokenizer
 from bert_packed.training.config import TrainConfig, make_config
 from bert_packed.training.data import EvalData, TrainData
-from bert_packed.training.objective import Classification
+from bert_packed.training.objective import Answering, Classification, SpanPrediction
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,13 +40,13 @@ class FineTuning:
       config: the run's settings.
       train_data: the training examples' rows (no files: evaluation only).
       eval_data: the dev examples' rows (no files: no evaluation).
-      objective: the task's classifier (objective.Classification).
+      objective: the task's head (objective.Classification or SpanPrediction).
     """
 
     config: TrainConfig
     train_data: TrainData
     eval_data: EvalData
-    objective: Classification
+    objective: Classification | SpanPrediction
 
 
 def classifier_run(settings: ClassifierSettings, flags_text: str = "") -> FineTuning:
@@ -55,6 +56,57 @@ def classifier_run(settings: ClassifierSettings, flags_text: str = "") -> FineTu
       SettingsError / TaskDataError / VocabularyError: naming the flag, or the file and line.
     """
     task = get_task(settings.task_name)
+    bert, tokenizer = _model_and_vocabulary(settings)
+    train_path = os.path.join(settings.data_dir, task.train_file)
+    # A "jsonl" task's classes are its training file's labels, even to evaluate.
+    train_examples = read_examples(task, train_path) if settings.do_train or not task.labels else []
+    labels = task_labels(task, train_examples, train_path)
+    train_data = _no_training(settings)
+    if settings.do_train:
+        encoded = encode_examples(train_examples, task, labels, tokenizer, settings.max_seq_length)
+        train_data = _rows_data(TrainData, encoded, train_path, settings)
+    eval_data = EvalData()
+    if settings.do_eval:
+        dev_path = os.path.join(settings.data_dir, task.dev_file)
+        encoded = encode_examples(read_examples(task, dev_path, labels), task, labels, tokenizer,
+                                  settings.max_seq_length)
+        eval_data = _rows_data(EvalData, encoded, dev_path, settings)
+    config = _config(settings, bert, len(train_examples), train_data, settings.eval_batch_size, flags_text)
+    identity = {**_identity(settings, tokenizer), "task_name": task.name, "labels": list(labels)}
+    return FineTuning(config, train_data, eval_data, Classification(config, labels, task.metrics, identity))
+
+
+def squad_run(settings: SquadSettings, flags_text: str = "") -> FineTuning:
+    """Reads the SQuAD files, cuts their questions into windows, packs them and makes the run's
+    settings (module docstring). An epoch counts questions, as google-research's does: a
+    question's windows are its example.
+
+    Raises:
+      SettingsError / TaskDataError / VocabularyError: naming the flag, or the file and line.
+    """
+    bert, tokenizer = _model_and_vocabulary(settings)
+    train_data, num_questions = _no_training(settings), 0
+    if settings.do_train:
+        examples = read_squad_examples(settings.train_file, training=True)
+        windows = make_windows(examples, tokenizer, settings.max_seq_length, settings.doc_stride,
+                               settings.max_query_length, settings.train_file)
+        train_data = _rows_data(TrainData, windows.encoded, settings.train_file, settings, "windows")
+        num_questions = len(examples)
+    eval_data, answering = EvalData(), None
+    if settings.do_predict:
+        examples = read_squad_examples(settings.predict_file)
+        windows = make_windows(examples, tokenizer, settings.max_seq_length, settings.doc_stride,
+                               settings.max_query_length, settings.predict_file)
+        eval_data = _rows_data(EvalData, windows.encoded, settings.predict_file, settings, "windows")
+        answering = Answering(examples, windows, settings.n_best_size, settings.max_answer_length)
+    config = _config(settings, bert, num_questions, train_data, settings.predict_batch_size, flags_text)
+    identity = {**_identity(settings, tokenizer), "doc_stride": settings.doc_stride,
+                "max_query_length": settings.max_query_length}
+    return FineTuning(config, train_data, eval_data, SpanPrediction(config, answering, identity))
+
+
+def _model_and_vocabulary(settings: FineTuningSettings) -> tuple[BertConfig, Tokenizer]:
+    """The BERT config and the tokenizer, refused where they cannot make the run."""
     bert = BertConfig.from_json_file(settings.bert_config_file)
     if settings.max_seq_length > bert.max_position_embeddings:
         raise SettingsError(f"--max_seq_length={settings.max_seq_length}: above the BERT config's "
@@ -68,41 +120,44 @@ def classifier_run(settings: ClassifierSettings, flags_text: str = "") -> FineTu
     if tokenizer.vocab_size > bert.vocab_size:
         raise SettingsError(f"--vocab_file={settings.vocab_file}: {tokenizer.vocab_size:,} tokens, but the BERT config "
                             f"has vocab_size={bert.vocab_size:,}: not the vocabulary of this model")
-    train_path = os.path.join(settings.data_dir, task.train_file)
-    # A "jsonl" task's classes are its training file's labels, even to evaluate.
-    train_examples = read_examples(task, train_path) if settings.do_train or not task.labels else []
-    labels = task_labels(task, train_examples, train_path)
-    depth = settings.max_sequences_per_pack if settings.input_mode == "packed" else 1
-    train_data = TrainData(files=(), identity=(), shapes=Shapes(settings.max_seq_length, 0, depth),
-                           input_mode=settings.input_mode)
-    if settings.do_train:
-        train_data = _rows_data(TrainData, task, labels, train_path, train_examples, tokenizer, settings)
-    eval_data = EvalData()
-    if settings.do_eval:
-        dev_path = os.path.join(settings.data_dir, task.dev_file)
-        eval_data = _rows_data(EvalData, task, labels, dev_path, read_examples(task, dev_path, labels), tokenizer,
-                               settings)
-    steps = _updates(settings, len(train_examples), train_data.packing_factor) if settings.do_train else 1
-    config = make_config(
+    return bert, tokenizer
+
+
+def _no_training(settings: FineTuningSettings) -> TrainData:
+    """The training data of a run that only evaluates: its rows' shapes, no rows."""
+    return TrainData(files=(), identity=(), shapes=Shapes(settings.max_seq_length, 0, _depth(settings)),
+                     input_mode=settings.input_mode)
+
+
+def _depth(settings: FineTuningSettings) -> int:
+    return settings.max_sequences_per_pack if settings.input_mode == "packed" else 1
+
+
+def _config(settings: FineTuningSettings, bert: BertConfig, num_examples: int, train_data: TrainData,
+            eval_batch_size: int, flags_text: str) -> TrainConfig:
+    """The run's settings (module docstring) for `num_examples` training examples."""
+    steps = _updates(settings, num_examples, train_data.packing_factor) if settings.do_train else 1
+    return make_config(
         bert=bert, init_checkpoint=settings.init_checkpoint, output_dir=settings.output_dir,
         input_mode=settings.input_mode, train_batch_size=settings.train_batch_size,
         adjust_batch_for_packing=settings.input_mode == "packed", optimizer="adamw",
         learning_rate=settings.learning_rate, num_train_steps=steps,
-        num_warmup_steps=int(steps * settings.warmup_proportion), eval_batch_size=settings.eval_batch_size,
+        num_warmup_steps=int(steps * settings.warmup_proportion), eval_batch_size=eval_batch_size,
         eval_every_samples=0, seed=settings.seed, deterministic=True,
         save_checkpoints_steps=settings.save_checkpoints_steps, iterations_per_loop=settings.iterations_per_loop,
         log_every_steps=max(1, min(100, steps // 10)), export_huggingface_dir=settings.export_huggingface_dir,
         vocab_file=settings.vocab_file, do_lower_case=settings.do_lower_case, flags_text=flags_text)
-    # What makes the rows and the schedule, beside the settings run.json records: another value is
-    # another run, refused in its --output_dir.
-    identity = {name: getattr(settings, name) for name in (
-        "num_train_epochs", "warmup_proportion", "do_lower_case", "max_seq_length",
-        "max_sequences_per_pack", "packing_algorithm")}
-    identity.update(task_name=task.name, labels=list(labels), vocab_size=tokenizer.vocab_size)
-    return FineTuning(config, train_data, eval_data, Classification(config, labels, task.metrics, identity))
 
 
-def _updates(settings: ClassifierSettings, num_examples: int, packing_factor: float) -> int:
+def _identity(settings: FineTuningSettings, tokenizer: Tokenizer) -> dict:
+    """What makes the rows and the schedule, beside the settings run.json records: another value
+    is another run, refused in its --output_dir."""
+    return {**{name: getattr(settings, name) for name in (
+        "num_train_epochs", "warmup_proportion", "do_lower_case", "max_seq_length", "max_sequences_per_pack",
+        "packing_algorithm")}, "vocab_size": tokenizer.vocab_size}
+
+
+def _updates(settings: FineTuningSettings, num_examples: int, packing_factor: float) -> int:
     """The updates of --num_train_epochs: google-research's int(examples / batch * epochs) one
     example a row; packed, whole epochs of the rows in the packs an update holds (the batch
     correction rounds to whole packs: round(batch / packing factor))."""
@@ -114,19 +169,19 @@ def _updates(settings: ClassifierSettings, num_examples: int, packing_factor: fl
     return steps
 
 
-def _rows_data(kind: type, task: Task, labels: tuple[str, ...], path: str, examples: list, tokenizer,
-               settings: ClassifierSettings):
-    """TrainData or EvalData of a task file's examples, in rows as --input_mode says."""
-    depth = settings.max_sequences_per_pack if settings.input_mode == "packed" else 1
-    encoded = encode_examples(examples, task, labels, tokenizer, settings.max_seq_length)
+def _rows_data(kind: type, encoded: EncodedExamples, path: str, settings: FineTuningSettings,
+               noun: str = "examples"):
+    """TrainData or EvalData of a file's sequences (`noun` in the log), in rows as --input_mode says."""
+    depth = _depth(settings)
     assignment = assign_to_packs(encoded.lengths, settings.max_seq_length, depth, settings.packing_algorithm,
                                  settings.seed)
     rows = make_rows(encoded, assignment, settings.max_seq_length, depth)
-    logging.info("%s: %d examples in %d rows of %d tokens (%.2f examples a row, %.1f%% of the tokens real)", path,
-                 len(examples), assignment.num_packs, settings.max_seq_length, len(examples) / assignment.num_packs,
+    count = len(encoded.input_ids)
+    logging.info("%s: %d %s in %d rows of %d tokens (%.2f %s a row, %.1f%% of the tokens real)", path, count, noun,
+                 assignment.num_packs, settings.max_seq_length, count / assignment.num_packs, noun,
                  100 * encoded.lengths.sum() / (assignment.num_packs * settings.max_seq_length))
     facts = dict(files=(path,), identity=(FileIdentity.of(path),), shapes=Shapes(settings.max_seq_length, 0, depth),
-                 input_mode=settings.input_mode, num_sequences=len(examples), rows=rows)
+                 input_mode=settings.input_mode, num_sequences=count, rows=rows)
     if kind is TrainData:
-        facts["packing_factor"] = len(examples) / assignment.num_packs
+        facts["packing_factor"] = count / assignment.num_packs
     return kind(**facts)

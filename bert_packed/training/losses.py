@@ -155,3 +155,27 @@ def classifier_sums(outputs: dict, features: dict, regression: bool) -> dict[str
         correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32)
     return {"example_loss": tf.reduce_sum(loss * weights), "examples": tf.reduce_sum(weights),
             "example_correct": tf.reduce_sum(correct * weights)}
+
+
+def span_sums(outputs: dict, features: dict) -> dict[str, tf.Tensor]:
+    """Sums behind a span task's loss (SQuAD), per example whatever the rows hold: each
+    sequence's cross-entropy of its answer's first token and of its last, halved (google-research's
+    run_squad: (start loss + end loss) / 2).
+
+    Args:
+      outputs: BertQuestionAnsweringModel's {"start_logits", "end_logits": [B, S, L]}, each
+        sequence's own (position 0 at its [CLS]).
+      features: the rows' start_positions, end_positions and label_weights [B, S].
+
+    Returns:
+      float32 scalars: example_loss (summed over the sequences), examples (how many) and
+      example_correct (sequences whose most likely start and end are both the answer's).
+    """
+    weights = tf.cast(features["label_weights"], tf.float32)                              # [B, S]
+    loss, correct = 0.0, 1.0
+    for name in ("start", "end"):
+        logits, positions = outputs[f"{name}_logits"], features[f"{name}_positions"]
+        loss += tf.nn.sparse_softmax_cross_entropy_with_logits(labels=positions, logits=logits) / 2
+        correct *= tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), positions), tf.float32)
+    return {"example_loss": tf.reduce_sum(loss * weights), "examples": tf.reduce_sum(weights),
+            "example_correct": tf.reduce_sum(correct * weights)}

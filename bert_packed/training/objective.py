@@ -8,17 +8,30 @@ rows and one sequence a row give the same loss, gradients and metrics.
   Pretraining(config)                   MLM + NSP on pre-training records (losses.pretraining_sums)
   Classification(config, outputs, ...)  a class (or a score) for each sequence of a fine-tuning
                                         row, from its own [CLS] (losses.classifier_sums)
+  SpanPrediction(config, answering)     an answer's span in each sequence (SQuAD), from its own
+                                        tokens' start and end logits (losses.span_sums)
 """
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
 import tensorflow as tf
 
 from bert_packed.finetuning.metrics import scores as glue_scores
-from bert_packed.model import BertClassifierModel, BertPretrainingModel, load_weights
-from bert_packed.model.huggingface import holds_classifier
+from bert_packed.finetuning.squad import SquadExample, Windows, predict_answers, squad_scores
+from bert_packed.model import BertClassifierModel, BertPretrainingModel, BertQuestionAnsweringModel, load_weights
+from bert_packed.model.huggingface import holds_classifier, holds_span_head
 from bert_packed.training.config import TrainConfig
-from bert_packed.training.losses import classifier_sums, loss_from_sums, metrics_from_sums, normalizers, pretraining_sums
+from bert_packed.training.losses import (
+    classifier_sums,
+    loss_from_sums,
+    metrics_from_sums,
+    normalizers,
+    pretraining_sums,
+    span_sums,
+)
 
 
 class Pretraining:
@@ -156,3 +169,98 @@ class Classification:
             held = examples["weights"] > 0
             metrics.update(glue_scores(self.scores, examples["predictions"][held], examples["labels"][held]))
         return metrics
+
+
+@dataclasses.dataclass(frozen=True)
+class Answering:
+    """What turns an evaluation's span logits into answers (finetuning.squad.predict_answers).
+
+    Attributes:
+      examples: the predict file's questions.
+      windows: their windows, in the order of the evaluation's rows' example_ids.
+      n_best_size, max_answer_length: run_squad's flags.
+    """
+
+    examples: list[SquadExample]
+    windows: Windows
+    n_best_size: int
+    max_answer_length: int
+
+
+class SpanPrediction:
+    """SQuAD's objective: each sequence's answer span, by a softmax of its start logits and one of
+    its end logits over its own tokens, the two cross-entropies halved and averaged over the
+    sequences of an update (google-research's run_squad).
+
+    An evaluation turns every window's logits into each question's answer and scores them by
+    the official SQuAD v1.1 script's exact match and F1; `answers` keeps them for
+    predictions.json.
+
+    Args:
+      config: the run's settings.
+      answering: the predict file's questions and windows (None: no evaluation).
+      identity: what run.json records of the run beside its settings.
+    """
+
+    sum_keys = ("example_loss", "examples", "example_correct")
+    mlperf = False
+    program = "run_squad"
+    labels = ()
+
+    def __init__(self, config: TrainConfig, answering: Answering | None = None, identity: dict | None = None):
+        self.config = config
+        self.answering = answering
+        self.identity = identity or {}
+        self.answers: tuple[dict, dict] | None = None  # the last evaluation's (predictions, n-best)
+
+    def build_model(self) -> BertQuestionAnsweringModel:
+        return BertQuestionAnsweringModel(self.config.model.bert, self.config.model.recompute)
+
+    def load_initial_weights(self, model: BertQuestionAnsweringModel, path: str) -> None:
+        """--init_checkpoint's weights: a span model's whole (a run's model.ckpt-N, google-research's
+        run_squad output, a BertForQuestionAnswering directory); else pre-trained weights for the
+        encoder, the span head starting from random weights."""
+        load_weights(model if holds_span_head(path) else model.bert, path)
+
+    @staticmethod
+    def reached(metrics: dict, config: TrainConfig) -> bool:
+        return False  # a fine-tuning run trains its epochs
+
+    @staticmethod
+    def describe(metrics: dict) -> str:
+        figures = "".join(f"{name.replace('_', ' ')} {metrics[name]:.2f}, " for name in ("exact_match", "f1")
+                          if name in metrics)
+        return f"{figures}loss {metrics.get('loss', 0.0):.4f} over {metrics.get('num_sequences', 0):.0f} windows"
+
+    def sums(self, outputs: dict, features: dict) -> dict[str, tf.Tensor]:
+        return span_sums(outputs, features)
+
+    def counts(self, features: dict) -> dict[str, tf.Tensor]:
+        return {"examples": tf.reduce_sum(tf.cast(features["label_weights"], tf.float32))}
+
+    def loss(self, sums: dict, counts: dict | None = None) -> tf.Tensor:
+        return sums["example_loss"] / tf.maximum((counts or sums)["examples"], 1.0)
+
+    def example_outputs(self, outputs: dict, features: dict) -> dict[str, tf.Tensor]:
+        """Each slot's window, whether it holds one, and its start and end logits: [B * S] and
+        [B * S, L]."""
+        length = tf.shape(outputs["start_logits"])[-1]
+        return {"example_ids": tf.reshape(features["example_ids"], [-1]),
+                "weights": tf.reshape(features["label_weights"], [-1]),
+                "start_logits": tf.reshape(outputs["start_logits"], [-1, length]),
+                "end_logits": tf.reshape(outputs["end_logits"], [-1, length])}
+
+    def metrics(self, sums: dict, examples: dict | None = None) -> dict[str, float]:
+        """The loss of summed sums, and with `examples` (example_outputs of every batch) each
+        question's answer (kept in `answers`) and their exact match and F1."""
+        count = float(sums["examples"])
+        metrics = {"loss": float(self.loss(sums)), "num_sequences": count}
+        if examples is None or not count or self.answering is None:
+            return metrics
+        held = examples["weights"] > 0
+        order = np.argsort(examples["example_ids"][held], kind="stable")
+        start_logits, end_logits = examples["start_logits"][held][order], examples["end_logits"][held][order]
+        answering = self.answering
+        self.answers = predict_answers(answering.examples, answering.windows, start_logits, end_logits,
+                                       answering.n_best_size, answering.max_answer_length)
+        return {**metrics, **squad_scores(answering.examples, self.answers[0])}
