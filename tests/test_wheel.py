@@ -9,10 +9,10 @@ import os
 import subprocess
 import sys
 import sysconfig
-import tomllib
 import venv
 
 import pytest
+import tomllib
 from conftest import REPO
 
 pytestmark = pytest.mark.slow  # builds a wheel and a virtual environment
