@@ -43,8 +43,10 @@ class Pretraining:
       labels: the classes an export names (none).
       program: the command that runs it (a lock's holder says it).
       identity: what run.json records of the run beside its settings.
+      sequences_key: the sum that counts the sequences trained on.
     """
 
+    sequences_key = "nsp_sequences"
     sum_keys = ("mlm_nll", "mlm_predictions", "mlm_correct", "mlm_sequence_nll", "mlm_sequence_correct",
                 "mlm_sequences", "nsp_nll", "nsp_correct", "nsp_sequences")
     mlperf = True
@@ -109,6 +111,7 @@ class Classification:
     """
 
     sum_keys = ("example_loss", "examples", "example_correct")
+    sequences_key = "examples"
     mlperf = False
     program = "run_classifier"
 
@@ -203,6 +206,7 @@ class SpanPrediction:
     """
 
     sum_keys = ("example_loss", "examples", "example_correct")
+    sequences_key = "examples"
     mlperf = False
     program = "run_squad"
     labels = ()

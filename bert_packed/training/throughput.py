@@ -70,10 +70,11 @@ def benchmark_run(bert: BertConfig, files: list[str], shapes: Shapes, input_mode
 
 
 class Measured:
-    """One mode of a throughput measurement: its compiled step and an endless iterator of its batches."""
+    """One mode of a throughput measurement: its compiled step (of `objective`: pre-training unless
+    given) and an endless iterator of its batches."""
 
-    def __init__(self, config: TrainConfig, data: TrainData):
-        self.step = CompiledStep(config, data)
+    def __init__(self, config: TrainConfig, data: TrainData, objective=None):
+        self.step = CompiledStep(config, data, objective=objective)
         self.iterator = self.step.train_iterator(train_pipeline(data, config, self.step.batching))
 
     def run_updates(self, updates: int):
@@ -104,10 +105,11 @@ def measure_alternately(trainers: dict[str, Measured], rounds: int, updates: int
             rows = trainer.run_updates(updates)
             seconds = time.perf_counter() - start
             sums = {key: float(rows[:, 1 + i].sum()) for i, key in enumerate(trainer.step.update.sum_keys)}
-            flops = training_flops(trainer.step.config.model.bert, sums["tokens"], sums["nsp_sequences"],
-                                   sums["mlm_predictions"])
+            sequences = sums[trainer.step.objective.sequences_key]
+            flops = training_flops(trainer.step.config.model.bert, sums["tokens"], sequences,
+                                   sums.get("mlm_predictions", 0.0))
             mode = modes[name]
-            mode["sequences_per_second"].append(sums["nsp_sequences"] / seconds)
+            mode["sequences_per_second"].append(sequences / seconds)
             mode["real_tokens_per_second"].append(sums["tokens"] / seconds)
             mode["flops_per_second"].append(flops / seconds)
             mode["padding_efficiency"].append(sums["tokens"] / sums["slots"])

@@ -1,0 +1,101 @@
+"""Benchmark fine-tuning throughput on tasks made of the shipped sample: packed against padded, alternated.
+
+    python scripts/benchmark_finetuning.py
+
+Two tasks whose labels the text determines (scripts/_finetuning_tasks.py): years, a sentence
+classified by whether it names a year (run_classifier, L=128, short texts), and first_year, a
+passage's first year found as a span (run_squad, L=256). For each, one process builds a
+fine-tuning step per input mode, each update --batch_size examples (packed: the packs that hold
+as many), and times --updates updates of each in turn, --rounds times, alternating the order
+(bert_packed.training.throughput). The speed-up is packed over padded examples/s; its ratio to
+the packing factor says how much of packing's promise is kept (exit status 1 below --target).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+from bert_packed.tensorflow_loading import import_tensorflow
+
+import_tensorflow(verbosity=0)  # first: TensorFlow's start-up notices stay out of the tables
+
+from _finetuning_tasks import write_tasks
+from absl import flags
+
+from bert_packed.cli.common import run
+from bert_packed.curves import describe_speedup, median_and_range, summary
+from bert_packed.files import write_text_atomically
+from bert_packed.finetuning.settings import ClassifierSettings, SquadSettings
+from bert_packed.training.finetune import classifier_run, squad_run
+from bert_packed.training.process import set_up_process
+from bert_packed.training.throughput import Measured, measure_alternately
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+TASKS = ("years", "first_year")
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("bert_config_file", os.path.join(ROOT, "configs", "bert_config_tiny.json"), "The model measured.")
+flags.DEFINE_list("tasks", list(TASKS), f"Tasks to measure ({', '.join(TASKS)}).")
+flags.DEFINE_integer("batch_size", 32, "Examples an update in every mode (google-research's default).", lower_bound=1)
+flags.DEFINE_integer("rounds", 6, "Measured rounds (after one warm-up round).", lower_bound=1)
+flags.DEFINE_integer("updates", 8, "Updates of each mode in a round.", lower_bound=1)
+flags.DEFINE_string("output_json", None, "Also write the measurements here.")
+flags.DEFINE_float("target", 0.9, "Exit status 1 when packed's speed-up is below this share of the packing factor "
+                                  "(0: report only).")
+
+PROGRAM = "benchmark_finetuning"
+
+
+def fine_tuning(task: str, directory: str, input_mode: str, work: str):
+    """The run of `task` (its files in `directory`) in `input_mode`, as its command builds it."""
+    common = dict(bert_config_file=FLAGS.bert_config_file, output_dir=os.path.join(work, f"{task}-{input_mode}"),
+                  do_train=True, input_mode=input_mode, train_batch_size=FLAGS.batch_size)
+    if task == "years":
+        return classifier_run(ClassifierSettings(task_name="jsonl", data_dir=directory, max_seq_length=128, **common))
+    return squad_run(SquadSettings(train_file=os.path.join(directory, "train.json"), max_seq_length=256,
+                                   doc_stride=128, **common))
+
+
+def main(argv) -> int:
+    """Returns the exit status: 1 when the target is missed."""
+    del argv
+    rounds = f"{FLAGS.rounds} round{'s' if FLAGS.rounds != 1 else ''}"
+    print(f"\nfine-tuning {os.path.basename(FLAGS.bert_config_file)}: {rounds} of {FLAGS.updates} updates of "
+          f"{FLAGS.batch_size} examples per mode, alternated\n")
+    print("| task | input | examples/s | padding efficiency | packing factor | speed-up (median, range) | "
+          "speed-up / packing factor |")
+    print("|---|---|---|---|---|---|---|")
+    results, met, notes = {}, True, []
+    with tempfile.TemporaryDirectory() as work:
+        directories = write_tasks(os.path.join(work, "tasks"))
+        for task in FLAGS.tasks:
+            runs = {mode: fine_tuning(task, directories[task], mode, work) for mode in ("padded", "packed")}
+            set_up_process(runs["padded"].config)
+            trainers = {mode: Measured(r.config, r.train_data, r.objective) for mode, r in runs.items()}
+            result = measure_alternately(trainers, FLAGS.rounds, FLAGS.updates)
+            factor = runs["packed"].train_data.packing_factor
+            results[task] = {**result, "packing_factor": factor, "batch_size": FLAGS.batch_size}
+            for mode in runs:
+                figures = result["modes"][mode]
+                ratio = summary(result["speedups"][mode])["median"] / factor if mode == "packed" else None
+                if ratio is not None and FLAGS.target:
+                    met &= ratio >= FLAGS.target
+                print(f"| {task} | {mode} | {summary(figures['sequences_per_second'])['median']:.1f} | "
+                      f"{summary(figures['padding_efficiency'])['median']:.1%} | "
+                      f"{factor if mode == 'packed' else 1.0:.2f} | {median_and_range(result['speedups'][mode])} | "
+                      + ("" if ratio is None else f"{ratio:.2f}") + " |", flush=True)
+            notes.append(f"{task}: packed against padded: {describe_speedup(result['speedups']['packed'], factor)}")
+    print("\n" + "\n".join(notes))
+    if FLAGS.output_json:
+        write_text_atomically(FLAGS.output_json, json.dumps(results, indent=1) + "\n")
+    return 0 if met else 1
+
+
+def entry_point():
+    run(main, PROGRAM, "output_json", "Nothing is kept (--output_json is written at the end)")
+
+
+if __name__ == "__main__":
+    entry_point()
