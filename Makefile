@@ -17,7 +17,7 @@ HAS_TENSORFLOW := $(shell test -x $(PYTHON) && $(PYTHON) -c "import importlib.me
 	'tensorflow-cpu', 'tensorflow-gpu', 'tf-nightly', 'tensorflow-macos', 'tensorflow-tpu'})" 2>/dev/null && echo yes)
 EXTRAS := $(if $(HAS_TENSORFLOW),train,cpu)
 
-.PHONY: setup job run experiments ablation test benchmarks clean
+.PHONY: setup job run finetune experiments ablation test benchmarks clean
 
 setup: $(STAMP)
 
@@ -88,6 +88,13 @@ run: job $(STAMP)
 		$(if $(strip $(BERT_CONFIG_FILE)),--bert_config_file=$(call quote,$(value BERT_CONFIG_FILE))) \
 		$(if $(strip $(INIT_CHECKPOINT)),--init_checkpoint=$(call quote,$(value INIT_CHECKPOINT))) \
 		--data_flags=$(call quote,$(value DATA_FLAGS))
+
+# Fine-tuning on the shipped sample, packed against padded (scripts/finetune_job.py), from the main
+# job's weights (after `make run`): two tasks the sample's text labels, their dev curves and the
+# throughput measured alternately, in runs/finetune. FINETUNE_FLAGS: flags added to its command.
+FINETUNE_FLAGS ?=
+finetune: $(STAMP)
+	@$(PYTHON) scripts/finetune_job.py $(FINETUNE_FLAGS)
 
 # The figure and table of docs/experiments.md: the main job with three seeds of each phase-2
 # configuration and five of the baseline (JOB=sample: the long-article case).

@@ -1,6 +1,7 @@
 """Comparing training runs: accuracy and loss curves, time to accuracy, realized speed-up.
 
-A run is an output_dir of run_pretraining.py, read through bert_packed.run_directory (so runs on
+A run is an output_dir of run_pretraining.py (or of a fine-tuning command: run_classifier's
+accuracy, run_squad's F1 take the MLM accuracy's place), read through bert_packed.run_directory (so runs on
 gs:// compare as local ones do): its train and eval logs and run.json. Runs whose names differ
 only in a trailing seed ("packed_seed1", "packed_seed2") are one configuration: drawn as the
 seeds' mean with their range as a band, tabled as mean and range.
@@ -20,6 +21,10 @@ from bert_packed.files import atomic_open
 from bert_packed.run_directory import EVAL_LOG, TRAIN_LOG, RunDirectory, RunError
 from bert_packed.settings import setting
 
+# What a run's curves follow, by the first key its logs hold: pre-training's MLM accuracy,
+# run_squad's F1, run_classifier's accuracy; and how tables and plots name it.
+METRICS = {"mlm_accuracy": "MLM accuracy", "f1": "F1", "accuracy": "accuracy"}
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CompareSettings:
@@ -33,7 +38,8 @@ class CompareSettings:
     at_sequences: float | None = setting(None, "Also a table of each configuration's eval loss and accuracy at this "
                                                "many sequences (the seeds' mean and range), with what its updates "
                                                "hold.", group="output")
-    accuracy: str = setting("0.720", "MLM accuracy for the sequences-and-time-to-accuracy columns; 'auto': 90% of the "
+    accuracy: str = setting("0.720", "MLM accuracy (fine-tuning runs: their accuracy or F1) for the "
+                                     "sequences-and-time-to-accuracy columns; 'auto': 90% of the "
                                      "way from the highest first evaluation to the lowest final one, which every run "
                                      "reaches and none at its first evaluation (none: no figure, said).",
                             group="output")
@@ -56,6 +62,8 @@ class Run:
       evals: eval_log.jsonl records (may be empty).
       info: run.json (input_mode, packing_factor, ...), {} if absent.
       directory: where the logs are.
+      metric: the figure its curves and targets follow (METRICS: a pre-training run's MLM
+        accuracy, a fine-tuning run's accuracy, or SQuAD's F1).
     """
 
     name: str
@@ -63,6 +71,7 @@ class Run:
     evals: list[dict]
     info: dict
     directory: str = ""
+    metric: str = "mlm_accuracy"
 
     @property
     def train_seconds(self) -> float:
@@ -80,7 +89,7 @@ class Run:
 
     def reach(self, accuracy: float) -> dict | None:
         """The first evaluation at or above `accuracy` (its step, sequences and seconds)."""
-        return next((r for r in self.evals if r.get("mlm_accuracy", 0.0) >= accuracy), None)
+        return next((r for r in self.evals if r.get(self.metric, 0.0) >= accuracy), None)
 
 
 def load_run(directory: str, name: str | None = None) -> Run:
@@ -95,8 +104,23 @@ def load_run(directory: str, name: str | None = None) -> Run:
     train = run.read_log(TRAIN_LOG)
     if not train:
         raise RunError(f"{directory}: no {TRAIN_LOG} records (expected a run_pretraining.py output_dir)")
-    return Run(name or os.path.basename(os.path.normpath(directory)), train, run.read_log(EVAL_LOG), run.read_info(),
-               directory)
+    evals = run.read_log(EVAL_LOG)
+    metric = next((key for key in METRICS if any(key in record for record in evals or train)), "mlm_accuracy")
+    return Run(name or os.path.basename(os.path.normpath(directory)), train, evals, run.read_info(), directory,
+               metric)
+
+
+def metric_of(runs: list[Run]) -> str:
+    """The figure the runs are compared by (Run.metric), one for all.
+
+    Raises:
+      RunError: runs that follow different figures (pre-training beside fine-tuning, say).
+    """
+    metrics = {run.metric for run in runs}
+    if len(metrics) > 1:
+        raise RunError("the runs follow different figures (" + ", ".join(
+            f"{run.directory or run.name}: {METRICS[run.metric]}" for run in runs) + "); compare runs of one kind")
+    return metrics.pop()
 
 
 def configuration_name(name: str) -> str:
@@ -135,7 +159,7 @@ class Configuration:
             return _interpolate([(r["sequences"], r.get(key, 0.0)) for r in curve], sequences, clamp=True)
 
         return [(x, sum(at(c, "seconds", x) for c in curves) / len(curves),
-                 [at(c, "mlm_accuracy", x) for c in curves], [at(c, "loss", x) for c in curves]) for x in grid]
+                 [at(c, self.runs[0].metric, x) for c in curves], [at(c, "loss", x) for c in curves]) for x in grid]
 
 
 def group_runs(runs: list[Run]) -> list[Configuration]:
@@ -205,12 +229,13 @@ def at_sequences_table(runs: list[Run], sequences: float) -> str:
         values = [value_at(run, key, sequences) for run in group.runs]
         return None if None in values else (sum(values) / len(values), min(values), max(values))
 
-    baseline = {key: spread(groups[0], key) for key in ("loss", "mlm_accuracy")}
+    metric = metric_of(runs)
+    baseline = {key: spread(groups[0], key) for key in ("loss", metric)}
     lines = [f"| configuration | seeds | sequences an update | real tokens an update | predictions an update | "
-             f"eval loss at {sequences:,.0f} | below the baseline's range by | MLM accuracy at {sequences:,.0f} |",
+             f"eval loss at {sequences:,.0f} | below the baseline's range by | {METRICS[metric]} at {sequences:,.0f} |",
              "|---|---|---|---|---|---|---|---|"]
     for group in groups:
-        loss, accuracy = spread(group, "loss"), spread(group, "mlm_accuracy")
+        loss, accuracy = spread(group, "loss"), spread(group, metric)
         below = "-" if loss is None or baseline["loss"] is None else f"{max(baseline['loss'][1] - loss[0], 0.0):.4f}"
         lines.append(f"| {group.name} | {len(group.runs)} | {mean_of(group, 'num_sequences'):.2f} | "
                      f"{mean_of(group, 'real_tokens'):,.0f} | {mean_of(group, 'predictions'):,.1f} | "
@@ -229,7 +254,7 @@ def inside_baseline_spread(baseline: Configuration, other: Configuration) -> tup
     inside = compared = 0
     worst = 0.0
     for sequences, _, accuracies, _ in baseline.points("eval"):
-        values = [value_at(run, "mlm_accuracy", sequences) for run in other.runs]
+        values = [value_at(run, run.metric, sequences) for run in other.runs]
         if any(v is None for v in values):
             continue
         mean = sum(values) / len(values)
@@ -241,9 +266,9 @@ def inside_baseline_spread(baseline: Configuration, other: Configuration) -> tup
 
 
 def first_and_final(runs: list[Run]) -> tuple[float, float]:
-    """The highest first evaluation of the runs, and their lowest final one (MLM accuracy)."""
-    return (max(run.evals[0].get("mlm_accuracy", 0.0) for run in runs),
-            min(run.evals[-1].get("mlm_accuracy", 0.0) for run in runs))
+    """The highest first evaluation of the runs, and their lowest final one (of their metric)."""
+    return (max(run.evals[0].get(run.metric, 0.0) for run in runs),
+            min(run.evals[-1].get(run.metric, 0.0) for run in runs))
 
 
 def automatic_accuracy(runs: list[Run]) -> float | None:
@@ -274,7 +299,7 @@ def summary_table(runs: list[Run], accuracy: float | None) -> list[dict]:
     """
     groups = group_runs(runs)
     baseline = groups[0]
-
+    metric = metric_of(runs)
     source = _source(runs)
 
     def final(key):
@@ -301,8 +326,9 @@ def summary_table(runs: list[Run], accuracy: float | None) -> list[dict]:
             "input_mode": info.get("input_mode", "?"),
             "packing_factor": info.get("packing_factor", 1.0),
             "sequences_per_update": info.get("sequences_per_update"),
-            "final_mlm_accuracy": group.mean(final("mlm_accuracy")),
-            "final_mlm_accuracy_range": group.spread(final("mlm_accuracy")),
+            "metric": metric,
+            "final_accuracy": group.mean(final(metric)),
+            "final_accuracy_range": group.spread(final(metric)),
             "final_loss": group.mean(final("loss")),
             "sequences_to_accuracy": group.mean(reached("sequences")),
             "sequences_to_accuracy_range": group.spread(reached("sequences")),
@@ -339,7 +365,7 @@ def format_table(rows: list[dict], accuracy: float | None) -> str:
         return "-" if value is None else f"{value[0]}/{value[1]}" + (f" (by {value[2]:.5f})" if value[2] else "")
 
     target = "target" if accuracy is None else f"{accuracy:.3f}"
-    lines = [f"| configuration | seeds | input | packing factor | sequences an update | final MLM accuracy | "
+    lines = [f"| configuration | seeds | input | packing factor | sequences an update | final {METRICS[rows[0]['metric']]} | "
              f"final loss | sequences to {target} | seconds to {target} | sequences/s (own clock) | "
              f"real tokens/s (own clock) | speed-up by the runs' clocks | time-to-accuracy speed-up | "
              f"clock speed-up / packing factor | inside the baseline's seed range |",
@@ -348,7 +374,7 @@ def format_table(rows: list[dict], accuracy: float | None) -> str:
         lines.append(
             f"| {r['run']} | {r['seeds']} | {r['input_mode']} | {r['packing_factor']:.3f} | "
             f"{number(r['sequences_per_update'], '.1f')} | "
-            f"{number(r['final_mlm_accuracy'], '.4f', r['final_mlm_accuracy_range'])} | "
+            f"{number(r['final_accuracy'], '.4f', r['final_accuracy_range'])} | "
             f"{number(r['final_loss'], '.4f')} | "
             f"{number(r['sequences_to_accuracy'], ',.0f', r['sequences_to_accuracy_range'])} | "
             f"{number(r['seconds_to_accuracy'], '.1f', r['seconds_to_accuracy_range'])} | "
@@ -370,10 +396,11 @@ def target_note(runs: list[Run], rows: list[dict], accuracy: float | None, autom
                 f"--accuracy")
     how = "--accuracy=auto: every run reaches it, none at its first evaluation" if automatic else "--accuracy"
     reached = [row["run"] for row in rows if row["sequences_to_accuracy"] is not None]
+    figure = METRICS[metric_of(runs)]
     if not reached:
-        return (f"target MLM accuracy {accuracy:.3f} ({how}): no configuration reached it in every seed, so the "
+        return (f"target {figure} {accuracy:.3f} ({how}): no configuration reached it in every seed, so the "
                 f"to-target columns are empty; --accuracy=auto picks a target every run reaches")
-    return (f"target MLM accuracy {accuracy:.3f} ({how}); {len(reached)} of the {len(rows)} configurations reached it "
+    return (f"target {figure} {accuracy:.3f} ({how}); {len(reached)} of the {len(rows)} configurations reached it "
             f"in every seed")
 
 
@@ -400,7 +427,7 @@ CLOCK_NOTE = ("sequences/s and the speed-up by the runs' clocks come from each r
 
 
 def plot(runs: list[Run], path: str) -> None:
-    """Eval MLM accuracy and loss against sequences seen and against wall time, one PNG: one line
+    """Eval accuracy (Run.metric) and loss against sequences seen and against wall time, one PNG: one line
     a configuration (the seeds' mean), with the seeds' min-max as a band when there are several.
     When a run has no evaluations, every run is drawn from its training log."""
     import matplotlib
@@ -424,8 +451,10 @@ def plot(runs: list[Run], path: str) -> None:
                                                    color=line.get_color(), alpha=0.2, linewidth=0)
     heads = {run.info.get("nsp_loss", True) for run in runs}
     loss = "MLM + NSP" if heads == {True} else "MLM" if heads == {False} else "MLM, + NSP where trained with it"
+    if metric_of(runs) != "mlm_accuracy":
+        loss = "the task's"
     for column, label in enumerate(("sequences seen", "wall time (s)")):
-        axes[0][column].set(xlabel=label, ylabel=f"{source} MLM accuracy")
+        axes[0][column].set(xlabel=label, ylabel=f"{source} {METRICS[metric_of(runs)]}")
         axes[1][column].set(xlabel=label, ylabel=f"{source} loss ({loss})")
     for axis in axes.ravel():
         axis.grid(alpha=0.3)

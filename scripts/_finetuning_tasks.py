@@ -51,11 +51,20 @@ def write_tasks(directory: str, max_sentences: int = 6000, max_passages: int = 2
     os.makedirs(first_year, exist_ok=True)
     for split, share in (("train", 1), ("dev", 10)):
         chosen = sentences[split][:max_sentences // share]
-        write_text_atomically(os.path.join(years, f"{split}.jsonl"), "".join(json.dumps(s) + "\n" for s in chosen))
+        _write(os.path.join(years, f"{split}.jsonl"), "".join(json.dumps(s) + "\n" for s in chosen))
         paragraphs = [{"context": context, "qas": [{
             "id": f"{split}-{number}", "question": QUESTION,
             "answers": [{"text": year.group(0), "answer_start": year.start()}]}]}
             for number, (context, year) in enumerate(passages[split][:max_passages // share])]
-        write_text_atomically(os.path.join(first_year, f"{split}.json"),
-                              json.dumps({"version": "1.1", "data": [{"title": "sample", "paragraphs": paragraphs}]}))
+        _write(os.path.join(first_year, f"{split}.json"),
+               json.dumps({"version": "1.1", "data": [{"title": "sample", "paragraphs": paragraphs}]}))
     return {"years": years, "first_year": first_year}
+
+
+def _write(path: str, text: str) -> None:
+    """`text` into `path`, unless it holds it already: a run fine-tuned on it finds it unchanged."""
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            if f.read() == text:
+                return
+    write_text_atomically(path, text)

@@ -4,7 +4,7 @@
 
 Two tasks whose labels the text determines (scripts/_finetuning_tasks.py): years, a sentence
 classified by whether it names a year (run_classifier, L=128, short texts), and first_year, a
-passage's first year found as a span (run_squad, L=256). For each, one process builds a
+passage's first year found as a span (run_squad, L=256, 4 windows a row at most). For each, one process builds a
 fine-tuning step per input mode, each update --batch_size examples (packed: the packs that hold
 as many), and times --updates updates of each in turn, --rounds times, alternating the order
 (bert_packed.training.throughput). The speed-up is packed over padded examples/s; its ratio to
@@ -38,6 +38,8 @@ TASKS = ("years", "first_year")
 FLAGS = flags.FLAGS
 flags.DEFINE_string("bert_config_file", os.path.join(ROOT, "configs", "bert_config_tiny.json"), "The model measured.")
 flags.DEFINE_list("tasks", list(TASKS), f"Tasks to measure ({', '.join(TASKS)}).")
+flags.DEFINE_integer("sentences", 6000, "years: training sentences.", lower_bound=20)
+flags.DEFINE_integer("passages", 2000, "first_year: training passages.", lower_bound=20)
 flags.DEFINE_integer("batch_size", 32, "Examples an update in every mode (google-research's default).", lower_bound=1)
 flags.DEFINE_integer("rounds", 6, "Measured rounds (after one warm-up round).", lower_bound=1)
 flags.DEFINE_integer("updates", 8, "Updates of each mode in a round.", lower_bound=1)
@@ -55,7 +57,7 @@ def fine_tuning(task: str, directory: str, input_mode: str, work: str):
     if task == "years":
         return classifier_run(ClassifierSettings(task_name="jsonl", data_dir=directory, max_seq_length=128, **common))
     return squad_run(SquadSettings(train_file=os.path.join(directory, "train.json"), max_seq_length=256,
-                                   doc_stride=128, **common))
+                                   doc_stride=128, max_sequences_per_pack=4, **common))
 
 
 def main(argv) -> int:
@@ -69,7 +71,7 @@ def main(argv) -> int:
     print("|---|---|---|---|---|---|---|")
     results, met, notes = {}, True, []
     with tempfile.TemporaryDirectory() as work:
-        directories = write_tasks(os.path.join(work, "tasks"))
+        directories = write_tasks(os.path.join(work, "tasks"), FLAGS.sentences, FLAGS.passages)
         for task in FLAGS.tasks:
             runs = {mode: fine_tuning(task, directories[task], mode, work) for mode in ("padded", "packed")}
             set_up_process(runs["padded"].config)

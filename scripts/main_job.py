@@ -26,18 +26,17 @@ random ones.
 
 from __future__ import annotations
 
-import gc
 import glob
 import os
 import re
 import shlex
-import sys
 
+from _jobs import command, command_unless_done, print_stage, read_text
 from absl import flags
 
 from bert_packed import files
 from bert_packed.cli.common import run
-from bert_packed.cli.in_process import command_in_this_process, run_in_process
+from bert_packed.cli.in_process import command_in_this_process
 from bert_packed.errors import SettingsError
 from bert_packed.files import write_text_atomically
 
@@ -80,40 +79,8 @@ flags.DEFINE_string("phase2_flags", "", "Flags added to every phase-2 command, t
 flags.DEFINE_string("throughput_flags", "", "Flags added to the throughput measurement, split as --phase1_flags.")
 
 
-def command(module: str, *args: str) -> None:
-    """Runs a command in this process; a failure ends the job with the command's exit status."""
-    sys.stdout.flush()
-    status = run_in_process(module, list(args))
-    if status:
-        sys.exit(status)
-    gc.collect()  # the command's models and datasets: a dozen commands then take the memory of one
-
-
-def command_unless_done(done: str, module: str, *args: str, made_from: tuple[str, ...] = (),
-                        made_with: str | None = None) -> None:
-    """command(), unless the file `done` is there, newer than every file of `made_from` (the
-    records it measured, say: made again since, it is done again), and made with `made_with` (the
-    model and flags it measured, recorded beside it as <done>.with): the commands whose output is
-    a file, not a directory that says whether it is finished."""
-    record = f"{done}.with"
-    same = made_with is None or (os.path.exists(record) and read_text(record) == made_with)
-    if same and os.path.exists(done) and all(os.path.getmtime(done) >= os.path.getmtime(path)
-                                             for path in made_from if os.path.exists(path)):
-        print(f"already done: {done}", flush=True)
-        return
-    command(module, *args)
-    if made_with is not None:
-        write_text_atomically(record, made_with)
-
-
-def read_text(path: str) -> str:
-    """A text file's content; a BERT config or a vocabulary may be a gs:// or file:// one."""
-    with files.open_file(path) as f:
-        return f.read()
-
-
 def stage(number: int, what: str) -> None:
-    print(f"== {number}/9 {what}", flush=True)
+    print_stage(number, 9, what)
 
 
 def shell_words(name: str) -> list[str]:

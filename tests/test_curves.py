@@ -49,7 +49,7 @@ def test_table_measures_time_to_accuracy_and_speedups(tmp_path):
     assert rows[1]["throughput_speedup"] == pytest.approx(2.0)
     assert rows[1]["time_to_accuracy_speedup"] == pytest.approx(2.0)
     assert rows[1]["speedup_over_packing_factor"] == pytest.approx(1.0)
-    assert rows[1]["final_mlm_accuracy"] == 0.5
+    assert rows[1]["final_accuracy"] == 0.5
 
 
 def test_verdicts_that_cannot_mislead(tmp_path):
@@ -96,8 +96,8 @@ def test_seeds_of_a_configuration_are_one_row_with_their_mean_and_range(tmp_path
              for i, accuracies in enumerate([[0.30, 0.46], [0.34, 0.50]], 1)]
     rows = summary_table(runs, accuracy=0.4)
     assert [(r["run"], r["seeds"]) for r in rows] == [("unpacked", 3), ("packed", 2)]
-    assert rows[0]["final_mlm_accuracy"] == pytest.approx((0.40 + 0.44 + 0.42) / 3)
-    assert rows[0]["final_mlm_accuracy_range"] == (0.40, 0.44)
+    assert rows[0]["final_accuracy"] == pytest.approx((0.40 + 0.44 + 0.42) / 3)
+    assert rows[0]["final_accuracy_range"] == (0.40, 0.44)
     assert rows[0]["sequences_to_accuracy"] == 80 and rows[0]["sequences_to_accuracy_range"] == (80, 80)
     assert rows[1]["sequences_to_accuracy"] == 120  # 0.46 and 0.50 at their second evaluation
     assert rows[1]["throughput_speedup"] == pytest.approx(1.5)

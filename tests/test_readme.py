@@ -31,7 +31,7 @@ README = os.path.join(REPO, "README.md")
 PAGES = [README] + sorted(os.path.join(REPO, "docs", name) for name in os.listdir(os.path.join(REPO, "docs"))
                           if name.endswith(".md"))
 # test_the_main_job_runs_on_your_own_compressed_text_with_a_vocabulary_built_from_it runs the CORPUS= ones.
-SET_UP = {"make run", "make test", "make experiments", "make experiments JOB=sample", "make ablation",
+SET_UP = {"make run", "make finetune", "make test", "make experiments", "make experiments JOB=sample", "make ablation",
           "make run CORPUS='my/text/*.txt.gz'", "make run CORPUS='my/text/*.txt.gz' VOCAB_FILE=runs/mine/vocab/vocab.txt "
                                                 "BERT_CONFIG_FILE=runs/mine/vocab/bert_config.json"}
 # README sizes -> test sizes.
@@ -189,6 +189,37 @@ def test_the_main_job_runs_and_reads_well(main_job):
     # A quoted value in PHASE2_FLAGS reaches the runs as the shell would pass it.
     with open(root / "runs" / "wikipedia_like" / "packed_online_seed1" / "mllog.txt", encoding="utf-8") as f:
         assert '"key": "submission_org", "value": "My Org"' in f.read()
+
+
+@pytest.mark.slow
+def test_the_fine_tuning_job_runs_from_the_main_job_s_weights_and_reads_well(main_job):
+    """`make finetune` after `make run`, small: both tasks packed and padded from the main job's
+    packed phase-2 weights, their dev curves and the alternated throughput."""
+    root, _ = main_job
+    result = subprocess.run(["make", "--no-print-directory", "finetune", f"STAMP={root / 'installed'}",
+                             "FINETUNE_FLAGS=--sentences=100 --passages=40 --num_train_epochs=1 --evaluations=2 "
+                             "--throughput_flags=--rounds=1,--updates=1"], cwd=root, capture_output=True, text=True,
+                            timeout=900, env=environment())
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert_reads_well(output, "make finetune", 90)
+    stages = [line for line in result.stdout.splitlines() if line.startswith("== ")]
+    assert [line.split(" ", 2)[1] for line in stages] == ["1/4", "2/4", "3/4", "4/4"]
+    assert "from runs/wikipedia_like/packed_batch_corrected_seed1/model.ckpt-2" in stages[1]
+    finetune = root / "runs" / "finetune"
+    for task, examples in (("years", 100), ("first_year", 40)):
+        for mode in ("padded", "packed"):
+            evaluations = [json.loads(line) for line in open(finetune / f"{task}_{mode}" / "eval_log.jsonl")]
+            assert len(evaluations) >= 2  # a curve
+            assert {"accuracy" if task == "years" else "f1"} <= set(evaluations[-1])
+        assert (finetune / f"{task}.png").exists()
+        rows = re.findall(rf"^{finetune.relative_to(root)}/tasks/{task}/train\.json(?:l)?: (\d+) \w+ in (\d+) rows",
+                          output, re.M)
+        assert rows and int(rows[-1][1]) < int(rows[-1][0]) >= examples  # packed: fewer rows than sequences
+    measured = json.loads((finetune / "throughput.json").read_text())
+    assert set(measured) == {"years", "first_year"} and measured["years"]["packing_factor"] > 3
+    assert re.search(r"^years: packed against padded: speed-up [\d.]+x", output, re.M)
+    assert json.loads((finetune / "first_year_packed" / "predictions.json").read_text())
 
 
 @pytest.mark.slow

@@ -143,6 +143,16 @@ def test_scores_are_the_official_script_s():
      "train.json:46: question 'p1q1' has no answer: each training question needs one (SQuAD v1.1)"),
     (lambda d: d["data"][0]["paragraphs"][0]["qas"][0].update(is_impossible=True),
      "train.json:11: question 'p0q0' has no answer (is_impossible, SQuAD 2.0): SQuAD v1.1's questions only"),
+    (lambda d: d["data"][0]["paragraphs"][0]["qas"][0].update(answers=[None]),
+     "train.json:11: question 'p0q0': an answer without a \"text\" and an \"answer_start\" of 0 or more"),
+    (lambda d: d["data"][0]["paragraphs"][1]["qas"][0]["answers"][0].update(answer_start=-4),
+     "train.json:36: question 'p1q0': an answer without a \"text\" and an \"answer_start\" of 0 or more"),
+    (lambda d: d["data"][0]["paragraphs"][0]["qas"][0].update(answers={"text": "cat"}),
+     "train.json:11: question 'p0q0': \"answers\" is not a list"),
+    (lambda d: d["data"][0]["paragraphs"][1]["qas"][1].update(id="p0q0"),
+     "train.json:46: question id 'p0q0' is given twice (line 11 too): predictions.json keys each answer by its id"),
+    (lambda d: d["data"][0]["paragraphs"][1].pop("context"),
+     "train.json: paragraph 2: expected {\"context\": a text, \"qas\": [questions]}"),
     (lambda d: d.pop("data"), "train.json: not a SQuAD file: expected {\"data\": [{\"paragraphs\": [...]}]}"),
     (lambda d: d["data"].clear(), "train.json: no question; expected a SQuAD v1.1 JSON file"),
 ])
@@ -154,6 +164,15 @@ def test_bad_squad_input_is_named_with_its_file_and_line(tokenizer, tmp_path, ch
     with pytest.raises(TaskDataError) as raised:
         make_windows(read_squad_examples(str(path), training=True), tokenizer, 64, 16, 16, str(path))
     assert str(raised.value) == f"{tmp_path}/{message}"
+
+
+def test_a_paragraph_without_questions_is_passed_over_and_a_directory_is_refused(tmp_path):
+    data = squad_json(2)
+    data["data"][0]["paragraphs"][0]["qas"] = []
+    (tmp_path / "dev.json").write_text(json.dumps(data))
+    assert [e.qas_id for e in read_squad_examples(str(tmp_path / "dev.json"))] == ["p1q0", "p1q1"]
+    with pytest.raises(TaskDataError, match=rf"^{tmp_path}: a directory; expected a SQuAD v1.1 JSON file$"):
+        read_squad_examples(str(tmp_path))
 
 
 def test_a_file_that_is_not_json_is_named_with_its_line(tmp_path):
@@ -285,3 +304,20 @@ def test_transformers_gives_each_window_alone_the_span_logits_it_has_in_a_pack(t
     for a, b in zip(model.weights, again.weights, strict=True):
         if not any(part in a.path for part in ("masked_lm", "seq_relationship", "pooler")):  # not exported
             np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--init_checkpoint=no/such/model.ckpt-3"], "--init_checkpoint=no/such/model.ckpt-3: not there; expected a "
+                                                 "checkpoint (model.ckpt-N, bert_model.ckpt) or a Hugging Face directory"),
+    (["--packing_algorithm=best"], "flag --packing_algorithm=best: value should be one of <spfhp|lpfhp|nnlshp|lp>"),
+    (["--doc_stride=40"], "--doc_stride=40: above the 33 context tokens a window holds (--max_seq_length - "
+                          "--max_query_length - 3): windows would skip text"),
+    (["--do_train=false"], "at least one of --do_train or --do_predict must be given"),
+])
+def test_run_squad_refuses_bad_flags_in_one_line_before_anything_is_written(tmp_path, bert_config_file, flags,
+                                                                           message):
+    write_squad(tmp_path / "train.json", 2)
+    write_squad(tmp_path / "dev.json", 1)
+    result = run_command("run_squad", *squad_flags(tmp_path, bert_config_file, "run", "--do_train"), *flags)
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [f"run_squad: error: {message}"]
+    assert not (tmp_path / "run").exists()

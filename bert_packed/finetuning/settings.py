@@ -13,7 +13,7 @@ import math
 
 from bert_packed.errors import SettingsError
 from bert_packed.finetuning.tasks import TASKS
-from bert_packed.packing.plan import DEFAULT_ALGORITHM
+from bert_packed.packing.plan import ALGORITHMS, DEFAULT_ALGORITHM
 from bert_packed.pretraining_data.tokenization import DEFAULT_VOCAB_FILE
 from bert_packed.settings import setting
 
@@ -42,6 +42,8 @@ class FineTuningSettings:
     num_train_epochs: float = setting(3.0, "Epochs of the training examples.", group=TRAINING_GROUP)
     warmup_proportion: float = setting(0.1, "The share of the updates the learning rate warms up over, then decays "
                                             "linearly to 0.", group=TRAINING_GROUP)
+    eval_every_samples: int = setting(0, "Also evaluate every this many training examples (0: only at the end): "
+                                         "the dev curve compare_curves draws.", group=TRAINING_GROUP, changeable=True)
     input_mode: str = setting("packed", "Several examples a row (packed, by the planner on the task's own length "
                                         "histogram) or one a row (padded).", group=PACKING_GROUP,
                               choices=FINETUNING_INPUT_MODES)
@@ -49,7 +51,7 @@ class FineTuningSettings:
     packing_algorithm: str = setting(DEFAULT_ALGORITHM, "The planner's algorithm (python -m bert_packed.packing): lp "
                                                         "sits at the bound (SST-2-sized lengths at L=128, depth 6: "
                                                         "about 10 s, 7% fewer rows than lpfhp's).",
-                                     group=PACKING_GROUP)
+                                     group=PACKING_GROUP, choices=tuple(ALGORITHMS))
     seed: int = setting(12345, "Seed for the head's initial weights, the order of the examples and dropout.",
                         group=RUN_GROUP)
     save_checkpoints_steps: int = setting(1000, "Checkpoint every this many updates (and at the end).",
@@ -64,6 +66,8 @@ class FineTuningSettings:
         for name in ("train_batch_size", "max_sequences_per_pack", "save_checkpoints_steps", "iterations_per_loop"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"--{name}={getattr(self, name)}: must be at least 1")
+        if self.eval_every_samples < 0:
+            raise SettingsError(f"--eval_every_samples={self.eval_every_samples}: expected 0 (only at the end) or more")
         if not 0 < self.num_train_epochs < math.inf:
             raise SettingsError(f"--num_train_epochs={self.num_train_epochs}: must be above 0")
         if not 0 <= self.warmup_proportion <= 1:

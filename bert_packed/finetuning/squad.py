@@ -84,6 +84,8 @@ def read_squad_examples(path: str, training: bool = False) -> list[SquadExample]
       TaskDataError: naming the file and line: not SQuAD JSON, a question without text, an answer
         whose text is not at its answer_start, a training question without an answer, no question.
     """
+    if files.isdir(path):
+        raise TaskDataError(f"{path}: a directory; expected a SQuAD v1.1 JSON file")
     with files.open_file(path, "rb") as f:
         raw = f.read()
     try:
@@ -96,45 +98,57 @@ def read_squad_examples(path: str, training: bool = False) -> list[SquadExample]
         raise TaskDataError(f"{path}:{e.lineno}: not JSON ({e.msg}); expected a SQuAD v1.1 JSON file") from None
     except (KeyError, TypeError):
         raise TaskDataError(f"{path}: not a SQuAD file: expected {{\"data\": [{{\"paragraphs\": [...]}}]}}") from None
-    lines, line, last = {}, 1, 0  # each question id's line, in one pass over the text
+    lines, line, last = {}, 1, 0  # the lines of each question id, in order, in one pass over the text
     for match in re.finditer(r'"id"\s*:\s*"((?:[^"\\]|\\.)*)"', text):
         line += text.count("\n", last, match.start())
         last = match.start()
-        lines.setdefault(json.loads(f'"{match.group(1)}"'), line)
-    examples = []
-    for paragraph in paragraphs:
+        lines.setdefault(json.loads(f'"{match.group(1)}"'), []).append(line)
+    examples, seen = [], {}
+    for number, paragraph in enumerate(paragraphs, 1):
         context = paragraph.get("context") if isinstance(paragraph, dict) else None
-        for qa in (paragraph.get("qas") if isinstance(context, str) else None) or [None]:
-            example = _example(qa, context, path, lines)
+        questions = paragraph.get("qas") if isinstance(paragraph, dict) else None
+        if not isinstance(context, str) or not isinstance(questions, list):
+            raise TaskDataError(f"{path}: paragraph {number}: expected {{\"context\": a text, \"qas\": [questions]}}")
+        for qa in questions:  # a paragraph without questions is passed over, as google-research's reader does
+            example = _example(qa, context, path, number, lines)
+            if example.qas_id in seen:
+                raise TaskDataError(f"{path}:{example.line}: question id {example.qas_id!r} is given twice (line "
+                                    f"{seen[example.qas_id]} too): predictions.json keys each answer by its id")
             if training and not example.answers:
                 raise TaskDataError(f"{path}:{example.line}: question {example.qas_id!r} has no answer: each "
                                     f"training question needs one (SQuAD v1.1)")
+            seen[example.qas_id] = example.line
             examples.append(example)
     if not examples:
         raise TaskDataError(f"{path}: no question; expected a SQuAD v1.1 JSON file")
     return examples
 
 
-def _example(qa, context, path: str, lines: dict[str, int]) -> SquadExample:
-    """One question of a paragraph, checked (read_squad_examples; `lines`: each id's line)."""
+def _example(qa, context: str, path: str, paragraph: int, lines: dict[str, list[int]]) -> SquadExample:
+    """One question of the file's `paragraph`-th paragraph, checked (read_squad_examples;
+    `lines`: the lines of each id not yet read, in order)."""
     qas_id = qa.get("id") if isinstance(qa, dict) else None
-    line = lines.get(qas_id, 1) if isinstance(qas_id, str) else 1
+    if not isinstance(qas_id, str) or not isinstance(qa.get("question"), str):
+        raise TaskDataError(f"{path}: paragraph {paragraph}: a question without a text \"id\" and \"question\"; "
+                            f"expected SQuAD v1.1's layout")
+    line = lines[qas_id].pop(0) if lines.get(qas_id) else 1
     where = f"{path}:{line}: question {qas_id!r}"
-    if not isinstance(context, str) or not isinstance(qas_id, str) or not isinstance(qa.get("question"), str):
-        raise TaskDataError(f"{path}:{line}: a paragraph without a \"context\" text, or a question without an "
-                            f"\"id\" and a \"question\" text; expected SQuAD v1.1's layout")
     if qa.get("is_impossible"):
         raise TaskDataError(f"{where} has no answer (is_impossible, SQuAD 2.0): SQuAD v1.1's questions only")
-    answers = []
-    for answer in qa.get("answers") or []:
-        start, answer_text = answer.get("answer_start"), answer.get("text")
-        if not isinstance(answer_text, str) or not answer_text.strip() or not isinstance(start, int):
-            raise TaskDataError(f"{where}: an answer without a \"text\" and an integer \"answer_start\"")
+    answers = qa.get("answers", [])
+    if not isinstance(answers, list):
+        raise TaskDataError(f"{where}: \"answers\" is not a list")
+    checked = []
+    for answer in answers:
+        answer_text = answer.get("text") if isinstance(answer, dict) else None
+        start = answer.get("answer_start") if isinstance(answer, dict) else None
+        if not isinstance(answer_text, str) or not answer_text.strip() or not isinstance(start, int) or start < 0:
+            raise TaskDataError(f"{where}: an answer without a \"text\" and an \"answer_start\" of 0 or more")
         if context[start:start + len(answer_text)] != answer_text:
             raise TaskDataError(f"{where}: the answer {answer_text[:60]!r} is not at its answer_start {start} "
                                 f"(the context there reads {context[start:start + len(answer_text)][:60]!r})")
-        answers.append((answer_text, start))
-    return SquadExample(qas_id, qa["question"], context, tuple(answers), line)
+        checked.append((answer_text, start))
+    return SquadExample(qas_id, qa["question"], context, tuple(checked), line)
 
 
 def make_windows(examples: list[SquadExample], tokenizer, max_seq_length: int, doc_stride: int,

@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import os
 
+from bert_packed import files
 from bert_packed.dataset_info import FileIdentity
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
@@ -111,8 +112,12 @@ def _model_and_vocabulary(settings: FineTuningSettings) -> tuple[BertConfig, Tok
     if settings.max_seq_length > bert.max_position_embeddings:
         raise SettingsError(f"--max_seq_length={settings.max_seq_length}: above the BERT config's "
                             f"max_position_embeddings={bert.max_position_embeddings}")
-    if settings.init_checkpoint and is_huggingface_directory(settings.init_checkpoint):
-        require_same_model(settings.init_checkpoint, bert)
+    init = settings.init_checkpoint
+    if init and not any(files.exists(path) for path in (init, f"{init}.index")):
+        raise SettingsError(f"--init_checkpoint={init}: not there; expected a checkpoint (model.ckpt-N, "
+                            f"bert_model.ckpt) or a Hugging Face directory")
+    if init and is_huggingface_directory(init):
+        require_same_model(init, bert)
     if settings.export_huggingface_dir:
         require_export_directory(settings.export_huggingface_dir, settings.vocab_file, settings.do_lower_case, bert,
                                  settings.output_dir)
@@ -143,7 +148,7 @@ def _config(settings: FineTuningSettings, bert: BertConfig, num_examples: int, t
         adjust_batch_for_packing=settings.input_mode == "packed", optimizer="adamw",
         learning_rate=settings.learning_rate, num_train_steps=steps,
         num_warmup_steps=int(steps * settings.warmup_proportion), eval_batch_size=eval_batch_size,
-        eval_every_samples=0, seed=settings.seed, deterministic=True,
+        eval_every_samples=settings.eval_every_samples, seed=settings.seed, deterministic=True,
         save_checkpoints_steps=settings.save_checkpoints_steps, iterations_per_loop=settings.iterations_per_loop,
         log_every_steps=max(1, min(100, steps // 10)), export_huggingface_dir=settings.export_huggingface_dir,
         vocab_file=settings.vocab_file, do_lower_case=settings.do_lower_case, flags_text=flags_text)

@@ -1,0 +1,50 @@
+"""Not a command: what the jobs (scripts/main_job.py, scripts/finetune_job.py) are made of: their
+stages' lines, and commands run one after another in this process (bert_packed.cli.in_process),
+each skipped where its output is already there."""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+
+from bert_packed import files
+from bert_packed.cli.in_process import run_in_process
+from bert_packed.files import write_text_atomically
+
+
+def print_stage(number: int, total: int, what: str) -> None:
+    """A stage's line: "== 3/9 what it does"."""
+    print(f"== {number}/{total} {what}", flush=True)
+
+
+def command(module: str, *args: str) -> None:
+    """Runs a command in this process; a failure ends the job with the command's exit status."""
+    sys.stdout.flush()
+    status = run_in_process(module, list(args))
+    if status:
+        sys.exit(status)
+    gc.collect()  # the command's models and datasets: a dozen commands then take the memory of one
+
+
+def command_unless_done(done: str, module: str, *args: str, made_from: tuple[str, ...] = (),
+                        made_with: str | None = None) -> None:
+    """command(), unless the file `done` is there, newer than every file of `made_from` (the
+    records it measured, say: made again since, it is done again), and made with `made_with` (the
+    model and flags it measured, recorded beside it as <done>.with): the commands whose output is
+    a file, not a directory that says whether it is finished."""
+    record = f"{done}.with"
+    same = made_with is None or (os.path.exists(record) and read_text(record) == made_with)
+    if same and os.path.exists(done) and all(os.path.getmtime(done) >= os.path.getmtime(path)
+                                             for path in made_from if os.path.exists(path)):
+        print(f"already done: {done}", flush=True)
+        return
+    command(module, *args)
+    if made_with is not None:
+        write_text_atomically(record, made_with)
+
+
+def read_text(path: str) -> str:
+    """A text file's content; a BERT config or a vocabulary may be a gs:// or file:// one."""
+    with files.open_file(path) as f:
+        return f.read()

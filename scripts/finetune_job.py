@@ -1,0 +1,97 @@
+"""Fine-tuning on the shipped sample (`make finetune`), packed against padded, in one process.
+
+    python scripts/finetune_job.py          # what `make finetune` runs, after `make run`
+
+Two tasks made of the sample's text, whose labels the text determines (scripts/_finetuning_tasks.py):
+years, each sentence classified by whether it names a year (run_classifier, L=128: short texts,
+packing factor about 4), and first_year, a passage's first year found as a span (run_squad,
+L=256, about 2). Each is fine-tuned packed and padded from the main job's weights (its packed
+phase-2 run's, runs/wikipedia_like), with dev evaluations along the way; then the throughput is
+measured alternately in one process (scripts/benchmark_finetuning.py) and the dev curves are
+drawn side by side (compare_curves). Each stage says what it does in a line starting with "== ";
+running the job again reuses every finished stage. Results in runs/finetune.
+"""
+
+from __future__ import annotations
+
+from _finetuning_tasks import write_tasks
+from _jobs import command, command_unless_done, print_stage
+from absl import flags
+
+from bert_packed import files
+from bert_packed.cli.common import run
+from bert_packed.errors import SettingsError
+
+PROGRAM = "finetune_job"
+DIRECTORY = "runs/finetune"
+# make run's packed phase-2 run: its last exported weights start every fine-tuning run.
+WEIGHTS_RUN = "runs/wikipedia_like/packed_batch_corrected_seed1"
+MODES = ("padded", "packed")
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("init_checkpoint", None, f"The weights fine-tuning starts from (default: {WEIGHTS_RUN}'s last, "
+                                             f"which `make run` writes).")
+flags.DEFINE_integer("sentences", 6000, "years: training sentences (a tenth as many dev ones).", lower_bound=20)
+flags.DEFINE_integer("passages", 2000, "first_year: training passages (a tenth as many dev ones).", lower_bound=20)
+flags.DEFINE_float("num_train_epochs", 2.0, "Epochs of each task.")
+flags.DEFINE_integer("evaluations", 8, "Dev evaluations along each run (its curve's points).", lower_bound=1)
+flags.DEFINE_list("throughput_flags", [], "Flags added to scripts/benchmark_finetuning.py (--rounds=2,--updates=4).")
+
+
+def starting_weights() -> str:
+    """--init_checkpoint, or the main job's packed phase-2 run's last exported weights."""
+    if FLAGS.init_checkpoint:
+        return FLAGS.init_checkpoint
+    exported = sorted(files.glob(f"{WEIGHTS_RUN}/model.ckpt-*.index"), key=lambda path: int(path.split("-")[-1][:-6]))
+    if not exported:
+        raise SettingsError(f"{WEIGHTS_RUN}: no weights; `make run` makes them (or give --init_checkpoint)")
+    return exported[-1][:-len(".index")]
+
+
+def fine_tune(task: str, module: str, weights: str, examples: int, task_flags: list[str]) -> None:
+    """`task` fine-tuned packed and padded from `weights` (`examples` training examples a run)."""
+    every = max(1, int(examples * FLAGS.num_train_epochs / FLAGS.evaluations))
+    for mode in MODES:
+        print(f"-- {task}, {mode}", flush=True)
+        command(module, *task_flags, f"--init_checkpoint={weights}", "--bert_config_file=configs/bert_config_tiny.json",
+                "--do_train", f"--input_mode={mode}", f"--num_train_epochs={FLAGS.num_train_epochs}",
+                "--learning_rate=1e-3", f"--eval_every_samples={every}", "--iterations_per_loop=10",
+                f"--output_dir={DIRECTORY}/{task}_{mode}")
+
+
+def main(argv):
+    del argv
+    weights = starting_weights()
+    tasks = f"{DIRECTORY}/tasks"
+    print_stage(1, 4, f"two tasks made of the sample's text ({tasks})")
+    written = write_tasks(tasks, FLAGS.sentences, FLAGS.passages)
+    print(f"years: {FLAGS.sentences:,} sentences, labelled by whether they name a year; first_year: up to "
+          f"{FLAGS.passages:,} passages, answered by the first year they name -> {', '.join(written.values())}")
+
+    print_stage(2, 4, f"years (run_classifier at L=128), padded and packed, from {weights}")
+    fine_tune("years", "bert_packed.cli.run_classifier", weights, FLAGS.sentences,
+              ["--task_name=jsonl", f"--data_dir={written['years']}", "--do_eval", "--max_seq_length=128"])
+
+    print_stage(3, 4, f"first_year (run_squad at L=256), padded and packed, from {weights}")
+    fine_tune("first_year", "bert_packed.cli.run_squad", weights, FLAGS.passages,
+              [f"--train_file={written['first_year']}/train.json", "--do_predict",
+               f"--predict_file={written['first_year']}/dev.json", "--max_seq_length=256", "--doc_stride=128",
+               "--max_sequences_per_pack=4"])
+
+    print_stage(4, 4, f"throughput, packed and padded alternated, and the dev curves ({DIRECTORY})")
+    measured = [f"--sentences={FLAGS.sentences}", f"--passages={FLAGS.passages}", *FLAGS.throughput_flags]
+    command_unless_done(f"{DIRECTORY}/throughput.json", "benchmark_finetuning", "--target=0",
+                        f"--output_json={DIRECTORY}/throughput.json", *measured, made_with=" ".join(measured) + "\n")
+    for task in ("years", "first_year"):
+        command("bert_packed.cli.compare_curves", f"--output={DIRECTORY}/{task}.png", "--accuracy=auto",
+                *(f"{DIRECTORY}/{task}_{mode}" for mode in MODES))
+    print(f"results: {DIRECTORY}/ (years.png, first_year.png, */eval_log.jsonl, first_year_*/predictions.json, "
+          f"throughput.json)")
+
+
+def entry_point():
+    run(main, PROGRAM, (), "Every finished stage is kept")
+
+
+if __name__ == "__main__":
+    entry_point()
