@@ -4,10 +4,10 @@
 
 Two tasks whose labels the text determines (scripts/_finetuning_tasks.py): years, a sentence
 classified by whether it names a year (run_classifier, L=128, short texts), and first_year, a
-passage's first year found as a span (run_squad, L=256, 4 windows a row at most). For each, one process builds a
-fine-tuning step per input mode, each update --batch_size examples (packed: the packs that hold
-as many), and times --updates updates of each in turn, --rounds times, alternating the order
-(bert_packed.training.throughput). The speed-up is packed over padded examples/s; its ratio to
+passage's first year found as a span (run_squad, L=256, 4 windows a row at most). For each, one
+process builds a fine-tuning step per input mode, each update --batch_size examples (packed: the
+packs that hold as many), and times --updates updates of each in turn, --rounds times,
+alternating the order (bert_packed.training.throughput). The speed-up is packed over padded examples/s; its ratio to
 the packing factor says how much of packing's promise is kept (exit status 1 below --target).
 """
 
