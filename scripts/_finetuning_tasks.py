@@ -1,8 +1,9 @@
 """Not a command: two fine-tuning tasks made of the shipped sample's text, whose labels the text
 itself determines (for `make finetune` and scripts/benchmark_finetuning.py).
 
-  years       a short-text classification (run_classifier's jsonl task): each sentence, labelled
-              "year" when it names a year (a number from 1000 to 2029 standing alone), else "none"
+  pronouns    a short-text classification (run_classifier's jsonl task): each sentence, labelled
+              "person" when it refers to someone by a pronoun (he, she, his, her, him, they,
+              their, them), else "none"
   first_year  a span task (SQuAD v1.1 JSON, run_squad): four consecutive sentences of an article
               that name a year, asked "Which year does the passage name first?", answered by the
               first such number
@@ -22,6 +23,7 @@ from _sample_corpus import SAMPLE
 from bert_packed.files import write_text_atomically
 from bert_packed.pretraining_data.corpus import iter_documents
 
+PRONOUN = re.compile(r"\b(he|she|his|her|him|they|their|them)\b", re.IGNORECASE)
 YEAR = re.compile(r"(?<![\w.,-])(1[0-9]{3}|20[0-2][0-9])(?![\w-]|[.,]\d)")
 QUESTION = "Which year does the passage name first?"
 CONTEXT_SENTENCES = 4
@@ -33,32 +35,33 @@ def articles() -> list[list[str]]:
 
 
 def write_tasks(directory: str, max_sentences: int = 6000, max_passages: int = 2000) -> dict[str, str]:
-    """Writes both tasks under `directory` (years/{train,dev}.jsonl, first_year/{train,dev}.json),
+    """Writes both tasks under `directory` (pronouns/{train,dev}.jsonl, first_year/{train,dev}.json),
     at most `max_sentences` and `max_passages` training examples (a tenth as many dev ones);
     returns {task: its directory}."""
     sentences = {"train": [], "dev": []}
     passages = {"train": [], "dev": []}
     for index, article in enumerate(articles()):
         split = "dev" if index % 10 == 0 else "train"
-        sentences[split] += [{"text": text, "label": "year" if YEAR.search(text) else "none"} for text in article]
+        sentences[split] += [{"text": text, "label": "person" if PRONOUN.search(text) else "none"}
+                             for text in article]
         for start in range(0, len(article) - CONTEXT_SENTENCES + 1, CONTEXT_SENTENCES):
             context = " ".join(article[start:start + CONTEXT_SENTENCES])
             year = YEAR.search(context)
             if year:
                 passages[split].append((context, year))
-    years, first_year = os.path.join(directory, "years"), os.path.join(directory, "first_year")
-    os.makedirs(years, exist_ok=True)
+    pronouns, first_year = os.path.join(directory, "pronouns"), os.path.join(directory, "first_year")
+    os.makedirs(pronouns, exist_ok=True)
     os.makedirs(first_year, exist_ok=True)
     for split, share in (("train", 1), ("dev", 10)):
         chosen = sentences[split][:max_sentences // share]
-        _write(os.path.join(years, f"{split}.jsonl"), "".join(json.dumps(s) + "\n" for s in chosen))
+        _write(os.path.join(pronouns, f"{split}.jsonl"), "".join(json.dumps(s) + "\n" for s in chosen))
         paragraphs = [{"context": context, "qas": [{
             "id": f"{split}-{number}", "question": QUESTION,
             "answers": [{"text": year.group(0), "answer_start": year.start()}]}]}
             for number, (context, year) in enumerate(passages[split][:max_passages // share])]
         _write(os.path.join(first_year, f"{split}.json"),
                json.dumps({"version": "1.1", "data": [{"title": "sample", "paragraphs": paragraphs}]}))
-    return {"years": years, "first_year": first_year}
+    return {"pronouns": pronouns, "first_year": first_year}
 
 
 def _write(path: str, text: str) -> None:

@@ -3,8 +3,8 @@
     python scripts/finetune_job.py          # what `make finetune` runs, after `make run`
 
 Two tasks made of the sample's text, whose labels the text determines (scripts/_finetuning_tasks.py):
-years, each sentence classified by whether it names a year (run_classifier, L=128: short texts,
-packing factor about 4), and first_year, a passage's first year found as a span (run_squad,
+pronouns, each sentence classified by whether it refers to someone by a pronoun (run_classifier,
+L=128: short texts, packing factor about 4), and first_year, a passage's first year found as a span (run_squad,
 L=256, about 2). Each is fine-tuned packed and padded from the main job's weights (its packed
 phase-2 run's, runs/wikipedia_like), with dev evaluations along the way; then the throughput is
 measured alternately in one process (scripts/benchmark_finetuning.py) and the dev curves are
@@ -31,9 +31,9 @@ MODES = ("padded", "packed")
 FLAGS = flags.FLAGS
 flags.DEFINE_string("init_checkpoint", None, f"The weights fine-tuning starts from (default: {WEIGHTS_RUN}'s last, "
                                              f"which `make run` writes).")
-flags.DEFINE_integer("sentences", 6000, "years: training sentences (a tenth as many dev ones).", lower_bound=20)
+flags.DEFINE_integer("sentences", 6000, "pronouns: training sentences (a tenth as many dev ones).", lower_bound=20)
 flags.DEFINE_integer("passages", 2000, "first_year: training passages (a tenth as many dev ones).", lower_bound=20)
-flags.DEFINE_float("num_train_epochs", 2.0, "Epochs of each task.")
+flags.DEFINE_float("num_train_epochs", 3.0, "Epochs of each task (google-research's default).")
 flags.DEFINE_integer("evaluations", 8, "Dev evaluations along each run (its curve's points).", lower_bound=1)
 flags.DEFINE_list("throughput_flags", [], "Flags added to scripts/benchmark_finetuning.py (--rounds=2,--updates=4).")
 
@@ -65,12 +65,13 @@ def main(argv):
     tasks = f"{DIRECTORY}/tasks"
     print_stage(1, 4, f"two tasks made of the sample's text ({tasks})")
     written = write_tasks(tasks, FLAGS.sentences, FLAGS.passages)
-    print(f"years: {FLAGS.sentences:,} sentences, labelled by whether they name a year; first_year: up to "
-          f"{FLAGS.passages:,} passages, answered by the first year they name -> {', '.join(written.values())}")
+    print(f"pronouns: {FLAGS.sentences:,} sentences, labelled by whether they refer to someone by a pronoun; "
+          f"first_year: up to {FLAGS.passages:,} passages, answered by the first year they name -> "
+          f"{', '.join(written.values())}")
 
-    print_stage(2, 4, f"years (run_classifier at L=128), padded and packed, from {weights}")
-    fine_tune("years", "bert_packed.cli.run_classifier", weights, FLAGS.sentences,
-              ["--task_name=jsonl", f"--data_dir={written['years']}", "--do_eval", "--max_seq_length=128"])
+    print_stage(2, 4, f"pronouns (run_classifier at L=128), padded and packed, from {weights}")
+    fine_tune("pronouns", "bert_packed.cli.run_classifier", weights, FLAGS.sentences,
+              ["--task_name=jsonl", f"--data_dir={written['pronouns']}", "--do_eval", "--max_seq_length=128"])
 
     print_stage(3, 4, f"first_year (run_squad at L=256), padded and packed, from {weights}")
     fine_tune("first_year", "bert_packed.cli.run_squad", weights, FLAGS.passages,
@@ -82,10 +83,10 @@ def main(argv):
     measured = [f"--sentences={FLAGS.sentences}", f"--passages={FLAGS.passages}", *FLAGS.throughput_flags]
     command_unless_done(f"{DIRECTORY}/throughput.json", "benchmark_finetuning", "--target=0",
                         f"--output_json={DIRECTORY}/throughput.json", *measured, made_with=" ".join(measured) + "\n")
-    for task in ("years", "first_year"):
+    for task in ("pronouns", "first_year"):
         command("bert_packed.cli.compare_curves", f"--output={DIRECTORY}/{task}.png", "--accuracy=auto",
                 *(f"{DIRECTORY}/{task}_{mode}" for mode in MODES))
-    print(f"results: {DIRECTORY}/ (years.png, first_year.png, */eval_log.jsonl, first_year_*/predictions.json, "
+    print(f"results: {DIRECTORY}/ (pronouns.png, first_year.png, */eval_log.jsonl, first_year_*/predictions.json, "
           f"throughput.json)")
 
 

@@ -207,18 +207,18 @@ def test_the_fine_tuning_job_runs_from_the_main_job_s_weights_and_reads_well(mai
     assert [line.split(" ", 2)[1] for line in stages] == ["1/4", "2/4", "3/4", "4/4"]
     assert "from runs/wikipedia_like/packed_batch_corrected_seed1/model.ckpt-2" in stages[1]
     finetune = root / "runs" / "finetune"
-    for task, examples in (("years", 100), ("first_year", 40)):
+    for task, examples in (("pronouns", 100), ("first_year", 40)):
         for mode in ("padded", "packed"):
             evaluations = [json.loads(line) for line in open(finetune / f"{task}_{mode}" / "eval_log.jsonl")]
             assert len(evaluations) >= 2  # a curve
-            assert {"accuracy" if task == "years" else "f1"} <= set(evaluations[-1])
+            assert {"accuracy" if task == "pronouns" else "f1"} <= set(evaluations[-1])
         assert (finetune / f"{task}.png").exists()
         rows = re.findall(rf"^{finetune.relative_to(root)}/tasks/{task}/train\.json(?:l)?: (\d+) \w+ in (\d+) rows",
                           output, re.M)
         assert rows and int(rows[-1][1]) < int(rows[-1][0]) >= examples  # packed: fewer rows than sequences
     measured = json.loads((finetune / "throughput.json").read_text())
-    assert set(measured) == {"years", "first_year"} and measured["years"]["packing_factor"] > 3
-    assert re.search(r"^years: packed against padded: speed-up [\d.]+x", output, re.M)
+    assert set(measured) == {"pronouns", "first_year"} and measured["pronouns"]["packing_factor"] > 3
+    assert re.search(r"^pronouns: packed against padded: speed-up [\d.]+x", output, re.M)
     assert json.loads((finetune / "first_year_packed" / "predictions.json").read_text())
 
 
