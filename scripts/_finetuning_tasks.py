@@ -1,9 +1,10 @@
 """Not a command: two fine-tuning tasks made of the shipped sample's text, whose labels the text
 itself determines (for `make finetune` and scripts/benchmark_finetuning.py).
 
-  pronouns    a short-text classification (run_classifier's jsonl task): each sentence, labelled
-              "person" when it refers to someone by a pronoun (he, she, his, her, him, they,
-              their, them), else "none"
+  pronouns    a short-text classification (run_classifier's jsonl task): sentences labelled
+              "person" when they refer to someone by a pronoun (he, she, his, her, him, they,
+              their, them), else "none"; as many of each, alternating (a quarter of the
+              sample's sentences are "person": a model stuck on the majority would score 75%)
   first_year  a span task (SQuAD v1.1 JSON, run_squad): four consecutive sentences of an article
               that name a year, asked "Which year does the passage name first?", answered by the
               first such number
@@ -38,12 +39,12 @@ def write_tasks(directory: str, max_sentences: int = 6000, max_passages: int = 2
     """Writes both tasks under `directory` (pronouns/{train,dev}.jsonl, first_year/{train,dev}.json),
     at most `max_sentences` and `max_passages` training examples (a tenth as many dev ones);
     returns {task: its directory}."""
-    sentences = {"train": [], "dev": []}
+    sentences = {"train": ([], []), "dev": ([], [])}  # (person, none)
     passages = {"train": [], "dev": []}
     for index, article in enumerate(articles()):
         split = "dev" if index % 10 == 0 else "train"
-        sentences[split] += [{"text": text, "label": "person" if PRONOUN.search(text) else "none"}
-                             for text in article]
+        for text in article:
+            sentences[split][0 if PRONOUN.search(text) else 1].append(text)
         for start in range(0, len(article) - CONTEXT_SENTENCES + 1, CONTEXT_SENTENCES):
             context = " ".join(article[start:start + CONTEXT_SENTENCES])
             year = YEAR.search(context)
@@ -53,7 +54,9 @@ def write_tasks(directory: str, max_sentences: int = 6000, max_passages: int = 2
     os.makedirs(pronouns, exist_ok=True)
     os.makedirs(first_year, exist_ok=True)
     for split, share in (("train", 1), ("dev", 10)):
-        chosen = sentences[split][:max_sentences // share]
+        person, none = (texts[:max_sentences // share // 2] for texts in sentences[split])
+        chosen = [{"text": text, "label": label} for pair in zip(person, none)
+                  for text, label in zip(pair, ("person", "none"))]
         _write(os.path.join(pronouns, f"{split}.jsonl"), "".join(json.dumps(s) + "\n" for s in chosen))
         paragraphs = [{"context": context, "qas": [{
             "id": f"{split}-{number}", "question": QUESTION,

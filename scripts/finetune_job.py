@@ -2,14 +2,15 @@
 
     python scripts/finetune_job.py          # what `make finetune` runs, after `make run`
 
-Two tasks made of the sample's text, whose labels the text determines (scripts/_finetuning_tasks.py):
-pronouns, each sentence classified by whether it refers to someone by a pronoun (run_classifier,
-L=128: short texts, packing factor about 4), and first_year, a passage's first year found as a span (run_squad,
-L=256, about 2). Each is fine-tuned packed and padded from the main job's weights (its packed
-phase-2 run's, runs/wikipedia_like), with dev evaluations along the way; then the throughput is
-measured alternately in one process (scripts/benchmark_finetuning.py) and the dev curves are
-drawn side by side (compare_curves). Each stage says what it does in a line starting with "== ";
-running the job again reuses every finished stage. Results in runs/finetune.
+Two tasks made of the sample's text, whose labels the text determines
+(scripts/_finetuning_tasks.py): pronouns, sentences classified by whether they refer to someone
+by a pronoun (run_classifier, L=128: short texts, packing factor about 4), and first_year, a
+passage's first year found as a span (run_squad, L=256, about 2). Each is fine-tuned packed and
+padded from the main job's weights (its packed phase-2 run's, runs/wikipedia_like), with dev
+evaluations along the way, for each seed; then the throughput is measured alternately in one
+process (scripts/benchmark_finetuning.py) and the dev curves are drawn side by side, the seeds as
+a band (compare_curves). Each stage says what it does in a line starting with "== "; running the
+job again reuses every finished stage. Results in runs/finetune.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ flags.DEFINE_integer("sentences", 6000, "pronouns: training sentences (a tenth a
 flags.DEFINE_integer("passages", 2000, "first_year: training passages (a tenth as many dev ones).", lower_bound=20)
 flags.DEFINE_float("num_train_epochs", 3.0, "Epochs of each task (google-research's default).")
 flags.DEFINE_integer("evaluations", 8, "Dev evaluations along each run (its curve's points).", lower_bound=1)
+flags.DEFINE_list("seeds", ["1", "2"], "Seeds of each configuration (the curves' band: one seed's gap is noise).")
 flags.DEFINE_list("throughput_flags", [], "Flags added to scripts/benchmark_finetuning.py (--rounds=2,--updates=4).")
 
 
@@ -49,14 +51,16 @@ def starting_weights() -> str:
 
 
 def fine_tune(task: str, module: str, weights: str, examples: int, task_flags: list[str]) -> None:
-    """`task` fine-tuned packed and padded from `weights` (`examples` training examples a run)."""
+    """`task` fine-tuned packed and padded from `weights`, each seed (`examples` training examples a run)."""
     every = max(1, int(examples * FLAGS.num_train_epochs / FLAGS.evaluations))
-    for mode in MODES:
-        print(f"-- {task}, {mode}", flush=True)
-        command(module, *task_flags, f"--init_checkpoint={weights}", "--bert_config_file=configs/bert_config_tiny.json",
-                "--do_train", f"--input_mode={mode}", f"--num_train_epochs={FLAGS.num_train_epochs}",
-                "--learning_rate=1e-3", f"--eval_every_samples={every}", "--iterations_per_loop=10",
-                f"--output_dir={DIRECTORY}/{task}_{mode}")
+    for seed in FLAGS.seeds:
+        for mode in MODES:
+            print(f"-- {task}, {mode}, seed {seed}", flush=True)
+            command(module, *task_flags, f"--init_checkpoint={weights}",
+                    "--bert_config_file=configs/bert_config_tiny.json", "--do_train", f"--input_mode={mode}",
+                    f"--num_train_epochs={FLAGS.num_train_epochs}", "--learning_rate=1e-3", f"--seed={seed}",
+                    f"--eval_every_samples={every}", "--iterations_per_loop=10",
+                    f"--output_dir={DIRECTORY}/{task}_{mode}_seed{seed}")
 
 
 def main(argv):
@@ -85,7 +89,7 @@ def main(argv):
                         f"--output_json={DIRECTORY}/throughput.json", *measured, made_with=" ".join(measured) + "\n")
     for task in ("pronouns", "first_year"):
         command("bert_packed.cli.compare_curves", f"--output={DIRECTORY}/{task}.png", "--accuracy=auto",
-                *(f"{DIRECTORY}/{task}_{mode}" for mode in MODES))
+                *(f"{DIRECTORY}/{task}_{mode}_seed{seed}" for mode in MODES for seed in FLAGS.seeds))
     print(f"results: {DIRECTORY}/ (pronouns.png, first_year.png, */eval_log.jsonl, first_year_*/predictions.json, "
           f"throughput.json)")
 

@@ -197,7 +197,7 @@ def test_the_fine_tuning_job_runs_from_the_main_job_s_weights_and_reads_well(mai
     packed phase-2 weights, their dev curves and the alternated throughput."""
     root, _ = main_job
     result = subprocess.run(["make", "--no-print-directory", "finetune", f"STAMP={root / 'installed'}",
-                             "FINETUNE_FLAGS=--sentences=100 --passages=40 --num_train_epochs=1 --evaluations=2 "
+                             "FINETUNE_FLAGS=--sentences=100 --passages=40 --num_train_epochs=1 --evaluations=2 --seeds=1 "
                              "--throughput_flags=--rounds=1,--updates=1"], cwd=root, capture_output=True, text=True,
                             timeout=900, env=environment())
     output = result.stdout + result.stderr
@@ -209,7 +209,7 @@ def test_the_fine_tuning_job_runs_from_the_main_job_s_weights_and_reads_well(mai
     finetune = root / "runs" / "finetune"
     for task, examples in (("pronouns", 100), ("first_year", 40)):
         for mode in ("padded", "packed"):
-            evaluations = [json.loads(line) for line in open(finetune / f"{task}_{mode}" / "eval_log.jsonl")]
+            evaluations = [json.loads(line) for line in open(finetune / f"{task}_{mode}_seed1" / "eval_log.jsonl")]
             assert len(evaluations) >= 2  # a curve
             assert {"accuracy" if task == "pronouns" else "f1"} <= set(evaluations[-1])
         assert (finetune / f"{task}.png").exists()
@@ -219,7 +219,7 @@ def test_the_fine_tuning_job_runs_from_the_main_job_s_weights_and_reads_well(mai
     measured = json.loads((finetune / "throughput.json").read_text())
     assert set(measured) == {"pronouns", "first_year"} and measured["pronouns"]["packing_factor"] > 3
     assert re.search(r"^pronouns: packed against padded: speed-up [\d.]+x", output, re.M)
-    assert json.loads((finetune / "first_year_packed" / "predictions.json").read_text())
+    assert json.loads((finetune / "first_year_packed_seed1" / "predictions.json").read_text())
 
 
 @pytest.mark.slow
