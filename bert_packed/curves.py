@@ -104,10 +104,11 @@ def load_run(directory: str, name: str | None = None) -> Run:
     train = run.read_log(TRAIN_LOG)
     if not train:
         raise RunError(f"{directory}: no {TRAIN_LOG} records (expected a run_pretraining.py output_dir)")
-    evals = run.read_log(EVAL_LOG)
-    metric = next((key for key in METRICS if any(key in record for record in evals or train)), "mlm_accuracy")
-    return Run(name or os.path.basename(os.path.normpath(directory)), train, evals, run.read_info(), directory,
-               metric)
+    evals, info = run.read_log(EVAL_LOG), run.read_info()
+    # A run without evaluations says its kind in run.json: run_squad's records doc_stride, run_classifier's the task.
+    kind = "f1" if "doc_stride" in info else "accuracy" if "task_name" in info else "mlm_accuracy"
+    metric = next((key for key in METRICS if any(key in record for record in evals or train)), kind)
+    return Run(name or os.path.basename(os.path.normpath(directory)), train, evals, info, directory, metric)
 
 
 def metric_of(runs: list[Run]) -> str:

@@ -7,7 +7,8 @@ itself determines (for `make finetune` and scripts/benchmark_finetuning.py).
               sample's sentences are "person": a model stuck on the majority would score 75%)
   first_year  a span task (SQuAD v1.1 JSON, run_squad): four consecutive sentences of an article
               that name a year, asked "Which year does the passage name first?", answered by the
-              first such number
+              first such number (from 1000 to 2029, standing alone: not joined to a word or a
+              number by a hyphen, as in "mid-2013" or "1957-1960")
 
 Every tenth article goes to the dev files, the rest to the training files; the sentences are the
 corpus reader's (bert_packed.pretraining_data.corpus).
@@ -35,10 +36,10 @@ def articles() -> list[list[str]]:
     return [document.sentences for path in SAMPLE for document in iter_documents(path)]
 
 
-def write_tasks(directory: str, max_sentences: int = 6000, max_passages: int = 2000) -> dict[str, str]:
+def write_tasks(directory: str, max_sentences: int = 6000, max_passages: int = 2000) -> dict[str, tuple[str, int]]:
     """Writes both tasks under `directory` (pronouns/{train,dev}.jsonl, first_year/{train,dev}.json),
-    at most `max_sentences` and `max_passages` training examples (a tenth as many dev ones);
-    returns {task: its directory}."""
+    at most `max_sentences` and `max_passages` training examples (a tenth as many dev ones; the
+    sample holds 9,378 and 1,826); returns {task: (its directory, its training examples)}."""
     sentences = {"train": ([], []), "dev": ([], [])}  # (person, none)
     passages = {"train": [], "dev": []}
     for index, article in enumerate(articles()):
@@ -53,6 +54,7 @@ def write_tasks(directory: str, max_sentences: int = 6000, max_passages: int = 2
     pronouns, first_year = os.path.join(directory, "pronouns"), os.path.join(directory, "first_year")
     os.makedirs(pronouns, exist_ok=True)
     os.makedirs(first_year, exist_ok=True)
+    counts = {}
     for split, share in (("train", 1), ("dev", 10)):
         person, none = (texts[:max_sentences // share // 2] for texts in sentences[split])
         chosen = [{"text": text, "label": label} for pair in zip(person, none)
@@ -64,7 +66,8 @@ def write_tasks(directory: str, max_sentences: int = 6000, max_passages: int = 2
             for number, (context, year) in enumerate(passages[split][:max_passages // share])]
         _write(os.path.join(first_year, f"{split}.json"),
                json.dumps({"version": "1.1", "data": [{"title": "sample", "paragraphs": paragraphs}]}))
-    return {"pronouns": pronouns, "first_year": first_year}
+        counts[split] = (len(chosen), len(paragraphs))
+    return {"pronouns": (pronouns, counts["train"][0]), "first_year": (first_year, counts["train"][1])}
 
 
 def _write(path: str, text: str) -> None:

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import sys
 
+from absl import flags
+
 from bert_packed import files
-from bert_packed.cli.in_process import run_in_process
+from bert_packed.cli.in_process import command_in_this_process, run_in_process
+from bert_packed.errors import SettingsError
 from bert_packed.files import write_text_atomically
 
 
@@ -48,3 +52,31 @@ def read_text(path: str) -> str:
     """A text file's content; a BERT config or a vocabulary may be a gs:// or file:// one."""
     with files.open_file(path) as f:
         return f.read()
+
+
+def flags_of(module: str, name: str, words: list[str]) -> list[str]:
+    """`words` (the job's flag `name`), each a flag that the command `module` takes with a value it
+    takes: a typo is said before any stage, not when its stage comes minutes later."""
+    with command_in_this_process(module):
+        for word in words:
+            key, given, value = word.removeprefix("--").partition("=")
+            flag = flags.FLAGS[key] if key in flags.FLAGS else None
+            negated = key.startswith("no") and key[2:] in flags.FLAGS and flags.FLAGS[key[2:]].boolean
+            if not word.startswith("--") or (flag is None and not negated):
+                raise SettingsError(f"--{name}: {word!r}: {module.rsplit('.', 1)[-1]} has no such flag "
+                                    f"(--{name} holds flags, --name=value)")
+            try:
+                if given and flag is not None:
+                    flag.parse(value)
+            except (flags.Error, ValueError) as e:
+                raise SettingsError(f"--{name}: {word}: {e}") from None
+    return words
+
+
+def seed_values(name: str, values: list[str]) -> list[str]:
+    """The seeds of the job's flag `name`, each an integer from 0 to 2**32 - 1 (written plainly)."""
+    for value in values:
+        if not re.fullmatch(r"[0-9]+", value.strip()) or int(value) >= 2**32:
+            raise SettingsError(f"--{name}={','.join(values)}: {value!r} is not a seed: expected integers from 0 "
+                                f"to 2**32 - 1 separated by commas (--{name}=1,2,3)")
+    return [str(int(value)) for value in values]

@@ -72,7 +72,8 @@ def main(argv) -> int:
     print("|---|---|---|---|---|---|---|")
     results, met, notes = {}, True, []
     with tempfile.TemporaryDirectory() as work:
-        directories = write_tasks(os.path.join(work, "tasks"), FLAGS.sentences, FLAGS.passages)
+        directories = {task: directory for task, (directory, _) in
+                       write_tasks(os.path.join(work, "tasks"), FLAGS.sentences, FLAGS.passages).items()}
         for task in FLAGS.tasks:
             runs = {mode: fine_tuning(task, directories[task], mode, work) for mode in ("padded", "packed")}
             set_up_process(runs["padded"].config)

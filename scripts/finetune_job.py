@@ -15,19 +15,24 @@ job again reuses every finished stage. Results in runs/finetune.
 
 from __future__ import annotations
 
+import os
+
 from _finetuning_tasks import write_tasks
-from _jobs import command, command_unless_done, print_stage
+from _jobs import command, command_unless_done, flags_of, print_stage, read_text, seed_values
 from absl import flags
 
 from bert_packed import files
 from bert_packed.cli.common import run
 from bert_packed.errors import SettingsError
+from bert_packed.files import write_text_atomically
 
 PROGRAM = "finetune_job"
 DIRECTORY = "runs/finetune"
 # make run's packed phase-2 run: its last exported weights start every fine-tuning run.
 WEIGHTS_RUN = "runs/wikipedia_like/packed_batch_corrected_seed1"
 MODES = ("padded", "packed")
+# What the job's runs in DIRECTORY were made with (another value is another job: refused).
+JOB_RECORD = "job.txt"
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("init_checkpoint", None, f"The weights fine-tuning starts from (default: {WEIGHTS_RUN}'s last, "
@@ -42,18 +47,46 @@ flags.DEFINE_list("throughput_flags", [], "Flags added to scripts/benchmark_fine
 
 def starting_weights() -> str:
     """--init_checkpoint, or the main job's packed phase-2 run's last exported weights."""
-    if FLAGS.init_checkpoint:
-        return FLAGS.init_checkpoint
+    init = FLAGS.init_checkpoint
+    if init:
+        if not any(files.exists(path) for path in (init, f"{init}.index")):
+            raise SettingsError(f"--init_checkpoint={init}: not there; expected a checkpoint (model.ckpt-N) or a "
+                                f"Hugging Face directory")
+        return init
     exported = sorted(files.glob(f"{WEIGHTS_RUN}/model.ckpt-*.index"), key=lambda path: int(path.split("-")[-1][:-6]))
     if not exported:
         raise SettingsError(f"{WEIGHTS_RUN}: no weights; `make run` makes them (or give --init_checkpoint)")
     return exported[-1][:-len(".index")]
 
 
-def fine_tune(task: str, module: str, weights: str, examples: int, task_flags: list[str]) -> None:
+def checked_seeds() -> list[str]:
+    seeds = seed_values("seeds", FLAGS.seeds)
+    if not seeds:
+        raise SettingsError("--seeds is empty: expected at least one seed (--seeds=1)")
+    if len(set(seeds)) < len(seeds):
+        raise SettingsError(f"--seeds={','.join(FLAGS.seeds)}: a seed given twice; each seed's run has a directory "
+                            f"of its own")
+    return seeds
+
+
+def same_job(weights: str) -> None:
+    """Refuses other weights or other task sizes, epochs or evaluations than the runs in
+    DIRECTORY were made with (their directories would say "finished", with the others' curves);
+    records them for the first run."""
+    record = os.path.join(DIRECTORY, JOB_RECORD)
+    job = (f"--init_checkpoint={weights} --sentences={FLAGS.sentences} --passages={FLAGS.passages} "
+           f"--num_train_epochs={FLAGS.num_train_epochs} --evaluations={FLAGS.evaluations}\n")
+    if os.path.exists(record) and read_text(record) != job and files.glob(f"{DIRECTORY}/*_seed*/run.json"):
+        raise SettingsError(f"{DIRECTORY} holds the job run with {read_text(record).strip()}; this command gives "
+                            f"{job.strip()}: remove {DIRECTORY} (or move it) to run it again, or give the same")
+    files.makedirs(DIRECTORY)
+    write_text_atomically(record, job)
+
+
+def fine_tune(task: str, module: str, weights: str, seeds: list[str], examples: int, task_flags: list[str]) -> None:
     """`task` fine-tuned packed and padded from `weights`, each seed (`examples` training examples a run)."""
     every = max(1, int(examples * FLAGS.num_train_epochs / FLAGS.evaluations))
-    for seed in FLAGS.seeds:
+    for seed in seeds:
         for mode in MODES:
             print(f"-- {task}, {mode}, seed {seed}", flush=True)
             command(module, *task_flags, f"--init_checkpoint={weights}",
@@ -65,31 +98,35 @@ def fine_tune(task: str, module: str, weights: str, examples: int, task_flags: l
 
 def main(argv):
     del argv
-    weights = starting_weights()
+    weights, seeds = starting_weights(), checked_seeds()
+    if FLAGS.num_train_epochs <= 0:
+        raise SettingsError(f"--num_train_epochs={FLAGS.num_train_epochs}: must be above 0")
+    measured = flags_of("benchmark_finetuning", "throughput_flags", FLAGS.throughput_flags)
+    same_job(weights)
     tasks = f"{DIRECTORY}/tasks"
     print_stage(1, 4, f"two tasks made of the sample's text ({tasks})")
     written = write_tasks(tasks, FLAGS.sentences, FLAGS.passages)
-    print(f"pronouns: {FLAGS.sentences:,} sentences, labelled by whether they refer to someone by a pronoun; "
-          f"first_year: up to {FLAGS.passages:,} passages, answered by the first year they name -> "
-          f"{', '.join(written.values())}")
+    (pronouns, sentences), (first_year, passages) = written["pronouns"], written["first_year"]
+    print(f"pronouns: {sentences:,} sentences, half of them referring to someone by a pronoun; first_year: "
+          f"{passages:,} passages, answered by the first year they name -> {pronouns}, {first_year}")
 
     print_stage(2, 4, f"pronouns (run_classifier at L=128), padded and packed, from {weights}")
-    fine_tune("pronouns", "bert_packed.cli.run_classifier", weights, FLAGS.sentences,
-              ["--task_name=jsonl", f"--data_dir={written['pronouns']}", "--do_eval", "--max_seq_length=128"])
+    fine_tune("pronouns", "bert_packed.cli.run_classifier", weights, seeds, sentences,
+              ["--task_name=jsonl", f"--data_dir={pronouns}", "--do_eval", "--max_seq_length=128"])
 
     print_stage(3, 4, f"first_year (run_squad at L=256), padded and packed, from {weights}")
-    fine_tune("first_year", "bert_packed.cli.run_squad", weights, FLAGS.passages,
-              [f"--train_file={written['first_year']}/train.json", "--do_predict",
-               f"--predict_file={written['first_year']}/dev.json", "--max_seq_length=256", "--doc_stride=128",
+    fine_tune("first_year", "bert_packed.cli.run_squad", weights, seeds, passages,
+              [f"--train_file={first_year}/train.json", "--do_predict",
+               f"--predict_file={first_year}/dev.json", "--max_seq_length=256", "--doc_stride=128",
                "--max_sequences_per_pack=4"])
 
     print_stage(4, 4, f"throughput, packed and padded alternated, and the dev curves ({DIRECTORY})")
-    measured = [f"--sentences={FLAGS.sentences}", f"--passages={FLAGS.passages}", *FLAGS.throughput_flags]
+    measured = [f"--sentences={FLAGS.sentences}", f"--passages={FLAGS.passages}", *measured]
     command_unless_done(f"{DIRECTORY}/throughput.json", "benchmark_finetuning", "--target=0",
                         f"--output_json={DIRECTORY}/throughput.json", *measured, made_with=" ".join(measured) + "\n")
     for task in ("pronouns", "first_year"):
         command("bert_packed.cli.compare_curves", f"--output={DIRECTORY}/{task}.png", "--accuracy=auto",
-                *(f"{DIRECTORY}/{task}_{mode}_seed{seed}" for mode in MODES for seed in FLAGS.seeds))
+                *(f"{DIRECTORY}/{task}_{mode}_seed{seed}" for mode in MODES for seed in seeds))
     print(f"results: {DIRECTORY}/ (pronouns.png, first_year.png, */eval_log.jsonl, first_year_*/predictions.json, "
           f"throughput.json)")
 

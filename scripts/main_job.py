@@ -31,12 +31,11 @@ import os
 import re
 import shlex
 
-from _jobs import command, command_unless_done, print_stage, read_text
+from _jobs import command, command_unless_done, flags_of, print_stage, read_text, seed_values
 from absl import flags
 
 from bert_packed import files
 from bert_packed.cli.common import run
-from bert_packed.cli.in_process import command_in_this_process
 from bert_packed.errors import SettingsError
 from bert_packed.files import write_text_atomically
 
@@ -95,32 +94,14 @@ def shell_words(name: str) -> list[str]:
 def checked_flags(name: str, module: str) -> list[str]:
     """The words of the flag `name` (shell_words), each a flag that the command `module` takes with
     a value it takes: a typo is said before any stage, not when its stage comes minutes later."""
-    words = shell_words(name)
-    with command_in_this_process(module):
-        for word in words:
-            key, given, value = word.removeprefix("--").partition("=")
-            flag = FLAGS[key] if key in FLAGS else None
-            negated = key.startswith("no") and key[2:] in FLAGS and FLAGS[key[2:]].boolean
-            if not word.startswith("--") or (flag is None and not negated):
-                raise SettingsError(f"--{name}: {word!r}: {module.rsplit('.', 1)[-1]} has no such flag "
-                                    f"(--{name} holds flags, --name=value)")
-            try:
-                if given and flag is not None:
-                    flag.parse(value)
-            except (flags.Error, ValueError) as e:
-                raise SettingsError(f"--{name}: {word}: {e}") from None
-    return words
+    return flags_of(module, name, shell_words(name))
 
 
 def seeds() -> tuple[list[str], list[str]]:
     """--seeds and --baseline_seeds: integers, at least one of --seeds, none given twice (each
     seed's run has a directory of its own)."""
-    given = {"seeds": FLAGS.seeds, "baseline_seeds": FLAGS.baseline_seeds}
-    for name, values in given.items():
-        for value in values:
-            if not re.fullmatch(r"[0-9]+", value.strip()) or int(value) >= 2**32:
-                raise SettingsError(f"--{name}={','.join(values)}: {value!r} is not a seed: expected integers from 0 "
-                                    f"to 2**32 - 1 separated by commas (--{name}=1,2,3)")
+    given = {"seeds": seed_values("seeds", FLAGS.seeds), "baseline_seeds": seed_values("baseline_seeds",
+                                                                                       FLAGS.baseline_seeds)}
     if not given["seeds"]:
         raise SettingsError("--seeds is empty: expected at least one seed (--seeds=1)")
     every = [int(value) for values in given.values() for value in values]
@@ -128,7 +109,7 @@ def seeds() -> tuple[list[str], list[str]]:
     if twice:
         raise SettingsError(f"--seeds={','.join(FLAGS.seeds)} --baseline_seeds={','.join(FLAGS.baseline_seeds)}: "
                             f"seed {twice[0]} is given twice: each seed's run has a directory of its own")
-    return [str(int(v)) for v in given["seeds"]], [str(int(v)) for v in given["baseline_seeds"]]
+    return given["seeds"], given["baseline_seeds"]
 
 
 def own_text() -> tuple[str, list[str], list[str]]:
