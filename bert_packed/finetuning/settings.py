@@ -43,7 +43,7 @@ class FineTuningSettings:
     warmup_proportion: float = setting(0.1, "The share of the updates the learning rate warms up over, then decays "
                                             "linearly to 0.", group=TRAINING_GROUP)
     eval_every_samples: int = setting(0, "Also evaluate every this many training examples (0: only at the end): "
-                                         "the dev curve compare_curves draws.", group=TRAINING_GROUP, changeable=True)
+                                         "the dev curve compare_curves draws.", group=TRAINING_GROUP)
     input_mode: str = setting("packed", "Several examples a row (packed, by the planner on the task's own length "
                                         "histogram) or one a row (padded).", group=PACKING_GROUP,
                               choices=FINETUNING_INPUT_MODES)
