@@ -86,13 +86,14 @@ def same_job(weights: str) -> None:
 def fine_tune(task: str, module: str, weights: str, seeds: list[str], examples: int, task_flags: list[str]) -> None:
     """`task` fine-tuned packed and padded from `weights`, each seed (`examples` training examples a run)."""
     every = max(1, int(examples * FLAGS.num_train_epochs / FLAGS.evaluations))
+    loop = max(1, min(10, every // 64))  # updates a compiled loop: evaluations fall between loops (32 examples an update)
     for seed in seeds:
         for mode in MODES:
             print(f"-- {task}, {mode}, seed {seed}", flush=True)
             command(module, *task_flags, f"--init_checkpoint={weights}",
                     "--bert_config_file=configs/bert_config_tiny.json", "--do_train", f"--input_mode={mode}",
                     f"--num_train_epochs={FLAGS.num_train_epochs}", "--learning_rate=1e-3", f"--seed={seed}",
-                    f"--eval_every_samples={every}", "--iterations_per_loop=10",
+                    f"--eval_every_samples={every}", f"--iterations_per_loop={loop}",
                     f"--output_dir={DIRECTORY}/{task}_{mode}_seed{seed}")
 
 

@@ -197,17 +197,17 @@ def test_the_fine_tuning_job_runs_from_the_main_job_s_weights_and_reads_well(mai
     packed phase-2 weights, their dev curves and the alternated throughput."""
     root, _ = main_job
     result = subprocess.run(["make", "--no-print-directory", "finetune", f"STAMP={root / 'installed'}",
-                             "FINETUNE_FLAGS=--sentences=100 --passages=40 --num_train_epochs=1 --evaluations=2 --seeds=1 "
+                             "FINETUNE_FLAGS=--sentences=100 --passages=64 --num_train_epochs=2 --evaluations=2 --seeds=1 "
                              "--throughput_flags=--rounds=1,--updates=1"], cwd=root, capture_output=True, text=True,
                             timeout=900, env=environment())
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
-    assert_reads_well(output, "make finetune", 90)
+    assert_reads_well(output, "make finetune", 110)
     stages = [line for line in result.stdout.splitlines() if line.startswith("== ")]
     assert [line.split(" ", 2)[1] for line in stages] == ["1/4", "2/4", "3/4", "4/4"]
     assert "from runs/wikipedia_like/packed_batch_corrected_seed1/model.ckpt-2" in stages[1]
     finetune = root / "runs" / "finetune"
-    for task, examples in (("pronouns", 100), ("first_year", 40)):
+    for task, examples in (("pronouns", 100), ("first_year", 64)):
         for mode in ("padded", "packed"):
             evaluations = [json.loads(line) for line in open(finetune / f"{task}_{mode}_seed1" / "eval_log.jsonl")]
             assert len(evaluations) >= 2  # a curve
