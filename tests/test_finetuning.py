@@ -331,27 +331,14 @@ def test_transformers_gives_each_example_alone_the_logits_it_has_in_a_pack(expor
 
 def classification_update(rows, input_mode, packing_factor, tmp_path, start=None):
     """The weights after two updates of the compiled step, each on every row of `rows` at once."""
-    from training_runs import config as run_config
+    from training_runs import two_fine_tuning_updates
 
     from bert_packed.training.objective import Classification
-    from bert_packed.training.process import set_up_process
-    from bert_packed.training.step import CompiledStep
 
-    num_rows = len(rows["input_ids"])
-    setup = run_config(tmp_path / input_mode, [], dropout=0.0, input_mode=input_mode, train_batch_size=num_rows,
-                       optimizer="adamw", adjust_batch_for_packing=False, adjust_betas_for_packing=False,
-                       packing_factor=packing_factor, clip_by_global_norm_after_gradient_allreduce=True)
-    set_up_process(setup.config)
-    step = CompiledStep(setup.config, setup.train_data,
-                        objective=Classification(setup.config, ("0", "1"), scores=("accuracy", "f1")))
-    if start is not None:
-        for weight, value in zip(step.model.weights, start, strict=True):
-            weight.assign(value)
-    before = [w.numpy() for w in step.model.weights]
-    dataset = tf.data.Dataset.from_tensor_slices(rows).batch(num_rows).repeat()
-    results = step.run_updates(iter(step.strategy.distribute_datasets_from_function(lambda context: dataset)), 2)
-    metrics = step.objective.metrics(dict(zip(step.objective.sum_keys, results[0, 1:])))
-    return before, [w.numpy() for w in step.model.weights], metrics, step
+    before, after, sums, step = two_fine_tuning_updates(
+        rows, input_mode, packing_factor, tmp_path / input_mode,
+        lambda config: Classification(config, ("0", "1"), scores=("accuracy", "f1")), start)
+    return before, after, step.objective.metrics({key: sums[key] for key in step.objective.sum_keys}), step
 
 
 def test_the_compiled_step_trains_packed_rows_as_it_trains_one_example_a_row(tokenizer, tmp_path):

@@ -323,35 +323,18 @@ def test_run_squad_refuses_bad_flags_in_one_line_before_anything_is_written(tmp_
     assert not (tmp_path / "run").exists()
 
 
-def span_update(rows, input_mode, packing_factor, tmp_path, start=None):
-    """The weights after two updates of the compiled step (dropout off), each on every row at once."""
-    from training_runs import config as run_config
+def test_the_compiled_step_trains_packed_windows_as_it_trains_one_window_a_row(tokenizer, squad_file, tmp_path):
+    from training_runs import two_fine_tuning_updates
 
     from bert_packed.training.objective import SpanPrediction
-    from bert_packed.training.process import set_up_process
-    from bert_packed.training.step import CompiledStep
 
-    num_rows = len(rows["input_ids"])
-    setup = run_config(tmp_path / input_mode, [], dropout=0.0, input_mode=input_mode, train_batch_size=num_rows,
-                       optimizer="adamw", adjust_batch_for_packing=False, adjust_betas_for_packing=False,
-                       packing_factor=packing_factor, clip_by_global_norm_after_gradient_allreduce=True)
-    set_up_process(setup.config)
-    step = CompiledStep(setup.config, setup.train_data, objective=SpanPrediction(setup.config))
-    if start is not None:
-        for weight, value in zip(step.model.weights, start, strict=True):
-            weight.assign(value)
-    before = [w.numpy() for w in step.model.weights]
-    dataset = tf.data.Dataset.from_tensor_slices(rows).batch(num_rows).repeat()
-    results = step.run_updates(iter(step.strategy.distribute_datasets_from_function(lambda context: dataset)), 2)
-    return before, [w.numpy() for w in step.model.weights], dict(zip(step.objective.sum_keys, results[0, 1:])), step
-
-
-def test_the_compiled_step_trains_packed_windows_as_it_trains_one_window_a_row(tokenizer, squad_file, tmp_path):
     windows, packed = span_rows(tokenizer, squad_file, depth=4)
     _, alone = span_rows(tokenizer, squad_file, depth=1)
     count = len(windows.encoded.input_ids)
-    start, packed_after, packed_sums, step = span_update(packed, "packed", count / len(packed["input_ids"]), tmp_path)
-    _, alone_after, alone_sums, _ = span_update(alone, "padded", 1.0, tmp_path, start)
+    start, packed_after, packed_sums, step = two_fine_tuning_updates(packed, "packed", count / len(packed["input_ids"]),
+                                                                     tmp_path / "packed", SpanPrediction)
+    _, alone_after, alone_sums, _ = two_fine_tuning_updates(alone, "padded", 1.0, tmp_path / "padded", SpanPrediction,
+                                                            start)
     assert packed_sums["examples"] == alone_sums["examples"] == count
     assert packed_sums["example_loss"] == pytest.approx(alone_sums["example_loss"], rel=1e-5)
     changed = 0

@@ -206,3 +206,25 @@ def sigterm_in_the_loop_from(run, step: int | None = None) -> None:
 
     run.update.loop = loop_then_sigterm
 
+
+
+def two_fine_tuning_updates(rows: dict, input_mode: str, packing_factor: float, output_dir, objective,
+                            start: list | None = None) -> tuple[list, list, dict, CompiledStep]:
+    """Two updates of the compiled step of `objective(config)` (a fine-tuning objective: dropout
+    off, AdamW), each on every row of `rows` at once, from `start`'s weights (None: its own).
+
+    Returns:
+      (the weights before, after, the first update's sums by name, the step).
+    """
+    num_rows = len(rows["input_ids"])
+    setup = config(output_dir, [], dropout=0.0, input_mode=input_mode, train_batch_size=num_rows, optimizer="adamw",
+                   adjust_batch_for_packing=False, adjust_betas_for_packing=False, packing_factor=packing_factor,
+                   clip_by_global_norm_after_gradient_allreduce=True)
+    set_up_process(setup.config)
+    step = CompiledStep(setup.config, setup.train_data, objective=objective(setup.config))
+    for weight, value in zip(step.model.weights, start or [], strict=start is not None):
+        weight.assign(value)
+    before = [w.numpy() for w in step.model.weights]
+    dataset = tf.data.Dataset.from_tensor_slices(rows).batch(num_rows).repeat()
+    results = step.run_updates(iter(step.strategy.distribute_datasets_from_function(lambda context: dataset)), 2)
+    return before, [w.numpy() for w in step.model.weights], dict(zip(step.update.sum_keys, results[0, 1:])), step

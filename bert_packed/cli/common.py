@@ -337,3 +337,21 @@ def exit_with(status: int, line: str) -> NoReturn:
     """Exits with `status` after one line on stderr."""
     sys.stderr.write(line + "\n")
     sys.exit(status)
+
+
+# A run stopped by a signal after saving: SIGTERM (a preemption) says to try again, SIGINT that
+# the user stopped it.
+SIGNAL_EXIT_STATUS = {"SIGTERM": EXIT_TRY_AGAIN, "SIGINT": EXIT_INTERRUPTED}
+
+
+def exit_if_stopped(program: str, result) -> None:
+    """Ends a training command whose run a signal stopped (training.loop's RunResult): exits with
+    the signal's status and says what the same command does; returns otherwise."""
+    if not result.stopped_by:
+        return
+    status = SIGNAL_EXIT_STATUS[result.stopped_by]
+    if not result.step:
+        exit_with(status, f"{program}: stopped by {result.stopped_by} before the first step; the same command "
+                          f"starts the run (exit status {status})")
+    exit_with(status, f"{program}: stopped by {result.stopped_by} after saving step {result.step}; the same "
+                      f"command resumes (exit status {status})")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from absl import flags
 
-from bert_packed.cli.common import EXIT_INTERRUPTED, EXIT_TRY_AGAIN, command_flags_text, exit_with, run
+from bert_packed.cli.common import command_flags_text, exit_if_stopped, run
 from bert_packed.cli.settings_flags import define_flags, from_flags
 from bert_packed.finetuning.settings import ClassifierSettings
 from bert_packed.run_directory import EVAL_LOG, EVAL_RESULTS, RunDirectory
@@ -29,7 +29,6 @@ HELP_GROUPS = help_groups(*SETTINGS)
 FIRST_RUN = first_run_settings(*SETTINGS)
 
 PROGRAM = "run_classifier"
-EXIT_STATUS = {"SIGTERM": EXIT_TRY_AGAIN, "SIGINT": EXIT_INTERRUPTED}
 
 
 def main(argv):
@@ -53,10 +52,7 @@ def main(argv):
         return
     result = train_and_evaluate(config, fine_tuning.train_data, fine_tuning.eval_data, step)
     leave_together(step.strategy)
-    if result.stopped_by:
-        status = EXIT_STATUS[result.stopped_by]
-        exit_with(status, f"{PROGRAM}: stopped by {result.stopped_by} after saving step {result.step}; the same "
-                          f"command resumes (exit status {status})")
+    exit_if_stopped(PROGRAM, result)
     last_eval = result.directory.read_log(EVAL_LOG)[-1:] if settings.do_eval else []
     figures = f": {step.objective.describe(last_eval[0])}" if last_eval else ""
     print(f"{PROGRAM}: trained {result.step} updates in {config.run.output_dir}{figures}")

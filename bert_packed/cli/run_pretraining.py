@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from absl import flags
 
-from bert_packed.cli.common import EXIT_INTERRUPTED, EXIT_TRY_AGAIN, command_flags_text, exit_with, run
+from bert_packed.cli.common import command_flags_text, exit_if_stopped, run
 from bert_packed.cli.settings_flags import define_flags
 from bert_packed.dataset_info import one_reading_per_file
 from bert_packed.errors import SettingsError
@@ -51,7 +51,6 @@ FIRST_RUN = first_run_settings(*SETTINGS)
 PROGRAM = "run_pretraining"
 # A run stopped by a signal after saving: SIGTERM (preempted) gives BSD's EX_TEMPFAIL, "try
 # again"; SIGINT (Ctrl-C) the shell's 128 + 2.
-EXIT_STATUS = {"SIGTERM": EXIT_TRY_AGAIN, "SIGINT": EXIT_INTERRUPTED}
 
 
 def cluster_of_this_task():
@@ -146,13 +145,7 @@ def main(argv):
         return
     result = train_and_evaluate(config, train_data, eval_data, step)
     leave_together(step.strategy)  # the chief last: its process holds the workers' coordination service
-    if result.stopped_by:
-        status = EXIT_STATUS[result.stopped_by]
-        if not result.step:
-            exit_with(status, f"{PROGRAM}: stopped by {result.stopped_by} before the first step; the same command "
-                              f"starts the run (exit status {status})")
-        exit_with(status, f"{PROGRAM}: stopped by {result.stopped_by} after saving step {result.step}; the same "
-                          f"command resumes (exit status {status})")
+    exit_if_stopped(PROGRAM, result)
     from bert_packed.training.report import run_summary
 
     print("\n".join(run_summary(result.directory, config.eval.target_mlm_accuracy, config.run.submission_division,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from absl import flags
 
-from bert_packed.cli.common import EXIT_INTERRUPTED, EXIT_TRY_AGAIN, command_flags_text, exit_with, run
+from bert_packed.cli.common import command_flags_text, exit_if_stopped, run
 from bert_packed.cli.settings_flags import define_flags, from_flags
 from bert_packed.finetuning.settings import SquadSettings
 from bert_packed.run_directory import EVAL_LOG, PREDICTIONS, RunDirectory
@@ -31,7 +31,6 @@ HELP_GROUPS = help_groups(*SETTINGS)
 FIRST_RUN = first_run_settings(*SETTINGS)
 
 PROGRAM = "run_squad"
-EXIT_STATUS = {"SIGTERM": EXIT_TRY_AGAIN, "SIGINT": EXIT_INTERRUPTED}
 
 
 def main(argv):
@@ -52,10 +51,7 @@ def main(argv):
     if settings.do_train:
         result = train_and_evaluate(config, fine_tuning.train_data, fine_tuning.eval_data, step)
         leave_together(step.strategy)
-        if result.stopped_by:
-            status = EXIT_STATUS[result.stopped_by]
-            exit_with(status, f"{PROGRAM}: stopped by {result.stopped_by} after saving step {result.step}; the same "
-                              f"command resumes (exit status {status})")
+        exit_if_stopped(PROGRAM, result)
         print(f"{PROGRAM}: trained {result.step} updates in {config.run.output_dir}")
     if not settings.do_predict:
         return
