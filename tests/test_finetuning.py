@@ -388,6 +388,31 @@ def test_rows_are_read_each_epoch_whole_and_a_resumed_read_continues_the_same_ba
     assert labels == [[0.0, 0.5, 1.0], [1.5, 2.0, 2.5], [3.0, 0.0, 0.0]]  # filled with empty rows
 
 
+def test_rows_packed_anew_each_epoch_hold_every_example_once_share_packs_otherwise_and_resume_exactly(tokenizer):
+    """--input_mode=packed_online: one plan, every epoch each example once in a pack, the packs'
+    company drawn again each epoch, and a read from batch b the uninterrupted read's."""
+    from bert_packed.finetuning.encode import RepackedRows
+    from bert_packed.input_pipeline import rows_dataset
+
+    task = TASKS["sst-2"]
+    examples = [read_one(task, SENTENCES[i % len(SENTENCES)] + " " + "a " * (i % 5), None, "1") for i in range(30)]
+    encoded = encode_examples(examples, task, task.labels, tokenizer, max_seq_length=32)
+    first = assign_to_packs(encoded.lengths, 32, 4, seed=1)
+    rows = RepackedRows(encoded, first.plan, 32, 4, seed=1)
+    batches = [b for b in rows_dataset(rows, 4, seed=5).take(3 * -(-rows.num_rows // 4) + 2)]
+    slots = np.concatenate([b["example_ids"].numpy() for b in batches])  # [rows, S], in stream order
+    held = np.concatenate([b["label_weights"].numpy() for b in batches]) > 0
+    companies = []
+    for epoch in range(3):
+        epoch_slots, epoch_held = (a[epoch * rows.num_rows:(epoch + 1) * rows.num_rows] for a in (slots, held))
+        assert sorted(epoch_slots[epoch_held].tolist()) == list(range(30))  # every example once an epoch
+        companies.append({frozenset(row[mask].tolist()) for row, mask in zip(epoch_slots, epoch_held)})
+    assert companies[0] != companies[1] != companies[2]  # other examples share a pack
+    for start in (1, 3, 8):
+        resumed = [b["example_ids"].numpy().tolist() for b in rows_dataset(rows, 4, seed=5, first_batch=start).take(2)]
+        assert resumed == [b["example_ids"].numpy().tolist() for b in batches[start:start + 2]]
+
+
 def write_mrpc(directory, train_examples=40, dev_examples=12):
     """A small MRPC-like task: pairs of the test sentences, labelled by whether they share a word."""
     directory.mkdir(parents=True, exist_ok=True)

@@ -5,9 +5,9 @@ r"""Fine-tune BERT to classify (or score) text: google-research/bert's run_class
         --do_train --do_eval --output_dir=runs/mrpc [--input_mode=padded]
 
 The same flags as google-research's, and --input_mode: packed (the default: several examples a
-row, planned on the task's own length histogram) or padded (one a row). The run is pre-training's
-loop: checkpoints, exact resume after a kill or a signal (the same command again), logs and
-refusals; its evaluation reports the task's GLUE scores (docs/finetuning.md).
+row, planned on the task's own length histogram), packed_online (packed anew each epoch) or
+padded (one a row). The run is pre-training's loop: checkpoints, exact resume after a kill or a
+signal (the same command again), logs and refusals; its evaluation reports the task's GLUE scores (docs/finetuning.md).
 """
 
 from __future__ import annotations

@@ -5,11 +5,11 @@ r"""Fine-tune BERT to answer questions on a text: google-research/bert's run_squ
         --do_predict --predict_file=squad/dev-v1.1.json --output_dir=runs/squad [--input_mode=padded]
 
 The same flags as google-research's (SQuAD v1.1), and --input_mode: packed (the default: several
-windows a row, planned on the windows' own length histogram) or padded (one a row). The run is
-pre-training's loop: checkpoints, exact resume after a kill or a signal (the same command again),
-logs and refusals. --do_predict writes predictions.json and nbest_predictions.json in
---output_dir and, where the predict file holds answers, reports the official exact match and F1
-(docs/finetuning.md).
+windows a row, planned on the windows' own length histogram), packed_online (packed anew each
+epoch) or padded (one a row). The run is pre-training's loop: checkpoints, exact resume after a
+kill or a signal (the same command again), logs and refusals. --do_predict writes
+predictions.json and nbest_predictions.json in --output_dir and, where the predict file holds
+answers, reports the official exact match and F1 (docs/finetuning.md).
 """
 
 from __future__ import annotations

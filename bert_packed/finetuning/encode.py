@@ -16,7 +16,8 @@ import numpy as np
 from bert_packed.errors import InternalError, UserError
 from bert_packed.features import finetuning_lengths
 from bert_packed.finetuning.tasks import Example, Task
-from bert_packed.packing.assign import PackAssignment
+from bert_packed.packing.assign import PackAssignment, place
+from bert_packed.packing.plan import PackingPlan
 
 # [CLS] text [SEP] text_pair [SEP]: the tokens a sequence adds to its texts'.
 SPECIAL_TOKENS_SINGLE, SPECIAL_TOKENS_PAIR = 2, 3
@@ -150,3 +151,33 @@ def make_rows(encoded: EncodedExamples, assignment: PackAssignment, max_seq_leng
             rows["example_ids"][row, slot] = example
             start = end
     return rows
+
+
+@dataclasses.dataclass(frozen=True)
+class RepackedRows:
+    """A training set packed anew each epoch (--input_mode=packed_online): one plan of its
+    lengths' histogram, and in each epoch which sequences of one length take which slot drawn
+    again (packing.assign.place, keyed by the seed and the epoch), so that the sequences sharing
+    a pack, and so an update, change from epoch to epoch. Every epoch has plan.num_packs rows.
+
+    Attributes:
+      encoded: the sequences.
+      plan: the plan of their lengths (assign_to_packs' of the first epoch).
+      max_seq_length, max_sequences_per_pack: L and S of the rows.
+      seed: the run's seed.
+    """
+
+    encoded: EncodedExamples
+    plan: PackingPlan
+    max_seq_length: int
+    max_sequences_per_pack: int
+    seed: int
+
+    @property
+    def num_rows(self) -> int:
+        return self.plan.num_packs
+
+    def epoch(self, epoch: int) -> dict[str, np.ndarray]:
+        """The rows of `epoch` (make_rows' layout)."""
+        assignment = place(self.encoded.lengths, self.plan, self.max_seq_length, self.seed * 1_000_003 + epoch)
+        return make_rows(self.encoded, assignment, self.max_seq_length, self.max_sequences_per_pack)

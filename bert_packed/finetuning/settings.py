@@ -18,8 +18,9 @@ from bert_packed.pretraining_data.tokenization import DEFAULT_VOCAB_FILE
 from bert_packed.settings import setting
 
 TASK_GROUP, TRAINING_GROUP, PACKING_GROUP, RUN_GROUP = "task", "training", "packing", "run"
-# How fine-tuning rows hold examples: several a row, or one a row (the baseline).
-FINETUNING_INPUT_MODES = ("packed", "padded")
+# How fine-tuning rows hold examples: several a row (the same packs every epoch, or packed anew
+# each epoch), or one a row (the baseline).
+FINETUNING_INPUT_MODES = ("packed", "padded", "packed_online")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -45,9 +46,11 @@ class FineTuningSettings:
     eval_every_samples: int = setting(0, "Also evaluate every this many training examples (0: only at the end): "
                                          "the dev curve compare_curves draws.", group=TRAINING_GROUP)
     input_mode: str = setting("packed", "Several examples a row (packed, by the planner on the task's own length "
-                                        "histogram) or one a row (padded).", group=PACKING_GROUP,
+                                        "histogram; packed_online: packed anew each epoch, so that other examples "
+                                        "share an update) or one a row (padded).", group=PACKING_GROUP,
                               choices=FINETUNING_INPUT_MODES)
-    max_sequences_per_pack: int = setting(6, "Examples a row holds at most (packed).", group=PACKING_GROUP)
+    max_sequences_per_pack: int = setting(6, "Examples a row holds at most (packed, packed_online).",
+                                          group=PACKING_GROUP)
     packing_algorithm: str = setting(DEFAULT_ALGORITHM, "The planner's algorithm (python -m bert_packed.packing): lp "
                                                         "sits at the bound (SST-2-sized lengths at L=128, depth 6: "
                                                         "about 10 s, 7% fewer rows than lpfhp's).",

@@ -70,6 +70,22 @@ def assign_to_packs(lengths, max_sequence_length: int, max_sequences_per_pack: i
     lengths = np.asarray(lengths, dtype=np.int64)
     histogram = histogram_from_lengths(lengths, max_sequence_length)
     packing_plan = plan(histogram, max_sequence_length, algorithm, max_sequences_per_pack)
+    return place(lengths, packing_plan, max_sequence_length, seed)
+
+
+def place(lengths, packing_plan: PackingPlan, max_sequence_length: int, seed: int = 0) -> PackAssignment:
+    """Places sequences of `lengths` in the packs of `packing_plan` (a plan of their histogram):
+    assign_to_packs without the planning, so that a set can be placed anew with another `seed`
+    (an epoch of fine-tuning packed on the fly) on one plan.
+
+    >>> lengths = [6, 2, 6, 2, 6, 2]
+    >>> one = assign_to_packs(lengths, 8, 3, "spfhp")
+    >>> again = place(lengths, one.plan, 8, seed=7)
+    >>> again.num_packs, sorted(map(sorted, again.members())) != sorted(map(sorted, one.members()))
+    (3, True)
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    histogram = histogram_from_lengths(lengths, max_sequence_length)
     # Rank of each sequence among those of its length, in input order.
     order = np.argsort(lengths, kind="stable")
     sorted_lengths = lengths[order]

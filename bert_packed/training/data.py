@@ -32,6 +32,7 @@ from bert_packed.dataset_info import (
 )
 from bert_packed.errors import SettingsError
 from bert_packed.features import PACKED_RECORD_MODES, Shapes
+from bert_packed.finetuning.encode import RepackedRows
 from bert_packed.input_pipeline import PipelineConfig
 from bert_packed.packing import DEFAULT_ALGORITHM, plan
 from bert_packed.packing.histogram import HistogramError, load_histogram
@@ -66,7 +67,7 @@ class TrainData:
         metadata.json counts the files): the run directory caches it.
       strategies: with "packed_online", the strategies of the plan the packer fills.
       rows: a fine-tuning set's rows, made in memory from `files` (input_pipeline.rows_dataset),
-        read instead of records.
+        read instead of records; RepackedRows when they are packed anew each epoch.
     """
 
     files: tuple[str, ...]
@@ -77,7 +78,7 @@ class TrainData:
     num_sequences: int = 0
     histogram: tuple[int, ...] = ()
     strategies: tuple = ()
-    rows: dict | None = dataclasses.field(default=None, repr=False, compare=False)
+    rows: dict | RepackedRows | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def identity_settings(self) -> dict:
         """What the data makes of a run, for its identity in run.json (beside the files')."""
@@ -108,7 +109,7 @@ class EvalData:
     input_mode: str = "padded"
     strategies: tuple = ()
     num_sequences: int = 0
-    rows: dict | None = dataclasses.field(default=None, repr=False, compare=False)
+    rows: dict | RepackedRows | None = dataclasses.field(default=None, repr=False, compare=False)
 
 
 def describe(paths: list[str], flag: str, shapes: Shapes, input_mode: str | None = None, depth_given: bool = False,

@@ -20,7 +20,7 @@ from bert_packed import files
 from bert_packed.dataset_info import FileIdentity
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
-from bert_packed.finetuning.encode import EncodedExamples, encode_examples, make_rows
+from bert_packed.finetuning.encode import EncodedExamples, RepackedRows, encode_examples, make_rows
 from bert_packed.finetuning.settings import ClassifierSettings, FineTuningSettings, SquadSettings
 from bert_packed.finetuning.squad import make_windows, read_squad_examples
 from bert_packed.finetuning.tasks import get_task, read_examples, task_labels
@@ -135,7 +135,7 @@ def _no_training(settings: FineTuningSettings) -> TrainData:
 
 
 def _depth(settings: FineTuningSettings) -> int:
-    return settings.max_sequences_per_pack if settings.input_mode == "packed" else 1
+    return 1 if settings.input_mode == "padded" else settings.max_sequences_per_pack
 
 
 def _config(settings: FineTuningSettings, bert: BertConfig, num_examples: int, train_data: TrainData,
@@ -145,7 +145,7 @@ def _config(settings: FineTuningSettings, bert: BertConfig, num_examples: int, t
     return make_config(
         bert=bert, init_checkpoint=settings.init_checkpoint, output_dir=settings.output_dir,
         input_mode=settings.input_mode, train_batch_size=settings.train_batch_size,
-        adjust_batch_for_packing=settings.input_mode == "packed", optimizer="adamw",
+        adjust_batch_for_packing=settings.input_mode != "padded", optimizer="adamw",
         learning_rate=settings.learning_rate, num_train_steps=steps,
         num_warmup_steps=int(steps * settings.warmup_proportion), eval_batch_size=eval_batch_size,
         eval_every_samples=settings.eval_every_samples, seed=settings.seed, deterministic=True,
@@ -181,6 +181,8 @@ def _rows_data(kind: type, encoded: EncodedExamples, path: str, settings: FineTu
     assignment = assign_to_packs(encoded.lengths, settings.max_seq_length, depth, settings.packing_algorithm,
                                  settings.seed)
     rows = make_rows(encoded, assignment, settings.max_seq_length, depth)
+    if kind is TrainData and settings.input_mode == "packed_online":  # the same plan, packed anew each epoch
+        rows = RepackedRows(encoded, assignment.plan, settings.max_seq_length, depth, settings.seed)
     count = len(encoded.input_ids)
     logging.info("%s: %d %s in %d rows of %d tokens (%.2f %s a row, %.1f%% of the tokens real)", path, count, noun,
                  assignment.num_packs, settings.max_seq_length, count / assignment.num_packs, noun,
