@@ -471,19 +471,18 @@ def _shares(batches: tf.data.Dataset, replicas: int, pipelines: int, pipeline: i
 def _repacked_epochs(rows: RepackedRows, seed: int, start: int) -> tf.data.Dataset:
     """The rows of a set packed anew each epoch, epoch after epoch, each epoch's rows in an order
     of (seed, epoch), from row `start` of that stream on (rows_dataset)."""
-    first = rows.epoch(0)
-    names = sorted(first)
-    dtypes = [tf.as_dtype(first[name].dtype) for name in names]
+    layout = rows.layout
+    names = sorted(layout)
 
     def epoch_rows(epoch):
         made = rows.epoch(int(epoch))
         return [made[name] for name in names]
 
     def one_epoch(epoch):
-        values = tf.py_function(epoch_rows, [epoch], dtypes)
+        values = tf.py_function(epoch_rows, [epoch], [tf.as_dtype(layout[name][1]) for name in names])
         order = tf.random.experimental.stateless_shuffle(tf.range(rows.num_rows, dtype=tf.int64),
                                                          seed=tf.stack([tf.cast(seed, tf.int64), epoch]))
-        shaped = {name: tf.gather(tf.ensure_shape(value, first[name].shape), order)
+        shaped = {name: tf.gather(tf.ensure_shape(value, [rows.num_rows, layout[name][0]]), order)
                   for name, value in zip(names, values)}
         return tf.data.Dataset.from_tensor_slices(shaped)
 

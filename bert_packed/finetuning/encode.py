@@ -112,6 +112,15 @@ def encode_examples(examples: list[Example], task: Task, labels: tuple[str, ...]
     return EncodedExamples(input_ids, segment_ids, {"labels": np.asarray(values, dtype=np.float32)})
 
 
+def row_layout(encoded: EncodedExamples, max_seq_length: int, max_sequences_per_pack: int
+               ) -> dict[str, tuple[int, np.dtype]]:
+    """{feature: (its length in a row, its dtype)} of the rows of `encoded` (features'
+    finetuning_lengths; int32, a target as its encoded dtype)."""
+    lengths = finetuning_lengths(max_seq_length, max_sequences_per_pack, tuple(encoded.targets))
+    return {name: (length, encoded.targets[name].dtype if name in encoded.targets else np.dtype(np.int32))
+            for name, length in lengths.items()}
+
+
 def make_rows(encoded: EncodedExamples, assignment: PackAssignment, max_seq_length: int,
               max_sequences_per_pack: int) -> dict[str, np.ndarray]:
     """The rows of the model's feature dict that hold the sequences where `assignment` puts them.
@@ -133,9 +142,8 @@ def make_rows(encoded: EncodedExamples, assignment: PackAssignment, max_seq_leng
       {feature: array [num_packs, length]} with features.finetuning_lengths' keys for the encoded
       targets (int32; a target as its encoded dtype).
     """
-    lengths = finetuning_lengths(max_seq_length, max_sequences_per_pack, tuple(encoded.targets))
-    rows = {name: np.zeros((assignment.num_packs, length), encoded.targets[name].dtype if name in encoded.targets
-                           else np.int32) for name, length in lengths.items()}
+    rows = {name: np.zeros((assignment.num_packs, length), dtype)
+            for name, (length, dtype) in row_layout(encoded, max_seq_length, max_sequences_per_pack).items()}
     for row, members in enumerate(assignment.members()):
         start = 0
         for slot, example in enumerate(members):
@@ -176,6 +184,11 @@ class RepackedRows:
     @property
     def num_rows(self) -> int:
         return self.plan.num_packs
+
+    @property
+    def layout(self) -> dict[str, tuple[int, np.dtype]]:
+        """Every epoch's row_layout."""
+        return row_layout(self.encoded, self.max_seq_length, self.max_sequences_per_pack)
 
     def epoch(self, epoch: int) -> dict[str, np.ndarray]:
         """The rows of `epoch` (make_rows' layout)."""

@@ -170,7 +170,7 @@ def make_windows(examples: list[SquadExample], tokenizer, max_seq_length: int, d
     Raises:
       TaskDataError: a question of more than max_query_length tokens (naming its file and line).
     """
-    questions = [ids for ids, _ in tokenizer.encode_with_offsets([e.question for e in examples])]
+    questions = tokenizer.encode([e.question for e in examples])
     contexts = tokenizer.encode_with_offsets([e.context for e in examples])
     input_ids, segment_ids, starts, ends, example_index, spans, max_context = [], [], [], [], [], [], []
     for index, (example, question, (context, offsets)) in enumerate(zip(examples, questions, contexts)):
@@ -180,6 +180,7 @@ def make_windows(examples: list[SquadExample], tokenizer, max_seq_length: int, d
         answer = _answer_tokens(example, offsets)
         window_length = max_seq_length - len(question) - SPECIAL_TOKENS
         windows = _window_starts(len(context), window_length, doc_stride)
+        best = _best_windows(windows, window_length, len(context))
         for start in windows:
             end = min(start + window_length, len(context))
             ids = np.concatenate([[tokenizer.cls_id], question, [tokenizer.sep_id], context[start:end],
@@ -195,8 +196,7 @@ def make_windows(examples: list[SquadExample], tokenizer, max_seq_length: int, d
             window_spans[first:first + end - start] = offsets[start:end]
             spans.append(window_spans)
             scored = np.zeros(len(ids), bool)
-            scored[first:first + end - start] = [_best_window(windows, window_length, len(context), token) == start
-                                                 for token in range(start, end)]
+            scored[first:first + end - start] = best[start:end] == start
             max_context.append(scored)
     targets = {"start_positions": np.asarray(starts, np.int32), "end_positions": np.asarray(ends, np.int32)}
     return Windows(EncodedExamples(input_ids, segment_ids, targets), np.asarray(example_index, np.int64), spans,
@@ -225,16 +225,16 @@ def _window_starts(num_tokens: int, window_length: int, doc_stride: int) -> list
         start += min(length, doc_stride)
 
 
-def _best_window(starts: list[int], window_length: int, num_tokens: int, token: int) -> int:
-    """The start of the window where `token` has the most context, google-research's
+def _best_windows(starts: list[int], window_length: int, num_tokens: int) -> np.ndarray:
+    """For each token, the start of the window where it has the most context, google-research's
     _check_is_max_context: min(left, right) + 0.01 * the window's length, the first best."""
-    best, best_score = None, None
+    best, best_score = np.zeros(num_tokens, np.int64), np.full(num_tokens, -1.0)
     for start in starts:
         end = min(start + window_length, num_tokens)
-        if start <= token < end:
-            score = min(token - start, end - 1 - token) + 0.01 * (end - start)
-            if best_score is None or score > best_score:
-                best, best_score = start, score
+        tokens = np.arange(start, end)
+        score = np.minimum(tokens - start, end - 1 - tokens) + 0.01 * (end - start)
+        better = score > best_score[start:end]
+        best[start:end][better], best_score[start:end][better] = start, score[better]
     return best
 
 

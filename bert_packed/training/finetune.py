@@ -180,9 +180,10 @@ def _rows_data(kind: type, encoded: EncodedExamples, path: str, settings: FineTu
     depth = _depth(settings)
     assignment = assign_to_packs(encoded.lengths, settings.max_seq_length, depth, settings.packing_algorithm,
                                  settings.seed)
-    rows = make_rows(encoded, assignment, settings.max_seq_length, depth)
     if kind is TrainData and settings.input_mode == "packed_online":  # the same plan, packed anew each epoch
         rows = RepackedRows(encoded, assignment.plan, settings.max_seq_length, depth, settings.seed)
+    else:
+        rows = make_rows(encoded, assignment, settings.max_seq_length, depth)
     count = len(encoded.input_ids)
     logging.info("%s: %d %s in %d rows of %d tokens (%.2f %s a row, %.1f%% of the tokens real)", path, count, noun,
                  assignment.num_packs, settings.max_seq_length, count / assignment.num_packs, noun,

@@ -94,7 +94,27 @@ class Pretraining:
         return metrics_from_sums(sums, self.config.model.loss_averaging, self.config.model.nsp_loss)
 
 
-class Classification:
+class FineTuningObjective:
+    """What fine-tuning's objectives share: a loss summed over the examples (the sequences of
+    fine-tuning rows, a slot each) and divided by their number in the update, no MLPerf log, and
+    no target (a run trains its epochs)."""
+
+    sum_keys = ("example_loss", "examples", "example_correct")
+    sequences_key = "examples"
+    mlperf = False
+
+    @staticmethod
+    def reached(metrics: dict, config: TrainConfig) -> bool:
+        return False
+
+    def counts(self, features: dict) -> dict[str, tf.Tensor]:
+        return {"examples": tf.reduce_sum(tf.cast(features["label_weights"], tf.float32))}
+
+    def loss(self, sums: dict, counts: dict | None = None) -> tf.Tensor:
+        return sums["example_loss"] / tf.maximum((counts or sums)["examples"], 1.0)
+
+
+class Classification(FineTuningObjective):
     """Fine-tuning's objective: each example's class (cross-entropy) or score (squared error, a
     regression), averaged over the examples of an update, as google-research's run_classifier
     averages over a batch.
@@ -110,9 +130,6 @@ class Classification:
         makes its rows and its epochs (another value is another run).
     """
 
-    sum_keys = ("example_loss", "examples", "example_correct")
-    sequences_key = "examples"
-    mlperf = False
     program = "run_classifier"
 
     def __init__(self, config: TrainConfig, labels: tuple[str, ...], scores: tuple[str, ...] = (),
@@ -134,10 +151,6 @@ class Classification:
         from random weights, as google-research's does."""
         load_weights(model if holds_classifier(path) else model.bert, path)
 
-    @staticmethod
-    def reached(metrics: dict, config: TrainConfig) -> bool:
-        return False  # a fine-tuning run trains its epochs
-
     def describe(self, metrics: dict) -> str:
         figures = [f"{name} {metrics[name]:.4f}" for name in ("accuracy", *self.scores) if name in metrics]
         return ", ".join(dict.fromkeys(figures)) + (f", loss {metrics.get('loss', 0.0):.4f} over "
@@ -145,12 +158,6 @@ class Classification:
 
     def sums(self, outputs: dict, features: dict) -> dict[str, tf.Tensor]:
         return classifier_sums(outputs, features, self.regression)
-
-    def counts(self, features: dict) -> dict[str, tf.Tensor]:
-        return {"examples": tf.reduce_sum(tf.cast(features["label_weights"], tf.float32))}
-
-    def loss(self, sums: dict, counts: dict | None = None) -> tf.Tensor:
-        return sums["example_loss"] / tf.maximum((counts or sums)["examples"], 1.0)
 
     def example_outputs(self, outputs: dict, features: dict) -> dict[str, tf.Tensor]:
         """Each slot's example, label and prediction (the class, or the score), and whether it holds
@@ -190,7 +197,7 @@ class Answering:
     max_answer_length: int
 
 
-class SpanPrediction:
+class SpanPrediction(FineTuningObjective):
     """SQuAD's objective: each sequence's answer span, by a softmax of its start logits and one of
     its end logits over its own tokens, the two cross-entropies halved and averaged over the
     sequences of an update (google-research's run_squad).
@@ -205,9 +212,6 @@ class SpanPrediction:
       identity: what run.json records of the run beside its settings.
     """
 
-    sum_keys = ("example_loss", "examples", "example_correct")
-    sequences_key = "examples"
-    mlperf = False
     program = "run_squad"
     labels = ()
 
@@ -227,10 +231,6 @@ class SpanPrediction:
         load_weights(model if holds_span_head(path) else model.bert, path)
 
     @staticmethod
-    def reached(metrics: dict, config: TrainConfig) -> bool:
-        return False  # a fine-tuning run trains its epochs
-
-    @staticmethod
     def describe(metrics: dict) -> str:
         figures = "".join(f"{name.replace('_', ' ')} {metrics[name]:.2f}, " for name in ("exact_match", "f1")
                           if name in metrics)
@@ -238,12 +238,6 @@ class SpanPrediction:
 
     def sums(self, outputs: dict, features: dict) -> dict[str, tf.Tensor]:
         return span_sums(outputs, features)
-
-    def counts(self, features: dict) -> dict[str, tf.Tensor]:
-        return {"examples": tf.reduce_sum(tf.cast(features["label_weights"], tf.float32))}
-
-    def loss(self, sums: dict, counts: dict | None = None) -> tf.Tensor:
-        return sums["example_loss"] / tf.maximum((counts or sums)["examples"], 1.0)
 
     def example_outputs(self, outputs: dict, features: dict) -> dict[str, tf.Tensor]:
         """Each slot's window, whether it holds one, and its start and end logits: [B * S] and
