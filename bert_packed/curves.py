@@ -24,6 +24,17 @@ from bert_packed.settings import setting
 # What a run's curves follow, by the first key its logs hold: pre-training's MLM accuracy,
 # run_squad's F1, run_classifier's accuracy; and how tables and plots name it.
 METRICS = {"mlm_accuracy": "MLM accuracy", "f1": "F1", "accuracy": "accuracy"}
+# What each kind of run is measured and repeated by: the script that measures its throughput
+# alternately in one process, and the job that runs its configurations with several seeds.
+PRETRAINING_ADVICE = ("scripts/benchmark_training.py",
+                      "make experiments runs three seeds of each configuration and five of the baseline, for bands")
+FINE_TUNING_ADVICE = ("scripts/benchmark_finetuning.py",
+                      "make finetune FINETUNE_FLAGS=--seeds=1,2,3 runs three seeds of each, for bands")
+
+
+def advice(metric: str) -> tuple[str, str]:
+    """(the throughput benchmark, the several-seeds job) of runs that follow `metric`."""
+    return PRETRAINING_ADVICE if metric == "mlm_accuracy" else FINE_TUNING_ADVICE
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -38,8 +49,9 @@ class CompareSettings:
     at_sequences: float | None = setting(None, "Also a table of each configuration's eval loss and accuracy at this "
                                                "many sequences (the seeds' mean and range), with what its updates "
                                                "hold.", group="output")
-    accuracy: str = setting("0.720", "MLM accuracy (fine-tuning runs: their accuracy or F1) for the "
-                                     "sequences-and-time-to-accuracy columns; 'auto': 90% of the "
+    accuracy: str = setting("0.720", "MLM accuracy (MLPerf's target by default; fine-tuning runs: their accuracy or "
+                                     "F1, 'auto' unless given) for the sequences-and-time-to-accuracy columns; "
+                                     "'auto': 90% of the "
                                      "way from the highest first evaluation to the lowest final one, which every run "
                                      "reaches and none at its first evaluation (none: no figure, said).",
                             group="output")
@@ -78,6 +90,13 @@ class Run:
         """Seconds spent training, evaluations left out (a log without train_seconds: all its seconds)."""
         last = self.train[-1]
         return last.get("train_seconds", last["seconds"])
+
+    @property
+    def sequences_per_update(self) -> float:
+        """Sequences an update held, on average over the run (its log's; micro-steps are counted
+        in steps, updates in steps_per_update of them)."""
+        last = self.train[-1]
+        return last["sequences"] * self.info.get("steps_per_update", 1) / last["step"]
 
     @property
     def sequences_per_second(self) -> float:
@@ -326,7 +345,7 @@ def summary_table(runs: list[Run], accuracy: float | None) -> list[dict]:
             "seeds": len(group.runs),
             "input_mode": info.get("input_mode", "?"),
             "packing_factor": info.get("packing_factor", 1.0),
-            "sequences_per_update": info.get("sequences_per_update"),
+            "sequences_per_update": group.mean(lambda run: run.sequences_per_update),
             "metric": metric,
             "final_accuracy": group.mean(final(metric)),
             "final_accuracy_range": group.spread(final(metric)),
@@ -417,14 +436,15 @@ def verdict_notes(rows: list[dict]) -> list[str]:
     if single:
         who = ("every configuration has" if len(single) == len(rows)
                else f"{', '.join(single)} {'has' if len(single) == 1 else 'have'}")
-        notes.append(f"{who} one seed: a gap between curves cannot be told from seed noise; make experiments runs "
-                     f"three seeds of each configuration and five of the baseline, for bands")
+        notes.append(f"{who} one seed: a gap between curves cannot be told from seed noise; {advice(rows[0]['metric'])[1]}")
     return notes
 
 
-CLOCK_NOTE = ("sequences/s and the speed-up by the runs' clocks come from each run's own wall clock, at the mercy of "
-              "what else the machine ran meanwhile; the throughput speed-up to trust is measured alternately in one "
-              "process (scripts/benchmark_training.py, --throughput)")
+def clock_note(metric: str) -> str:
+    """What the clock columns are worth, and where the throughput to trust is measured."""
+    return ("sequences/s and the speed-up by the runs' clocks come from each run's own wall clock, at the mercy of "
+            "what else the machine ran meanwhile; the throughput speed-up to trust is measured alternately in one "
+            f"process ({advice(metric)[0]}" + (", --throughput)" if metric == "mlm_accuracy" else ")"))
 
 
 def plot(runs: list[Run], path: str) -> None:
