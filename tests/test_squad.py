@@ -268,6 +268,20 @@ def test_run_squad_fine_tunes_packed_and_answers_as_the_padded_evaluation_of_its
     assert padded.returncode == 0, padded.stderr
     assert json.loads((tmp_path / "padded" / "predictions.json").read_text()) == answers
     assert f"exact match {evaluation['exact_match']:.2f}, f1 {evaluation['f1']:.2f}" in padded.stdout
+    # The same questions without their answers (a test set's): answered the same, not scored.
+    test = json.loads((tmp_path / "dev.json").read_text())
+    for paragraph in test["data"][0]["paragraphs"]:
+        for qa in paragraph["qas"]:
+            del qa["answers"]
+    (tmp_path / "test.json").write_text(json.dumps(test))
+    unscored = run_command("run_squad", *squad_flags(tmp_path, bert_config_file, "test", "--do_predict",
+                                                     f"--predict_file={tmp_path / 'test.json'}",
+                                                     f"--init_checkpoint={tmp_path / 'packed' / f'model.ckpt-{step}'}"))
+    assert unscored.returncode == 0, unscored.stderr
+    assert json.loads((tmp_path / "test" / "predictions.json").read_text()) == answers
+    assert re.search(rf"answered 8 questions of {tmp_path / 'test.json'}: not scored \(the file has no answers\) over "
+                     rf"\d+ windows", unscored.stdout)
+    assert "loss" not in (tmp_path / "test" / "eval_results.txt").read_text()
 
 
 @pytest.mark.slow  # loads PyTorch and transformers

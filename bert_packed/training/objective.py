@@ -232,9 +232,11 @@ class SpanPrediction(FineTuningObjective):
 
     @staticmethod
     def describe(metrics: dict) -> str:
+        if "loss" not in metrics:
+            return f"not scored (the file has no answers) over {metrics.get('num_sequences', 0):.0f} windows"
         figures = "".join(f"{name.replace('_', ' ')} {metrics[name]:.2f}, " for name in ("exact_match", "f1")
                           if name in metrics)
-        return f"{figures}loss {metrics.get('loss', 0.0):.4f} over {metrics.get('num_sequences', 0):.0f} windows"
+        return f"{figures}loss {metrics['loss']:.4f} over {metrics.get('num_sequences', 0):.0f} windows"
 
     def sums(self, outputs: dict, features: dict) -> dict[str, tf.Tensor]:
         return span_sums(outputs, features)
@@ -249,10 +251,13 @@ class SpanPrediction(FineTuningObjective):
                 "end_logits": tf.reshape(outputs["end_logits"], [-1, length])}
 
     def metrics(self, sums: dict, examples: dict | None = None) -> dict[str, float]:
-        """The loss of summed sums, and with `examples` (example_outputs of every batch) each
-        question's answer (kept in `answers`) and their exact match and F1."""
+        """The loss of summed sums (none when the predict file has no answers: questions to answer,
+        as a test set's), and with `examples` (example_outputs of every batch) each question's
+        answer (kept in `answers`) and their exact match and F1."""
         count = float(sums["examples"])
         metrics = {"loss": float(self.loss(sums)), "num_sequences": count}
+        if self.answering is not None and not any(example.answers for example in self.answering.examples):
+            del metrics["loss"]  # questions to answer, not to score: each window's target is its [CLS]
         if examples is None or not count or self.answering is None:
             return metrics
         held = examples["weights"] > 0
