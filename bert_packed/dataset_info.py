@@ -266,6 +266,9 @@ class DatasetInfo:
                 self.files and self.num_records < 1):
             raise DatasetInfoError(f"{self.num_sequences} sequences in {self.num_records} records at most {depth} a "
                                    f"record cannot be (a packing factor of {self.packing_factor:.3f} at depth {depth})")
+        made_with = self.details.get("vocab_size")
+        if made_with is not None and (not isinstance(made_with, int) or isinstance(made_with, bool) or made_with < 1):
+            raise DatasetInfoError(f"vocab_size={made_with!r}: expected the vocabulary's size, a whole number of 1 or more")
         names = [f.name for f in self.files + self.eval_files]
         if len(set(names)) != len(names) or any(os.path.isabs(n) or ".." in n.split("/") for n in names):
             raise DatasetInfoError("a file listed twice, or outside the dataset's directory")
@@ -278,6 +281,12 @@ class DatasetInfo:
     def packing_factor(self) -> float:
         """Sequences per record (1.0 for unpacked data)."""
         return self.num_sequences / self.num_records if self.num_records else 1.0
+
+    @property
+    def vocab_size(self) -> int | None:
+        """The size of the vocabulary the records were made with (create_pretraining_data's, carried
+        on by the packer); None where not recorded (the reference's data)."""
+        return self.details.get("vocab_size")
 
     @property
     def text_sha256(self) -> frozenset[str]:

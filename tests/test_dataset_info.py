@@ -5,7 +5,7 @@ import os
 import shutil
 
 import pytest
-from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, run_command, tfrecords
+from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, TINY, run_command, tfrecords
 
 from bert_packed.dataset_info import (
     DataFile,
@@ -48,6 +48,19 @@ def test_an_unreadable_description_is_named(tmp_path, content, message):
     (tmp_path / "metadata.json").write_text(content)
     with pytest.raises(DatasetInfoError, match=rf"{tmp_path}/metadata.json: .*{message}"):
         read_dataset_info(str(tmp_path))
+
+
+def test_an_edited_vocabulary_size_is_named_and_a_recorded_one_read(unpacked_dir, tmp_path):
+    metadata = json.load(open(metadata_path(unpacked_dir)))
+    assert read_dataset_info(unpacked_dir).vocab_size == metadata["vocab_size"] == TINY["vocab_size"]
+    for edited in ("30522", 0, True, 2.5):
+        (tmp_path / "metadata.json").write_text(json.dumps({**metadata, "vocab_size": edited}))
+        with pytest.raises(DatasetInfoError, match=rf"^{tmp_path}/metadata.json: vocab_size={edited!r}: expected the "
+                                                   r"vocabulary's size, a whole number of 1 or more$"):
+            read_dataset_info(str(tmp_path))
+    del metadata["vocab_size"]  # not recorded (the reference's data): nothing to check the BERT config against
+    (tmp_path / "metadata.json").write_text(json.dumps(metadata))
+    assert read_dataset_info(str(tmp_path)).vocab_size is None
 
 
 def test_write_is_atomic_and_round_trips(tmp_path):

@@ -112,7 +112,7 @@ def _described_inputs(input_files: list[str], shapes: Shapes) -> tuple[Dataset, 
     vocab_sizes = []
 
     def require(info: DatasetInfo, path: str) -> None:
-        vocab_sizes.append(info.details.get("vocab_size"))
+        vocab_sizes.append(info.vocab_size)
         if info.packed:
             raise DatasetFilesError(f"--input_files: {path} describes packed data; the packer reads unpacked records "
                                     f"(create_pretraining_data's)")

@@ -169,7 +169,7 @@ def _dataset_histogram(directory: str, info: DatasetInfo) -> np.ndarray | None:
 
 def _check_against_settings(info: DatasetInfo, path: str, flag: str, shapes: Shapes, input_mode: str | None,
                             depth_given: bool, vocab_size: int | None) -> None:
-    made_with = info.details.get("vocab_size")
+    made_with = info.vocab_size
     if vocab_size and made_with and made_with > vocab_size:  # token ids the embeddings do not hold
         raise SettingsError(f"{flag}: made with a vocabulary of {made_with:,} tokens ({path}), but the BERT config "
                             f"has vocab_size={vocab_size:,}: give the --bert_config_file of that vocabulary (python -m "
