@@ -92,11 +92,11 @@ class Run:
         return last.get("train_seconds", last["seconds"])
 
     @property
-    def sequences_per_update(self) -> float:
+    def sequences_per_update(self) -> float | None:
         """Sequences an update held, on average over the run (its log's; micro-steps are counted
-        in steps, updates in steps_per_update of them)."""
+        in steps, updates in steps_per_update of them); None before any step."""
         last = self.train[-1]
-        return last["sequences"] * self.info.get("steps_per_update", 1) / last["step"]
+        return last["sequences"] * self.info.get("steps_per_update", 1) / last["step"] if last["step"] else None
 
     @property
     def sequences_per_second(self) -> float:
@@ -409,6 +409,13 @@ def target_note(runs: list[Run], rows: list[dict], accuracy: float | None, autom
     """What the to-target columns mean: the target used, and whether any run reached it; or why
     there is no automatic target."""
     if accuracy is None:
+        unevaluated = [run.name for run in runs if not run.evals]
+        if unevaluated:
+            return (f"no time-to-accuracy figure: {', '.join(unevaluated)} {'has' if len(unevaluated) == 1 else 'have'} "
+                    f"no evaluations (eval_log.jsonl); give --accuracy, or evaluate during training")
+        if all(len(run.evals) == 1 for run in runs):
+            return ("no time-to-accuracy figure: each run was evaluated once, so there is no curve to time; evaluate "
+                    "during training (--eval_every_samples), or give --accuracy")
         first, final = first_and_final(runs)
         return (f"no time-to-accuracy figure: no accuracy is above every run's first evaluation and below every "
                 f"run's final one (the highest first {first:.4f}, the lowest final {final:.4f}: curves flat, or not "
@@ -420,8 +427,13 @@ def target_note(runs: list[Run], rows: list[dict], accuracy: float | None, autom
     if not reached:
         return (f"target {figure} {accuracy:.3f} ({how}): no configuration reached it in every seed, so the "
                 f"to-target columns are empty; --accuracy=auto picks a target every run reaches")
-    return (f"target {figure} {accuracy:.3f} ({how}); {len(reached)} of the {len(rows)} configurations reached it "
+    note = (f"target {figure} {accuracy:.3f} ({how}); {len(reached)} of the {len(rows)} configurations reached it "
             f"in every seed")
+    if all(run.evals and run.evals[0].get(run.metric, 0.0) >= accuracy for run in runs):
+        note += (f"; every run met it at its first evaluation, so the to-target columns time that evaluation only "
+                 f"(is it a target of the {figure}'s scale?); --accuracy=auto picks one between the first evaluations "
+                 f"and the final ones")
+    return note
 
 
 def verdict_notes(rows: list[dict]) -> list[str]:

@@ -7,6 +7,7 @@ import pytest
 from conftest import REPO, run_command
 
 from bert_packed.curves import (
+    Run,
     RunError,
     above_the_packing_factor,
     automatic_accuracy,
@@ -249,6 +250,29 @@ def test_fine_tuning_runs_are_compared_by_their_figure_a_target_of_their_own_and
     rows = {line.split(" | ")[0]: line.split(" | ") for line in result.stdout.splitlines()
             if line.startswith("| first_year")}
     assert rows["| first_year_padded"][4] == "64.0" and rows["| first_year_packed"][4] == "60.0"
+    assert Run("begun", [{"step": 0, "sequences": 0, "seconds": 1.0}], [], {}).sequences_per_update is None
     assert rows["| first_year_padded"][5] == "70.0000" and rows["| first_year_packed"][5] == "76.0000"
     given = run_command("compare_curves", *runs, "--output", str(tmp_path / "c.png"), "--accuracy", "75")
     assert "target F1 75.000 (--accuracy); 1 of the 2 configurations reached it in every seed" in given.stdout
+    # A target of another scale (MLM accuracy's 0.72 for F1 in percent) is met at once: said.
+    fraction = run_command("compare_curves", *runs, "--output", str(tmp_path / "c.png"), "--accuracy", "0.72")
+    assert ("target F1 0.720 (--accuracy); 2 of the 2 configurations reached it in every seed; every run met it at "
+            "its first evaluation, so the to-target columns time that evaluation only (is it a target of the F1's "
+            "scale?); --accuracy=auto picks one between the first evaluations and the final ones") in fraction.stdout
+    # Evaluated once (at the end), or never: a table without a target, and why.
+    for name, records in (("eval_log.jsonl", 1), ("eval_log.jsonl", 0)):
+        for directory in runs:
+            lines = open(os.path.join(directory, name)).read().splitlines()
+            with open(os.path.join(directory, name), "w") as f:
+                f.writelines(line + "\n" for line in lines[-records:] if records)
+        result = run_command("compare_curves", *runs, "--output", str(tmp_path / "c.png"))
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.split("\n\n")[1].splitlines()[0] == (
+            "no time-to-accuracy figure: each run was evaluated once, so there is no curve to time; evaluate during "
+            "training (--eval_every_samples), or give --accuracy" if records else
+            "no time-to-accuracy figure: first_year_padded, first_year_packed have no evaluations (eval_log.jsonl); "
+            "give --accuracy, or evaluate during training")
+    auto = run_command("compare_curves", *runs, "--output", str(tmp_path / "c.png"), "--accuracy=auto")
+    assert auto.returncode == 2 and auto.stderr.strip().splitlines()[-1] == (
+        "compare_curves: error: --accuracy auto: first_year_padded, first_year_packed have no evaluations "
+        "(eval_log.jsonl), whose curves it picks a target from; give --accuracy=NUMBER")

@@ -268,20 +268,38 @@ def test_run_squad_fine_tunes_packed_and_answers_as_the_padded_evaluation_of_its
     assert padded.returncode == 0, padded.stderr
     assert json.loads((tmp_path / "padded" / "predictions.json").read_text()) == answers
     assert f"exact match {evaluation['exact_match']:.2f}, f1 {evaluation['f1']:.2f}" in padded.stdout
-    # The same questions without their answers (a test set's): answered the same, not scored.
-    test = json.loads((tmp_path / "dev.json").read_text())
-    for paragraph in test["data"][0]["paragraphs"]:
-        for qa in paragraph["qas"]:
-            del qa["answers"]
-    (tmp_path / "test.json").write_text(json.dumps(test))
-    unscored = run_command("run_squad", *squad_flags(tmp_path, bert_config_file, "test", "--do_predict",
-                                                     f"--predict_file={tmp_path / 'test.json'}",
-                                                     f"--init_checkpoint={tmp_path / 'packed' / f'model.ckpt-{step}'}"))
-    assert unscored.returncode == 0, unscored.stderr
-    assert json.loads((tmp_path / "test" / "predictions.json").read_text()) == answers
-    assert re.search(rf"answered 8 questions of {tmp_path / 'test.json'}: not scored \(the file has no answers\) over "
-                     rf"\d+ windows", unscored.stdout)
-    assert "loss" not in (tmp_path / "test" / "eval_results.txt").read_text()
+    # The same questions without their answers (a test set's): answered the same, not scored; with
+    # half of them answered, scored over those. No loss: an unanswered window's target is its [CLS].
+    checkpoint = f"--init_checkpoint={tmp_path / 'packed' / f'model.ckpt-{step}'}"
+    for name, keep in (("test", set()), ("half", {"p0q0", "p1q1", "p2q0", "p3q1"})):
+        test = json.loads((tmp_path / "dev.json").read_text())
+        for paragraph in test["data"][0]["paragraphs"]:
+            for qa in paragraph["qas"]:
+                if qa["id"] not in keep:
+                    del qa["answers"]
+        (tmp_path / f"{name}.json").write_text(json.dumps(test))
+        predicted = run_command("run_squad", *squad_flags(tmp_path, bert_config_file, name, "--do_predict", checkpoint,
+                                                          f"--predict_file={tmp_path / f'{name}.json'}"))
+        assert predicted.returncode == 0, predicted.stderr
+        assert json.loads((tmp_path / name / "predictions.json").read_text()) == answers
+        assert "loss" not in (tmp_path / name / "eval_results.txt").read_text()
+        examples = read_squad_examples(str(tmp_path / f"{name}.json"))
+        if keep:
+            scores = squad_scores([example for example in examples if example.answers], answers)
+            figures = (f"exact match {scores['exact_match']:.2f}, f1 {scores['f1']:.2f} over the 4 questions with "
+                       f"answers (")
+        else:
+            figures = "not scored (the file has no answers) over "
+        assert f"answered 8 questions of {tmp_path / f'{name}.json'}: {figures}" in predicted.stdout, predicted.stdout
+    # Training is scored by its own answers whatever the predict file holds.
+    trained = run_command("run_squad", *squad_flags(tmp_path, bert_config_file, "trained_for_a_test_set", "--do_train",
+                                                    "--do_predict", f"--predict_file={tmp_path / 'test.json'}",
+                                                    "--num_train_epochs=1"))
+    assert trained.returncode == 0, trained.stderr
+    [evaluation] = [json.loads(line) for line in open(tmp_path / "trained_for_a_test_set" / "eval_log.jsonl")]
+    assert evaluation["questions_scored"] == 0 and "loss" not in evaluation
+    trained_log = [json.loads(line) for line in open(tmp_path / "trained_for_a_test_set" / "train_log.jsonl")]
+    assert trained_log and all(record["loss"] > 0 for record in trained_log)
 
 
 @pytest.mark.slow  # loads PyTorch and transformers

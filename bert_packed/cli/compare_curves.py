@@ -61,10 +61,13 @@ def main(argv) -> None:
     metric = metric_of(runs)
     # MLPerf's 0.720 is a target of MLM accuracy only: fine-tuning runs take 'auto' unless given one.
     automatic = FLAGS.accuracy == "auto" or (metric != "mlm_accuracy" and not FLAGS["accuracy"].present)
+    unevaluated = [run.name for run in runs if not run.evals]
+    if FLAGS.accuracy == "auto" and unevaluated:
+        raise SettingsError(f"--accuracy auto: {', '.join(unevaluated)} {'has' if len(unevaluated) == 1 else 'have'} "
+                            f"no evaluations (eval_log.jsonl), whose curves it picks a target from; give "
+                            f"--accuracy=NUMBER")
     if automatic:
-        if not all(run.evals for run in runs):
-            raise SettingsError("--accuracy auto needs an eval_log.jsonl in every run")
-        accuracy = automatic_accuracy(runs)
+        accuracy = None if unevaluated else automatic_accuracy(runs)  # none: the note says why
     else:
         accuracy = float(FLAGS.accuracy)
     with files.exclusive(f"{FLAGS.output}.lock", "compare_curves"):

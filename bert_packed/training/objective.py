@@ -232,11 +232,14 @@ class SpanPrediction(FineTuningObjective):
 
     @staticmethod
     def describe(metrics: dict) -> str:
-        if "loss" not in metrics:
-            return f"not scored (the file has no answers) over {metrics.get('num_sequences', 0):.0f} windows"
-        figures = "".join(f"{name.replace('_', ' ')} {metrics[name]:.2f}, " for name in ("exact_match", "f1")
-                          if name in metrics)
-        return f"{figures}loss {metrics['loss']:.4f} over {metrics.get('num_sequences', 0):.0f} windows"
+        windows = f"{metrics.get('num_sequences', 0):.0f} windows"
+        if metrics.get("questions_scored") == 0:
+            return f"not scored (the file has no answers) over {windows}"
+        figures = ", ".join(f"{name.replace('_', ' ')} {metrics[name]:.2f}" for name in ("exact_match", "f1")
+                            if name in metrics)
+        if "questions_scored" in metrics:
+            return f"{figures} over the {metrics['questions_scored']:,} questions with answers ({windows})"
+        return f"{figures}{', ' if figures else ''}loss {metrics['loss']:.4f} over {windows}"
 
     def sums(self, outputs: dict, features: dict) -> dict[str, tf.Tensor]:
         return span_sums(outputs, features)
@@ -251,15 +254,20 @@ class SpanPrediction(FineTuningObjective):
                 "end_logits": tf.reshape(outputs["end_logits"], [-1, length])}
 
     def metrics(self, sums: dict, examples: dict | None = None) -> dict[str, float]:
-        """The loss of summed sums (none when the predict file has no answers: questions to answer,
-        as a test set's), and with `examples` (example_outputs of every batch) each question's
-        answer (kept in `answers`) and their exact match and F1."""
+        """The loss of summed sums, and with `examples` (example_outputs of every batch) each
+        question's answer (kept in `answers`) and their exact match and F1. When questions of the
+        predict file have no answers (a test set's), the evaluation has no loss, and its scores
+        are of the `questions_scored` that have."""
         count = float(sums["examples"])
         metrics = {"loss": float(self.loss(sums)), "num_sequences": count}
-        if self.answering is not None and not any(example.answers for example in self.answering.examples):
-            del metrics["loss"]  # questions to answer, not to score: each window's target is its [CLS]
         if examples is None or not count or self.answering is None:
             return metrics
+        scored = sum(1 for example in self.answering.examples if example.answers)
+        if scored < len(self.answering.examples):
+            # A question without answers is to answer, not to score: its windows' targets are their
+            # [CLS], so the evaluation's loss means nothing; the scores are of those with answers.
+            del metrics["loss"]
+            metrics["questions_scored"] = scored
         held = examples["weights"] > 0
         order = np.argsort(examples["example_ids"][held], kind="stable")
         start_logits, end_logits = examples["start_logits"][held][order], examples["end_logits"][held][order]
