@@ -238,6 +238,30 @@ def squad_flags(tmp_path, bert_config_file, output_dir, *more):
             f"--output_dir={tmp_path / output_dir}", *more]
 
 
+def assert_predicted_without_scoring_the_unanswered(tmp_path, bert_config_file, checkpoint, name, keep, answers):
+    """dev.json's questions, those not in `keep` without their answers, predicted by `checkpoint`:
+    the same `answers`, scores over the answered ones, and no loss (an unanswered window's target
+    would be its [CLS])."""
+    test = json.loads((tmp_path / "dev.json").read_text())
+    for paragraph in test["data"][0]["paragraphs"]:
+        for qa in paragraph["qas"]:
+            if qa["id"] not in keep:
+                del qa["answers"]
+    (tmp_path / f"{name}.json").write_text(json.dumps(test))
+    predicted = run_command("run_squad", *squad_flags(tmp_path, bert_config_file, name, "--do_predict", checkpoint,
+                                                      f"--predict_file={tmp_path / f'{name}.json'}"))
+    assert predicted.returncode == 0, predicted.stderr
+    assert json.loads((tmp_path / name / "predictions.json").read_text()) == answers
+    assert "loss" not in (tmp_path / name / "eval_results.txt").read_text()
+    examples = read_squad_examples(str(tmp_path / f"{name}.json"))
+    if keep:
+        scores = squad_scores([example for example in examples if example.answers], answers)
+        figures = f"exact match {scores['exact_match']:.2f}, f1 {scores['f1']:.2f} over the 4 questions with answers ("
+    else:
+        figures = "not scored (the file has no answers) over "
+    assert f"answered 8 questions of {tmp_path / f'{name}.json'}: {figures}" in predicted.stdout, predicted.stdout
+
+
 def test_run_squad_fine_tunes_packed_and_answers_as_the_padded_evaluation_of_its_weights(tmp_path, bert_config_file):
     write_squad(tmp_path / "train.json", 12)
     write_squad(tmp_path / "dev.json", 4)
@@ -269,28 +293,10 @@ def test_run_squad_fine_tunes_packed_and_answers_as_the_padded_evaluation_of_its
     assert json.loads((tmp_path / "padded" / "predictions.json").read_text()) == answers
     assert f"exact match {evaluation['exact_match']:.2f}, f1 {evaluation['f1']:.2f}" in padded.stdout
     # The same questions without their answers (a test set's): answered the same, not scored; with
-    # half of them answered, scored over those. No loss: an unanswered window's target is its [CLS].
+    # half of them answered, scored over those.
     checkpoint = f"--init_checkpoint={tmp_path / 'packed' / f'model.ckpt-{step}'}"
     for name, keep in (("test", set()), ("half", {"p0q0", "p1q1", "p2q0", "p3q1"})):
-        test = json.loads((tmp_path / "dev.json").read_text())
-        for paragraph in test["data"][0]["paragraphs"]:
-            for qa in paragraph["qas"]:
-                if qa["id"] not in keep:
-                    del qa["answers"]
-        (tmp_path / f"{name}.json").write_text(json.dumps(test))
-        predicted = run_command("run_squad", *squad_flags(tmp_path, bert_config_file, name, "--do_predict", checkpoint,
-                                                          f"--predict_file={tmp_path / f'{name}.json'}"))
-        assert predicted.returncode == 0, predicted.stderr
-        assert json.loads((tmp_path / name / "predictions.json").read_text()) == answers
-        assert "loss" not in (tmp_path / name / "eval_results.txt").read_text()
-        examples = read_squad_examples(str(tmp_path / f"{name}.json"))
-        if keep:
-            scores = squad_scores([example for example in examples if example.answers], answers)
-            figures = (f"exact match {scores['exact_match']:.2f}, f1 {scores['f1']:.2f} over the 4 questions with "
-                       f"answers (")
-        else:
-            figures = "not scored (the file has no answers) over "
-        assert f"answered 8 questions of {tmp_path / f'{name}.json'}: {figures}" in predicted.stdout, predicted.stdout
+        assert_predicted_without_scoring_the_unanswered(tmp_path, bert_config_file, checkpoint, name, keep, answers)
     # Training is scored by its own answers whatever the predict file holds.
     trained = run_command("run_squad", *squad_flags(tmp_path, bert_config_file, "trained_for_a_test_set", "--do_train",
                                                     "--do_predict", f"--predict_file={tmp_path / 'test.json'}",

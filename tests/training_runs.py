@@ -16,9 +16,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import random
 import signal
 
 import keras
+import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, TINY
@@ -93,12 +95,16 @@ def _graph_shape(setup: Setup, strategy) -> tuple:
 
 
 def _set_up_unless_in_place(config: TrainConfig) -> None:
-    """The process set-up of `config` for a step built before, unless the process has it already.
+    """The process set-up of `config` (set_up_process's), TensorFlow's seed set only when it is
+    another.
 
     Setting TensorFlow's seed clears its kernel cache, and each compiled function of every step
-    then costs about a second to instantiate again. A step built before needs no seed (its weights
-    come back from memory, and dropout draws from the run's seed statelessly), only the same seed
-    for the datasets' shuffles, determinism and precision.
+    built before then costs about a second to instantiate again. Nothing of a step draws from
+    TensorFlow's seed alone: its weights come from Python's random generator (Keras' initializers'
+    seeds, set again here for a new step) or from memory (a step built before, put back as new),
+    dropout draws from the run's seed statelessly, and the datasets' shuffles combine their own
+    seeds with TensorFlow's, which is the run's either way. Determinism and the precision policy
+    are as set_up_process leaves them.
     """
     # Only set_up_process sets the seed, and it enables op determinism with it, for good.
     seeded = tf.compat.v1.random.get_seed(0)[0] == config.run.seed
@@ -106,6 +112,9 @@ def _set_up_unless_in_place(config: TrainConfig) -> None:
                 and keras.mixed_precision.global_policy().name == PRECISIONS[config.model.precision])
     if not in_place:
         set_up_process(config)
+    elif config.run.deterministic:
+        random.seed(config.run.seed)
+        np.random.seed(config.run.seed)
 
 
 def compiled_step(setup: Setup, strategy=None) -> CompiledStep:
@@ -120,7 +129,7 @@ def compiled_step(setup: Setup, strategy=None) -> CompiledStep:
         step.set_schedule(setup.config)
         step.update.loop = loop  # a test may have wrapped it
     else:
-        set_up_process(setup.config)
+        _set_up_unless_in_place(setup.config)
         step = CompiledStep(setup.config, setup.train_data, strategy)
         entry = (step, step.initial_state(), step.update.loop)
     _HELD.append((key, entry))
@@ -220,7 +229,7 @@ def two_fine_tuning_updates(rows: dict, input_mode: str, packing_factor: float, 
     setup = config(output_dir, [], dropout=0.0, input_mode=input_mode, train_batch_size=num_rows, optimizer="adamw",
                    adjust_batch_for_packing=False, adjust_betas_for_packing=False, packing_factor=packing_factor,
                    clip_by_global_norm_after_gradient_allreduce=True)
-    set_up_process(setup.config)
+    _set_up_unless_in_place(setup.config)
     step = CompiledStep(setup.config, setup.train_data, objective=objective(setup.config))
     for weight, value in zip(step.model.weights, start or [], strict=start is not None):
         weight.assign(value)
