@@ -58,7 +58,6 @@ from bert_packed.packing.histogram import merge_histograms
 from bert_packed.packing.pack_dataset import (
     PackSettings,
     assign_packs,
-    audit_packs,
     bucket_count,
     input_unit,
     pack_pretraining_dataset,
@@ -68,6 +67,7 @@ from bert_packed.packing.pack_dataset import (
     write_shard,
 )
 from bert_packed.packing.plan import plan
+from bert_packed.packing.verify import audit_packs
 from bert_packed.pretraining_data.create_dataset import (
     DatasetSettings,
     ShardJob,

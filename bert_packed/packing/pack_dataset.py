@@ -40,19 +40,16 @@ from bert_packed.dataset_info import (
     FileIdentity,
     file_sha256,
 )
-from bert_packed.errors import InternalError, SettingsError
+from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
 from bert_packed.output_job import OutputJob, WorkDamagedError, WorkUnits, in_parallel
 from bert_packed.packing import packer
 from bert_packed.packing.histogram import histogram_from_lengths, merge_histograms, save_histogram
 from bert_packed.packing.pack_settings import PackSettings
 from bert_packed.packing.plan import plan
+from bert_packed.packing.verify import PackingError, audit_packs
 from bert_packed.progress import Progress
 from bert_packed.records import TFRecordWriter, read_unpacked
-
-
-class PackingError(InternalError):
-    """The packed output does not hold exactly the input sequences (a bug; nothing is published)."""
 
 
 def pack_pretraining_dataset(input_files: list[str], output_dir: str, settings: PackSettings,
@@ -188,30 +185,6 @@ def bucket_count(settings: PackSettings, histogram: np.ndarray, max_token_id: in
     and never more than there are packs."""
     row_bytes = packer.row_dtype(settings.shapes.unpacked(), max_token_id).itemsize
     return min(max(settings.num_shards, math.ceil(int(histogram.sum()) * row_bytes / settings.bucket_bytes)), num_packs)
-
-
-def audit_packs(summaries: list[dict], shards: list[dict]) -> int:
-    """Checks that the packs written hold every input sequence exactly once (the MLPerf rule): as
-    many sequences out as in, the same content (checksum of the sequences decoded from the packs
-    written) and the same provenance (checksum of each sequence's input file and record).
-
-    Returns:
-      The input sequences' checksum.
-
-    Raises:
-      PackingError: what differs (nothing is published).
-    """
-    found = {}
-    for side, parts in (("input", summaries), ("packed output", shards)):
-        found[side] = (sum(int(np.sum(s["histogram"])) for s in parts) if side == "input"
-                       else sum(s["num_sequences"] for s in parts),
-                       packer.combine_checksums(*[int(s["checksum"], 16) for s in parts]),
-                       packer.combine_checksums(*[int(s["provenance"], 16) for s in parts]))
-    if found["input"] != found["packed output"]:
-        words = {side: f"{n} sequences (checksum {c:016x}, provenance {p:016x})" for side, (n, c, p) in found.items()}
-        raise PackingError(f"the packed output holds {words['packed output']}, the input {words['input']}; nothing "
-                           f"published")
-    return found["input"][1]
 
 
 def _description(settings: PackSettings, packing_plan, shards: list[dict], sources: list[str], checksum_in: int,

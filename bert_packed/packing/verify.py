@@ -1,20 +1,51 @@
-"""Reads a packed dataset back and checks it against its metadata.json (pack_pretraining_data
---verify, and the packer's benchmark)."""
+"""The packed output checked: the packer's passes audited before the commit (audit_packs), and
+a packed dataset read back against its metadata.json (pack_pretraining_data --verify, and the
+packer's benchmark)."""
 
 from __future__ import annotations
 
 import os
 
+import numpy as np
+
 from bert_packed.dataset_info import DataFile, read_dataset_info
-from bert_packed.errors import OutputDirectoryError, UserError
+from bert_packed.errors import InternalError, OutputDirectoryError, UserError
 from bert_packed.output_job import in_parallel
 from bert_packed.packing import packer
 from bert_packed.progress import Progress
 from bert_packed.records import read_packed
 
 
+class PackingError(InternalError):
+    """The packed output does not hold exactly the input sequences (a bug; nothing is published)."""
+
+
 class VerifyError(UserError, ValueError):
     """Packed data read back is not what its metadata.json says (tampered, cut short, incomplete)."""
+
+
+def audit_packs(summaries: list[dict], shards: list[dict]) -> int:
+    """Checks that the packs written hold every input sequence exactly once (the MLPerf rule): as
+    many sequences out as in, the same content (checksum of the sequences decoded from the packs
+    written) and the same provenance (checksum of each sequence's input file and record).
+
+    Returns:
+      The input sequences' checksum.
+
+    Raises:
+      PackingError: what differs (nothing is published).
+    """
+    found = {}
+    for side, parts in (("input", summaries), ("packed output", shards)):
+        found[side] = (sum(int(np.sum(s["histogram"])) for s in parts) if side == "input"
+                       else sum(s["num_sequences"] for s in parts),
+                       packer.combine_checksums(*[int(s["checksum"], 16) for s in parts]),
+                       packer.combine_checksums(*[int(s["provenance"], 16) for s in parts]))
+    if found["input"] != found["packed output"]:
+        words = {side: f"{n} sequences (checksum {c:016x}, provenance {p:016x})" for side, (n, c, p) in found.items()}
+        raise PackingError(f"the packed output holds {words['packed output']}, the input {words['input']}; nothing "
+                           f"published")
+    return found["input"][1]
 
 
 def verify_packed_dataset(output_dir: str, num_workers: int = 0) -> dict:
