@@ -44,8 +44,9 @@ class CompareSettings:
     labels: tuple[str, ...] | None = setting(None, "Comma-separated names for the runs (default: their directory "
                                                    "names).", group="runs")
     output: str = setting("compare_curves.png", "Where the PNG goes.", group="output")
-    throughput: str | None = setting(None, "JSON of scripts/benchmark_training.py --output_json: quote its "
-                                           "alternated speed-up measurement under the table.", group="output")
+    throughput: str | None = setting(None, "JSON of scripts/benchmark_training.py --output_json (fine-tuning runs: "
+                                           "benchmark_finetuning.py's): quote its alternated speed-up measurement "
+                                           "under the table.", group="output")
     at_sequences: float | None = setting(None, "Also a table of each configuration's eval loss and accuracy at this "
                                                "many sequences (the seeds' mean and range), with what its updates "
                                                "hold.", group="output")
@@ -456,7 +457,7 @@ def clock_note(metric: str) -> str:
     """What the clock columns are worth, and where the throughput to trust is measured."""
     return ("sequences/s and the speed-up by the runs' clocks come from each run's own wall clock, at the mercy of "
             "what else the machine ran meanwhile; the throughput speed-up to trust is measured alternately in one "
-            f"process ({advice(metric)[0]}" + (", --throughput)" if metric == "mlm_accuracy" else ")"))
+            f"process ({advice(metric)[0]}, --throughput)")
 
 
 def plot(runs: list[Run], path: str) -> None:
@@ -535,19 +536,22 @@ packing factor, which packing cannot give: the machine's noise, not a result (mo
     return line
 
 
-def throughput_lines(path: str) -> list[str]:
-    """The packed speed-ups of a scripts/benchmark_training.py --output_json file, one line a model.
+def throughput_lines(path: str, metric: str = "mlm_accuracy") -> list[str]:
+    """The packed speed-ups of a throughput benchmark's --output_json file (advice(metric)'s:
+    scripts/benchmark_training.py's, a line a model config; benchmark_finetuning.py's, a line a
+    task).
 
     Raises:
       RunError: the file is missing or not such a measurement.
     """
+    script = advice(metric)[0]
+    what = "config" if metric == "mlm_accuracy" else "task"
     try:
         with files.open_file(path) as f:
             measured = json.load(f)
-        return [f"throughput speed-up, {name} config, measured alternately in one process (the figure to trust; "
-                f"scripts/benchmark_training.py): packed "
-                f"{describe_speedup(result['speedups']['packed'], result['packing_factor'])}"
+        return [f"throughput speed-up, {name} {what}, measured alternately in one process (the figure to trust; "
+                f"{script}): packed {describe_speedup(result['speedups']['packed'], result['packing_factor'])}"
                 for name, result in measured.items()]
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise RunError(f"{path}: not a scripts/benchmark_training.py --output_json measurement "
+        raise RunError(f"{path}: not a {script} --output_json measurement "
                        f"({type(e).__name__}: {e})") from None

@@ -157,6 +157,9 @@ def test_the_alternated_throughput_is_quoted_with_its_range(tmp_path):
         "throughput speed-up, tiny config, measured alternately in one process (the figure to trust; "
         "scripts/benchmark_training.py): packed speed-up 1.25x (median of 2 alternated rounds, range 1.20-1.30) at "
         "packing factor 1.250: 1.00 of it"]
+    assert throughput_lines(str(path), "f1")[0].startswith(
+        "throughput speed-up, tiny task, measured alternately in one process (the figure to trust; "
+        "scripts/benchmark_finetuning.py): packed speed-up 1.25x")
     path.write_text("[1, 2]")
     with pytest.raises(RunError, match="throughput.json: not a scripts/benchmark_training.py --output_json"):
         throughput_lines(str(path))
@@ -245,7 +248,7 @@ def test_fine_tuning_runs_are_compared_by_their_figure_a_target_of_their_own_and
     # 90% of the way from the highest first evaluation (50) to the lowest final one (70).
     assert notes[0] == "target F1 68.000 (--accuracy=auto: every run reaches it, none at its first evaluation); 2 of " \
                        "the 2 configurations reached it in every seed"
-    assert notes[1].endswith("measured alternately in one process (scripts/benchmark_finetuning.py)")
+    assert notes[1].endswith("measured alternately in one process (scripts/benchmark_finetuning.py, --throughput)")
     assert notes[-1].endswith("make finetune FINETUNE_FLAGS=--seeds=1,2,3 runs three seeds of each, for bands")
     rows = {line.split(" | ")[0]: line.split(" | ") for line in result.stdout.splitlines()
             if line.startswith("| first_year")}

@@ -6,8 +6,8 @@ r"""Compare training runs: accuracy and loss curves (PNG) and a summary table.
 The positional arguments are run_pretraining.py output directories; the first configuration is
 the baseline for the speed-ups. Directories named alike but for a trailing seed
 ("packed_seed1", "packed_seed2") are one configuration: its seeds' mean and range. With
---throughput, the speed-ups measured alternately by scripts/benchmark_training.py are quoted
-under the table. Exit status 2 with one line on bad input.
+--throughput, the speed-ups measured alternately by scripts/benchmark_training.py (fine-tuning
+runs: benchmark_finetuning.py) are quoted under the table. Exit status 2 with one line on bad input.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def main(argv) -> None:
     print("\n" + "\n".join([target_note(runs, rows, accuracy, automatic), clock_note(metric),
                              *verdict_notes(rows)]))
     if FLAGS.throughput:
-        for line in throughput_lines(FLAGS.throughput):
+        for line in throughput_lines(FLAGS.throughput, metric):
             print(line)
     if FLAGS.at_sequences:
         print(f"\n{at_sequences_table(runs, FLAGS.at_sequences)}")
