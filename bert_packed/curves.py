@@ -93,11 +93,11 @@ class Run:
         return last.get("train_seconds", last["seconds"])
 
     @property
-    def sequences_per_update(self) -> float | None:
+    def sequences_per_update(self) -> float:
         """Sequences an update held, on average over the run (its log's; micro-steps are counted
-        in steps, updates in steps_per_update of them); None before any step."""
+        in steps, updates in steps_per_update of them)."""
         last = self.train[-1]
-        return last["sequences"] * self.info.get("steps_per_update", 1) / last["step"] if last["step"] else None
+        return last["sequences"] * self.info.get("steps_per_update", 1) / last["step"]
 
     @property
     def sequences_per_second(self) -> float:
@@ -116,7 +116,9 @@ def load_run(directory: str, name: str | None = None) -> Run:
     """Reads a run directory.
 
     Raises:
-      RunError: the directory or its train_log.jsonl is missing, empty or damaged.
+      RunError: the directory or its train_log.jsonl is missing, empty or damaged; its log has
+        no update or no training time; its evaluations scored nothing (run_squad's of a predict
+        file without answers).
     """
     if not files.isdir(directory):
         raise RunError(f"{directory}: no such run directory")
@@ -124,10 +126,17 @@ def load_run(directory: str, name: str | None = None) -> Run:
     train = run.read_log(TRAIN_LOG)
     if not train:
         raise RunError(f"{directory}: no {TRAIN_LOG} records (expected a run_pretraining.py output_dir)")
+    last = train[-1]
+    if not last.get("step") or not last.get("train_seconds", last.get("seconds")):
+        raise RunError(f"{directory}: its {TRAIN_LOG} ends at step {last.get('step')} after "
+                       f"{last.get('train_seconds', last.get('seconds'))} s of training: no update to compare")
     evals, info = run.read_log(EVAL_LOG), run.read_info()
     # A run without evaluations says its kind in run.json: run_squad's records doc_stride, run_classifier's the task.
     kind = "f1" if "doc_stride" in info else "accuracy" if "task_name" in info else "mlm_accuracy"
     metric = next((key for key in METRICS if any(key in record for record in evals or train)), kind)
+    if evals and not any(metric in record or "loss" in record for record in evals):
+        raise RunError(f"{directory}: its evaluations scored nothing (no {METRICS[metric]}, no loss: a predict file "
+                       f"without answers?), so there is no curve to compare")
     return Run(name or os.path.basename(os.path.normpath(directory)), train, evals, info, directory, metric)
 
 

@@ -7,7 +7,6 @@ import pytest
 from conftest import REPO, run_command
 
 from bert_packed.curves import (
-    Run,
     RunError,
     above_the_packing_factor,
     automatic_accuracy,
@@ -207,6 +206,16 @@ def test_bad_run_directories_are_named(tmp_path):
     os.makedirs(tmp_path / "empty")
     with pytest.raises(RunError, match="empty: no train_log.jsonl records"):
         load_run(str(tmp_path / "empty"))
+    begun = write_run(tmp_path / "begun", "padded", 1.0, 2.0, 8, [0.2])
+    (tmp_path / "begun" / "train_log.jsonl").write_text(json.dumps({"step": 0, "sequences": 0, "seconds": 0.0}) + "\n")
+    with pytest.raises(RunError, match=r"begun: its train_log.jsonl ends at step 0 after 0.0 s of training: no update"):
+        load_run(begun)
+    unscored = write_run(tmp_path / "unscored", "padded", 1.0, 2.0, 8, [0.2])
+    (tmp_path / "unscored" / "eval_log.jsonl").write_text(json.dumps({"step": 5, "sequences": 40, "seconds": 10.0,
+                                                                      "questions_scored": 0}) + "\n")
+    with pytest.raises(RunError, match=r"unscored: its evaluations scored nothing \(no MLM accuracy, no loss: a "
+                                       r"predict file without answers\?\)"):
+        load_run(unscored)
     result = run_command("compare_curves", str(tmp_path / "missing"))
     assert result.returncode == 2 and result.stderr.strip() == (
         f"compare_curves: error: {tmp_path / 'missing'}: no such run directory")
@@ -253,7 +262,6 @@ def test_fine_tuning_runs_are_compared_by_their_figure_a_target_of_their_own_and
     rows = {line.split(" | ")[0]: line.split(" | ") for line in result.stdout.splitlines()
             if line.startswith("| first_year")}
     assert rows["| first_year_padded"][4] == "64.0" and rows["| first_year_packed"][4] == "60.0"
-    assert Run("begun", [{"step": 0, "sequences": 0, "seconds": 1.0}], [], {}).sequences_per_update is None
     assert rows["| first_year_padded"][5] == "70.0000" and rows["| first_year_packed"][5] == "76.0000"
     given = run_command("compare_curves", *runs, "--output", str(tmp_path / "c.png"), "--accuracy", "75")
     assert "target F1 75.000 (--accuracy); 1 of the 2 configurations reached it in every seed" in given.stdout

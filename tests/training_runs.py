@@ -95,8 +95,8 @@ def _graph_shape(setup: Setup, strategy) -> tuple:
 
 
 def _set_up_unless_in_place(config: TrainConfig) -> None:
-    """The process set-up of `config` (set_up_process's), TensorFlow's seed set only when it is
-    another.
+    """The process set-up of `config`: set_up_process's when the process has not had it for this
+    seed and precision; else Python's and NumPy's seeds set again, TensorFlow's left as it is.
 
     Setting TensorFlow's seed clears its kernel cache, and each compiled function of every step
     built before then costs about a second to instantiate again. Nothing of a step draws from
@@ -121,15 +121,14 @@ def compiled_step(setup: Setup, strategy=None) -> CompiledStep:
     """A compiled step for `setup`, as new: one this process built before for its graph shape and
     no running test holds (put back as new), else a new one."""
     key = _graph_shape(setup, strategy)
+    _set_up_unless_in_place(setup.config)
     if _FREE.get(key):
-        _set_up_unless_in_place(setup.config)
         entry = _FREE[key].pop()
         step, state, loop = entry
         step.reset(state)
         step.set_schedule(setup.config)
         step.update.loop = loop  # a test may have wrapped it
     else:
-        _set_up_unless_in_place(setup.config)
         step = CompiledStep(setup.config, setup.train_data, strategy)
         entry = (step, step.initial_state(), step.update.loop)
     _HELD.append((key, entry))
