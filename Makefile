@@ -135,6 +135,7 @@ benchmarks: $(STAMP)
 	$(PYTHON) scripts/benchmark_model.py
 	$(PYTHON) scripts/benchmark_training.py
 	$(PYTHON) scripts/benchmark_wikipedia_like_training.py
+	$(PYTHON) scripts/benchmark_optimizer.py
 	$(PYTHON) scripts/benchmark_iterations_per_loop.py
 	$(PYTHON) scripts/benchmark_signal_at_evaluation.py
 	$(PYTHON) scripts/benchmark_finetuning.py

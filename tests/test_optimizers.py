@@ -68,12 +68,13 @@ def problem():
     return weights, steps
 
 
-@pytest.mark.parametrize("packing_factor", [1.0, 1.7])
-def test_lamb_matches_the_reference_update(problem, packing_factor):
+@pytest.mark.parametrize("packing_factor, fused", [(1.0, False), (1.7, False), (1.7, True)])
+def test_lamb_matches_the_reference_update(problem, packing_factor, fused):
     weights, steps = problem
     beta_1, beta_2 = adjusted_betas(0.9, 0.999, packing_factor)
     schedule = PolynomialWarmup(0.01, num_train_steps=10, num_warmup_steps=3)
-    optimizer = Lamb(schedule, beta_1=beta_1, beta_2=beta_2, epsilon=1e-6, weight_decay_rate=0.01, clip_norm=1.0)
+    optimizer = Lamb(schedule, beta_1=beta_1, beta_2=beta_2, epsilon=1e-6, weight_decay_rate=0.01, clip_norm=1.0,
+                     fused=fused)
     ours = run_keras(optimizer, weights, steps)
     rates = [float(schedule(step)) for step in range(len(steps))]
     expected = reference_update(weights, steps, rates, beta_1, beta_2, 1e-6, 0.01, 1.0)
@@ -82,9 +83,11 @@ def test_lamb_matches_the_reference_update(problem, packing_factor):
     assert not np.allclose(ours[NAMES[3]], 0.0)  # the zero weight moved (ratio 1)
 
 
-def test_adamw_without_bias_correction_matches_the_reference(problem):
+@pytest.mark.parametrize("fused", [False, True])  # each weight's step one XLA program (--xla)
+def test_adamw_without_bias_correction_matches_the_reference(problem, fused):
     weights, steps = problem
-    optimizer = AdamWeightDecay(1e-3, beta_1=0.9, beta_2=0.999, epsilon=1e-6, weight_decay_rate=0.01, clip_norm=1.0)
+    optimizer = AdamWeightDecay(1e-3, beta_1=0.9, beta_2=0.999, epsilon=1e-6, weight_decay_rate=0.01, clip_norm=1.0,
+                                fused=fused)
     ours = run_keras(optimizer, weights, steps)
     expected = reference_update(weights, steps, [1e-3] * len(steps), 0.9, 0.999, 1e-6, 0.01, 1.0,
                                 bias_correction=False, layer_adaptation=False)

@@ -143,7 +143,7 @@ class ModelConfig:
         only by a run's first start.
       loss_averaging: the MLM loss basis, "token" (MLPerf) or "sequence" (docs/model.md).
       precision: "fp32", "bf16" or "fp16" (fp16 with dynamic loss scaling).
-      xla: compile the forward and backward pass with XLA.
+      xla: compile the forward and backward pass, and each weight's optimizer step, with XLA.
       nsp_loss: the next-sentence head and its loss; False: masked-LM only (RoBERTa's objective,
         Graphcore's MLPerf packed configs), the MLPerf metric unchanged.
       recompute: what the backward pass recomputes instead of keeping (model.RECOMPUTE: none,
@@ -156,7 +156,8 @@ class ModelConfig:
               "(config.json, model.safetensors).", group="model", changeable=True, first_run=True)
     loss_averaging: str = setting("token", "MLM loss basis.", group="model", choices=LOSS_AVERAGING)
     precision: str = setting("fp32", "fp16 uses dynamic loss scaling.", group="model", choices=tuple(PRECISIONS))
-    xla: bool = setting(False, "Compile the forward and backward pass with XLA.", group="model")
+    xla: bool = setting(False, "Compile the forward and backward pass, and each weight's optimizer step, with XLA.",
+                        group="model")
     nsp_loss: bool = setting(True, "Train the next-sentence head on its loss; --nsp_loss=false: masked-LM only, no "
                                    "NSP head (RoBERTa's objective; the MLPerf metric, MLM accuracy, is unchanged).",
                              group="model")

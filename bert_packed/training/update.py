@@ -41,12 +41,13 @@ def make_schedule(config: TrainConfig, batching: Batching) -> PolynomialWarmup:
 
 def make_optimizer(config: TrainConfig, batching: Batching, schedule: PolynomialWarmup):
     """LAMB or AdamW on `schedule` with the run's betas (adjusted for packing if asked), without a
-    clip of its own; inside a LossScaleOptimizer with fp16."""
+    clip of its own, each weight's step XLA-compiled with --xla; inside a LossScaleOptimizer with
+    fp16."""
     o = config.optimizer
     beta_1, beta_2 = batching.betas
     kind = {"lamb": Lamb, "adamw": AdamWeightDecay}[o.optimizer]
     optimizer = kind(schedule, beta_1=beta_1, beta_2=beta_2, epsilon=o.epsilon,
-                     weight_decay_rate=o.lamb_weight_decay_rate)
+                     weight_decay_rate=o.lamb_weight_decay_rate, fused=config.model.xla)
     if config.model.precision == "fp16":
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     return optimizer
