@@ -44,6 +44,7 @@ flags.DEFINE_integer("passages", 2000, "first_year: training passages.", lower_b
 flags.DEFINE_integer("batch_size", 32, "Examples an update in every mode (google-research's default).", lower_bound=1)
 flags.DEFINE_integer("rounds", 6, "Measured rounds (after one warm-up round).", lower_bound=1)
 flags.DEFINE_integer("updates", 8, "Updates of each mode in a round.", lower_bound=1)
+flags.DEFINE_boolean("xla", False, "Both modes with --xla (the passes and each weight's optimizer step XLA-compiled).")
 flags.DEFINE_string("output_json", None, "Also write the measurements here.")
 flags.DEFINE_float("target", 0.9, "Exit status 1 when packed's speed-up is below this share of the packing factor "
                                   "(0: report only).")
@@ -54,7 +55,7 @@ PROGRAM = "benchmark_finetuning"
 def fine_tuning(task: str, directory: str, input_mode: str, work: str):
     """The run of `task` (its files in `directory`) in `input_mode`, as its command builds it."""
     common = dict(bert_config_file=FLAGS.bert_config_file, output_dir=os.path.join(work, f"{task}-{input_mode}"),
-                  do_train=True, input_mode=input_mode, train_batch_size=FLAGS.batch_size)
+                  do_train=True, input_mode=input_mode, train_batch_size=FLAGS.batch_size, xla=FLAGS.xla)
     if task == "pronouns":
         return classifier_run(ClassifierSettings(task_name="jsonl", data_dir=directory, max_seq_length=128, **common))
     return squad_run(SquadSettings(train_file=os.path.join(directory, "train.json"), max_seq_length=256,

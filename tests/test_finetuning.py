@@ -426,6 +426,26 @@ def write_mrpc(directory, train_examples=40, dev_examples=12):
     return str(directory)
 
 
+def test_xla_reaches_the_fine_tuning_run_s_model_and_optimizer(tmp_path, bert_config_file):
+    """--xla, as run_pretraining's: the compiled passes and each weight's fused optimizer step
+    (tested in tests/test_trainer.py and tests/test_optimizers.py)."""
+    from bert_packed.finetuning.settings import ClassifierSettings
+    from bert_packed.training.config import batching
+    from bert_packed.training.finetune import classifier_run
+    from bert_packed.training.update import make_optimizer, make_schedule
+
+    settings = dict(task_name="mrpc", data_dir=write_mrpc(tmp_path / "mrpc"), vocab_file=VOCAB,
+                    bert_config_file=bert_config_file, output_dir=str(tmp_path / "run"), do_train=True,
+                    max_seq_length=64, train_batch_size=8)
+    for xla in (False, True):
+        run = classifier_run(ClassifierSettings(**settings, xla=xla))
+        assert run.config.model.xla is xla and run.config.identity()["xla"] is xla  # run.json's: one --xla a run
+        data = run.train_data
+        update = batching(run.config, data.input_mode, data.packing_factor, data.shapes.max_sequences_per_pack)
+        optimizer = make_optimizer(run.config, update, make_schedule(run.config, update))
+        assert type(optimizer).__name__ == "AdamWeightDecay" and optimizer.fused is xla
+
+
 def test_run_classifier_fine_tunes_packed_and_its_figures_are_the_padded_run_s(tmp_path, bert_config_file):
     from conftest import run_command
 

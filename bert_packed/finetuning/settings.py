@@ -45,6 +45,8 @@ class FineTuningSettings:
                                             "linearly to 0.", group=TRAINING_GROUP)
     eval_every_samples: int = setting(0, "Also evaluate every this many training examples (0: only at the end): "
                                          "the dev curve compare_curves draws.", group=TRAINING_GROUP)
+    xla: bool = setting(False, "Compile the forward and backward pass, and each weight's optimizer step, with XLA "
+                               "(run_pretraining's --xla).", group=TRAINING_GROUP)
     input_mode: str = setting("packed", "Several examples a row (packed, by the planner on the task's own length "
                                         "histogram; packed_online: packed anew each epoch, so that other examples "
                                         "share an update) or one a row (padded).", group=PACKING_GROUP,

@@ -143,7 +143,7 @@ def _config(settings: FineTuningSettings, bert: BertConfig, num_examples: int, t
     """The run's settings (module docstring) for `num_examples` training examples."""
     steps = _updates(settings, num_examples, train_data.packing_factor) if settings.do_train else 1
     return make_config(
-        bert=bert, init_checkpoint=settings.init_checkpoint, output_dir=settings.output_dir,
+        bert=bert, xla=settings.xla, init_checkpoint=settings.init_checkpoint, output_dir=settings.output_dir,
         input_mode=settings.input_mode, train_batch_size=settings.train_batch_size,
         adjust_batch_for_packing=settings.input_mode != "padded", optimizer="adamw",
         learning_rate=settings.learning_rate, num_train_steps=steps,
