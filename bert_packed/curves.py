@@ -32,6 +32,11 @@ FINE_TUNING_ADVICE = ("scripts/benchmark_finetuning.py",
                       "make finetune FINETUNE_FLAGS=--seeds=1,2,3 runs three seeds of each, for bands")
 
 
+def runs_have(names: list[str]) -> str:
+    """The names as a sentence's subject: "a has", "a, b have"."""
+    return f"{', '.join(names)} {'has' if len(names) == 1 else 'have'}"
+
+
 def advice(metric: str) -> tuple[str, str]:
     """(the throughput benchmark, the several-seeds job) of runs that follow `metric`."""
     return PRETRAINING_ADVICE if metric == "mlm_accuracy" else FINE_TUNING_ADVICE
@@ -421,8 +426,8 @@ def target_note(runs: list[Run], rows: list[dict], accuracy: float | None, autom
     if accuracy is None:
         unevaluated = [run.name for run in runs if not run.evals]
         if unevaluated:
-            return (f"no time-to-accuracy figure: {', '.join(unevaluated)} {'has' if len(unevaluated) == 1 else 'have'} "
-                    f"no evaluations (eval_log.jsonl); give --accuracy, or evaluate during training")
+            return (f"no time-to-accuracy figure: {runs_have(unevaluated)} no evaluations (eval_log.jsonl); give "
+                    f"--accuracy, or evaluate during training")
         if all(len(run.evals) == 1 for run in runs):
             return ("no time-to-accuracy figure: each run was evaluated once, so there is no curve to time; evaluate "
                     "during training (--eval_every_samples), or give --accuracy")
@@ -457,7 +462,7 @@ def verdict_notes(rows: list[dict]) -> list[str]:
     single = [row["run"] for row in rows if row["seeds"] == 1]
     if single:
         who = ("every configuration has" if len(single) == len(rows)
-               else f"{', '.join(single)} {'has' if len(single) == 1 else 'have'}")
+               else runs_have(single))
         notes.append(f"{who} one seed: a gap between curves cannot be told from seed noise; {advice(rows[0]['metric'])[1]}")
     return notes
 

@@ -29,6 +29,7 @@ from bert_packed.curves import (
     load_run,
     metric_of,
     plot,
+    runs_have,
     summary_table,
     target_note,
     throughput_lines,
@@ -63,9 +64,8 @@ def main(argv) -> None:
     automatic = FLAGS.accuracy == "auto" or (metric != "mlm_accuracy" and not FLAGS["accuracy"].present)
     unevaluated = [run.name for run in runs if not run.evals]
     if FLAGS.accuracy == "auto" and unevaluated:
-        raise SettingsError(f"--accuracy auto: {', '.join(unevaluated)} {'has' if len(unevaluated) == 1 else 'have'} "
-                            f"no evaluations (eval_log.jsonl), whose curves it picks a target from; give "
-                            f"--accuracy=NUMBER")
+        raise SettingsError(f"--accuracy auto: {runs_have(unevaluated)} no evaluations (eval_log.jsonl), whose curves "
+                            f"it picks a target from; give --accuracy=NUMBER")
     if automatic:
         accuracy = None if unevaluated else automatic_accuracy(runs)  # none: the note says why
     else:
