@@ -95,8 +95,10 @@ class CompiledStep:
         """
         totals, examples = None, []
         with reading_errors_named(pipeline):
-            for features in self.strategy.distribute_datasets_from_function(
-                    lambda context: make_dataset(pipeline, context)):
+            batches = self.strategy.distribute_datasets_from_function(lambda context: make_dataset(pipeline, context))
+            # Traced for any number of rows (the last batch is short), so each batch calls the one trace.
+            self._evaluate_batch.get_concrete_function(batches.element_spec)
+            for features in batches:
                 sums, per_example = self._evaluate_batch(features)
                 if int(sums.pop("stop_requests")):
                     return None
