@@ -9,7 +9,7 @@ most). For each, one process builds a fine-tuning step per input mode, each upda
 examples (packed: the packs that hold as many), and times --updates updates of each in turn,
 --rounds times, alternating the order (bert_packed.training.throughput). The speed-up is packed
 over padded examples/s; its ratio to the packing factor says how much of packing's promise is
-kept (exit status 1 below --target).
+kept (below --target: a line saying which task and why, exit status 1).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def main(argv) -> int:
     print("| task | input | examples/s | padding efficiency | packing factor | speed-up (median, range) | "
           "speed-up / packing factor |")
     print("|---|---|---|---|---|---|---|")
-    results, met, notes = {}, True, []
+    results, missed, notes = {}, [], []
     with tempfile.TemporaryDirectory() as work:
         directories = {task: directory for task, (directory, _) in
                        write_tasks(os.path.join(work, "tasks"), FLAGS.sentences, FLAGS.passages).items()}
@@ -85,8 +85,8 @@ def main(argv) -> int:
             for mode in runs:
                 figures = result["modes"][mode]
                 ratio = summary(result["speedups"][mode])["median"] / factor if mode == "packed" else None
-                if ratio is not None and FLAGS.target:
-                    met &= ratio >= FLAGS.target
+                if ratio is not None and ratio < FLAGS.target:
+                    missed.append(f"{task} {ratio:.3f}")
                 print(f"| {task} | {mode} | {summary(figures['sequences_per_second'])['median']:.1f} | "
                       f"{summary(figures['padding_efficiency'])['median']:.1%} | "
                       f"{factor if mode == 'packed' else 1.0:.2f} | {median_and_range(result['speedups'][mode])} | "
@@ -95,7 +95,11 @@ def main(argv) -> int:
     print("\n" + "\n".join(notes))
     if FLAGS.output_json:
         write_text_atomically(FLAGS.output_json, json.dumps(results, indent=1) + "\n")
-    return 0 if met else 1
+    if missed:
+        print(f"below --target={FLAGS.target:g} of the packing factor: {', '.join(missed)}. An update's fixed cost "
+              "(the optimizer's pass over every weight) is large beside few packed rows: more examples an update "
+              "(--batch_size) and --xla share it out (docs/finetuning.md)")
+    return 1 if missed else 0
 
 
 def entry_point():

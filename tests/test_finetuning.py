@@ -446,6 +446,27 @@ def test_xla_reaches_the_fine_tuning_run_s_model_and_optimizer(tmp_path, bert_co
         assert type(optimizer).__name__ == "AdamWeightDecay" and optimizer.fused is xla
 
 
+def test_the_fine_tuning_benchmark_says_why_a_speed_up_misses_its_target(tmp_path):
+    """scripts/benchmark_finetuning.py: its table, and below --target (here out of reach), exit
+    status 1 with a line naming the task, its share of the packing factor and what shares an
+    update's fixed cost out."""
+    from conftest import run_script
+
+    config = tmp_path / "bert_config.json"
+    config.write_text(json.dumps({**TINY, "vocab_size": 30522, "max_position_embeddings": 128}))
+    result = run_script("benchmark_finetuning", f"--bert_config_file={config}", "--tasks=pronouns", "--sentences=40",
+                        "--passages=20", "--rounds=1", "--updates=1", "--batch_size=8", "--target=5",
+                        f"--output_json={tmp_path / 'b.json'}")
+    assert result.returncode == 1, result.stderr[-2000:]
+    share = json.loads((tmp_path / "b.json").read_text())["pronouns"]
+    share = share["speedups"]["packed"][0] / share["packing_factor"]
+    assert re.search(r"^\| pronouns \| packed \| [\d.]+ \| 100\.0% \| [34]\.\d\d \|", result.stdout, re.M)
+    assert result.stdout.splitlines()[-1] == (
+        f"below --target=5 of the packing factor: pronouns {share:.3f}. An update's fixed cost (the optimizer's pass "
+        "over every weight) is large beside few packed rows: more examples an update (--batch_size) and --xla "
+        "share it out (docs/finetuning.md)")
+
+
 def test_run_classifier_fine_tunes_packed_and_its_figures_are_the_padded_run_s(tmp_path, bert_config_file):
     from conftest import run_command
 
