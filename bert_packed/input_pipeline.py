@@ -122,7 +122,7 @@ def make_dataset(config: PipelineConfig, input_context: tf.distribute.InputConte
         check_unchanged(config.identity, WATCHED_SINCE)
     if config.rows is not None:
         return _finished(rows_dataset(config.rows, config.batch_size, config.seed, config.skip_steps,
-                                      config.is_training, input_context), config)
+                                      config.is_training, input_context), config, input_context)
     shapes = config.shapes
     batch_size = config.batch_size
     skip = config.skip_steps
@@ -154,7 +154,7 @@ def make_dataset(config: PipelineConfig, input_context: tf.distribute.InputConte
     else:
         batches = records.batch(batch_size, drop_remainder=config.is_training).skip(skip)
         dataset = _parsed(batches, config)
-    return _finished(dataset, config)
+    return _finished(dataset, config, input_context)
 
 
 def _parsed(batches: tf.data.Dataset, config: PipelineConfig) -> tf.data.Dataset:
@@ -182,12 +182,21 @@ def _checked_ids(features: dict, config: PipelineConfig) -> dict:
         return {name: tf.identity(value) for name, value in features.items()}
 
 
-def _finished(dataset: tf.data.Dataset, config: PipelineConfig) -> tf.data.Dataset:
+def _finished(dataset: tf.data.Dataset, config: PipelineConfig,
+              input_context: tf.distribute.InputContext | None) -> tf.data.Dataset:
     if config.max_batches is not None and not config.is_training:
-        dataset = dataset.take(config.max_batches)
+        # max_batches counts whole batches; a pipeline yields one share a replica it feeds.
+        dataset = dataset.take(config.max_batches * _replicas_fed(input_context))
     options = tf.data.Options()
     options.deterministic = config.deterministic
     return dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
+
+
+def _replicas_fed(input_context: tf.distribute.InputContext | None) -> int:
+    """The replicas an input pipeline feeds: a distributed step takes a share from it for each."""
+    if input_context is None:
+        return 1
+    return input_context.num_replicas_in_sync // input_context.num_input_pipelines
 
 
 @functools.lru_cache(maxsize=8)
@@ -202,7 +211,8 @@ def _packed_online(config: PipelineConfig, batch_size: int, skip: int,
     """Unpacked records packed as they are read, in batches of [batch_size, L] (static shapes:
     XLA compiles once). Training shares files among input pipelines as the other modes do; an
     evaluation packs the whole set in every pipeline and each takes every n-th batch, padded with
-    empty batches to as many as every other's."""
+    empty batches to as many as every other's, a whole number for each replica it feeds (a
+    distributed step leaves out a share of static shape it cannot fill)."""
     pipelines = input_context.num_input_pipelines if input_context is not None else 1
     index = input_context.input_pipeline_id if input_context is not None else 0
     files = list(config.files)
@@ -226,7 +236,7 @@ def _packed_online(config: PipelineConfig, batch_size: int, skip: int,
     def batches():
         # The stream's packs are the offline packer's, under the record keys: renamed for the model here.
         stream = map(model_features, packed_batches(files, settings, opened if config.is_training else None))
-        if config.is_training or pipelines == 1:
+        if config.is_training:
             yield from stream
             return
         taken = total = 0
@@ -234,12 +244,13 @@ def _packed_online(config: PipelineConfig, batch_size: int, skip: int,
             if (total - 1) % pipelines == index:
                 taken += 1
                 yield batch
-        for _ in range(-(-total // pipelines) - taken):
+        replicas = _replicas_fed(input_context)
+        for _ in range(-(-total // pipelines // replicas) * replicas - taken):
             yield {name: np.zeros(spec.shape, np.int32) for name, spec in signature.items()}
 
     dataset = tf.data.Dataset.from_generator(batches, output_signature=signature)
     dataset = dataset.map(lambda features: _checked_ids(features, config))
-    return _finished(dataset, config)
+    return _finished(dataset, config, input_context)
 
 
 def _evaluation_share(config: PipelineConfig, input_context: tf.distribute.InputContext,
@@ -257,7 +268,7 @@ def _evaluation_share(config: PipelineConfig, input_context: tf.distribute.Input
         # The parsed layout of either mode (unpacked records: packs of one sequence, S = 1).
         empty = {name: tf.zeros([1, length], tf.int32) for name, length in config.shapes.model_lengths().items()}
         dataset = dataset.concatenate(tf.data.Dataset.from_tensors(empty).repeat(padding))
-    return _finished(dataset, config)
+    return _finished(dataset, config, input_context)
 
 
 def _cast(features: dict) -> dict:
