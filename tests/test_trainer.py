@@ -77,15 +77,13 @@ import os
 assert not os.path.exists(sys.argv[1] + "/odd_eval/train_log.jsonl")
 # Every eval sequence once, packed on the fly too (its batches' static shape left the last share
 # out: 121 of 122), and --max_eval_steps in whole batches of 8, not one replica's share of 4.
-import dataclasses
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH
 from bert_packed.features import Shapes
-from bert_packed.training.data import eval_data
+from bert_packed.training.data import eval_data, eval_pipeline
 for mode, steps, counted in (("packed_online", {}, 122), (None, {"max_eval_steps": 1}, 8)):
-    setup = config(sys.argv[1] + f"/eval_{mode}", files, eval_input_mode=mode, **steps)
-    evaluation = eval_data(sys.argv[4].split(","), "--eval_files", Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, 3),
-                           setup.config)
-    assert make_trainer(dataclasses.replace(setup, eval_data=evaluation), strategy).evaluate()["num_sequences"] == counted
+    settings = config(sys.argv[1] + f"/eval_{mode}", files, eval_input_mode=mode, **steps).config
+    evaluation = eval_data(sys.argv[4].split(","), "--eval_files", Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, 3), settings)
+    assert mirrored.compiled.evaluate(eval_pipeline(evaluation, settings))["num_sequences"] == counted
 print(max(float(np.abs(a - b).max()) for a, b in zip(weights(single), weights(mirrored))))
 """
 

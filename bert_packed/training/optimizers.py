@@ -53,10 +53,11 @@ class _BertOptimizer(keras.optimizers.Optimizer):
         self.fused = fused
         # A weight's step is traced once a (shape, dtype, decayed, adapted) and device, not once a
         # weight: it holds no state of its own (the variables are assigned outside it), so
-        # BERT-Large's 302 weights trace a dozen steps a replica, which the graph then inlines. Fused, each is one XLA program:
-        # its moments, update and trust ratio in one pass over memory instead of an operation a
-        # pass (AdamW's step over BERT-base's weights: 176 ms instead of 364 ms on a 2-core CPU,
-        # scripts/benchmark_optimizer.py). Pure arithmetic, so it compiles under any strategy.
+        # BERT-Large's 302 weights trace a dozen steps a replica, which the graph then inlines.
+        # Fused, each is one XLA program: its moments, update and trust ratio in one pass over
+        # memory instead of an operation a pass (AdamW's step over BERT-base's weights: 176 ms
+        # instead of 364 ms on a 2-core CPU, scripts/benchmark_optimizer.py). Pure arithmetic, so
+        # it compiles under any strategy.
         self._step_of = tf.function(self._step_fn, jit_compile=True if fused else None)
 
     def build(self, var_list):
