@@ -165,6 +165,18 @@ def test_strategies_are_counted_exactly_and_counting_stops_past_a_limit():
     assert exact_fill.count_exact_fill_strategies(65_536, 65_536, limit=1_000_000) == round(65_539**2 / 12)
 
 
+@pytest.mark.parametrize("algorithm", ["nnlshp", "lp"])
+def test_the_exact_fill_columns_are_made_once_for_every_histogram_of_their_length_and_depth(algorithm):
+    from bert_packed.packing.exact_fill import exact_fill_columns
+
+    exact_fill_columns.cache_clear()
+    first, second = (histogram_from_lengths(lengths, 12) for lengths in ([5, 4, 3] * 40, [6, 6, 1, 11] * 7))
+    plans = [plan(histogram, 12, algorithm, 3).strategies for histogram in (first, second)]
+    assert exact_fill_columns.cache_info()[:2] == (1, 1)  # a hit, a miss
+    exact_fill_columns.cache_clear()
+    assert [plan(histogram, 12, algorithm, 3).strategies for histogram in (first, second)] == plans  # made afresh
+
+
 def test_the_lp_never_fails_in_the_solver_it_falls_back_saying_what_it_did(monkeypatch, caplog):
     """Beyond its column limit it solves a shallower LP (its packs are valid deeper) and keeps
     that or LPFHP's plan, the fewer packs; when HiGHS fails, its other method, then LPFHP."""
