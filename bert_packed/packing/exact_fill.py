@@ -98,7 +98,7 @@ def strategy_matrix(strategies: list[tuple[int, ...]], max_sequence_length: int)
     return scipy.sparse.csc_matrix((data, (rows, cols)), shape=(max_sequence_length, len(strategies)))
 
 
-@functools.lru_cache(maxsize=2)
+@functools.lru_cache(maxsize=8)
 def exact_fill_columns(max_sequence_length: int, depth: int) -> tuple[tuple[tuple[int, ...], ...], scipy.sparse.csc_matrix]:
     """exact_fill_strategies and their strategy_matrix, made once a process for each (L, depth):
     they do not depend on the histogram, and making them took 1 s of a 5 s plan at L=128, depth 6
