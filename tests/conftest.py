@@ -97,23 +97,6 @@ def dataset_settings(dupe_factor=2, seed=12345, short_seq_prob=0.5, **masking):
     return DatasetSettings(VOCAB, True, config, dupe_factor, seed)
 
 
-# The files that take longest, longest first: the two test processes (pytest-xdist, one file
-# each at a time) start them first, so that neither is left alone with a long file at the end.
-# xdist gives a process its next file once two or fewer of its tests are left to run, which for
-# the README's file (two short tests, then the main job and its blocks, about a third of the
-# suite) is at once: the 3rd file waits behind it, so a short one comes 3rd.
-LONGEST_FIRST = ("test_readme.py", "test_resume.py", "test_layout.py", "test_trainer.py", "test_trajectory.py",
-                 "test_reference.py", "test_locks.py", "test_throughput.py", "test_storage.py")
-
-
-def pytest_collection_modifyitems(config, items):
-    def rank(item):
-        name = os.path.basename(str(item.path))
-        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
-
-    items.sort(key=rank)  # stable: each file's tests keep their order
-
-
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory):
     return write_corpus(str(tmp_path_factory.mktemp("corpus")))
