@@ -51,3 +51,38 @@ def test_taking_a_command_s_flags_out_gives_the_root_logger_no_handler_of_its_ow
     monkeypatch.setattr(logging.getLogger(), "handlers", [])
     in_process._unparse(flags.FlagValues())  # logs as the global flags do
     assert logging.getLogger().handlers == []
+
+
+def test_commands_of_one_graph_shape_share_a_compiled_step_put_back_as_new(packed_dir, bert_config_file, tmp_path,
+                                                                             monkeypatch):
+    """run_pretraining twice in this process: the second trains on the step the first was handed
+    (bert_packed.training.step.shared_step), compiles nothing, and leaves exactly what the first
+    left; a step beyond KEPT_BYTES is not kept, and the next command builds one."""
+    from training_runs import read_log
+
+    from bert_packed.training import step as steps
+
+    built = []
+    build = steps.CompiledStep.__init__
+    monkeypatch.setattr(steps.CompiledStep, "__init__", lambda *args, **kwargs: built.append(1) or build(*args, **kwargs))
+
+    def run(name):
+        held = steps.steps_held()
+        result = run_command("run_pretraining", f"--bert_config_file={bert_config_file}",
+                             f"--input_files={packed_dir}/packed-*.tfrecord", f"--output_dir={tmp_path / name}",
+                             "--max_seq_length=128", "--max_predictions_per_seq=20", "--train_batch_size=4",
+                             "--num_train_steps=3", "--learning_rate=1e-3", "--deterministic", "--seed=731")
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert steps.steps_held() == held  # the command's step released, no other
+        return [(line["step"], line["loss"]) for line in read_log(tmp_path / name / "train_log.jsonl")]
+
+    first = run("first")
+    built.clear()
+    monkeypatch.setattr(steps, "KEPT_BYTES", 0)  # from here, no step is kept when its command ends
+    assert run("second") == first and built == []  # the first command's step
+    weights = [tf.train.load_checkpoint(str(tmp_path / name / "model.ckpt-3")) for name in ("first", "second")]
+    names = [name for name, _ in tf.train.list_variables(str(tmp_path / "first" / "model.ckpt-3"))]
+    assert len(names) > 20
+    for name in names:
+        np.testing.assert_array_equal(weights[0].get_tensor(name), weights[1].get_tensor(name))
+    assert run("third") == first and built == [1]  # a new one: the second's was let go

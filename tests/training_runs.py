@@ -6,9 +6,10 @@ field. `make_trainer(setup)` builds what run_pretraining builds after its flags 
 set-up, the compiled step) and runs it with the product's own train_and_evaluate.
 
 Compiling a step costs seconds; an update of the tiny model milliseconds. So a compiled step is
-built once per graph shape in a test process and handed out again, put back as new
-(CompiledStep.reset), once the test that held it has ended (`release`, called by conftest after
-every test). Within one test, two runs of one shape get two steps, as two processes would.
+built once per graph shape in a test process and handed out again, put back as new, once the
+test that held it has ended: the product's own cache (bert_packed.training.step.shared_step, which
+the commands run in this process share too), released by `release`, which conftest calls after
+every test. Within one test, two runs of one shape get two steps, as two processes would.
 """
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, TI
 from bert_packed.features import Shapes
 from bert_packed.model import BertConfig
 from bert_packed.training.checkpoints import Checkpoints
-from bert_packed.training.config import PRECISIONS, TrainConfig, batching, make_config, setting_names
+from bert_packed.training.config import PRECISIONS, TrainConfig, make_config, setting_names
 from bert_packed.training.data import EvalData, TrainData, eval_pipeline
 from bert_packed.training.loop import evaluate_only, run_directory, train_and_evaluate
 from bert_packed.training.process import set_up_process
-from bert_packed.training.step import CompiledStep
+from bert_packed.training.step import CompiledStep, release_steps, shared_step
 
 # The values a test gives unless it says otherwise.
 DEFAULTS = dict(input_mode="packed", train_batch_size=4, num_train_steps=2, learning_rate=1e-3, deterministic=True,
@@ -78,20 +79,8 @@ def config(output_dir, files, dropout=0.1, eval_files=(), eval_packed=False, voc
     return Setup(settings, train, evaluation)
 
 
-# Compiled steps by graph shape: those free to hand out, and those the running test holds.
-_FREE: dict[tuple, list[tuple[CompiledStep, list, object]]] = {}
-_HELD: list[tuple[tuple, tuple[CompiledStep, list, object]]] = []
-
-
-def _graph_shape(setup: Setup, strategy) -> tuple:
-    """What a compiled step is built from (settings that only a run reads are left out)."""
-    c, data = setup.config, setup.train_data
-    shape = batching(c, data.input_mode, data.packing_factor, data.shapes.max_sequences_per_pack,
-                     strategy.num_replicas_in_sync if strategy else 1)
-    schedule = dataclasses.replace(c.optimizer, learning_rate=0.0, num_train_steps=1, num_warmup_steps=0,
-                                   start_warmup_step=0)  # variables of the step (set_schedule)
-    return (repr(dataclasses.replace(c.model, init_checkpoint=None)), repr(schedule), repr(shape), data.input_mode,
-            c.run.seed, c.run.deterministic, id(strategy))
+# The compiled loops of the steps handed out, as built: a test may wrap one (sigterm_in_the_loop_from).
+_LOOPS: dict[int, tuple[CompiledStep, object]] = {}
 
 
 def _set_up_unless_in_place(config: TrainConfig) -> None:
@@ -120,26 +109,17 @@ def _set_up_unless_in_place(config: TrainConfig) -> None:
 def compiled_step(setup: Setup, strategy=None) -> CompiledStep:
     """A compiled step for `setup`, as new: one this process built before for its graph shape and
     no running test holds (put back as new), else a new one."""
-    key = _graph_shape(setup, strategy)
     _set_up_unless_in_place(setup.config)
-    if _FREE.get(key):
-        entry = _FREE[key].pop()
-        step, state, loop = entry
-        step.reset(state)
-        step.set_schedule(setup.config)
-        step.update.loop = loop  # a test may have wrapped it
-    else:
-        step = CompiledStep(setup.config, setup.train_data, strategy)
-        entry = (step, step.initial_state(), step.update.loop)
-    _HELD.append((key, entry))
+    step = shared_step(setup.config, setup.train_data, strategy)
+    _LOOPS.setdefault(id(step), (step, step.update.loop))
     return step
 
 
 def release() -> None:
-    """The running test has ended: the steps it held may be handed out again."""
-    while _HELD:
-        key, entry = _HELD.pop()
-        _FREE.setdefault(key, []).append(entry)
+    """The running test has ended: the steps it held may be handed out again, their loops as built."""
+    for step, loop in _LOOPS.values():
+        step.update.loop = loop
+    release_steps()
 
 
 class Run:
@@ -229,7 +209,7 @@ def two_fine_tuning_updates(rows: dict, input_mode: str, packing_factor: float, 
                    adjust_batch_for_packing=False, adjust_betas_for_packing=False, packing_factor=packing_factor,
                    clip_by_global_norm_after_gradient_allreduce=True)
     _set_up_unless_in_place(setup.config)
-    step = CompiledStep(setup.config, setup.train_data, objective=objective(setup.config))
+    step = shared_step(setup.config, setup.train_data, objective=objective(setup.config))
     for weight, value in zip(step.model.weights, start or [], strict=start is not None):
         weight.assign(value)
     before = [w.numpy() for w in step.model.weights]

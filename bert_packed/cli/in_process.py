@@ -40,12 +40,14 @@ def command_in_this_process(module_name: str, cwd: str | None = None):
     Meanwhile TensorFlow's warning that a function was retraced is left out (QuietRetracing), and
     absl's handler filters nothing, as in a new process.
 
-    What is put back: absl's flags (their values, parsed or not, and which are defined: commands
-    define flags of the same names, which cannot be defined twice, so every other command's are
-    taken out meanwhile), absl's run-once state, the logging set-up, the SIGINT and SIGTERM
-    handlers, sys.argv, sys.stdout and sys.stderr, the environment, the working directory, and
-    what a training run sets of the whole process (op determinism, the random seeds, the precision
-    policy: bert_packed.training.process.set_up_process).
+    The compiled steps the command trained with are kept for the next command of their graph
+    shape (bert_packed.training.step.release_steps). What is put back: absl's flags (their
+    values, parsed or not, and which are defined: commands define flags of the same names, which
+    cannot be defined twice, so every other command's are taken out meanwhile), absl's run-once
+    state, the logging set-up, the SIGINT and SIGTERM handlers, sys.argv, sys.stdout and
+    sys.stderr, the environment, the working directory, and what a training run sets of the whole
+    process (op determinism, the random seeds, the precision policy:
+    bert_packed.training.process.set_up_process).
 
     Args:
       module_name: the command's module (`bert_packed.cli.pack_pretraining_data`, or a script's
@@ -55,7 +57,7 @@ def command_in_this_process(module_name: str, cwd: str | None = None):
     app.define_help_flags()  # once per process: part of what is saved below, not defined by the command
     quiet = QuietRetracing()
     # The flags last: restoring --verbosity sets a level.
-    with _process_state_kept(), _training_state_kept(), _only_its_flags(module_name):
+    with _steps_kept(), _process_state_kept(), _training_state_kept(), _only_its_flags(module_name):
         was_imported = module_name in sys.modules
         process_name = command_name.make_process_name_useful
         try:
@@ -70,6 +72,21 @@ def command_in_this_process(module_name: str, cwd: str | None = None):
             command_name.make_process_name_useful = process_name
             if not was_imported:  # its flags are taken out: the next import defines them again
                 sys.modules.pop(module_name, None)
+
+
+@contextlib.contextmanager
+def _steps_kept():
+    """The compiled steps the command was handed (bert_packed.training.step.shared_step) are kept
+    for the next command of their graph shape when it ends. Only a process that has trained has
+    that module loaded: no other command imports TensorFlow for it."""
+    steps = sys.modules.get("bert_packed.training.step")
+    held = steps.steps_held() if steps else 0
+    try:
+        yield
+    finally:
+        steps = sys.modules.get("bert_packed.training.step")
+        if steps:
+            steps.release_steps(held)
 
 
 @contextlib.contextmanager

@@ -38,13 +38,13 @@ def main(argv):
     from bert_packed.training.finetune import classifier_run
     from bert_packed.training.loop import evaluate_only, train_and_evaluate
     from bert_packed.training.process import set_up_process
-    from bert_packed.training.step import CompiledStep
+    from bert_packed.training.step import shared_step
 
     settings = from_flags(ClassifierSettings)
     fine_tuning = classifier_run(settings, command_flags_text())  # every file read and checked first
     config = fine_tuning.config
     set_up_process(config)
-    step = CompiledStep(config, fine_tuning.train_data, objective=fine_tuning.objective)
+    step = shared_step(config, fine_tuning.train_data, objective=fine_tuning.objective)
     if not settings.do_train:
         record = evaluate_only(config, fine_tuning.eval_data, step)
         print(f"{PROGRAM}: evaluated {record['checkpoint']} (step {record['step']}): "

@@ -126,7 +126,7 @@ def main(argv):
     from bert_packed.training.loop import evaluate_only, train_and_evaluate
     from bert_packed.training.memory import check_replica_memory
     from bert_packed.training.process import set_up_process
-    from bert_packed.training.step import CompiledStep
+    from bert_packed.training.step import shared_step
 
     cluster = cluster_of_this_task()
     with one_reading_per_file():  # each file's size and first 64 KiB read once: one request on a bucket
@@ -135,7 +135,7 @@ def main(argv):
     strategy = make_strategy(cluster)
     if FLAGS.do_train:  # before anything compiles
         check_replica_memory(config, train_data, strategy)
-    step = CompiledStep(config, train_data, strategy)
+    step = shared_step(config, train_data, strategy)
     if not FLAGS.do_train:
         record = evaluate_only(config, eval_data, step)
         leave_together(step.strategy)

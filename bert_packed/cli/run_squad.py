@@ -40,13 +40,13 @@ def main(argv):
     from bert_packed.training.finetune import squad_run
     from bert_packed.training.loop import evaluate_only, train_and_evaluate
     from bert_packed.training.process import set_up_process
-    from bert_packed.training.step import CompiledStep
+    from bert_packed.training.step import shared_step
 
     settings = from_flags(SquadSettings)
     fine_tuning = squad_run(settings, command_flags_text())  # every file read and checked first
     config = fine_tuning.config
     set_up_process(config)
-    step = CompiledStep(config, fine_tuning.train_data, objective=fine_tuning.objective)
+    step = shared_step(config, fine_tuning.train_data, objective=fine_tuning.objective)
     directory = RunDirectory(config.run.output_dir)
     if settings.do_train:
         result = train_and_evaluate(config, fine_tuning.train_data, fine_tuning.eval_data, step)

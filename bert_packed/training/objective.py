@@ -44,6 +44,7 @@ class Pretraining:
       program: the command that runs it (a lock's holder says it).
       identity: what run.json records of the run beside its settings.
       sequences_key: the sum that counts the sequences trained on.
+      graph_shape: what the compiled step's graph takes of it beyond the settings (step.graph_shape).
     """
 
     sequences_key = "nsp_sequences"
@@ -53,6 +54,7 @@ class Pretraining:
     labels = ()
     program = "run_pretraining"
     identity: dict = {}  # the settings already say the run
+    graph_shape = ()
 
     def __init__(self, config: TrainConfig):
         self.config = config
@@ -102,6 +104,7 @@ class FineTuningObjective:
     sum_keys = ("example_loss", "examples", "example_correct")
     sequences_key = "examples"
     mlperf = False
+    graph_shape: tuple = ()
 
     @staticmethod
     def reached(metrics: dict, config: TrainConfig) -> bool:
@@ -140,6 +143,7 @@ class Classification(FineTuningObjective):
         self.regression = not labels
         self.num_outputs = len(labels) or 1
         self.scores = scores
+        self.graph_shape = (self.num_outputs, self.regression)
 
     def build_model(self) -> BertClassifierModel:
         return BertClassifierModel(self.config.model.bert, self.num_outputs, self.config.model.recompute)
