@@ -79,6 +79,10 @@ def test_commands_of_one_graph_shape_share_a_compiled_step_put_back_as_new(packe
     first = run("first")
     built.clear()
     monkeypatch.setattr(steps, "KEPT_BYTES", 0)  # from here, no step is kept when its command ends
+    _, kept, as_built = steps._FREE[-1]
+    kept.update.stop_requested.assign(1)  # a signal after its run let it go: evaluate-only never clears it
+    kept.reset(as_built)
+    assert int(kept.update.stop_requested) == 0
     assert run("second") == first and built == []  # the first command's step
     weights = [tf.train.load_checkpoint(str(tmp_path / name / "model.ckpt-3")) for name in ("first", "second")]
     names = [name for name, _ in tf.train.list_variables(str(tmp_path / "first" / "model.ckpt-3"))]
@@ -86,3 +90,41 @@ def test_commands_of_one_graph_shape_share_a_compiled_step_put_back_as_new(packe
     for name in names:
         np.testing.assert_array_equal(weights[0].get_tensor(name), weights[1].get_tensor(name))
     assert run("third") == first and built == [1]  # a new one: the second's was let go
+
+
+def test_a_step_under_a_strategy_of_its_command_s_own_is_let_go_with_the_command(tmp_path):
+    """A command makes its own strategy (mirrored, multi-worker, TPU): no later command can run
+    its step, so it is not kept; the tests, which keep a strategy across runs, keep theirs."""
+    from training_runs import _set_up_unless_in_place, config
+
+    from bert_packed.training import step as steps
+
+    setup = config(tmp_path, [], train_batch_size=2)
+    _set_up_unless_in_place(setup.config)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    held = steps.steps_held()
+    mirrored = steps.shared_step(setup.config, setup.train_data, strategy)
+    default = steps.shared_step(setup.config, setup.train_data)
+    steps.release_steps(held)
+    kept = [entry[1] for entry in steps._FREE]
+    assert any(step is default for step in kept) and not any(step is mirrored for step in kept)
+    again = steps.shared_step(setup.config, setup.train_data, strategy)
+    assert again is not mirrored
+    steps.release_steps(held, strategies_kept=True)
+    assert steps._FREE[-1][1] is again
+
+
+def test_each_command_draws_from_generators_seeded_afresh_and_leaves_the_caller_s_as_they_were():
+    """As a new process's: a run without --deterministic takes its initial weights from Python's
+    random generator, and two such runs one after another in this process started alike."""
+    from conftest import command_in_this_process
+
+    random.seed(3)
+    np.random.seed(3)
+    caller = training_state()[3:]
+    draws = []
+    for _ in range(2):
+        with command_in_this_process("plan_packing"):
+            draws.append((random.random(), float(np.random.rand())))
+        assert training_state()[3:] == caller
+    assert draws[0][0] != draws[1][0] and draws[0][1] != draws[1][1]

@@ -19,6 +19,7 @@ import json
 import os
 import random
 import signal
+import weakref
 
 import keras
 import numpy as np
@@ -80,7 +81,7 @@ def config(output_dir, files, dropout=0.1, eval_files=(), eval_packed=False, voc
 
 
 # The compiled loops of the steps handed out, as built: a test may wrap one (sigterm_in_the_loop_from).
-_LOOPS: dict[int, tuple[CompiledStep, object]] = {}
+_LOOPS: weakref.WeakKeyDictionary[CompiledStep, object] = weakref.WeakKeyDictionary()
 
 
 def _set_up_unless_in_place(config: TrainConfig) -> None:
@@ -111,15 +112,15 @@ def compiled_step(setup: Setup, strategy=None) -> CompiledStep:
     no running test holds (put back as new), else a new one."""
     _set_up_unless_in_place(setup.config)
     step = shared_step(setup.config, setup.train_data, strategy)
-    _LOOPS.setdefault(id(step), (step, step.update.loop))
+    _LOOPS.setdefault(step, step.update.loop)
     return step
 
 
 def release() -> None:
     """The running test has ended: the steps it held may be handed out again, their loops as built."""
-    for step, loop in _LOOPS.values():
+    for step, loop in _LOOPS.items():
         step.update.loop = loop
-    release_steps()
+    release_steps(strategies_kept=True)  # a test's strategy serves its next runs (SEVERAL_REPLICAS)
 
 
 class Run:

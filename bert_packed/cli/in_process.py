@@ -207,9 +207,16 @@ def _training_state_kept():
     """Puts back what set_up_process sets of the whole process, as it was before the command (as in
     a new process where TensorFlow was not imported yet): op determinism, the seeds of Python,
     NumPy and TensorFlow, and Keras's precision policy. A training run with --deterministic would
-    otherwise leave the next command deterministic and seeded, a bf16 run leave it in bf16."""
+    otherwise leave the next command deterministic and seeded, a bf16 run leave it in bf16.
+
+    Meanwhile Python's and NumPy's generators start from the system's entropy, as a new process's
+    do: a run without --deterministic draws its initial weights from them, and would otherwise
+    start from the same weights as the previous such run."""
     python_random = random.getstate()
     numpy_random = sys.modules["numpy"].random.get_state() if "numpy" in sys.modules else None
+    random.seed()
+    if numpy_random is not None:
+        sys.modules["numpy"].random.seed()
     determinism, tensorflow_seed, policy = False, None, "float32"
     if "tensorflow" in sys.modules:
         import keras

@@ -139,19 +139,21 @@ class CompiledStep:
         self.schedule.set(o.learning_rate, o.num_train_steps, o.num_warmup_steps, o.start_warmup_step)
 
     def reset(self, state: list[np.ndarray]) -> None:
-        """Puts back every variable's value of `state` (from initial_state): the step is then as
-        built, and compiles nothing again."""
+        """Puts back every variable's value of `state` (from initial_state), and no stop requested:
+        the step is then as built, and compiles nothing again."""
         for variable, value in zip(self._variables(), state, strict=True):
             variable.assign(value)
+        self.update.stop_requested.assign(0)  # a signal may have come after its run let it go
 
 
 # Steps kept for the next command of this process, (graph shape, step, its variables as built):
 # those released, oldest first, and those handed out to the commands running now.
 _FREE: list[tuple[tuple, CompiledStep, list[np.ndarray]]] = []
 _HELD: list[tuple[tuple, CompiledStep, list[np.ndarray] | None]] = []
-# Released steps are kept while they and their values as built take at most this: the tiny and
-# small models of the main job and the tests, not a BERT-base's 2.6 GB with its optimizer's slots
-# (where a compile costs less beside the run, and the memory is the user's).
+# Released steps are kept while their variables and their values as built take at most this (on
+# a GPU, half of it in its memory): the tiny and small models of the main job and the tests, not a
+# BERT-base's 2.6 GB with its optimizer's slots (where a compile costs less beside the run, and the
+# memory is the user's). TensorFlow's traces of a step add about 40 MB that this does not count.
 KEPT_BYTES = 2**30
 
 
@@ -201,10 +203,17 @@ def steps_held() -> int:
     return len(_HELD)
 
 
-def release_steps(since: int = 0) -> None:
+def release_steps(since: int = 0, strategies_kept: bool = False) -> None:
     """The steps handed out after the first `since` held are released: kept for the next command
-    of their graph shape (while the kept ones take at most KEPT_BYTES, the oldest let go first)."""
+    of their graph shape (while the kept ones take at most KEPT_BYTES, the oldest let go first).
+
+    A command makes its own tf.distribute strategy (a step's graph shape holds the strategy), so
+    a step under any but the default strategy is let go with its command, unless
+    `strategies_kept`: the caller runs other steps under that strategy object (the tests do).
+    """
+    default = tf.distribute.get_strategy()
     released, _HELD[since:] = _HELD[since:], []
-    _FREE.extend(entry for entry in released if entry[2] is not None)
+    _FREE.extend(entry for entry in released
+                 if entry[2] is not None and (strategies_kept or entry[1].strategy is default))
     while sum(2 * sum(value.nbytes for value in state) for _, _, state in _FREE) > KEPT_BYTES:
         _FREE.pop(0)
