@@ -191,8 +191,7 @@ def shared_step(config: TrainConfig, train_data: TrainData, strategy: tf.distrib
             break
     else:
         step = CompiledStep(config, train_data, strategy, objective)
-        size = sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in step._variables())
-        state = step.initial_state() if 2 * size <= KEPT_BYTES else None  # None: not kept
+        state = step.initial_state() if _kept_bytes(step) <= KEPT_BYTES else None  # None: not kept
     _HELD.append((key, step, state))
     return step
 
@@ -215,5 +214,10 @@ def release_steps(since: int = 0, strategies_kept: bool = False) -> None:
     released, _HELD[since:] = _HELD[since:], []
     _FREE.extend(entry for entry in released
                  if entry[2] is not None and (strategies_kept or entry[1].strategy is default))
-    while sum(2 * sum(value.nbytes for value in state) for _, _, state in _FREE) > KEPT_BYTES:
+    while sum(_kept_bytes(step) for _, step, _ in _FREE) > KEPT_BYTES:
         _FREE.pop(0)
+
+
+def _kept_bytes(step: CompiledStep) -> int:
+    """What keeping `step` takes: its variables, and their values as built."""
+    return 2 * sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in step._variables())
