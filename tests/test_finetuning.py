@@ -460,7 +460,8 @@ def test_the_fine_tuning_benchmark_says_why_a_speed_up_misses_its_target(tmp_pat
     assert result.returncode == 1, result.stderr[-2000:]
     share = json.loads((tmp_path / "b.json").read_text())["pronouns"]
     share = share["speedups"]["packed"][0] / share["packing_factor"]
-    assert re.search(r"^\| pronouns \| packed \| [\d.]+ \| 100\.0% \| [34]\.\d\d \|", result.stdout, re.M)
+    packed = re.search(r"^\| pronouns \| packed \| [\d.]+ \| ([\d.]+)% \| [34]\.\d\d \|", result.stdout, re.M)
+    assert packed and float(packed.group(1)) >= 90, result.stdout  # the set is 94.4% real tokens
     assert result.stdout.splitlines()[-1] == (
         f"below --target=5 of the packing factor: pronouns {share:.3f}. An update's fixed cost (the optimizer's pass "
         "over every weight) is large beside few packed rows: more examples an update (--batch_size) and --xla "

@@ -155,10 +155,11 @@ def lp_packing(histogram, max_sequences_per_pack: int = 3) -> Strategies:
 
     Variables: x_s >= 0 packs of each exact-fill strategy s, and f_l >= 0 slots of length l
     handed down to hold sequences of length l - 1 (so any slot may hold a shorter sequence).
-    Minimise sum(x) subject to (A x)_l - f_l + f_{l+1} >= h_l for every length l. The solution
-    is rounded to the nearest integers, its slots are filled with real sequences, longest first
-    (slots of over-covered lengths become padding), and whatever is left over is packed with
-    LPFHP.
+    Minimise sum(x) subject to (A x)_l - f_l + f_{l+1} >= h_l for every length l, over the
+    strategies the histogram's lengths need (strategies_for). The solution is rounded to the
+    nearest integers, and apart from that down; each rounding's slots are filled with real
+    sequences, longest first (slots of over-covered lengths become padding), whatever is left
+    over is packed with LPFHP, and the plan of fewer packs is kept.
 
     Worked example (L = 8, depth 3): four 1s, two 3s and two 5s: 20 tokens in 8 sequences.
 
@@ -198,14 +199,49 @@ def lp_packing(histogram, max_sequences_per_pack: int = 3) -> Strategies:
         logging.warning("%s; packed with lpfhp at depth %d instead", str(e) or "out of memory in the packing LP",
                         max_sequences_per_pack)
         return sorted(lpfhp(histogram, max_sequences_per_pack))
-    packs, leftover = fill_slots(strategies, np.rint(counts).astype(np.int64), histogram, allow_shorter=True)
-    for lengths, count in lpfhp(leftover, depth) if leftover.any() else []:
-        packs[lengths] += count
+    packs = min((rounded_plan(strategies, rounding(counts), histogram, depth) for rounding in (np.rint, np.floor)),
+                key=lambda packs: sum(packs.values()))
     if shallower:
         greedy = lpfhp(histogram, max_sequences_per_pack)
         if sum(count for _, count in greedy) < sum(packs.values()):
             return sorted(greedy)
     return sorted(packs.items())
+
+
+def strategies_for(histogram, columns: scipy.sparse.csc_matrix) -> np.ndarray:
+    """The strategies (columns) the packing LP of `histogram` needs: those whose slots, but for
+    the longest, are lengths the histogram holds.
+
+    The LP's optimum stays what it is over every strategy: a slot of a length no sequence has
+    only ever holds shorter ones, so any strategy is matched or beaten by the kept one made of
+    its slots cut down to the nearest length that occurs, its slack added to its longest slot.
+    Fine-tuning sets have a few dozen lengths: at L=128, depth 6, 587,535 strategies become a
+    few thousand, and HiGHS solved in 0.1 s instead of 3-5 s.
+
+    >>> strategies, columns = exact_fill_columns(6, 3)   # (6,) (5, 1) (4, 2) (4, 1, 1) (3, 3) (3, 2, 1) (2, 2, 2)
+    >>> [strategies[s] for s in strategies_for([3, 0, 1, 0, 0, 0], columns)]   # three 1s, a 3
+    [(6,), (5, 1), (4, 1, 1), (3, 3)]
+
+    Args:
+      histogram: int array [L].
+      columns: the strategies' L x S matrix (exact_fill_columns).
+
+    Returns:
+      The kept strategies' indices, ascending.
+    """
+    lengths, starts = columns.indices, columns.indptr[:-1]
+    longest = np.repeat(np.maximum.reduceat(lengths, starts), np.diff(columns.indptr))
+    fits = (np.asarray(histogram)[lengths] > 0) | ((lengths == longest) & (columns.data == 1))
+    return np.flatnonzero(np.minimum.reduceat(fits, starts))
+
+
+def rounded_plan(strategies, counts, histogram, depth: int) -> collections.Counter:
+    """The packs of `counts` (rounded) of each strategy, their slots filled with the sequences,
+    and what is left packed by LPFHP."""
+    packs, leftover = fill_slots(strategies, counts.astype(np.int64), histogram, allow_shorter=True)
+    for lengths, count in lpfhp(leftover, depth) if leftover.any() else []:
+        packs[lengths] += count
+    return packs
 
 
 class PackingLPError(RuntimeError):
@@ -230,6 +266,9 @@ def solve_packing_lp(histogram, max_sequences_per_pack: int) -> tuple[np.ndarray
             f"lp at L={max_length} and depth {max_sequences_per_pack} has over {MAX_LP_STRATEGIES:,} "
             f"strategies; use a smaller --max-sequences-per-pack or the lpfhp algorithm")
     strategies, columns = exact_fill_columns(max_length, max_sequences_per_pack)
+    kept = strategies_for(histogram, columns)
+    if len(kept) < len(strategies):
+        strategies, columns = [strategies[s] for s in kept], columns[:, kept]
     # Hand-down flow f_l for l = 2..L: leaves row l (-1), arrives at row l - 1 (+1).
     lengths = np.arange(2, max_length + 1)
     flow = scipy.sparse.csc_matrix(
@@ -276,11 +315,12 @@ def fill_slots(strategies, counts, histogram, allow_shorter: bool):
     """
     max_length = len(histogram)
     remaining = np.array(histogram, dtype=np.int64)
+    # The strategies used: a few thousand of the LP's up to a million columns.
+    used = [(int(s), int(counts[s])) for s in np.flatnonzero(np.asarray(counts) > 0)]
     slots_by_length: list[list[list[int]]] = [[] for _ in range(max_length + 1)]
-    for s, count in enumerate(counts):
-        if count > 0:
-            for position, length in enumerate(strategies[s]):
-                slots_by_length[length].append([s, position, int(count)])
+    for s, count in used:
+        for position, length in enumerate(strategies[s]):
+            slots_by_length[length].append([s, position, count])
 
     # Free slot groups [strategy, position, count], the shortest on top.
     free: list[list[int]] = []
@@ -302,16 +342,15 @@ def fill_slots(strategies, counts, histogram, allow_shorter: bool):
             free.clear()
 
     packs: collections.Counter = collections.Counter()
-    for s, count in enumerate(counts):
-        if count > 0:
-            runs = []
-            for position in range(len(strategies[s])):
-                run = filled.get((s, position), [])
-                empty = int(count) - sum(c for _, c in run)
-                runs.append(run + ([(0, empty)] if empty else []))
-            for lengths, repeat in _zip_runs(runs):
-                if lengths:
-                    packs[lengths] += repeat
+    for s, count in used:
+        runs = []
+        for position in range(len(strategies[s])):
+            run = filled.get((s, position), [])
+            empty = count - sum(c for _, c in run)
+            runs.append(run + ([(0, empty)] if empty else []))
+        for lengths, repeat in _zip_runs(runs):
+            if lengths:
+                packs[lengths] += repeat
     return packs, remaining
 
 
