@@ -84,6 +84,24 @@ def test_no_algorithm_beats_the_exhaustive_optimum_and_lp_bound_is_valid(lengths
         assert plan(histogram, 12, algorithm, depth).num_packs >= optimum
 
 
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(1, 40), min_size=1, max_size=60), depth=st.integers(1, 5))
+def test_the_lp_over_the_strategies_its_lengths_need_has_the_optimum_of_the_lp_over_all(lengths, depth):
+    from bert_packed.packing import exact_fill
+
+    histogram = histogram_from_lengths(lengths, 40)
+    counts, strategies = solve_packing_lp(histogram, depth)
+    with pytest.MonkeyPatch.context() as every:
+        every.setattr(exact_fill, "strategies_for", lambda histogram, columns: np.arange(columns.shape[1]))
+        all_counts, all_strategies = solve_packing_lp(histogram, depth)
+    assert counts.sum() == pytest.approx(all_counts.sum(), abs=1e-6)
+    assert set(strategies) <= set(all_strategies)
+    occurring = set(lengths)
+    assert all(set(strategy[1:]) <= occurring for strategy in strategies)
+    if len(occurring) < 10 and depth > 2:
+        assert len(strategies) < len(all_strategies)
+
+
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
 def test_complementary_pairs_pack_perfectly(algorithm):
     # 100 x 300 + 100 x 212 at L = 512: 100 full packs, the optimum.
