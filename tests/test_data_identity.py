@@ -351,6 +351,7 @@ def test_held_out_files_never_train_unless_the_user_says_so(corpus, tmp_path):
     assert allowed.num_sequences == sum(f.sequences for f in info.eval_files)
 
 
+@pytest.mark.slow  # trains, makes its data again and resumes (over 3.5 s here)
 def test_a_run_refuses_to_resume_on_data_made_again_since_it_started(packed_copy, tmp_path):
     from training_runs import config, make_trainer
 

@@ -74,6 +74,7 @@ def test_write_is_atomic_and_round_trips(tmp_path):
     assert read_dataset_info(str(tmp_path / "missing")) is None
 
 
+@pytest.mark.slow  # packs and trains a run (over 3.5 s here)
 def test_a_packed_eval_set_of_one_sequence_per_pack_is_read_as_packed(unpacked_dir, packed_dir, bert_config_file,
                                                                        tmp_path):
     """Depth 1 does not make packed data unpacked: the eval set is parsed with the packed keys."""

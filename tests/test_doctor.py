@@ -39,6 +39,7 @@ def test_a_gpu_the_driver_lists_but_a_cpu_build_cannot_use_is_one_problem_with_i
     assert problems == 1 and lines[1].startswith("PROBLEM GPUs") and lines[2].strip().startswith("fix: install the GPU")
 
 
+@pytest.mark.slow  # trains packed and one-a-row runs (over 3.5 s here)
 def test_the_packed_training_check_fails_when_packed_rows_are_computed_wrongly(monkeypatch):
     """Packs whose rows another sequence's tokens leak into (a mask that lets attention cross
     sequences) train other weights than the sequences one a row: the check says so."""

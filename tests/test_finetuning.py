@@ -341,6 +341,7 @@ def classification_update(rows, input_mode, packing_factor, tmp_path, start=None
     return before, after, step.objective.metrics({key: sums[key] for key in step.objective.sum_keys}), step
 
 
+@pytest.mark.slow  # compiles and trains packed and one-example-a-row steps (over 3.5 s here)
 def test_the_compiled_step_trains_packed_rows_as_it_trains_one_example_a_row(tokenizer, tmp_path):
     packed, alone = classifier_rows(tokenizer)
     start, packed_after, packed_metrics, step = classification_update(packed, "packed", len(SENTENCES) / len(
@@ -446,6 +447,7 @@ def test_xla_reaches_the_fine_tuning_run_s_model_and_optimizer(tmp_path, bert_co
         assert type(optimizer).__name__ == "AdamWeightDecay" and optimizer.fused is xla
 
 
+@pytest.mark.slow  # fine-tunes packed and padded, timed (over 3.5 s here)
 def test_the_fine_tuning_benchmark_says_why_a_speed_up_misses_its_target(tmp_path):
     """scripts/benchmark_finetuning.py: its table, and below --target (here out of reach), exit
     status 1 with a line naming the task, its share of the packing factor and what shares an
@@ -468,6 +470,7 @@ def test_the_fine_tuning_benchmark_says_why_a_speed_up_misses_its_target(tmp_pat
         "share it out (docs/finetuning.md)")
 
 
+@pytest.mark.slow  # fine-tunes packed and padded (over 3.5 s here)
 def test_run_classifier_fine_tunes_packed_and_its_figures_are_the_padded_run_s(tmp_path, bert_config_file):
     from conftest import run_command
 
@@ -529,6 +532,7 @@ def without_clocks(records):
     return [{k: v for k, v in record.items() if "seconds" not in k} for record in records]
 
 
+@pytest.mark.slow  # fine-tunes, stops by a signal and resumes (over 3.5 s here)
 def test_a_fine_tuning_run_stopped_by_a_signal_resumes_to_the_uninterrupted_run_s_logs(tmp_path, bert_config_file,
                                                                                           monkeypatch):
     import signal

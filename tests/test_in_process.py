@@ -5,6 +5,7 @@ import random
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 from conftest import run_command
 from tensorflow.python.eager import context
@@ -16,6 +17,7 @@ def training_state():
             random.getstate(), np.random.get_state()[1].tolist())
 
 
+@pytest.mark.slow  # compiles a deterministic bf16 step of its own (over 3.5 s here)
 def test_a_deterministic_bf16_run_leaves_determinism_seeds_and_precision_as_they_were(packed_dir, bert_config_file,
                                                                                       tmp_path):
     found = training_state()
@@ -53,6 +55,7 @@ def test_taking_a_command_s_flags_out_gives_the_root_logger_no_handler_of_its_ow
     assert logging.getLogger().handlers == []
 
 
+@pytest.mark.slow  # trains several commands in turn (over 3.5 s here)
 def test_commands_of_one_graph_shape_share_a_compiled_step_put_back_as_new(packed_dir, bert_config_file, tmp_path,
                                                                              monkeypatch):
     """run_pretraining twice in this process: the second trains on the step the first was handed

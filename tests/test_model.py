@@ -212,6 +212,7 @@ def test_stateless_dropout_drops_at_its_rate_and_keeps_the_expectation():
     np.testing.assert_array_equal(dropout(x, 0.0, tf.constant([7, 8])).numpy(), x.numpy())
 
 
+@pytest.mark.slow  # gradients of three models, packed and unpacked (over 3.5 s here)
 def test_recompute_gives_the_same_loss_and_gradients_with_dropout_on(data):
     """What the backward pass recomputes (the attention block, the whole layer) draws the same
     dropout masks as the forward pass, so the gradients are those of keeping it: packed and

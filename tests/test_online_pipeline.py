@@ -139,6 +139,7 @@ def dataclass_replace(config, **changes):
     return dataclasses.replace(config, **changes)
 
 
+@pytest.mark.slow  # trains packed on the fly, stops and resumes (over 3.5 s here)
 def test_training_packed_on_the_fly_resumes_exactly_and_counts_the_plan_once(unpacked_dir, tmp_path, capsys):
     """The reference's own files (no metadata.json): the histogram is counted once and cached
     beside the run; a run stopped by SIGTERM goes on with exactly the losses of an uninterrupted one."""

@@ -199,6 +199,7 @@ def test_reference_flags_that_cannot_work_stop_before_anything_is_written(refere
     assert not out.exists()
 
 
+@pytest.mark.slow  # trains with micro-steps, a step of its own (over 3.5 s here)
 def test_a_micro_step_count_is_the_reference_s(reference_inputs, tmp_path):
     """--steps_per_update=2: num_train_steps, warmup and the checkpoint cadence count micro-steps."""
     out = tmp_path / "run"

@@ -105,6 +105,7 @@ def uninterrupted(packed_dir, unpacked_dir, tmp_path_factory):
     return what_a_run_leaves(directory), weights(trainer), seen
 
 
+@pytest.mark.slow  # trains the uninterrupted run (over 3.5 s here)
 def test_the_uninterrupted_run_is_what_the_others_are_held_to(uninterrupted):
     left, _, seen = uninterrupted
     assert [r["step"] for r in left["train"]] == [2, 4, 6, 8, 10, 12]
@@ -126,6 +127,7 @@ KILLS = [
 ]
 
 
+@pytest.mark.slow  # trains a run killed at a write and resumes it, for each write kind (over 3.5 s here)
 @pytest.mark.parametrize("kind, nth", KILLS)
 def test_a_kill_at_any_write_and_the_same_command_end_as_the_uninterrupted_run(packed_dir, unpacked_dir, tmp_path,
                                                                                uninterrupted, kind, nth, monkeypatch):

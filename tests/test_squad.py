@@ -262,6 +262,7 @@ def assert_predicted_without_scoring_the_unanswered(tmp_path, bert_config_file, 
     assert f"answered 8 questions of {tmp_path / f'{name}.json'}: {figures}" in predicted.stdout, predicted.stdout
 
 
+@pytest.mark.slow  # fine-tunes packed and evaluates padded (over 3.5 s here)
 def test_run_squad_fine_tunes_packed_and_answers_as_the_padded_evaluation_of_its_weights(tmp_path, bert_config_file):
     write_squad(tmp_path / "train.json", 12)
     write_squad(tmp_path / "dev.json", 4)
@@ -361,6 +362,7 @@ def test_run_squad_refuses_bad_flags_in_one_line_before_anything_is_written(tmp_
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow  # compiles and trains packed and one-window-a-row steps (over 3.5 s here)
 def test_the_compiled_step_trains_packed_windows_as_it_trains_one_window_a_row(tokenizer, squad_file, tmp_path):
     from training_runs import two_fine_tuning_updates
 

@@ -25,6 +25,7 @@ def test_training_flops_count_projections_attention_and_the_mlm_head():
     assert training_flops(one, tokens=100, sequences=2, predictions=3) == 3 * forward
 
 
+@pytest.mark.slow  # compiles and times a packed and a padded step (over 3.5 s here)
 def test_measure_alternately_times_each_mode_every_round(packed_dir, unpacked_dir, tmp_path):
     bert = BertConfig(**TINY)
     runs = {

@@ -22,6 +22,7 @@ from bert_packed.training.data import eval_pipeline
 from bert_packed.training.step import CompiledStep
 
 
+@pytest.mark.slow  # trains and compares two runs: micro-steps and one big batch (over 3.5 s here)
 def test_accumulated_micro_batches_equal_one_big_batch(packed_dir, tmp_path):
     files = tfrecords(packed_dir)
     for averaging in ("token", "sequence"):
@@ -99,6 +100,7 @@ def test_mirrored_over_two_devices_gives_the_same_update(packed_dir, unpacked_di
     assert float(result.stdout.strip().splitlines()[-1]) < 2e-6
 
 
+@pytest.mark.slow  # trains a run, stops it and resumes it (over 3.5 s here)
 def test_an_interrupted_run_resumes_with_exactly_the_same_losses(packed_dir, tmp_path):
     files = tfrecords(packed_dir)
     make_trainer(config(tmp_path / "straight", files, num_train_steps=4)).train()
@@ -134,6 +136,7 @@ def test_a_signal_before_the_first_step_saves_nothing_and_the_same_command_start
     assert [r["step"] for r in read_log(tmp_path / "train_log.jsonl")] == [1, 2]
 
 
+@pytest.mark.slow  # trains runs with and without recompute, stops one and resumes it (over 3.5 s here)
 def test_recompute_trains_the_same_run_and_a_run_stopped_with_it_resumes_exactly(packed_dir, tmp_path):
     """Recompute changes memory, not the run: with dropout on, a run stopped during step 2 with
     --recompute=attention and resumed with --recompute=layer (a setting a resumed run may change)
@@ -383,6 +386,7 @@ def test_a_run_is_assembled_from_its_flags_by_name_as_the_command_does(packed_di
         line(train_batch=4)
 
 
+@pytest.mark.slow  # trains a packed and an unpacked run (over 3.5 s here)
 def test_cli_batch_correction_takes_packs_for_the_unpacked_rows(packed_dir, bert_config_file, tmp_path):
     out = tmp_path / "run"
     result = run_command("run_pretraining", f"--bert_config_file={bert_config_file}",
@@ -462,6 +466,7 @@ def free_ports(count):
     return ports
 
 
+@pytest.mark.slow  # compiles a step of its own in each half precision (over 3.5 s here)
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_half_precision_trains_with_finite_losses(packed_dir, tmp_path, precision):
     import keras
@@ -476,6 +481,7 @@ def test_half_precision_trains_with_finite_losses(packed_dir, tmp_path, precisio
     assert len(losses) == 2 and np.isfinite(losses).all()
 
 
+@pytest.mark.slow  # compiles the step with and without XLA (over 3.5 s here)
 def test_xla_gives_the_same_update(packed_dir, tmp_path):
     files = tfrecords(packed_dir)
     eager = make_trainer(config(tmp_path / "eager", files, dropout=0.0, num_train_steps=1))
@@ -489,6 +495,7 @@ def test_xla_gives_the_same_update(packed_dir, tmp_path):
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
+@pytest.mark.slow  # trains a run and starts others from its checkpoints (over 3.5 s here)
 def test_init_checkpoint_and_a_corrupt_checkpoint(packed_dir, tmp_path, caplog):
     from bert_packed.model import BertPretrainingModel, export_google_checkpoint
 
@@ -593,6 +600,7 @@ def mllog(directory):
     return [json.loads(line.split(":::MLLOG ", 1)[1]) for line in open(directory / "mllog.txt")]
 
 
+@pytest.mark.slow  # trains to a target, is killed and resumes (over 3.5 s here)
 def test_a_kill_during_the_export_of_a_run_that_reached_its_target_is_completed(packed_dir, unpacked_dir, tmp_path,
                                                                                monkeypatch):
     import bert_packed.training.loop as trainer_module
@@ -661,6 +669,7 @@ def test_an_output_dir_holding_another_run_is_refused_and_left_intact(packed_dir
     assert (tmp_path / "flags.txt").read_text() == "--seed=12345\n"
 
 
+@pytest.mark.slow  # compiles the step with and without a loop of updates (over 3.5 s here)
 def test_a_compiled_loop_of_updates_equals_one_update_a_call(packed_dir, tmp_path):
     files = tfrecords(packed_dir)
     one = make_trainer(config(tmp_path / "one", files, num_train_steps=6))
@@ -681,6 +690,7 @@ def test_a_compiled_loop_of_updates_equals_one_update_a_call(packed_dir, tmp_pat
         [r[k] for k in keys] for r in read_log(tmp_path / "looped" / "train_log.jsonl")]
 
 
+@pytest.mark.slow  # compiles steps of two clip orders (over 3.5 s here)
 def test_clipping_before_the_allreduce_averages_each_micro_batch_s_clipped_gradient(packed_dir, tmp_path):
     """The reference's default order, against the same update computed here by hand."""
     import tensorflow as tf
@@ -761,6 +771,7 @@ def test_any_tensorflow_filesystem_holds_inputs_metadata_logs_and_checkpoints(pa
     assert found["mllog"] > 20 and "--output_dir=ram://run" in found["flags"]
 
 
+@pytest.mark.slow  # trains, tears its log and resumes (over 3.5 s here)
 def test_a_torn_last_log_line_is_dropped_and_a_damaged_one_named(packed_dir, tmp_path, caplog):
     files = tfrecords(packed_dir)
     make_trainer(config(tmp_path, files, num_train_steps=2, save_checkpoints_steps=2)).train()
@@ -839,6 +850,7 @@ def test_a_diverging_run_never_saves_non_finite_weights_and_names_a_finite_check
     assert named == "none: no checkpoint was saved yet" if not saved else finite(named)
 
 
+@pytest.mark.slow  # trains, damages a checkpoint and resumes (over 3.5 s here)
 def test_a_damaged_checkpoint_state_falls_back_to_the_newest_checkpoint_that_restores(packed_dir, tmp_path, caplog):
     files = tfrecords(packed_dir)
     make_trainer(config(tmp_path / "straight", files, num_train_steps=6)).train()
@@ -929,6 +941,7 @@ def test_the_time_left_is_timed_after_the_loop_that_compiled(packed_dir, tmp_pat
     assert re.search(r"about \d+ s left$", lines[1]) and lines[2].endswith("%)")
 
 
+@pytest.mark.slow  # compiles a step of its own (another objective) (over 3.5 s here)
 def test_masked_lm_only_trains_without_the_next_sentence_head(packed_dir, unpacked_dir, bert_config_file, tmp_path):
     """--nsp_loss=false: no pooler, no classifier, no NSP term in the loss or the logs; the weights
     export without them and load into a masked-LM-only model."""
@@ -980,6 +993,7 @@ def test_a_tf_config_that_cannot_be_used_is_one_line(packed_dir, bert_config_fil
                                                      "(Expecting value: line 1 column 1 (char 0)); expected")
 
 
+@pytest.mark.slow  # trains, stops by a signal and resumes, twice (over 3.5 s here)
 def test_a_signal_when_an_evaluation_is_due_or_during_it_saves_first_and_the_resume_evaluates(
         packed_dir, unpacked_dir, tmp_path, monkeypatch):
     """A preemptible VM's notice is 30 s, and an evaluation of MLPerf's 10,000 sequences took longer

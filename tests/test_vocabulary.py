@@ -6,6 +6,7 @@ import json
 import os
 
 import numpy as np
+import pytest
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, TINY, dataset_settings, run_command, tfrecords
 from training_runs import config, make_trainer, read_log
 
@@ -34,6 +35,7 @@ def test_the_layout_is_google_research_s_and_the_size_a_multiple_of_8(corpus):
     assert len(set(everything)) == len(everything)
 
 
+@pytest.mark.slow  # builds a vocabulary, its data and trains on it (over 3.5 s here)
 def test_a_built_vocabulary_makes_records_that_train(corpus, tmp_path):
     """The command writes the vocabulary and the BERT config of its size; the data commands read
     the vocabulary, and the tiny model trains on its records."""
