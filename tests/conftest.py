@@ -154,7 +154,7 @@ def _no_process_in_the_fast_tier(request, monkeypatch):
     """The fast tier starts no process: a test whose subject is a process (signals, kill -9,
     several workers, locks, a fresh interpreter, the wheel) is marked slow, and every other runs
     its commands in this process (run_command, run_script). Slow too, with its reason: a test
-    that trains end to end on steps compiled for it (over 3.5 s here)."""
+    that costs over 3.5 s here in steps compiled for it (or a solver)."""
     if request.node.get_closest_marker("slow") is None:
         def refuse(*args, **kwargs):
             raise ProcessStarted(f"{request.node.nodeid} starts a process: run it in this process (run_command, "

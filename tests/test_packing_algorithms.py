@@ -102,7 +102,7 @@ def test_the_lp_over_the_strategies_its_lengths_need_has_the_optimum_of_the_lp_o
         assert len(strategies) < len(all_strategies)
 
 
-@pytest.mark.parametrize("algorithm", [pytest.param(a, marks=pytest.mark.slow) if a == "nnlshp" else a  # NNLS: 8 s here
+@pytest.mark.parametrize("algorithm", [pytest.param(a, marks=pytest.mark.slow) if a == "nnlshp" else a  # NNLS: 4-8 s here
                                        for a in sorted(ALGORITHMS)])
 def test_complementary_pairs_pack_perfectly(algorithm):
     # 100 x 300 + 100 x 212 at L = 512: 100 full packs, the optimum.

@@ -117,13 +117,10 @@ def test_the_uninterrupted_run_is_what_the_others_are_held_to(uninterrupted):
 # Where the kills fall, by the kind of write (the nth of its kind, -1 the last): the first train
 # line, before any checkpoint; a checkpoint's data moved in but not its index; the train line after
 # the first checkpoint, torn; the last evaluation's MLPerf events; the last checkpoint's state file;
-# the exported weights; run_stop; and `finished` in run.json. Three of them in the quick suite.
-SLOW = pytest.mark.slow
+# the exported weights; run_stop; and `finished` in run.json.
 KILLS = [
-    ("log line", 1), pytest.param("move ckpt-8.index", 1, marks=SLOW), ("log line", 7),
-    pytest.param("mllog line", -2, marks=SLOW), pytest.param("move checkpoint", 2, marks=SLOW),
-    pytest.param("move model.ckpt-12.index", 1, marks=SLOW), pytest.param("mllog line", -1, marks=SLOW),
-    ("move run.json", -1),
+    ("log line", 1), ("move ckpt-8.index", 1), ("log line", 7), ("mllog line", -2), ("move checkpoint", 2),
+    ("move model.ckpt-12.index", 1), ("mllog line", -1), ("move run.json", -1),
 ]
 
 
@@ -310,7 +307,10 @@ def assert_the_workers_agree(run, packed_dir, eval_file, tmp_path):
         np.testing.assert_array_equal(chief.get_tensor(name), other.get_tensor(name))
     together = read_log(run / "eval_log.jsonl")[-1]
     single = make_trainer(config(tmp_path / "single", tfrecords(packed_dir), eval_files=(eval_file,), eval_batch_size=6))
-    single.compiled.state.restore(str(run / "checkpoints" / "ckpt-20")).expect_partial()
+    # read, not restore: restore adds a save_counter to this step's Checkpoint, and the step is
+    # handed out again (tests/training_runs.py): a later test's checkpoint, written by another step
+    # of the shape, would not fit it.
+    single.compiled.state.read(str(run / "checkpoints" / "ckpt-20")).expect_partial()
     alone = single.evaluate()
     assert together["num_sequences"] == alone["num_sequences"] == sum(1 for _ in tf.data.TFRecordDataset(eval_file))
     for key in ("loss", "mlm_accuracy", "nsp_accuracy"):

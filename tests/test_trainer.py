@@ -22,7 +22,7 @@ from bert_packed.training.data import eval_pipeline
 from bert_packed.training.step import CompiledStep
 
 
-@pytest.mark.slow  # trains and compares two runs: micro-steps and one big batch (over 3.5 s here)
+@pytest.mark.slow  # trains four runs: micro-steps and one big batch, for each loss averaging (over 3.5 s here)
 def test_accumulated_micro_batches_equal_one_big_batch(packed_dir, tmp_path):
     files = tfrecords(packed_dir)
     for averaging in ("token", "sequence"):
@@ -386,7 +386,7 @@ def test_a_run_is_assembled_from_its_flags_by_name_as_the_command_does(packed_di
         line(train_batch=4)
 
 
-@pytest.mark.slow  # trains a packed and an unpacked run (over 3.5 s here)
+@pytest.mark.slow  # trains and evaluates a packed run (over 3.5 s here)
 def test_cli_batch_correction_takes_packs_for_the_unpacked_rows(packed_dir, bert_config_file, tmp_path):
     out = tmp_path / "run"
     result = run_command("run_pretraining", f"--bert_config_file={bert_config_file}",
@@ -495,7 +495,7 @@ def test_xla_gives_the_same_update(packed_dir, tmp_path):
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
-@pytest.mark.slow  # trains a run and starts others from its checkpoints (over 3.5 s here)
+@pytest.mark.slow  # starts a run from an exported checkpoint, then again from its own damaged one (over 3.5 s here)
 def test_init_checkpoint_and_a_corrupt_checkpoint(packed_dir, tmp_path, caplog):
     from bert_packed.model import BertPretrainingModel, export_google_checkpoint
 
