@@ -58,6 +58,26 @@ def test_the_packed_training_check_fails_when_packed_rows_are_computed_wrongly(m
     assert finding.fix is not None and "computes packed rows wrongly" in finding.fix
 
 
+
+def test_the_packed_training_check_compares_all_weights_and_names_weights_that_do_not_train():
+    start = [np.zeros((3, 4)), np.zeros(4)]
+    packed = [np.ones((3, 4)), np.ones(4)]  # moved by 4 over all 16
+    losses = np.array([4.5, 4.25])
+    nearly = [packed[0] + 1e-4, packed[1]]  # 1e-4 * sqrt(12) / 4 = 8.7e-5 of the change
+
+    def check(padded, after=packed):
+        return doctor.weights_agree(after, padded, start, "3 updates on /CPU:0", losses)
+
+    assert check(nearly) == doctor.Finding(
+        "packed training", "3 updates on /CPU:0: packed and one-a-row weights agree to 8.7e-05 of their change "
+                           "(MLM loss 4.500 -> 4.250)")
+    leaking = check([packed[0], packed[1] + [0, 0, 0, 1e-3]])  # one weight of 16 off by 1e-3: 2.5e-4
+    assert "agree to 2.5e-04" in leaking.found and "more than 0.0001: this device computes packed rows wrongly" in leaking.fix
+    assert check(packed, after=start).found == "3 updates on /CPU:0: the weights did not move"
+    not_finite = check([packed[0], np.array([1, 1, np.nan, 1])])
+    assert not_finite.found == "3 updates on /CPU:0: the weights are not finite"
+    assert not_finite.fix == "this device does not train; report it with this line"
+
 def test_the_same_sequences_packed_or_one_a_row_hold_the_same_tokens_and_predictions():
     packed, one_a_row = doctor.same_sequences_packed_or_not(Shapes(64, 8, 3), 12, 100)
     assert packed["input_ids"].shape == (4, 64) and one_a_row["input_ids"].shape == (12, 64)

@@ -34,10 +34,10 @@ BF16_CAPABILITY = (8, 0)
 # What the packed updates must agree to, float32 with TensorFloat-32 off (other row counts reduce in
 # another order): the distance between the two layouts' weights after the updates, relative to the
 # distance they moved, over all weights at once. Not element by element: an element whose gradient
-# is rounding noise, as LayerNorm's and the biases' can be, takes an update of its own sign in each
-# layout (LAMB divides by the gradient's size); that was up to 2e-4 of the largest change on this
-# project's CPU with nothing wrong. Over all weights, 1e-7 to 3e-6 here; a mask that lets attention
-# cross sequences, 5e-2 and more.
+# is rounding noise, as LayerNorm's and the biases' can be, takes LAMB's size-normalised step
+# (epsilon damps it) with a sign of its own in each layout; that was up to 2e-4 of the largest
+# change on this project's CPU with nothing wrong. Over all weights, 1e-7 to 3e-6 here; a mask that
+# lets attention cross sequences, 5e-2 and more.
 PACKED_TOLERANCE = 1e-4
 
 
@@ -200,14 +200,26 @@ def packed_updates(device: str, updates: int = 3) -> list[Finding]:
                         "run with --verbosity=1 to see TensorFlow's error in full")]
     finally:
         tf.config.experimental.enable_tensor_float_32_execution(tensor_float_32)
-    flat = {name: np.concatenate([w.ravel() for w in ws]) for name, ws in (*weights.items(), ("start", start))}
-    difference = np.linalg.norm(flat["packed"] - flat["padded"]) / np.linalg.norm(flat["packed"] - flat["start"])
-    found = (f"{updates} updates on {device}: packed and one-a-row weights agree to {difference:.1e} of their change "
-             f"(MLM loss {losses['packed'][0]:.3f} -> {losses['packed'][-1]:.3f})")
-    if not np.isfinite(difference) or difference > PACKED_TOLERANCE:
-        return [Finding("packed training", found, f"more than {PACKED_TOLERANCE:g}: this device computes packed rows "
-                                                  f"wrongly; report it with this line")]
-    return [Finding("packed training", found)]
+    return [weights_agree(weights["packed"], weights["padded"], start, f"{updates} updates on {device}", losses["packed"])]
+
+
+def weights_agree(packed: list[np.ndarray], padded: list[np.ndarray], start: list[np.ndarray], what: str,
+                  losses: np.ndarray) -> Finding:
+    """The packed-training finding: the packed and one-a-row weights after `what` (the updates
+    on a device), against the weights they started from; `losses`, the packed run's MLM losses."""
+    packed, padded, start = (np.concatenate([w.ravel() for w in ws]) for ws in (packed, padded, start))
+    moved = np.linalg.norm(packed - start)
+    finite = np.isfinite(packed).all() and np.isfinite(padded).all()
+    if not finite or moved == 0:
+        return Finding("packed training", f"{what}: the weights {'did not move' if finite else 'are not finite'}",
+                       "this device does not train; report it with this line")
+    difference = np.linalg.norm(packed - padded) / moved
+    found = (f"{what}: packed and one-a-row weights agree to {difference:.1e} of their change "
+             f"(MLM loss {losses[0]:.3f} -> {losses[-1]:.3f})")
+    if difference > PACKED_TOLERANCE:
+        return Finding("packed training", found, f"more than {PACKED_TOLERANCE:g}: this device computes packed rows "
+                                                 f"wrongly; report it with this line")
+    return Finding("packed training", found)
 
 
 def checks() -> list[Finding]:
