@@ -58,7 +58,6 @@ def test_the_packed_training_check_fails_when_packed_rows_are_computed_wrongly(m
     assert finding.fix is not None and "computes packed rows wrongly" in finding.fix
 
 
-
 def test_the_packed_training_check_compares_all_weights_and_names_weights_that_do_not_train():
     start = [np.zeros((3, 4)), np.zeros(4)]
     packed = [np.ones((3, 4)), np.ones(4)]  # moved by 4 over all 16
@@ -77,6 +76,7 @@ def test_the_packed_training_check_compares_all_weights_and_names_weights_that_d
     not_finite = check([packed[0], np.array([1, 1, np.nan, 1])])
     assert not_finite.found == "3 updates on /CPU:0: the weights are not finite"
     assert not_finite.fix == "this device does not train; report it with this line"
+
 
 def test_the_same_sequences_packed_or_one_a_row_hold_the_same_tokens_and_predictions():
     packed, one_a_row = doctor.same_sequences_packed_or_not(Shapes(64, 8, 3), 12, 100)
