@@ -4,7 +4,9 @@ run as written, and say what they do in a few lines a person reads.
 `make run` (the main job) runs first, in a directory laid out as a clone (the repository's
 Makefile, configs, data and scripts; .venv is this environment), made small by the Makefile's
 own PHASE1_FLAGS, PHASE2_FLAGS and THROUGHPUT_FLAGS: smaller batches, two phase-2 updates, one
-measured round. Then the blocks run in page order (the README first, then docs/ by name) on
+measured round. It runs in this process, as the command make gives (`make -n`), as the blocks'
+Python commands run: the make-made line is what is checked of make, and the steps it compiles
+serve the blocks that follow. Then the blocks run in page order (the README first, then docs/ by name) on
 what it left, with only sizes changed (SMALLER). The other set-up lines (`make test` is this
 suite, `make experiments` is `make run` with more seeds) are not run here. Every output is
 checked: a bounded number of lines, no traceback, no TensorFlow C++ log line, no raw record.
@@ -41,8 +43,7 @@ SMALLER = [
 ]
 # The main job, small: phase 1 keeps its 250 steps (phase 2 starts from model.ckpt-250); every
 # evaluation is one batch (the whole held-out set at L=512 took 5 s a run).
-MAIN_JOB = ["make", "--no-print-directory", "run",
-            "PHASE1_FLAGS=--train_batch_size=2 --eval_batch_size=16 --max_eval_steps=1",
+MAIN_JOB = ["run", "PHASE1_FLAGS=--train_batch_size=2 --eval_batch_size=16 --max_eval_steps=1",
             "PHASE2_FLAGS=--num_train_steps=2 --max_eval_steps=1 --submission_org='My Org'",
             "THROUGHPUT_FLAGS=--rounds=1 --updates=1"]
 # TensorFlow's C++ log lines (`I0000 00:00:1732.5   123 port.cc:153] oneDNN ...`), and its older form.
@@ -123,17 +124,27 @@ def lay_out_as_a_clone(root):
     os.symlink(sys.prefix, root / ".venv")
 
 
+def run_make(target: str, *variables: str, root) -> subprocess.CompletedProcess:
+    """`make target variables` in `root`: the one command make gives for it (`make -n`), a Python
+    script of this project, run in this process (run_here) as make would run it in its own.
+    `root`'s stamp stands for this environment, installed (newer than pyproject.toml)."""
+    planned = subprocess.run(["make", "--no-print-directory", "-n", target, f"STAMP={root / 'installed'}", *variables],
+                             cwd=root, capture_output=True, text=True, timeout=60, env=environment())
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    commands = [line for line in planned.stdout.replace("\\\n", " ").splitlines() if line.startswith(sys.prefix)]
+    assert len(commands) == 1, planned.stdout[-3000:]
+    words = shlex.split(commands[0])
+    assert words[0] == os.path.join(sys.prefix, "bin", "python") and in_process_module(["python", *words[1:]])
+    return run_here(["python", *words[1:]], root)
+
+
 @pytest.fixture(scope="module")
 def main_job(tmp_path_factory):
-    """A directory laid out as a clone, after a small `make run`; (its path, make's output)."""
+    """A directory laid out as a clone, after a small `make run`; (its path, the job's output)."""
     root = tmp_path_factory.mktemp("checkout")
     lay_out_as_a_clone(root)
-    # This environment is the one make uses, installed: its stamp newer than pyproject.toml.
-    stamp = root / "installed"
-    stamp.touch()
-    result = subprocess.run(MAIN_JOB + [f"STAMP={stamp}"], cwd=root, capture_output=True, text=True, timeout=900,
-                            env=environment())
-    return root, result
+    (root / "installed").touch()
+    return root, run_make(*MAIN_JOB, root=root)
 
 
 def test_the_pages_have_their_set_up_commands_and_no_placeholder():
@@ -196,10 +207,8 @@ def test_the_fine_tuning_job_runs_from_the_main_job_s_weights_and_reads_well(mai
     """`make finetune` after `make run`, small: both tasks packed and padded from the main job's
     packed phase-2 weights, their dev curves and the alternated throughput."""
     root, _ = main_job
-    result = subprocess.run(["make", "--no-print-directory", "finetune", f"STAMP={root / 'installed'}",
-                             "FINETUNE_FLAGS=--sentences=100 --passages=64 --num_train_epochs=2 --evaluations=2 --seeds=1 "
-                             "--throughput_flags=--rounds=1,--updates=1"], cwd=root, capture_output=True, text=True,
-                            timeout=900, env=environment())
+    result = run_make("finetune", "FINETUNE_FLAGS=--sentences=100 --passages=64 --num_train_epochs=2 --evaluations=2 "
+                      "--seeds=1 --throughput_flags=--rounds=1,--updates=1", root=root)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
     assert_reads_well(output, "make finetune", 110)
