@@ -93,5 +93,9 @@ def main(argv) -> int:
     return 0 if ratio >= TARGET else 1
 
 
-if __name__ == "__main__":
+def entry_point():
     run(main, PROGRAM, "output_json", "Nothing is kept (--output_json is written at the end)")
+
+
+if __name__ == "__main__":
+    entry_point()

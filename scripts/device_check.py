@@ -290,5 +290,9 @@ def main(argv) -> int:
     return 1 if failed else 0
 
 
-if __name__ == "__main__":
+def entry_point():
     run(main, PROGRAM, "output_json", "Nothing is kept (--output_json is written at the end)")
+
+
+if __name__ == "__main__":
+    entry_point()

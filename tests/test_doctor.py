@@ -1,14 +1,11 @@
 """The install's check (bert-packed-doctor) and the device check (scripts/device_check.py), on this CPU."""
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import REPO, run_command
+from conftest import run_command, run_script
 
 from bert_packed.features import Shapes
 from bert_packed.training import doctor
@@ -88,17 +85,15 @@ def test_the_same_sequences_packed_or_one_a_row_hold_the_same_tokens_and_predict
     assert int(tf.reduce_sum(packed["next_sentence_weights"])) == 12
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # compiles steps of its own at L=512 (over 3.5 s here)
 def test_the_device_check_runs_on_the_cpu_with_a_micro_config(tmp_path):
     """Every check of the command, on a BERT of one narrow layer at L=512 (the tiny config's 2 x
     128 and 30,522 tokens took a third longer, in compiling)."""
     output, config = tmp_path / "device_check.json", tmp_path / "bert_config.json"
     config.write_text(json.dumps({"vocab_size": 1024, "hidden_size": 32, "num_hidden_layers": 1,
                                   "num_attention_heads": 2, "intermediate_size": 64, "max_position_embeddings": 512}))
-    result = subprocess.run(
-        [sys.executable, os.path.join(REPO, "scripts", "device_check.py"), f"--bert_config={config}",
-         "--check_layers=1", "--batch_size=2", "--sequences=200", "--rounds=1", "--updates=1", f"--output_json={output}"],
-        capture_output=True, text=True, timeout=600, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    result = run_script("device_check", f"--bert_config={config}", "--check_layers=1", "--batch_size=2",
+                        "--sequences=200", "--rounds=1", "--updates=1", f"--output_json={output}", cwd=str(tmp_path))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     figures = json.loads(output.read_text())
     assert figures["device"] == "CPU" and figures["bert_config"]["hidden_size"] == 32 and figures["failed"] == []

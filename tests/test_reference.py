@@ -100,10 +100,10 @@ def flagfile(path, lines):
     return f"--flagfile={path}"
 
 
-@pytest.mark.slow  # trains or evaluates in a subprocess
+@pytest.mark.slow  # eval_10k comes from pick_eval_samples in a subprocess
 def test_the_gpu_training_command_runs_as_a_flagfile(reference, tmp_path):
     """The README's V100 command; tiny sizes, and --num_gpus=0 for a machine without GPUs."""
-    result = command("run_pretraining.py", flagfile(tmp_path / "train.cfg", [
+    result = run_command("run_pretraining", flagfile(tmp_path / "train.cfg", [
         f"--bert_config_file={reference}/bert_config.json", f"--output_dir={tmp_path}/output/",
         f"--input_file={reference}/tfrecords/part*", "--nodo_eval", "--do_train", "--eval_batch_size=8",
         "--learning_rate=0.0001", f"--init_checkpoint={reference}/checkpoint/model.ckpt-28252",
@@ -129,7 +129,7 @@ def test_the_gpu_training_command_runs_as_a_flagfile(reference, tmp_path):
                                               "with eval files")
 
 
-@pytest.mark.slow  # trains or evaluates in a subprocess
+@pytest.mark.slow  # evaluates in a subprocess: its stderr is the one warning, TensorFlow's logs included
 def test_the_eval_command_evaluates_the_init_checkpoint(reference, tmp_path):
     result = command("run_pretraining.py", flagfile(tmp_path / "eval.cfg", [
         f"--bert_config_file={reference}/bert_config.json", f"--output_dir={tmp_path}/output/",
@@ -151,10 +151,10 @@ def test_the_eval_command_evaluates_the_init_checkpoint(reference, tmp_path):
                                      f"over 32 sequences -> {tmp_path}/output/eval_results.txt")
 
 
-@pytest.mark.slow  # trains or evaluates in a subprocess
+@pytest.mark.slow  # trains 600 updates (and eval_10k comes from pick_eval_samples in a subprocess)
 def test_a_run_that_reaches_the_target_passes_the_compliance_checker(reference, tmp_path):
     out = tmp_path / "run"
-    result = command("run_pretraining.py", f"--bert_config_file={reference}/bert_config.json",
+    result = run_command("run_pretraining", f"--bert_config_file={reference}/bert_config.json",
                      f"--input_file={reference}/tfrecords/part*", f"--eval_files={reference}/eval_10k",
                      f"--output_dir={out}", f"--max_seq_length={L}", f"--max_predictions_per_seq={P}",
                      "--train_batch_size=32", "--learning_rate=0.03", "--num_train_steps=600", "--num_warmup_steps=20",
