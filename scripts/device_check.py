@@ -257,7 +257,6 @@ def main(argv) -> int:
     del argv
     if FLAGS.output_json:  # its directory made now, not after the checks
         files.makedirs(os.path.dirname(files.absolute(FLAGS.output_json)))
-    tf.get_logger().addFilter(QuietRetracing())
     started = time.perf_counter()
     name, peak = device_and_peak()
     peak = FLAGS.peak_tflops or peak
@@ -291,7 +290,12 @@ def main(argv) -> int:
 
 
 def entry_point():
-    run(main, PROGRAM, "output_json", "Nothing is kept (--output_json is written at the end)")
+    quiet = QuietRetracing()  # each check builds steps of its own
+    tf.get_logger().addFilter(quiet)
+    try:
+        run(main, PROGRAM, "output_json", "Nothing is kept (--output_json is written at the end)")
+    finally:
+        tf.get_logger().removeFilter(quiet)  # run in a process of other commands (run_script), it leaves none
 
 
 if __name__ == "__main__":

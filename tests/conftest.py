@@ -21,15 +21,6 @@ platform.processor()
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
-# TensorFlow's graph optimizer (grappler) off in the test processes themselves: it rewrites a
-# graph to run faster, and these tests run each compiled step a few times, so it was a sixth of
-# their time here (the fast tier 128 s -> 107 s in one sitting). The commands the tests start as
-# processes (the main job, `make finetune`, the device check, the workers, kill -9) keep it, as
-# users run them.
-import tensorflow as tf  # noqa: E402
-
-tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The real BERT uncased vocabulary: for the tests about it (and the commands' default).
 REAL_VOCAB = os.path.join(REPO, "data", "bert_uncased_vocab.txt")
@@ -174,6 +165,21 @@ def _no_process_in_the_fast_tier(request, monkeypatch):
         monkeypatch.setattr(os, "fork", refuse)
         monkeypatch.setattr(os, "posix_spawn", refuse)
     yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_graph_optimizer():
+    """TensorFlow's graph optimizer (grappler) off in the test processes themselves: it rewrites
+    each graph once to run it faster, and most tests run a compiled step a few times (the fast
+    tier took 107 s without it against 128 s with it, in one sitting). What they run in this
+    process runs without it: the main job, `make finetune` and the device check of the README
+    and doctor tests too (the small main job, 250 updates and a throughput measurement, took 195 s
+    against 185 s). The processes the tests start (the workers, kill -9, the locks, the disk-full
+    runs, the eval command) keep it, as users run them. Set in a fixture, not on import: xdist's
+    controller imports this file and runs no test."""
+    from bert_packed.tensorflow_loading import import_tensorflow
+
+    import_tensorflow().config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
 
 
 @pytest.fixture(autouse=True)
