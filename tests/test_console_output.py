@@ -2,6 +2,7 @@
 terminal) and TensorFlow loading quietly."""
 
 import io
+import os
 
 import pytest
 from conftest import run_command
@@ -145,6 +146,25 @@ def test_a_command_run_as_a_module_lists_its_flags():
     result = subprocess.run([sys.executable, "-m", "bert_packed.cli.pick_eval_samples", "--help"], cwd=REPO,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "--num_examples_to_pick: Records to pick" in result.stdout, result.stdout[-2000:]
+
+
+@pytest.mark.slow  # the scripts as processes: their start-up is the subject
+@pytest.mark.parametrize("script", ["main_job", "finetune_job", "device_check"])
+def test_the_jobs_the_tests_run_in_their_process_start_quietly_in_their_own(script):
+    """`make run`, `make finetune` and the device check run in the tests' process (README and
+    doctor tests); here each starts as a user's `python scripts/X.py --help` does, with nothing
+    of the tests' environment: its flags, and not a TensorFlow C++ line (the device check imports
+    TensorFlow as it loads)."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+    from test_readme import assert_reads_well, environment
+
+    result = subprocess.run([sys.executable, os.path.join("scripts", f"{script}.py"), "--help"], cwd=REPO,
+                            capture_output=True, text=True, timeout=300, env=environment())
+    assert result.returncode == 0 and "\n  --" in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]  # its flags
+    assert_reads_well(result.stdout + result.stderr, f"scripts/{script}.py --help", 80)
 
 
 def test_run_pretraining_s_flags_say_the_reference_s_defaults_and_their_kinds():

@@ -151,15 +151,15 @@ def test_the_eval_command_evaluates_the_init_checkpoint(reference, tmp_path):
                                      f"over 32 sequences -> {tmp_path}/output/eval_results.txt")
 
 
-@pytest.mark.slow  # trains 600 updates (and eval_10k comes from pick_eval_samples in a subprocess)
+@pytest.mark.slow  # trains 600 updates; the compliance checker and pick_eval_samples (eval_10k) run as processes
 def test_a_run_that_reaches_the_target_passes_the_compliance_checker(reference, tmp_path):
     out = tmp_path / "run"
     result = run_command("run_pretraining", f"--bert_config_file={reference}/bert_config.json",
-                     f"--input_file={reference}/tfrecords/part*", f"--eval_files={reference}/eval_10k",
-                     f"--output_dir={out}", f"--max_seq_length={L}", f"--max_predictions_per_seq={P}",
-                     "--train_batch_size=32", "--learning_rate=0.03", "--num_train_steps=600", "--num_warmup_steps=20",
-                     "--eval_every_samples=640", "--iterations_per_loop=10", "--deterministic", "--log_epsilon=-6",
-                     "--submission_org=bert-packed tests", "--submission_platform=cpu")
+                         f"--input_file={reference}/tfrecords/part*", f"--eval_files={reference}/eval_10k",
+                         f"--output_dir={out}", f"--max_seq_length={L}", f"--max_predictions_per_seq={P}",
+                         "--train_batch_size=32", "--learning_rate=0.03", "--num_train_steps=600", "--num_warmup_steps=20",
+                         "--eval_every_samples=640", "--iterations_per_loop=10", "--deterministic", "--log_epsilon=-6",
+                         "--submission_org=bert-packed tests", "--submission_platform=cpu")
     assert result.returncode == 0, result.stderr[-3000:]
     evaluations = [json.loads(line) for line in open(out / "eval_log.jsonl")]
     assert 0.720 <= evaluations[-1]["mlm_accuracy"] < 1.0 and len(evaluations) > 1
