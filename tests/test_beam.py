@@ -114,8 +114,10 @@ def test_a_command_killed_with_kill_9_takes_its_worker_processes_with_it(tmp_pat
     corpus = write_corpus(str(tmp_path), num_files=2)
     create = [f"--input_file={','.join(corpus)}", f"--vocab_file={VOCAB}", *SHAPES, "--dupe_factor=20",
               f"--output_dir={tmp_path / 'out'}", *TWO_PROCESSES]
+    # Its workers' log file (bert_packed.cli.beam), which a kill -9 leaves, in tmp_path.
     driver = subprocess.Popen([sys.executable, "-m", "bert_packed.beam", "create", *create], cwd=REPO,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                              env={**os.environ, "TMPDIR": str(tmp_path)}, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while len(workers := _workers_of(driver.pid)) < 2 and driver.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)

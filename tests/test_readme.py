@@ -6,10 +6,11 @@ Makefile, configs, data and scripts; .venv is this environment), made small by t
 own PHASE1_FLAGS, PHASE2_FLAGS and THROUGHPUT_FLAGS: smaller batches, two phase-2 updates, one
 measured round. It runs in this process, as the command make gives (`make -n`), as the blocks'
 Python commands run: the make-made line is what is checked of make, and the steps it compiles
-serve the blocks that follow. Then the blocks run in page order (the README first, then docs/ by name) on
-what it left, with only sizes changed (SMALLER). The other set-up lines (`make test` is this
-suite, `make experiments` is `make run` with more seeds) are not run here. Every output is
-checked: a bounded number of lines, no traceback, no TensorFlow C++ log line, no raw record.
+serve the blocks that follow (which compile none of their own). Then the blocks run in page
+order (the README first, then docs/ by name) on what it left, with only sizes changed
+(SMALLER). The other set-up lines (`make test` is this suite, `make experiments` is `make run`
+with more seeds) are not run here. Every output is checked: a bounded number of lines, no
+traceback, no TensorFlow C++ log line, no raw record.
 """
 
 import gzip
@@ -419,10 +420,21 @@ def run_here(words: list[str], cwd) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_every_readme_block_runs_as_written(main_job):
+def test_every_readme_block_runs_as_written(main_job, monkeypatch):
     """Every block runs; a bash block's `python` commands of this project in this process (each
-    as in its own: bert_packed.cli.in_process), its other lines by bash."""
+    as in its own: bert_packed.cli.in_process), its other lines by bash. Their training commands
+    take the steps the main job compiled (SMALLER keeps them at its shapes): a block that compiles
+    a step of its own fails here, as its build would cost every run of the suite."""
+    from bert_packed.training import step as training_step
+
     root, _ = main_job
+    built, build = [], training_step.CompiledStep.__init__
+
+    def counted(self, *args, **kwargs):
+        built.append(where)
+        build(self, *args, **kwargs)
+
+    monkeypatch.setattr(training_step.CompiledStep, "__init__", counted)
     ran = 0
     for page in PAGES:
         for start, language, text in fenced_blocks(page):
@@ -448,3 +460,4 @@ def test_every_readme_block_runs_as_written(main_job):
             assert_reads_well(output, where, 30 * (text.count("\n") + 1), tensorflow_notices=language == "python")
             ran += 1
     assert ran >= 8
+    assert built == [], f"blocks that compiled a step of their own, not one of the main job's: {built}"
