@@ -204,6 +204,52 @@ def test_the_main_job_runs_and_reads_well(main_job):
 
 
 @pytest.mark.slow
+def test_every_readme_block_runs_as_written(main_job, monkeypatch):
+    """Every block runs; a bash block's `python` commands of this project in this process (each
+    as in its own: bert_packed.cli.in_process), its other lines by bash. Those training commands
+    take the steps the main job compiled (SMALLER keeps them at its shapes): one that compiles a
+    step of its own fails here, as its build would cost every run of the suite. Right after the
+    main job's test, before other jobs' steps push its own out of the kept ones (KEPT_BYTES)."""
+    from bert_packed.training import step as training_step
+
+    root, _ = main_job
+    built, build = [], training_step.CompiledStep.__init__
+
+    def counted(self, *args, **kwargs):
+        built.append(where)
+        build(self, *args, **kwargs)
+
+    monkeypatch.setattr(training_step.CompiledStep, "__init__", counted)
+    ran = 0
+    for page in PAGES:
+        for start, language, text in fenced_blocks(page):
+            if language == "bash":
+                steps = python_commands_and_the_rest(smaller(without_set_up(text)))
+            elif language == "python":
+                steps = [[sys.executable, "-c", text]]
+            else:
+                continue
+            where = f"{os.path.relpath(page, REPO)} line {start}"
+            output = ""
+            for step in steps:
+                if isinstance(step, str):
+                    result = subprocess.run(["bash", "-euo", "pipefail", "-c", step], cwd=root, capture_output=True,
+                                            text=True, timeout=600, env=environment())
+                elif step[0] == "python":
+                    result = run_here(step, root)
+                else:
+                    result = subprocess.run(step, cwd=root, capture_output=True, text=True, timeout=600,
+                                            env=environment())
+                output += result.stdout + result.stderr
+                assert result.returncode == 0, f"{where}:\n{text}\n{result.stdout[-2000:]}{result.stderr[-3000:]}"
+            assert_reads_well(output, where, 30 * (text.count("\n") + 1), tensorflow_notices=language == "python")
+            ran += 1
+    assert ran >= 8
+    assert built == [], (f"blocks that compiled a step of their own, not one of the main job's (or one "
+                         f"bert_packed.training.step.KEPT_BYTES let go): {built}")
+
+
+@pytest.mark.slow
 def test_the_fine_tuning_job_runs_from_the_main_job_s_weights_and_reads_well(main_job):
     """`make finetune` after `make run`, small: both tasks packed and padded from the main job's
     packed phase-2 weights, their dev curves and the alternated throughput."""
@@ -417,47 +463,3 @@ def run_here(words: list[str], cwd) -> subprocess.CompletedProcess:
                 os.close(saved)
         native.seek(0)
         return subprocess.CompletedProcess(words, status, stdout.getvalue(), stderr.getvalue() + native.read())
-
-
-@pytest.mark.slow
-def test_every_readme_block_runs_as_written(main_job, monkeypatch):
-    """Every block runs; a bash block's `python` commands of this project in this process (each
-    as in its own: bert_packed.cli.in_process), its other lines by bash. Their training commands
-    take the steps the main job compiled (SMALLER keeps them at its shapes): a block that compiles
-    a step of its own fails here, as its build would cost every run of the suite."""
-    from bert_packed.training import step as training_step
-
-    root, _ = main_job
-    built, build = [], training_step.CompiledStep.__init__
-
-    def counted(self, *args, **kwargs):
-        built.append(where)
-        build(self, *args, **kwargs)
-
-    monkeypatch.setattr(training_step.CompiledStep, "__init__", counted)
-    ran = 0
-    for page in PAGES:
-        for start, language, text in fenced_blocks(page):
-            if language == "bash":
-                steps = python_commands_and_the_rest(smaller(without_set_up(text)))
-            elif language == "python":
-                steps = [[sys.executable, "-c", text]]
-            else:
-                continue
-            where = f"{os.path.relpath(page, REPO)} line {start}"
-            output = ""
-            for step in steps:
-                if isinstance(step, str):
-                    result = subprocess.run(["bash", "-euo", "pipefail", "-c", step], cwd=root, capture_output=True,
-                                            text=True, timeout=600, env=environment())
-                elif step[0] == "python":
-                    result = run_here(step, root)
-                else:
-                    result = subprocess.run(step, cwd=root, capture_output=True, text=True, timeout=600,
-                                            env=environment())
-                output += result.stdout + result.stderr
-                assert result.returncode == 0, f"{where}:\n{text}\n{result.stdout[-2000:]}{result.stderr[-3000:]}"
-            assert_reads_well(output, where, 30 * (text.count("\n") + 1), tensorflow_notices=language == "python")
-            ran += 1
-    assert ran >= 8
-    assert built == [], f"blocks that compiled a step of their own, not one of the main job's: {built}"
