@@ -35,32 +35,13 @@ def pretraining_sums(outputs: dict, features: dict) -> dict[str, tf.Tensor]:
       mlm_sequence_nll (sum over sequences of their mean NLL), mlm_sequence_correct (sum of
       per-sequence accuracies), mlm_sequences, nsp_nll, nsp_correct, nsp_sequences.
     """
-    mlm_logits = tf.cast(outputs["mlm_logits"], tf.float32)
-    labels = tf.cast(features["masked_lm_ids"], tf.int32)
-    sequence_index = tf.cast(features["prediction_sequence_ids"], tf.int32)          # [B, P']
-    valid = tf.cast(sequence_index > 0, tf.float32)
-    nll = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=mlm_logits) * valid
-    correct = tf.cast(tf.equal(tf.argmax(mlm_logits, -1, output_type=tf.int32), labels), tf.float32) * valid
-
-    # Per sequence: segment b * S + (k - 1) for prediction of sequence k in row b; padding to a spare one.
-    batch = tf.shape(sequence_index)[0]
-    depth = tf.shape(features["next_sentence_weights"])[1]
-    num_cells = batch * depth
-    rows = tf.range(batch)[:, None] * depth
-    segment = tf.where(sequence_index > 0, rows + sequence_index - 1, num_cells)
-    per_sequence_nll = tf.math.unsorted_segment_sum(nll, segment, num_cells + 1)[:num_cells]
-    per_sequence_correct = tf.math.unsorted_segment_sum(correct, segment, num_cells + 1)[:num_cells]
-    per_sequence_count = tf.math.unsorted_segment_sum(valid, segment, num_cells + 1)[:num_cells]
+    nll, correct, valid = _predictions(outputs, features)
+    per_sequence_nll = _by_sequence(nll, features)
+    per_sequence_correct = _by_sequence(correct, features)
+    per_sequence_count = _by_sequence(valid, features)
     denominator = tf.maximum(per_sequence_count, 1.0)
-
     nsp_weights = tf.cast(features["next_sentence_weights"], tf.float32)
-    if "nsp_logits" in outputs:
-        nsp_logits = tf.cast(outputs["nsp_logits"], tf.float32)
-        nsp_labels = tf.cast(features["next_sentence_labels"], tf.int32)
-        nsp_nll = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=nsp_labels, logits=nsp_logits) * nsp_weights
-        nsp_correct = tf.cast(tf.equal(tf.argmax(nsp_logits, -1, output_type=tf.int32), nsp_labels), tf.float32)
-    else:  # masked-LM only: the sequences are still counted
-        nsp_nll = nsp_correct = tf.zeros_like(nsp_weights)
+    nsp_nll, nsp_correct = _next_sentence(outputs, features)
     return {
         "mlm_nll": tf.reduce_sum(nll),
         "mlm_predictions": tf.reduce_sum(valid),
@@ -72,6 +53,53 @@ def pretraining_sums(outputs: dict, features: dict) -> dict[str, tf.Tensor]:
         "nsp_correct": tf.reduce_sum(nsp_correct * nsp_weights),
         "nsp_sequences": tf.reduce_sum(nsp_weights),
     }
+
+
+def pretraining_slot_losses(outputs: dict, features: dict) -> tf.Tensor:
+    """Each slot's loss: its sequence's masked-LM NLL summed over its predictions, plus its
+    next-sentence NLL; 0 for an empty slot. float32 [B, S], the same for a sequence wherever it
+    sits (packed or one a row)."""
+    nll, _, _ = _predictions(outputs, features)
+    batch, depth = tf.shape(nll)[0], tf.shape(features["next_sentence_weights"])[1]
+    nsp_nll, _ = _next_sentence(outputs, features)
+    return tf.reshape(_by_sequence(nll, features), [batch, depth]) + nsp_nll                  # [B, S]
+
+
+def _predictions(outputs: dict, features: dict) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """Each prediction's NLL, whether it is right, and whether it is one ([B, P'] float32, 0 for
+    an empty prediction slot)."""
+    mlm_logits = tf.cast(outputs["mlm_logits"], tf.float32)
+    labels = tf.cast(features["masked_lm_ids"], tf.int32)
+    sequence_index = tf.cast(features["prediction_sequence_ids"], tf.int32)          # [B, P']
+    valid = tf.cast(sequence_index > 0, tf.float32)
+    nll = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=mlm_logits) * valid
+    correct = tf.cast(tf.equal(tf.argmax(mlm_logits, -1, output_type=tf.int32), labels), tf.float32) * valid
+    return nll, correct, valid
+
+
+def _by_sequence(values: tf.Tensor, features: dict) -> tf.Tensor:
+    """[B, P'] values of the predictions added up by their sequence: [B * S], row b's sequence k
+    at b * S + (k - 1)."""
+    sequence_index = tf.cast(features["prediction_sequence_ids"], tf.int32)
+    batch = tf.shape(sequence_index)[0]
+    depth = tf.shape(features["next_sentence_weights"])[1]
+    num_cells = batch * depth
+    rows = tf.range(batch)[:, None] * depth
+    segment = tf.where(sequence_index > 0, rows + sequence_index - 1, num_cells)  # padding to a spare cell
+    return tf.math.unsorted_segment_sum(values, segment, num_cells + 1)[:num_cells]
+
+
+def _next_sentence(outputs: dict, features: dict) -> tuple[tf.Tensor, tf.Tensor]:
+    """Each slot's next-sentence NLL (0 for an empty slot) and whether it is right ([B, S]); both
+    0 without the next-sentence head."""
+    nsp_weights = tf.cast(features["next_sentence_weights"], tf.float32)
+    if "nsp_logits" not in outputs:  # masked-LM only: the sequences are still counted
+        return tf.zeros_like(nsp_weights), tf.zeros_like(nsp_weights)
+    nsp_logits = tf.cast(outputs["nsp_logits"], tf.float32)
+    nsp_labels = tf.cast(features["next_sentence_labels"], tf.int32)
+    nsp_nll = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=nsp_labels, logits=nsp_logits) * nsp_weights
+    nsp_correct = tf.cast(tf.equal(tf.argmax(nsp_logits, -1, output_type=tf.int32), nsp_labels), tf.float32)
+    return nsp_nll, nsp_correct
 
 
 def normalizers(features: dict) -> dict[str, tf.Tensor]:
@@ -144,17 +172,26 @@ def classifier_sums(outputs: dict, features: dict, regression: bool) -> dict[str
       float32 scalars: example_loss (the examples' losses summed), examples (how many), and
       example_correct (right classes; 0 for a regression).
     """
-    logits = tf.cast(outputs["logits"], tf.float32)
     weights = tf.cast(features["label_weights"], tf.float32)                              # [B, S]
-    if regression:
-        loss = tf.square(logits[..., 0] - features["labels"])
-        correct = tf.zeros_like(weights)
-    else:
-        labels = tf.cast(features["labels"], tf.int32)
-        loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
-        correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32)
+    loss, correct = _classifier_losses(outputs, features, regression)
     return {"example_loss": tf.reduce_sum(loss * weights), "examples": tf.reduce_sum(weights),
             "example_correct": tf.reduce_sum(correct * weights)}
+
+
+def classifier_slot_losses(outputs: dict, features: dict, regression: bool) -> tf.Tensor:
+    """Each slot's example loss (classifier_sums'), 0 for an empty slot: float32 [B, S]."""
+    loss, _ = _classifier_losses(outputs, features, regression)
+    return loss * tf.cast(features["label_weights"], tf.float32)
+
+
+def _classifier_losses(outputs: dict, features: dict, regression: bool) -> tuple[tf.Tensor, tf.Tensor]:
+    """Each slot's loss and whether its class is right ([B, S]; a regression is never right)."""
+    logits = tf.cast(outputs["logits"], tf.float32)
+    if regression:
+        return tf.square(logits[..., 0] - features["labels"]), tf.zeros_like(features["labels"], tf.float32)
+    labels = tf.cast(features["labels"], tf.int32)
+    loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+    return loss, tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32)
 
 
 def span_sums(outputs: dict, features: dict) -> dict[str, tf.Tensor]:
@@ -172,10 +209,22 @@ def span_sums(outputs: dict, features: dict) -> dict[str, tf.Tensor]:
       example_correct (sequences whose most likely start and end are both the answer's).
     """
     weights = tf.cast(features["label_weights"], tf.float32)                              # [B, S]
+    loss, correct = _span_losses(outputs, features)
+    return {"example_loss": tf.reduce_sum(loss * weights), "examples": tf.reduce_sum(weights),
+            "example_correct": tf.reduce_sum(correct * weights)}
+
+
+def span_slot_losses(outputs: dict, features: dict) -> tf.Tensor:
+    """Each slot's span loss (span_sums'), 0 for an empty slot: float32 [B, S]."""
+    loss, _ = _span_losses(outputs, features)
+    return loss * tf.cast(features["label_weights"], tf.float32)
+
+
+def _span_losses(outputs: dict, features: dict) -> tuple[tf.Tensor, tf.Tensor]:
+    """Each slot's halved start and end cross-entropy, and whether both are right ([B, S])."""
     loss, correct = 0.0, 1.0
     for name in ("start", "end"):
         logits, positions = outputs[f"{name}_logits"], features[f"{name}_positions"]
         loss += tf.nn.sparse_softmax_cross_entropy_with_logits(labels=positions, logits=logits) / 2
         correct *= tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), positions), tf.float32)
-    return {"example_loss": tf.reduce_sum(loss * weights), "examples": tf.reduce_sum(weights),
-            "example_correct": tf.reduce_sum(correct * weights)}
+    return loss, correct

@@ -25,11 +25,14 @@ from bert_packed.model import BertClassifierModel, BertPretrainingModel, BertQue
 from bert_packed.model.huggingface import holds_classifier, holds_span_head
 from bert_packed.training.config import TrainConfig
 from bert_packed.training.losses import (
+    classifier_slot_losses,
     classifier_sums,
     loss_from_sums,
     metrics_from_sums,
     normalizers,
+    pretraining_slot_losses,
     pretraining_sums,
+    span_slot_losses,
     span_sums,
 )
 
@@ -80,6 +83,11 @@ class Pretraining:
 
     def sums(self, outputs: dict, features: dict) -> dict[str, tf.Tensor]:
         return pretraining_sums(outputs, features)
+
+    @staticmethod
+    def slot_losses(outputs: dict, features: dict) -> tf.Tensor:
+        """Each sequence's loss in its slot: float32 [B, S] (losses.pretraining_slot_losses)."""
+        return pretraining_slot_losses(outputs, features)
 
     def counts(self, features: dict) -> dict[str, tf.Tensor]:
         """What `loss` divides by, from the features alone (losses.normalizers)."""
@@ -162,6 +170,10 @@ class Classification(FineTuningObjective):
 
     def sums(self, outputs: dict, features: dict) -> dict[str, tf.Tensor]:
         return classifier_sums(outputs, features, self.regression)
+
+    def slot_losses(self, outputs: dict, features: dict) -> tf.Tensor:
+        """Each example's loss in its slot: float32 [B, S]."""
+        return classifier_slot_losses(outputs, features, self.regression)
 
     def example_outputs(self, outputs: dict, features: dict) -> dict[str, tf.Tensor]:
         """Each slot's example, label and prediction (the class, or the score), and whether it holds
@@ -247,6 +259,11 @@ class SpanPrediction(FineTuningObjective):
 
     def sums(self, outputs: dict, features: dict) -> dict[str, tf.Tensor]:
         return span_sums(outputs, features)
+
+    @staticmethod
+    def slot_losses(outputs: dict, features: dict) -> tf.Tensor:
+        """Each window's span loss in its slot: float32 [B, S]."""
+        return span_slot_losses(outputs, features)
 
     def example_outputs(self, outputs: dict, features: dict) -> dict[str, tf.Tensor]:
         """Each slot's window, whether it holds one, and its start and end logits: [B * S] and
