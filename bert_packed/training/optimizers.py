@@ -166,6 +166,11 @@ class PolynomialWarmup(keras.optimizers.schedules.LearningRateSchedule):
         for name, value in values.items():
             self._values[name].assign(float(value))
 
+    @property
+    def variables(self) -> dict:
+        """{name: variable} of the values `set` sets (init_lr and the three step counts)."""
+        return dict(self._values)
+
     def __call__(self, step):
         init_lr, total, warmup, start = (self._values[name] for name in (
             "init_lr", "num_train_steps", "num_warmup_steps", "start_warmup_step"))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from bert_packed.errors import InternalError
 from bert_packed.model.modeling import fold_seed
 from bert_packed.training.config import Batching, TrainConfig
 from bert_packed.training.optimizers import AdamWeightDecay, Lamb, PolynomialWarmup
@@ -65,6 +66,9 @@ class Update:
       loop: the compiled call: loop(iterator, num_updates) -> [num_updates, 1 + len(sum_keys)],
         each update's learning rate and sums (fewer rows when stop_requested was set meanwhile).
       stop_requested: a flag the loop reads before each update.
+      one_update: one update of one micro-batch as one XLA program, one_update(features,
+        dropout_seeds(first_micro_step, 1)) -> {"learning_rate", *sum_keys}: what the loop does at
+        --steps_per_update=1 on one replica, for export (training/export_update.py).
     """
 
     def __init__(self, config: TrainConfig, batching: Batching, model, optimizer, strategy: tf.distribute.Strategy,
@@ -87,6 +91,9 @@ class Update:
         # update in hand, on every worker after the same update (each update sums the flags).
         self.stop_requested = tf.Variable(0, dtype=tf.int32, trainable=False, name="stop_requested")
         self.loop = tf.function(self._loop_fn)
+        # One whole update as one XLA program, its variables updated in place: what another XLA
+        # runs without TensorFlow (training/export_update.py). The loop does not call it.
+        self.one_update = tf.function(self._one_update_fn, jit_compile=True)
 
     def _loop_fn(self, iterator, num_updates):
         results = tf.TensorArray(tf.float32, size=0, dynamic_size=True, element_shape=[1 + len(self.sum_keys)])
@@ -102,16 +109,38 @@ class Update:
             results = results.write(index, tf.stack([learning_rate] + [sums[k] for k in self.sum_keys]))
         return results.stack()
 
+    def dropout_seeds(self, first_micro_step, count: int, replica_id=0) -> tf.Tensor:
+        """The dropout seeds of `count` micro-batches from `first_micro_step` on a replica: int32
+        [count, 2]. Drawn by TensorFlow's own kernels outside any XLA program, as the loop draws
+        them (XLA's Philox gives other numbers of the same seed)."""
+        return tf.stack([fold_seed(self._seed, tf.cast(first_micro_step + k, tf.int32), replica_id)
+                         for k in range(count)])
+
+    def _one_update_fn(self, features, seeds):
+        """The update the loop makes of one micro-batch on this replica (--steps_per_update=1): its
+        learning rate, then its sums and the gradient's norm (`sum_keys`). `seeds` (int32 [1, 2],
+        dropout_seeds) picks the dropout masks, as the loop's micro-step count does."""
+        if self._steps_per_update != 1:
+            raise InternalError(f"one_update is the update of one micro-batch; this step accumulates "
+                                f"{self._steps_per_update}")
+        learning_rate = tf.cast(self.optimizer_itself.learning_rate, tf.float32)
+        return {"learning_rate": learning_rate, **self._apply_update([features], seeds)}
+
     def _scale(self):
         """The loss scale of fp16 (1 otherwise)."""
         return tf.cast(self.optimizer.dynamic_scale, tf.float32) if self._loss_scaled else 1.0
 
     def _replica_update(self, batches, first_micro_step):
         context = tf.distribute.get_replica_context()
+        seeds = self.dropout_seeds(first_micro_step, len(batches), context.replica_id_in_sync_group)
+        return self._apply_update(batches, seeds)
+
+    def _apply_update(self, batches, seeds):
+        """One update of `batches` on this replica, each micro-batch's dropout drawn from its row
+        of `seeds` (int32 [steps_per_update, 2]): its sums and the gradient's norm."""
+        context = tf.distribute.get_replica_context()
         variables = self.model.trainable_variables
         replicas = context.num_replicas_in_sync
-        seeds = tf.stack([fold_seed(self._seed, tf.cast(first_micro_step + k, tf.int32), context.replica_id_in_sync_group)
-                          for k in range(len(batches))])  # [steps_per_update, 2]
         if self._clip_after_allreduce:
             counts = {}
             for features in batches:
