@@ -18,16 +18,12 @@ from __future__ import annotations
 
 import time
 
+from bert_packed.cards import bf16_peak_tflops
 from bert_packed.features import Shapes
 from bert_packed.model import BertConfig
 from bert_packed.training.config import TrainConfig, make_config
 from bert_packed.training.data import TrainData, train_pipeline
 from bert_packed.training.step import CompiledStep
-
-# bf16 dense tensor-core peaks (TFLOP/s, no sparsity) of the cards a GPU figure is taken on, by a
-# part of the device name; the first match counts, so the PCIe and NVL H100s come before the SXM.
-BF16_PEAK_TFLOPS = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("H200", 989.0), ("A100", 312.0),
-                    ("L4", 121.0))
 
 
 def device_and_peak() -> tuple[str, float | None]:
@@ -38,7 +34,7 @@ def device_and_peak() -> tuple[str, float | None]:
     if not gpus:
         return "CPU", None
     name = tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
-    return name, next((peak for card, peak in BF16_PEAK_TFLOPS if card in name), None)
+    return name, bf16_peak_tflops(name)
 
 
 def training_flops(bert: BertConfig, tokens: float, sequences: float, predictions: float) -> float:
