@@ -46,15 +46,13 @@ flags.mark_flags_as_required(["hlo_dir", "output_json"])
 
 def compile_hlo(path: str):
     """(the loaded executable, its argument shapes) of an HLO file, for the first device."""
-    import jax
     from jax._src.lib import xla_client
+
+    from bert_packed.update_program.run import compile_program
 
     serialized = lzma.open(path).read()
     shapes = xla_client.XlaComputation(serialized).program_shape().parameter_shapes()
-    options = xla_client.CompileOptions()
-    module = xla_client._xla.mlir.hlo_to_stablehlo(serialized)
-    executable = jax.devices()[0].client.compile_and_load(module, jax.devices()[:1], options)
-    return executable, shapes
+    return compile_program(serialized), shapes
 
 
 def bytes_of(path: str) -> dict:

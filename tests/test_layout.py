@@ -14,8 +14,8 @@ from bert_packed import errors
 # A module may import project modules of its own rank or below, never above.
 RANKS = {
     "__init__": 0, "errors": 0, "features": 0, "files": 0, "progress": 0, "dataset_info": 0, "run_directory": 0,
-    "tensorflow_loading": 0, "settings": 0, "input_files": 0, "output_job": 0,
-    "records": 1,
+    "tensorflow_loading": 0, "settings": 0, "input_files": 0, "output_job": 0, "cards": 0,
+    "records": 1, "update_program": 1,
     "packing": 2, "pretraining_data": 2, "finetuning": 2,
     "input_pipeline": 3, "model": 3, "beam": 3,
     "training": 4, "curves": 4,
@@ -24,7 +24,7 @@ RANKS = {
 # Modules on the data path: they must not import TensorFlow when they are imported.
 WITHOUT_TENSORFLOW = ("errors", "features", "files", "progress", "dataset_info", "run_directory", "output_job",
                       "tensorflow_loading", "settings", "input_files", "records", "packing", "pretraining_data",
-                      "finetuning", "beam")
+                      "finetuning", "beam", "cards", "update_program")
 
 
 def python_files(*folders):
