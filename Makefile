@@ -148,6 +148,7 @@ benchmarks: $(STAMP)
 	$(PYTHON) scripts/benchmark_iterations_per_loop.py
 	$(PYTHON) scripts/benchmark_signal_at_evaluation.py
 	$(PYTHON) scripts/benchmark_finetuning.py
+	$(PYTHON) scripts/benchmark_peers.py
 
 clean:
 	rm -rf .venv build *.egg-info .pytest_cache .hypothesis

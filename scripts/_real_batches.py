@@ -78,6 +78,8 @@ class Sequences:
         encoded = EncodedExamples(ids, [np.zeros_like(i) for i in ids], {"labels": labels})
         assignment = assign_to_packs(encoded.lengths, max_seq_length, FINETUNING_DEPTH, "lp", self.seed)
         rows = max(1, round(examples / (len(ids) / assignment.num_packs)))
+        if assignment.num_packs < rows:
+            raise SettingsError(f"--corpus: {assignment.num_packs} rows of its sentences, a micro-batch of {rows} wanted")
         chosen = np.sort(np.random.default_rng(self.seed).choice(assignment.num_packs, rows, replace=False))
         packed = make_rows(encoded, assignment, max_seq_length, FINETUNING_DEPTH)
         packed = {name: value[chosen] for name, value in packed.items()}

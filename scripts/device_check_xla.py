@@ -7,11 +7,12 @@ It needs JAX (with the accelerator's plugin), NumPy, absl-py and this checkout (
 transformers for the peer), not TensorFlow. Every figure is of "TensorFlow 2.21's update program,
 compiled and run by JAX's XLA": TensorFlow's runtime and input pipeline are not in it.
 
-For each configuration of the export, in worker processes (--workers compile at once; one runs on
-the device at a time, holding a lock), bert_packed.update_program.run:
-1. compiles the update (XLA's autotuning on; its results cached in --cache_dir, an ignored folder
-   of the checkout, so that a second call on the same machine skips it) and checks that its
-   parameters and in-place outputs are its layout's;
+On an accelerator, every configuration's update is first compiled in --workers processes at once,
+with XLA's autotuning on (its results cached in --cache_dir, an ignored folder of the checkout, so
+that a second call on the same machine skips it). Then each configuration runs in a process of its
+own, one after another, alone on the device (bert_packed.update_program.run.measure):
+1. compiles the update again (from the cache) and checks that its parameters and in-place outputs
+   are its layout's;
 2. checked configurations (mini, tiny): each sequence's loss at the starting weights and one
    update from the starting state, against TensorFlow's outputs on the CPU (run.TOLERANCES says
    what is compared, within what, and why);
@@ -33,6 +34,7 @@ from __future__ import annotations
 import concurrent.futures
 import importlib.util
 import json
+import logging
 import multiprocessing
 import os
 import subprocess
@@ -53,9 +55,12 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("export_dir", None, "What scripts/export_update_programs.py wrote.")
 flags.DEFINE_string("output_json", None, "Where every figure goes.")
 flags.DEFINE_list("configurations", [], "Which to run (default: all; on a CPU, the checked ones).")
-flags.DEFINE_integer("workers", 4, "Processes compiling at once.", lower_bound=1)
+flags.DEFINE_integer("workers", 4, "Processes compiling at once on an accelerator (autotuning, before any runs).",
+                     lower_bound=1)
 flags.DEFINE_integer("warmup", 3, "Untimed calls of each configuration.", lower_bound=0)
 flags.DEFINE_integer("calls", 20, "Timed calls of each configuration.", lower_bound=1)
+flags.DEFINE_integer("seconds", 420, "Configurations still waiting after this many seconds are not started.",
+                     lower_bound=1)
 flags.DEFINE_bool("peer", True, "Also time transformers' BertForPreTraining (needs PyTorch and transformers).")
 flags.DEFINE_float("peak_tflops", None, "The device's bf16 dense peak for MFU (default: the named card's).")
 flags.DEFINE_string("cache_dir", os.path.join(ROOT, ".cache", "xla_autotune"), "XLA's autotuning results, kept.")
@@ -87,34 +92,78 @@ def autotune_flags(cache_dir: str) -> str:
 
 
 def chosen(configurations: dict, on_accelerator: bool) -> list[str]:
-    """The configurations to run, the BERT-Large ones first (their compiles take longest)."""
+    """The configurations to run, in the order they start: the largest timed pair first (the
+    headline, and the longest compiles), then the checked ones (quick), then the rest, largest
+    first."""
     names = FLAGS.configurations or [name for name, c in configurations.items() if on_accelerator or c.checked]
     unknown = [name for name in names if name not in configurations]
     if unknown:
         raise SettingsError(f"--configurations: {unknown[0]!r} is not in {FLAGS.export_dir}'s manifest "
                             f"({', '.join(configurations)})")
-    return sorted(names, key=lambda name: -configurations[name].flops)
+    if not names:
+        raise SettingsError(f"{FLAGS.export_dir}: no configuration to run" + (
+            "" if on_accelerator else " on a CPU (only those TensorFlow's outputs are kept for run there without "
+                                      "--configurations)"))
+    largest = max(names, key=lambda name: configurations[name].flops)
+    headline = {largest, configurations[largest].partner}
+    return sorted(names, key=lambda name: (name not in headline, not configurations[name].checked,
+                                           -configurations[name].flops))
 
 
-def measure_all(names: list[str]):
-    """(name, run.measure's figures) of each configuration as it ends, from worker processes that
-    compile at once and run one at a time."""
+def too_large(configuration, limit: int | None) -> str | None:
+    """Why the device cannot hold a configuration by the memory plan (None: it may)."""
+    if limit is None or configuration.planned_bytes is None or configuration.planned_bytes <= limit:
+        return None
+    sized = f", sized for a {configuration.sized_for} card" if configuration.sized_for else ""
+    return (f"the plan needs {configuration.planned_bytes / 2**30:.1f} GiB{sized}; the device holds "
+            f"{limit / 2**30:.1f} GiB")
+
+
+def measure_all(names: list[str], configurations: dict, limit: int | None, on_accelerator: bool):
+    """(name, run.measure's figures) of each configuration as it ends. On an accelerator, first
+    every update is compiled in --workers processes at once (XLA's autotuning fills its cache);
+    then each configuration runs in a process of its own, one after another, alone on the device
+    (it compiles again from the cache). Those the device cannot hold are not started, nor those
+    still waiting when --seconds have passed."""
     from bert_packed.update_program import run as runner
 
+    started = time.perf_counter()
+    for name in names:
+        if too_large(configurations[name], limit):
+            yield name, {"name": name, "error": too_large(configurations[name], limit)}
+    names = [name for name in names if not too_large(configurations[name], limit)]
     context = multiprocessing.get_context("spawn")
-    lock = context.Lock()
-    results = {}
-    with concurrent.futures.ProcessPoolExecutor(min(FLAGS.workers, len(names)), mp_context=context,
-                                                initializer=runner.worker_start, initargs=(lock,)) as pool:
+    compiled = {}
+    if on_accelerator and names:
+        with concurrent.futures.ProcessPoolExecutor(min(FLAGS.workers, len(names)), mp_context=context,
+                                                    initializer=runner.worker_start, max_tasks_per_child=1) as pool:
+            for name, figures in zip(names, pool.map(runner.compile_only, [FLAGS.export_dir] * len(names), names)):
+                compiled[name] = figures
+                print(f"{name}: " + (figures["error"] if "error" in figures else
+                                     f"compiled in {figures['compile_seconds']:.0f} s"), flush=True)
+    for name in [name for name in names if "error" in compiled.get(name, {})]:
+        yield name, {"name": name, **compiled[name]}
+    names = [name for name in names if "error" not in compiled.get(name, {})]
+    if not names:
+        return
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=context, initializer=runner.worker_start,
+                                                max_tasks_per_child=1) as pool:
         futures = {pool.submit(runner.measure, FLAGS.export_dir, name, FLAGS.warmup, FLAGS.calls): name
                    for name in names}
         for done in concurrent.futures.as_completed(futures):
             name = futures[done]
             try:
-                results[name] = done.result()
+                figures = done.result()
+            except concurrent.futures.CancelledError:
+                figures = {"name": name, "error": f"not started: --seconds={FLAGS.seconds} had passed"}
             except concurrent.futures.process.BrokenProcessPool as e:  # a worker killed (out of memory, say)
-                results[name] = {"name": name, "error": f"its worker process died ({e})"}
-            yield name, results[name]
+                figures = {"name": name, "error": f"its worker process died ({e})"}
+            if name in compiled and "compile_seconds" in compiled[name]:
+                figures["autotuned_compile_seconds"] = compiled[name]["compile_seconds"]
+            if time.perf_counter() - started > FLAGS.seconds:
+                for future in futures:
+                    future.cancel()  # those not started yet
+            yield name, figures
 
 
 def rates(configuration, figures: dict, peak: float | None) -> dict:
@@ -169,28 +218,42 @@ def time_the_peer(configurations: dict, results: dict, on_accelerator: bool) -> 
     from bert_packed.update_program.peer import time_peer
 
     context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
-        try:
-            figures = pool.submit(time_peer, configuration.bert, features, FLAGS.warmup, FLAGS.calls,
-                                  on_accelerator and configuration.precision == "bf16").result()
-        except Exception as e:  # noqa: BLE001 - a peer that does not fit or fails is reported, not fatal
-            return {"configuration": name, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+    rows = len(features["input_ids"])
+    while True:  # a peer that runs out of the device's memory tries half the rows
+        batch = {key: value[:rows] for key, value in features.items()}
+        with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
+            try:
+                figures = pool.submit(time_peer, configuration.bert, batch, FLAGS.warmup, FLAGS.calls,
+                                      on_accelerator and configuration.precision == "bf16").result()
+                break
+            except Exception as e:  # noqa: BLE001 - a peer that does not fit or fails is reported, not fatal
+                error = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        if "out of memory" not in error.lower() or rows == 1:
+            return {"configuration": name, "error": error}
+        rows //= 2
     ours = results[name]["rates"]["sequences_per_second"]
     packed = results.get(configuration.partner, {}).get("rates", {}).get("sequences_per_second")
-    return {**figures, "configuration": name, "ours_padded_over_peer": ours / figures["sequences_per_second"],
+    return {**figures, "configuration": name, "of_rows": len(features["input_ids"]),
+            "ours_padded_over_peer": ours / figures["sequences_per_second"],
             "ours_packed_over_peer": packed / figures["sequences_per_second"] if packed else None}
 
 
 def main(argv) -> int:
     del argv
-    if FLAGS.output_json:  # its place made now, not after the measurements
+    if FLAGS.output_json:  # its place made now, and written first below: not refused after the measurements
+        if files.isdir(FLAGS.output_json):
+            raise SettingsError(f"--output_json={FLAGS.output_json}: a directory; expected a file's path")
         files.makedirs(os.path.dirname(files.absolute(FLAGS.output_json)))
     if importlib.util.find_spec("jax") is None:
         raise SettingsError("needs JAX (on an NVIDIA GPU: pip install 'jax[cuda13]' or 'jax[cuda12]', as the driver "
                             "allows)")
     made_by, configurations = export.read_manifest(FLAGS.export_dir)
-    os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # each worker takes what its program needs
+    # Each process takes what its program needs, up to nearly all of the device (JAX's default share
+    # is 75%: BERT-Large's micro-batch as the plan sizes it needs more).
+    os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.95")
     os.environ["XLA_FLAGS"] = autotune_flags(FLAGS.cache_dir)
+    logging.getLogger("jax._src.xla_bridge").setLevel(logging.ERROR)  # "Unable to initialize backend 'tpu'"
     import jax
 
     device = jax.devices()[0]
@@ -204,8 +267,10 @@ def main(argv) -> int:
               "made_how": f"TensorFlow {made_by.get('tensorflow')}'s update program, compiled and run by JAX "
                           f"{jax.__version__}'s XLA on {name}; TensorFlow's runtime and input pipeline not included",
               "card_before": card_readings(), "configurations": {}, "skipped": sorted(set(configurations) - set(names))}
+    write(report)
     started = time.perf_counter()
-    for key, figures in measure_all(names):
+    limit = (device.memory_stats() or {}).get("bytes_limit") if on_accelerator else None
+    for key, figures in measure_all(names, configurations, limit, on_accelerator):
         if "time" in figures:
             figures["rates"] = rates(configurations[key], figures, peak)
         report["configurations"][key] = figures
@@ -273,8 +338,9 @@ def print_table(report: dict, configurations: dict) -> None:
     if peer:
         print("\npeer: " + (f"{peer['configuration']}: {peer['error']}" if "error" in peer else
                              f"transformers' BertForPreTraining ({peer['attention']} attention, AdamW, "
-                             f"{'bf16 autocast' if peer['bf16'] else 'fp32'}) on {peer['configuration']}'s "
-                             f"{peer['rows']} rows: {peer['sequences_per_second']:,.1f} sequences/s; ours padded "
+                             f"{'bf16 autocast' if peer['bf16'] else 'fp32'}) on {peer['rows']} of "
+                             f"{peer['configuration']}'s {peer['of_rows']} rows: {peer['sequences_per_second']:,.1f} "
+                             f"sequences/s; ours padded "
                              f"{peer['ours_padded_over_peer']:.2f}x" + (
                                  f", packed {peer['ours_packed_over_peer']:.2f}x" if peer["ours_packed_over_peer"]
                                  else "") + " its sequences/s"))

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import os
+import shlex
 import tempfile
 import time
 
@@ -42,6 +43,7 @@ from absl import flags
 
 from bert_packed import files
 from bert_packed.cli.common import run
+from bert_packed.dataset_info import file_sha256
 from bert_packed.errors import OutputDirectoryError, SettingsError
 from bert_packed.features import Shapes
 from bert_packed.input_files import expand_globs
@@ -162,15 +164,17 @@ def describe(name: str, spec: Spec, features: dict, slots: np.ndarray, planned_r
 
 
 def made_by(paths: list[str]) -> dict:
-    """What the export is made of and with: another value is another export."""
-    return {"tensorflow": tf.__version__, "corpus": [{"file": os.path.basename(p), "bytes": files.size(p)}
-                                                     for p in paths], "seed": FLAGS.seed}
+    """What the export is made of and with (the corpus and vocabulary by their contents): another
+    value is another export."""
+    return {"tensorflow": tf.__version__, "corpus": [{"file": os.path.basename(p), "bytes": files.size(p),
+                                                      "sha256": file_sha256(p)} for p in paths],
+            "vocabulary_sha256": file_sha256(FLAGS.vocab_file), "seed": FLAGS.seed}
 
 
 def already_exported(directory: str, configuration: Configuration) -> bool:
     """The configuration is in the manifest, as described now, with all its files intact."""
     try:
-        exported = export.read_manifest(directory)[1].get(configuration.name)
+        exported = export.read_manifest(directory, drop_broken=True)[1].get(configuration.name)
         if exported is None or dataclasses.replace(exported, files={}) != configuration:
             return False
         for name in exported.files:
@@ -182,6 +186,8 @@ def already_exported(directory: str, configuration: Configuration) -> bool:
 
 def main(argv) -> None:
     del argv
+    if not FLAGS.configurations:
+        raise SettingsError(f"--configurations is empty; expected some of {', '.join(SPECS)}")
     unknown = [name for name in FLAGS.configurations if name not in SPECS]
     if unknown:
         raise SettingsError(f"--configurations: no configuration {unknown[0]!r}; expected some of {', '.join(SPECS)}")
@@ -190,7 +196,7 @@ def main(argv) -> None:
     files.makedirs(FLAGS.output_dir)
     with files.exclusive(os.path.join(FLAGS.output_dir, ".lock"), PROGRAM):
         if files.exists(os.path.join(FLAGS.output_dir, export.MANIFEST)):
-            recorded, _ = export.read_manifest(FLAGS.output_dir)
+            recorded, _ = export.read_manifest(FLAGS.output_dir, drop_broken=True)
             if recorded != origin:
                 raise OutputDirectoryError(f"--output_dir={FLAGS.output_dir}: holds an export of other inputs "
                                            f"({recorded}); give another --output_dir")
@@ -219,7 +225,7 @@ def main(argv) -> None:
                   flush=True)
         size = sum(files.size(os.path.join(root, f)) for root, _, names in os.walk(FLAGS.output_dir) for f in names)
         print(f"\n{FLAGS.output_dir}: {size / 2**20:.1f} MiB; on the GPU machine: python scripts/device_check_xla.py "
-              f"--export_dir={FLAGS.output_dir} --output_json=xla.json")
+              f"--export_dir={shlex.quote(FLAGS.output_dir)} --output_json=xla.json")
 
 
 def entry_point():

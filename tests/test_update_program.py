@@ -5,6 +5,7 @@ one line."""
 import dataclasses
 import json
 import os
+import re
 import shutil
 
 import numpy as np
@@ -134,6 +135,8 @@ def test_a_broken_export_is_one_line_and_the_rest_goes_on(exported, tmp_path):
     assert f"tiny_L512_fp32_padded: {program}: " in result.stdout and "partial or changed" in result.stdout
     assert "tiny_L512_bf16_packed/batch.npz: missing" in result.stdout
     assert "| tiny_L512_fp32_packed | 2 |" in result.stdout and "2 configuration(s) not run" in result.stdout
+    result = run_script("device_check_xla", f"--export_dir={copy}", f"--output_json={tmp_path}")
+    assert result.returncode == 2 and "a directory; expected a file's path" in result.stderr
     os.remove(os.path.join(copy, "manifest.json"))
     result = run_script("device_check_xla", f"--export_dir={copy}")
     assert result.returncode == 2 and result.stderr.strip().count("\n") == 0
@@ -181,20 +184,61 @@ def test_both_sides_draw_the_same_starting_weights_and_summaries_see_a_changed_e
     assert whole < 1e-3 and elements == pytest.approx(0.1, rel=0.05)
 
 
+def described(name="a", **changed):
+    """A manifest entry as the exporter writes it, with `changed`."""
+    entry = dataclasses.asdict(export.Configuration(
+        name=name, model="tiny", bert={}, objective="pretraining", layout="packed", precision="fp32",
+        fp32_products="highest", max_seq_length=512, rows=2, sequences=5, real_tokens=1024, predictions=40,
+        flops=1e9, planned_bytes=None, sized_for=None, checked=False, partner=None, seed=1,
+        files={file: {"bytes": 1, "sha256": "0"} for file in ("update.hlo.pb.xz", "update.json", "batch.npz")}))
+    return {**entry, **changed}
+
+
+@pytest.mark.parametrize("changed, message", [
+    ({"flops": "many"}, "a's flops is 'many', not what the exporter writes"),
+    ({"rows": "two"}, "a's rows is 'two'"),
+    ({"checked": "no"}, "a's checked is 'no'"),
+    ({"layout": "diagonal"}, "a's layout is 'diagonal'; expected one of packed, padded"),
+    ({"files": {}}, "a lists no batch.npz; export the configuration again"),
+    ({"files": {"update.json": {"bytes": "1"}}}, "a's file 'update.json' is recorded as"),
+    ({"name": "b"}, "a is described as 'b'"),
+    ({"unknown_key": 1}, "a is not described as the exporter writes it"),
+])
+def test_a_manifest_edited_by_hand_is_named_in_one_line(tmp_path, changed, message):
+    (tmp_path / "manifest.json").write_text(json.dumps({"format_version": 1, "configurations": {
+        "a": described(**changed), "ok": described("ok")}}))
+    with pytest.raises(ExportError, match=re.escape(message)):
+        export.read_manifest(str(tmp_path))
+    assert set(export.read_manifest(str(tmp_path), drop_broken=True)[1]) == {"ok"}  # the exporter writes it again
+
+
 def test_a_manifest_that_is_not_an_export_is_named(tmp_path):
     with pytest.raises(ExportError, match="no manifest.json"):
         export.read_manifest(str(tmp_path))
     (tmp_path / "manifest.json").write_text(json.dumps({"format_version": 99, "configurations": {}}))
     with pytest.raises(ExportError, match="format_version 99, expected 1"):
         export.read_manifest(str(tmp_path))
-    (tmp_path / "manifest.json").write_text(json.dumps({"format_version": 1, "configurations": {"a": {"name": "a"}}}))
-    with pytest.raises(ExportError, match="a configuration it lists is not described"):
+    (tmp_path / "manifest.json").write_text(json.dumps({"format_version": 1, "made_by": [1], "configurations": {}}))
+    with pytest.raises(ExportError, match="made_by or configurations is not an object"):
         export.read_manifest(str(tmp_path))
+
+
+def test_a_batch_that_is_not_the_programs_is_named():
+    layout = Layout((Parameter("feature", "input_ids", (2, 8), "int32"), Parameter("feature", "positions", (2, 8), "int32")),
+                    ("loss",))
+    batch = {"input_ids": np.zeros((2, 8), np.int32), "positions": np.zeros((2, 8), np.int32)}
+    export.check_batch(batch, layout, "b.npz")
+    with pytest.raises(ExportError, match=r"b.npz: no feature 'positions', which the program takes"):
+        export.check_batch({"input_ids": batch["input_ids"]}, layout, "b.npz")
+    with pytest.raises(ExportError, match=r"b.npz: input_ids is float64\[2, 8\], the program takes int32\[2, 8\]"):
+        export.check_batch({**batch, "input_ids": np.zeros((2, 8))}, layout, "b.npz")
 
 
 def test_the_export_command_refuses_an_unknown_configuration_and_another_export(tmp_path, corpus):
     result = run_script("export_update_programs", f"--output_dir={tmp_path}", "--configurations=huge_L512_fp32_packed")
     assert result.returncode == 2 and "no configuration 'huge_L512_fp32_packed'; expected some of" in result.stderr
+    result = run_script("export_update_programs", f"--output_dir={tmp_path}", "--configurations=")
+    assert result.returncode == 2 and "--configurations is empty" in result.stderr
     (tmp_path / "manifest.json").write_text(json.dumps({"format_version": 1, "made_by": {"seed": 5}, "configurations": {}}))
     result = run_script("export_update_programs", f"--output_dir={tmp_path}", f"--corpus={corpus[0]}",
                         "--configurations=tiny_L512_fp32_packed")

@@ -162,11 +162,17 @@ def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
     return buffer.getvalue()
 
 
-def read_manifest(directory: str) -> tuple[dict, dict[str, Configuration]]:
+def read_manifest(directory: str, drop_broken: bool = False) -> tuple[dict, dict[str, Configuration]]:
     """(what made the export, {name: Configuration}) of the export in `directory`.
 
+    Args:
+      directory: the export.
+      drop_broken: leave out a configuration the manifest does not describe as the exporter
+        writes it (the exporter then writes it again), instead of refusing the manifest.
+
     Raises:
-      ExportError: no manifest, or not one of this format.
+      ExportError: no manifest, not one of this format, or (unless drop_broken) a configuration
+        not described as the exporter writes it.
     """
     path = os.path.join(directory, MANIFEST)
     if not files.exists(path):
@@ -177,11 +183,58 @@ def read_manifest(directory: str) -> tuple[dict, dict[str, Configuration]]:
         raise ExportError(f"{path}: {e}") from None
     if given.get("format_version") != FORMAT_VERSION:
         raise ExportError(f"{path}: format_version {given.get('format_version')!r}, expected {FORMAT_VERSION}")
-    try:
-        configurations = {name: Configuration(**entry) for name, entry in given["configurations"].items()}
-    except (KeyError, TypeError, AttributeError) as e:
-        raise ExportError(f"{path}: a configuration it lists is not described ({type(e).__name__}: {e})") from None
+    if not isinstance(given.get("made_by", {}), dict) or not isinstance(given.get("configurations"), dict):
+        raise ExportError(f"{path}: made_by or configurations is not an object")
+    configurations = {}
+    for name, entry in given["configurations"].items():
+        try:
+            try:
+                configurations[name] = Configuration(**entry)
+            except TypeError as e:
+                raise ExportError(f"{path}: {name} is not described as the exporter writes it ({e})") from None
+            _check_described(configurations[name], name, path)
+        except ExportError:
+            configurations.pop(name, None)
+            if not drop_broken:
+                raise
     return given.get("made_by", {}), configurations
+
+
+# What each field of a configuration is (a manifest edited by hand is refused, not half read).
+FIELD_TYPES = {"name": str, "model": str, "bert": dict, "objective": str, "layout": str, "precision": str,
+               "fp32_products": str, "max_seq_length": int, "rows": int, "sequences": int, "real_tokens": int,
+               "predictions": int, "flops": (int, float), "planned_bytes": (int, type(None)),
+               "sized_for": (str, type(None)), "checked": bool, "partner": (str, type(None)), "seed": int,
+               "files": dict}
+FIELD_VALUES = {"objective": ("pretraining", "classification"), "layout": ("packed", "padded"),
+                "precision": ("fp32", "bf16"), "fp32_products": ("highest", "tf32")}
+
+
+def _check_described(configuration: Configuration, key: str, path: str) -> None:
+    """Raises ExportError naming the configuration and the field that is not what the exporter writes."""
+    for field, kind in FIELD_TYPES.items():
+        value = getattr(configuration, field)
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind in (int, (int, float))):
+            raise ExportError(f"{path}: {key}'s {field} is {value!r}, not what the exporter writes")
+        if field in FIELD_VALUES and value not in FIELD_VALUES[field]:
+            raise ExportError(f"{path}: {key}'s {field} is {value!r}; expected one of {', '.join(FIELD_VALUES[field])}")
+    if configuration.name != key or min(configuration.rows, configuration.sequences, configuration.seed) < 0 \
+            or configuration.rows == 0:
+        raise ExportError(f"{path}: {key} is described as {configuration.name!r} with {configuration.rows} rows: "
+                          f"not what the exporter writes")
+    for name, recorded in configuration.files.items():
+        if not (isinstance(recorded, dict) and isinstance(recorded.get("bytes"), int)
+                and isinstance(recorded.get("sha256"), str)):
+            raise ExportError(f"{path}: {key}'s file {name!r} is recorded as {recorded!r}; expected its bytes and sha256")
+    missing = sorted(set(expected_files(configuration)) - set(configuration.files))
+    if missing:
+        raise ExportError(f"{path}: {key} lists no {missing[0]}; export the configuration again")
+
+
+def expected_files(configuration: Configuration) -> tuple[str, ...]:
+    """The files a configuration of its kind has."""
+    checked = ("losses.hlo.pb.xz", "losses.json", "reference.json") if configuration.checked else ()
+    return ("update.hlo.pb.xz", "update.json", "batch.npz", *checked)
 
 
 def write_configuration(directory: str, configuration: Configuration, contents: dict[str, bytes],
@@ -194,7 +247,7 @@ def write_configuration(directory: str, configuration: Configuration, contents: 
         with files.atomic_open(os.path.join(directory, configuration.name, name), "wb") as f:
             f.write(data)
         described[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    configurations = read_manifest(directory)[1] if files.exists(os.path.join(directory, MANIFEST)) else {}
+    configurations = read_manifest(directory, True)[1] if files.exists(os.path.join(directory, MANIFEST)) else {}
     configurations[configuration.name] = dataclasses.replace(configuration, files=described)
     manifest = {"format_version": FORMAT_VERSION, "made_by": made_by,
                 "configurations": {name: dataclasses.asdict(c) for name, c in sorted(configurations.items())}}
@@ -236,9 +289,32 @@ def read_program(directory: str, configuration: Configuration, name: str) -> tup
 
 def read_batch(directory: str, configuration: Configuration) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """(the micro-batch's features, the sequence each slot holds [rows, S], -1 for none)."""
-    with np.load(io.BytesIO(read_file(directory, configuration, "batch.npz"))) as arrays:
-        features = {name.removeprefix("feature:"): arrays[name] for name in arrays.files if name.startswith("feature:")}
-        return features, arrays["slot_sequences"]
+    path = os.path.join(directory, configuration.name, "batch.npz")
+    data = read_file(directory, configuration, "batch.npz")
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
+            features = {name.removeprefix("feature:"): arrays[name] for name in arrays.files
+                        if name.startswith("feature:")}
+            slot_sequences = arrays["slot_sequences"]
+    except (ValueError, OSError, KeyError, EOFError) as e:
+        raise ExportError(f"{path}: not a micro-batch of the exporter's ({type(e).__name__}: {e})") from None
+    if slot_sequences.ndim != 2 or len(slot_sequences) != configuration.rows:
+        raise ExportError(f"{path}: slot_sequences is {list(slot_sequences.shape)}, expected {configuration.rows} rows")
+    return features, slot_sequences
+
+
+def check_batch(features: dict[str, np.ndarray], layout: Layout, path: str) -> None:
+    """Raises ExportError naming `path` unless the batch holds every feature the program takes,
+    of its shape and dtype."""
+    for parameter in layout.parameters:
+        if parameter.role != "feature":
+            continue
+        value = features.get(parameter.name)
+        if value is None:
+            raise ExportError(f"{path}: no feature {parameter.name!r}, which the program takes")
+        if tuple(value.shape) != parameter.shape or value.dtype.name != parameter.dtype:
+            raise ExportError(f"{path}: {parameter.name} is {value.dtype.name}{list(value.shape)}, the program takes "
+                              f"{parameter.dtype}{list(parameter.shape)}")
 
 
 def batch_bytes(features: dict[str, np.ndarray], slot_sequences: np.ndarray) -> bytes:
@@ -249,10 +325,17 @@ def batch_bytes(features: dict[str, np.ndarray], slot_sequences: np.ndarray) -> 
 def read_reference(directory: str, configuration: Configuration) -> dict:
     """TensorFlow's outputs of a checked configuration: {"slot_losses", "outputs", "state"}."""
     path = os.path.join(directory, configuration.name, "reference.json")
+    data = read_file(directory, configuration, "reference.json")
     try:
-        return json.loads(read_file(directory, configuration, "reference.json"))
-    except ValueError as e:
+        reference = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ExportError(f"{path}: not JSON ({e})") from None
+    if not (isinstance(reference, dict) and isinstance(reference.get("slot_losses"), list)
+            and isinstance(reference.get("outputs"), dict) and reference["outputs"]
+            and isinstance(reference.get("state"), dict) and reference["state"]):
+        raise ExportError(f"{path}: not TensorFlow's outputs as the exporter writes them (slot_losses, outputs and "
+                          f"state, none empty)")
+    return reference
 
 
 def draw(parameter: Parameter, seed: int) -> np.ndarray:

@@ -1,9 +1,10 @@
 """An exported update program compiled and run by JAX's XLA: checked, timed and compared.
 
 Each configuration of an export (export.py) is measured in one call of `measure`, meant for a
-process of its own: its programs are compiled (with the GPU's autotuning, which XLA caches when
-XLA_FLAGS names a cache directory), checked against their layouts, and then, holding `device_lock`
-so that no other configuration runs on the device meanwhile, run:
+process of its own that nothing else shares the device with (its memory and its peak are then
+its own): its programs are compiled (with the GPU's autotuning, which XLA caches when XLA_FLAGS
+names a cache directory: `compile_only`, in processes of their own beforehand, fills the cache,
+so that here nothing autotunes), checked against their layouts, and run:
   1. checked configurations only: each slot's loss at the starting weights (the losses program)
      and one update from the starting state (NumPy's draw, as TensorFlow's was), both held against
      TensorFlow's outputs;
@@ -48,13 +49,10 @@ TOLERANCES = {"fp32": {"slot_losses": 1e-4, "outputs": 1e-4, "state": 1e-4, "ele
 PACKED_TOLERANCES = {"fp32": 1e-5, "bf16": 2e-2}
 ALIAS = re.compile(r"\{(\d+)\}: \((\d+), \{\}, (?:may|must)-alias\)")
 
-device_lock = None  # set in each worker process (worker_start): one configuration on the device at a time
 
 
-def worker_start(lock) -> None:
-    """A worker's set-up: the device lock, and int64 (the optimizer's iteration count)."""
-    global device_lock
-    device_lock = lock
+def worker_start() -> None:
+    """A worker process's set-up: int64 (the optimizer's iteration count)."""
     jax.config.update("jax_enable_x64", True)
 
 
@@ -71,8 +69,12 @@ def check_program(serialized: bytes, layout: Layout, path: str) -> None:
     (shapes, dtypes) and aliases each written one to the layout's output."""
     from jax._src.lib import xla_client
 
-    computation = xla_client.XlaComputation(serialized)
-    shapes = computation.program_shape().parameter_shapes()
+    try:
+        computation = xla_client.XlaComputation(serialized)
+        program_shape = computation.program_shape()
+    except Exception as e:  # noqa: BLE001 - XLA's words for bytes that are no HLO module vary
+        raise ExportError(f"{path}: not an HLO module ({_one_line(e)})") from None
+    shapes = program_shape.parameter_shapes()
     if len(shapes) != len(layout.parameters):
         raise ExportError(f"{path}: the program takes {len(shapes)} parameters, its layout lists "
                           f"{len(layout.parameters)}")
@@ -80,6 +82,10 @@ def check_program(serialized: bytes, layout: Layout, path: str) -> None:
         if tuple(shape.dimensions()) != parameter.shape or np.dtype(shape.numpy_dtype()).name != parameter.dtype:
             raise ExportError(f"{path}: parameter {index} ({parameter.name}) is {shape} in the program, "
                               f"{parameter.dtype}{list(parameter.shape)} in its layout")
+    result = program_shape.result_shape()
+    outputs = len(result.tuple_shapes()) if result.is_tuple() else 1
+    if outputs != len(layout.outputs):
+        raise ExportError(f"{path}: the program has {outputs} outputs, its layout names {len(layout.outputs)}")
     header = computation.as_hlo_text().split("\n", 1)[0]
     aliased = {int(parameter): int(output) for output, parameter, in ALIAS.findall(header)}
     expected = {index: p.output for index, p in enumerate(layout.parameters) if p.output is not None}
@@ -124,8 +130,13 @@ def check_against_tensorflow(directory: str, configuration: Configuration, execu
                              features: dict) -> dict:
     """Part 1: the losses and one update from the starting state, against TensorFlow's outputs."""
     reference = export.read_reference(directory, configuration)
+    unknown = sorted((set(reference["state"]) | set(reference["outputs"])) - set(layout.outputs))
+    if unknown:
+        raise ExportError(f"{directory}/{configuration.name}/reference.json: names outputs the program's layout has "
+                          f"not ({unknown[0]})")
     serialized, losses_layout = export.read_program(directory, configuration, "losses")
     check_program(serialized, losses_layout, f"{directory}/{configuration.name}/losses.hlo.pb.xz")
+    export.check_batch(features, losses_layout, f"{directory}/{configuration.name}/batch.npz")
     losses_executable = compile_program(serialized)
     arguments = [jax.device_put(v) for v in export.initial_values(losses_layout, features, configuration.seed)]
     slot_losses = np.asarray(losses_executable.execute(arguments)[0])
@@ -175,18 +186,40 @@ def memory(executable) -> dict:
     return figures
 
 
+def compile_only(directory: str, name: str) -> dict:
+    """A configuration's update program checked against its layout and compiled (its autotuning
+    cached): {"compile_seconds", "memory"}, or {"error": one line}."""
+    try:
+        (executable, seconds), _, _ = _compiled(directory, name)
+        return {"compile_seconds": seconds, "memory": memory(executable)}
+    except ExportError as e:
+        return {"error": str(e)}
+    except Exception as e:  # noqa: BLE001 - XLA's refusals end this configuration only
+        return {"error": _one_line(e)}
+
+
+def _compiled(directory: str, name: str):
+    """((the update's executable, seconds to compile), its configuration, its layout)."""
+    configuration = export.read_manifest(directory)[1][name]
+    serialized, layout = export.read_program(directory, configuration, "update")
+    check_program(serialized, layout, f"{directory}/{name}/update.hlo.pb.xz")
+    start = time.perf_counter()
+    executable = compile_program(serialized)
+    return (executable, time.perf_counter() - start), configuration, layout
+
+
+def _one_line(error: Exception) -> str:
+    return f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
+
+
 def measure(directory: str, name: str, warmup: int, calls: int) -> dict:
     """Every figure of one configuration (module docstring); {"error": one line} when it cannot
     run (its files, a program that does not match its layout, a device too small)."""
     figures = {"name": name}
     try:
-        configuration = export.read_manifest(directory)[1][name]
-        serialized, layout = export.read_program(directory, configuration, "update")
-        check_program(serialized, layout, f"{directory}/{name}/update.hlo.pb.xz")
+        (executable, figures["compile_seconds"]), configuration, layout = _compiled(directory, name)
         features, _ = export.read_batch(directory, configuration)
-        start = time.perf_counter()
-        executable = compile_program(serialized)
-        figures["compile_seconds"] = time.perf_counter() - start
+        export.check_batch(features, layout, f"{directory}/{name}/batch.npz")
         figures["memory"] = memory(executable)
         if not figures["memory"]["aliased"]:
             raise ExportError(f"{directory}/{name}/update.hlo.pb.xz: XLA aliases no parameter to an output: the "
@@ -195,15 +228,14 @@ def measure(directory: str, name: str, warmup: int, calls: int) -> dict:
         if limit and figures["memory"]["compiled"] > limit:
             return {**figures, "error": f"needs {figures['memory']['compiled'] / 2**30:.1f} GiB, the device has "
                                         f"{limit / 2**30:.1f} GiB"}
-        with device_lock:
-            if configuration.checked:
-                figures["check"] = check_against_tensorflow(directory, configuration, executable, layout, features)
-            arguments = draw_on_device(layout, features, configuration.seed)
-            figures["time"] = time_update(executable, layout, arguments, warmup, calls)
-            del arguments
-            figures["memory"] = memory(executable)
+        if configuration.checked:
+            figures["check"] = check_against_tensorflow(directory, configuration, executable, layout, features)
+        arguments = draw_on_device(layout, features, configuration.seed)
+        figures["time"] = time_update(executable, layout, arguments, warmup, calls)
+        del arguments
+        figures["memory"] = memory(executable)
     except ExportError as e:
         figures["error"] = str(e)
     except Exception as e:  # noqa: BLE001 - XLA's refusals (a device too small, say) end this configuration only
-        figures["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        figures["error"] = _one_line(e)
     return figures
