@@ -32,6 +32,60 @@ FINE_TUNING_ADVICE = ("scripts/benchmark_finetuning.py",
                       "make finetune FINETUNE_FLAGS=--seeds=1,2,3 runs three seeds of each, for bands")
 
 
+# A fine-tuning evaluation at chance: its loss within this share of what a model that learned
+# nothing scores (the log of the number of classes; a span's start and end uniform over its own
+# tokens), or its accuracy no more than always answering the dev set's commonest class.
+CHANCE_LOSS_SHARE = 0.01
+AT_CHANCE_ADVICE = ("a learning rate too high for the model is the usual cause (the tiny model's fine-tuning "
+                    "collapsed at 1e-3 and trained at 3e-4): try a lower --learning_rate, or a longer warm-up "
+                    "(--warmup_proportion)")
+
+
+def at_chance(evals: list[dict]) -> str | None:
+    """What a fine-tuning run's evaluations say when every one of their second half is at chance
+    (CHANCE_LOSS_SHARE), in words; None when one is not, and for runs whose evaluations carry no
+    chance figures (pre-training's, a regression's).
+
+    >>> print(at_chance([{"loss": 0.6932, "accuracy": 0.5, "chance_loss": 0.6931, "chance_accuracy": 0.5}] * 4))
+    its last 2 evaluations stayed at chance (accuracy 0.5000, the commonest class's share 0.5000; loss 0.6932, a \
+model that learned nothing 0.6931)
+    >>> at_chance([{"loss": 0.69, "chance_loss": 0.6931}, {"loss": 0.31, "chance_loss": 0.6931}]) is None
+    True
+    """
+    half = evals[len(evals) // 2:]
+    if not half or not all("chance_loss" in record for record in half):
+        return None
+
+    def chance(record):
+        learned_nothing = "loss" in record and (abs(record["loss"] - record["chance_loss"])
+                                                <= CHANCE_LOSS_SHARE * record["chance_loss"])
+        majority = "accuracy" in record and record["accuracy"] <= record.get("chance_accuracy", -1.0) + 1e-9
+        return learned_nothing or majority
+
+    if not all(chance(record) for record in half):
+        return None
+    last, figures = half[-1], []
+    if "chance_accuracy" in last and "accuracy" in last:
+        figures.append(f"accuracy {last['accuracy']:.4f}, the commonest class's share {last['chance_accuracy']:.4f}")
+    if "loss" in last:
+        figures.append(f"loss {last['loss']:.4f}, a model that learned nothing {last['chance_loss']:.4f}")
+    what = "evaluation" if len(half) == 1 else f"{len(half)} evaluations"
+    return f"its last {what} stayed at chance ({'; '.join(figures)})"
+
+
+def at_chance_warning(directory: RunDirectory) -> str | None:
+    """The line a fine-tuning run that learned nothing ends with (at_chance), or None."""
+    chance = at_chance(directory.read_log(EVAL_LOG))
+    return f"{directory.path}: {chance}: the run learned nothing; {AT_CHANCE_ADVICE}" if chance else None
+
+
+# A speed-up beyond the packing factor: marked so wherever one is shown, and said why it may be.
+ABOVE_THE_FACTOR = "above the packing factor"
+ABOVE_THE_FACTOR_WHY = ("more than packing's own saving: on a CPU the packed side's fewer rows can sit better in "
+                        "its caches and weigh an update's fixed cost less, and one round's clock is noisy; the "
+                        "range of the rounds says how far to trust it")
+
+
 def runs_have(names: list[str]) -> str:
     """The names as a sentence's subject: "a has", "a, b have"."""
     return f"{', '.join(names)} {'has' if len(names) == 1 else 'have'}"
@@ -279,25 +333,54 @@ def at_sequences_table(runs: list[Run], sequences: float) -> str:
     return "\n".join(lines)
 
 
-def inside_baseline_spread(baseline: Configuration, other: Configuration) -> tuple[int, int, float]:
-    """At each evaluation of the baseline, whether `other`'s mean accuracy (interpolated at the
-    baseline's sequences) lies inside the baseline seeds' range.
+def inside_baseline_spread(baseline: Configuration, other: Configuration) -> dict | None:
+    """At each evaluation of the baseline, where `other`'s mean figure (interpolated at the
+    baseline's sequences) lies against the baseline seeds' range. Seeds at chance (at_chance) are
+    left out of both; None when fewer than two baseline seeds, or no seed of `other`, are left.
 
     Returns:
-      (evaluations inside, evaluations compared, the largest distance outside the range).
+      {"compared", "inside", "above", "below": evaluations, "most_above", "most_below": the
+      largest distance outside the range each way, "left_out": the seeds at chance}.
     """
-    inside = compared = 0
-    worst = 0.0
-    for sequences, _, accuracies, _ in baseline.points("eval"):
-        values = [value_at(run, run.metric, sequences) for run in other.runs]
+    left_out = [run.name for run in baseline.runs + other.runs if at_chance(run.evals)]
+    kept = Configuration(baseline.name, [run for run in baseline.runs if run.name not in left_out])
+    others = [run for run in other.runs if run.name not in left_out]
+    if len(kept.runs) < 2 or not others:
+        return None
+    verdict = {"compared": 0, "inside": 0, "above": 0, "below": 0, "most_above": 0.0, "most_below": 0.0,
+               "left_out": left_out}
+    for sequences, _, figures, _ in kept.points("eval"):
+        values = [value_at(run, run.metric, sequences) for run in others]
         if any(v is None for v in values):
             continue
         mean = sum(values) / len(values)
-        compared += 1
-        distance = max(min(accuracies) - mean, mean - max(accuracies), 0.0)
-        inside += distance == 0.0
-        worst = max(worst, distance)
-    return inside, compared, worst
+        verdict["compared"] += 1
+        if mean > max(figures):
+            verdict["above"] += 1
+            verdict["most_above"] = max(verdict["most_above"], mean - max(figures))
+        elif mean < min(figures):
+            verdict["below"] += 1
+            verdict["most_below"] = max(verdict["most_below"], min(figures) - mean)
+        else:
+            verdict["inside"] += 1
+    return verdict if verdict["compared"] else None
+
+
+def describe_spread(verdict: dict | None) -> str:
+    """inside_baseline_spread's verdict in a table cell.
+
+    >>> describe_spread({"compared": 7, "inside": 5, "above": 2, "below": 0, "most_above": 0.0381,
+    ...                  "most_below": 0.0, "left_out": ["padded_seed2"]})
+    'inside at 5 of 7; above at 2, by up to 0.03810 (padded_seed2 at chance: left out)'
+    """
+    if verdict is None:
+        return "-"
+    parts = [f"inside at {verdict['inside']} of {verdict['compared']}"]
+    for side in ("above", "below"):
+        if verdict[side]:
+            parts.append(f"{side} at {verdict[side]}, by up to {verdict[f'most_{side}']:.5f}")
+    left_out = f" ({', '.join(verdict['left_out'])} at chance: left out)" if verdict["left_out"] else ""
+    return "; ".join(parts) + left_out
 
 
 def first_and_final(runs: list[Run]) -> tuple[float, float]:
@@ -351,10 +434,7 @@ def summary_table(runs: list[Run], accuracy: float | None) -> list[dict]:
         info = group.runs[0].info
         speedup = group.mean(lambda run: run.sequences_per_second) / base_speed
         seconds = group.mean(reached("seconds"))
-        inside = (inside_baseline_spread(baseline, group) if len(baseline.runs) > 1 and group is not baseline
-                  and source == "eval" else None)
-        if inside and not inside[1]:
-            inside = None  # no evaluation of the baseline falls inside this configuration's curve
+        inside = inside_baseline_spread(baseline, group) if group is not baseline and source == "eval" else None
         rows.append({
             "run": group.name,
             "seeds": len(group.runs),
@@ -375,6 +455,7 @@ def summary_table(runs: list[Run], accuracy: float | None) -> list[dict]:
             "time_to_accuracy_speedup": base_seconds / seconds if seconds and base_seconds else None,
             "speedup_over_packing_factor": speedup / (info.get("packing_factor", 1.0) / base_factor),
             "inside_baseline_spread": inside,
+            "at_chance": [run.name for run in group.runs if at_chance(run.evals)],
         })
     return rows
 
@@ -387,7 +468,7 @@ def above_the_packing_factor(row: dict, baseline: dict) -> bool:
 
 def format_table(rows: list[dict], accuracy: float | None) -> str:
     """Markdown table of summary_table rows: means, with the seeds' range where there are several;
-    a clock speed-up above the packing factor marked as noise (verdict_notes)."""
+    a clock speed-up above the packing factor marked so (verdict_notes says why it may be)."""
 
     def number(value, spec, spread=None):
         if value is None:
@@ -396,27 +477,25 @@ def format_table(rows: list[dict], accuracy: float | None) -> str:
             return format(value, spec)
         return f"{format(value, spec)} ({format(spread[0], spec)}-{format(spread[1], spec)})"
 
-    def inside(value):
-        return "-" if value is None else f"{value[0]}/{value[1]}" + (f" (by {value[2]:.5f})" if value[2] else "")
-
     target = "target" if accuracy is None else f"{accuracy:.3f}"
     lines = [f"| configuration | seeds | input | packing factor | sequences an update | final {METRICS[rows[0]['metric']]} | "
              f"final loss | sequences to {target} | seconds to {target} | sequences/s (own clock) | "
              f"real tokens/s (own clock) | speed-up by the runs' clocks | time-to-accuracy speed-up | "
-             f"clock speed-up / packing factor | inside the baseline's seed range |",
+             f"clock speed-up / packing factor | against the baseline's seed range, evaluation by evaluation |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        chance = f" (at chance: {', '.join(r['at_chance'])})" if r["at_chance"] else ""
         lines.append(
-            f"| {r['run']} | {r['seeds']} | {r['input_mode']} | {r['packing_factor']:.3f} | "
+            f"| {r['run']}{chance} | {r['seeds']} | {r['input_mode']} | {r['packing_factor']:.3f} | "
             f"{number(r['sequences_per_update'], '.1f')} | "
             f"{number(r['final_accuracy'], '.4f', r['final_accuracy_range'])} | "
             f"{number(r['final_loss'], '.4f')} | "
             f"{number(r['sequences_to_accuracy'], ',.0f', r['sequences_to_accuracy_range'])} | "
             f"{number(r['seconds_to_accuracy'], '.1f', r['seconds_to_accuracy_range'])} | "
             f"{r['sequences_per_second']:.1f} | {r['real_tokens_per_second']:,.0f} | {r['throughput_speedup']:.2f}"
-            f"{' (noise)' if above_the_packing_factor(r, rows[0]) else ''} | "
+            f"{f' ({ABOVE_THE_FACTOR})' if above_the_packing_factor(r, rows[0]) else ''} | "
             f"{number(r['time_to_accuracy_speedup'], '.2f')} | {r['speedup_over_packing_factor']:.2f} | "
-            f"{inside(r['inside_baseline_spread'])} |")
+            f"{describe_spread(r['inside_baseline_spread'])} |")
     return "\n".join(lines)
 
 
@@ -452,13 +531,18 @@ def target_note(runs: list[Run], rows: list[dict], accuracy: float | None, autom
 
 
 def verdict_notes(rows: list[dict]) -> list[str]:
-    """What the table cannot tell: a clock speed-up above the packing factor (the machine's noise),
-    and a gap between configurations of one seed (seed noise)."""
+    """What the table cannot tell: a clock speed-up above the packing factor, seeds at chance
+    (left out of the seed ranges), and a gap between configurations of one seed (seed noise)."""
     notes = []
     above = [row["run"] for row in rows[1:] if above_the_packing_factor(row, rows[0])]
     if above:
-        notes.append(f"{', '.join(above)}: a speed-up by the runs' clocks above the ratio of packing factors, which "
-                     f"packing cannot give: the machine's noise, not a result (marked noise)")
+        notes.append(f"{', '.join(above)}: a speed-up by the runs' clocks {ABOVE_THE_FACTOR} (marked so), "
+                     f"{ABOVE_THE_FACTOR_WHY}; the runs' clocks are single measurements (clock_note)")
+    chance = [name for row in rows for name in row["at_chance"]]
+    if chance:
+        notes.append(f"{', '.join(chance)}: at chance for the second half of {'its' if len(chance) == 1 else 'their'} "
+                     f"evaluations, learned nothing (marked at chance), and left out of the seed ranges; "
+                     f"{AT_CHANCE_ADVICE}")
     single = [row["run"] for row in rows if row["seeds"] == 1]
     if single:
         who = ("every configuration has" if len(single) == len(rows)
@@ -528,14 +612,13 @@ def median_and_range(values: list[float], spec: str = ".2f") -> str:
 def describe_speedup(speedups: list[float], packing_factor: float) -> str:
     """One line: the median speed-up, its range, its share of the packing factor, and a caveat
     when the rounds disagree by more than the effect itself, or when the speed-up is above the
-    packing factor, which packing cannot give (the machine's noise, not packing).
+    packing factor (ABOVE_THE_FACTOR_WHY).
 
     >>> describe_speedup([1.19, 0.99, 1.30], 1.203)
     'speed-up 1.19x (median of 3 alternated rounds, range 0.99-1.30) at packing factor 1.203: 0.99 of it; the \
 rounds disagree by 0.31, more than the 0.19 measured: the machine was too loaded to tell'
-    >>> describe_speedup([1.28], 1.031)
-    "speed-up 1.28x (median of 1 alternated round, range 1.28-1.28) at packing factor 1.031: 1.24 of it; above the \
-packing factor, which packing cannot give: the machine's noise, not a result (more --rounds tell)"
+    >>> print(describe_speedup([1.28], 1.031).split("; ")[1][:60])
+    above the packing factor: more than packing's own saving: on
     """
     s = summary(speedups)
     rounds = f"{len(speedups)} alternated round{'s' if len(speedups) != 1 else ''}"
@@ -546,7 +629,7 @@ packing factor, which packing cannot give: the machine's noise, not a result (mo
         line += (f"; the rounds disagree by {spread:.2f}, more than the {effect:.2f} measured: the machine was too "
                  f"loaded to tell")
     elif s["median"] > packing_factor:
-        line += "; above the packing factor, which packing cannot give: the machine's noise, not a result (more --rounds tell)"
+        line += f"; {ABOVE_THE_FACTOR}: {ABOVE_THE_FACTOR_WHY}"
     return line
 
 

@@ -447,6 +447,21 @@ def test_xla_reaches_the_fine_tuning_run_s_model_and_optimizer(tmp_path, bert_co
         assert type(optimizer).__name__ == "AdamWeightDecay" and optimizer.fused is xla
 
 
+def test_a_compiled_loop_ends_at_each_evaluation_asked(tmp_path, bert_config_file):
+    """--eval_every_samples=16 at 8 examples an update: a loop of 2 updates, whatever
+    --iterations_per_loop (1,000 by default, which evaluated a run once, at its end)."""
+    from bert_packed.finetuning.settings import ClassifierSettings
+    from bert_packed.training.finetune import classifier_run
+
+    settings = dict(task_name="mrpc", data_dir=write_mrpc(tmp_path / "mrpc"), vocab_file=VOCAB,
+                    bert_config_file=bert_config_file, output_dir=str(tmp_path / "run"), do_train=True, do_eval=True,
+                    max_seq_length=64, train_batch_size=8)
+    assert classifier_run(ClassifierSettings(**settings, eval_every_samples=16)).config.run.iterations_per_loop == 2
+    assert classifier_run(ClassifierSettings(**settings, eval_every_samples=16, iterations_per_loop=1)
+                          ).config.run.iterations_per_loop == 1
+    assert classifier_run(ClassifierSettings(**settings)).config.run.iterations_per_loop == 1000
+
+
 @pytest.mark.slow  # fine-tunes packed and padded, timed (over 3.5 s here)
 def test_the_fine_tuning_benchmark_says_why_a_speed_up_misses_its_target(tmp_path):
     """scripts/benchmark_finetuning.py: its table, and below --target (here out of reach), exit
@@ -593,3 +608,22 @@ def test_run_classifier_refuses_bad_input_in_one_line_before_any_file_is_written
     [line] = [line for line in result.stderr.splitlines() if line.startswith("run_classifier: ")]
     assert message in line and "Traceback" not in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow  # fine-tunes a run (over 3.5 s here)
+def test_a_run_that_stays_at_chance_says_so_at_its_end(tmp_path, bert_config_file):
+    """At a learning rate far too high the tiny model's classifier answers the commonest class of
+    the dev set at every evaluation: its ordinary success line is followed by one warning line."""
+    from conftest import run_command
+
+    write_mrpc(tmp_path / "mrpc")
+    result = run_command("run_classifier", *classifier_flags(tmp_path, bert_config_file, "collapsed",
+                                                             "--learning_rate=1.0", "--eval_every_samples=8",
+                                                             "--num_train_epochs=4"))
+    assert result.returncode == 0, result.stderr
+    evaluations = read_log_file(tmp_path / "collapsed" / "eval_log.jsonl")
+    assert len(evaluations) >= 6 and all(r["accuracy"] == r["chance_accuracy"] for r in evaluations[3:])
+    assert evaluations[-1]["chance_loss"] == pytest.approx(np.log(2))
+    warning = result.stderr.strip().splitlines()[-1]
+    assert warning.startswith(f"warning: {tmp_path / 'collapsed'}: its last ") and "stayed at chance (accuracy " in warning
+    assert "the run learned nothing" in warning and "try a lower --learning_rate" in warning

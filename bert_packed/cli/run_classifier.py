@@ -12,10 +12,13 @@ signal (the same command again), logs and refusals; its evaluation reports the t
 
 from __future__ import annotations
 
+import logging
+
 from absl import flags
 
 from bert_packed.cli.common import command_flags_text, exit_if_stopped, run
 from bert_packed.cli.settings_flags import define_flags, from_flags
+from bert_packed.curves import at_chance_warning
 from bert_packed.finetuning.settings import ClassifierSettings
 from bert_packed.run_directory import EVAL_LOG, EVAL_RESULTS, RunDirectory
 from bert_packed.settings import first_run_settings, help_groups
@@ -56,6 +59,8 @@ def main(argv):
     last_eval = result.directory.read_log(EVAL_LOG)[-1:] if settings.do_eval else []
     figures = f": {step.objective.describe(last_eval[0])}" if last_eval else ""
     print(f"{PROGRAM}: trained {result.step} updates in {config.run.output_dir}{figures}")
+    if last_eval and at_chance_warning(result.directory):
+        logging.warning(at_chance_warning(result.directory))
 
 
 def entry_point():

@@ -14,10 +14,13 @@ answers, reports the official exact match and F1 (docs/finetuning.md).
 
 from __future__ import annotations
 
+import logging
+
 from absl import flags
 
 from bert_packed.cli.common import command_flags_text, exit_if_stopped, run
 from bert_packed.cli.settings_flags import define_flags, from_flags
+from bert_packed.curves import at_chance_warning
 from bert_packed.finetuning.settings import SquadSettings
 from bert_packed.run_directory import EVAL_LOG, PREDICTIONS, RunDirectory
 from bert_packed.settings import first_run_settings, help_groups
@@ -63,6 +66,8 @@ def main(argv):
         directory.write_predictions(*step.objective.answers)
     print(f"{PROGRAM}: answered {len(step.objective.answers[0]):,} questions of {settings.predict_file}: "
           f"{step.objective.describe(record)} -> {directory.file(PREDICTIONS)}")
+    if settings.do_train and at_chance_warning(directory):
+        logging.warning(at_chance_warning(directory))
 
 
 def entry_point():

@@ -15,6 +15,7 @@ rows and one sequence a row give the same loss, gradients and metrics.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import tensorflow as tf
@@ -23,6 +24,7 @@ from bert_packed.finetuning.metrics import scores as glue_scores
 from bert_packed.finetuning.squad import SquadExample, Windows, predict_answers, squad_scores
 from bert_packed.model import BertClassifierModel, BertPretrainingModel, BertQuestionAnsweringModel, load_weights
 from bert_packed.model.huggingface import holds_classifier, holds_span_head
+from bert_packed.model.modeling import OUTSIDE_THE_SEQUENCE
 from bert_packed.training.config import TrainConfig
 from bert_packed.training.losses import (
     classifier_slot_losses,
@@ -194,6 +196,10 @@ class Classification(FineTuningObjective):
         if examples is not None and count:
             held = examples["weights"] > 0
             metrics.update(glue_scores(self.scores, examples["predictions"][held], examples["labels"][held]))
+            if not self.regression:  # what a model that learned nothing scores (curves.at_chance)
+                metrics["chance_loss"] = math.log(self.num_outputs)
+                metrics["chance_accuracy"] = float(np.bincount(examples["labels"][held].astype(np.int64)).max() /
+                                                   held.sum())
         return metrics
 
 
@@ -281,6 +287,9 @@ class SpanPrediction(FineTuningObjective):
         are of the `questions_scored` that have."""
         count = float(sums["examples"])
         metrics = {"loss": float(self.loss(sums)), "num_sequences": count}
+        if examples is not None and count:  # a model that learned nothing: each start and end uniform on its tokens
+            own = (examples["start_logits"][examples["weights"] > 0] > OUTSIDE_THE_SEQUENCE / 2).sum(-1)
+            metrics["chance_loss"] = float(np.log(np.maximum(own, 1)).mean())
         if examples is None or not count or self.answering is None:
             return metrics
         scored = sum(1 for example in self.answering.examples if example.answers)
