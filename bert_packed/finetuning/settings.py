@@ -61,8 +61,9 @@ class FineTuningSettings:
                         group=RUN_GROUP)
     save_checkpoints_steps: int = setting(1000, "Checkpoint every this many updates (and at the end).",
                                           group=RUN_GROUP)
-    iterations_per_loop: int = setting(1000, "Updates in one compiled call; logs and checkpoints happen between "
-                                             "calls.", group=RUN_GROUP)
+    iterations_per_loop: int = setting(1000, "Updates in one compiled call; logs, evaluations and checkpoints happen "
+                                             "between calls (with --eval_every_samples, a call ends at each "
+                                             "evaluation: at most that many examples' updates).", group=RUN_GROUP)
     export_huggingface_dir: str | None = setting(None, "At the end, the fine-tuned model as a Hugging Face "
                                                        "directory (BertForSequenceClassification, "
                                                        "BertForQuestionAnswering).", group=RUN_GROUP)

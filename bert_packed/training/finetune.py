@@ -142,6 +142,11 @@ def _config(settings: FineTuningSettings, bert: BertConfig, num_examples: int, t
             eval_batch_size: int, flags_text: str) -> TrainConfig:
     """The run's settings (module docstring) for `num_examples` training examples."""
     steps = _updates(settings, num_examples, train_data.packing_factor) if settings.do_train else 1
+    # Evaluations and progress lines come between compiled loops: a loop of 1,000 updates would
+    # evaluate a run of --eval_every_samples=1500 once, at its end. So a loop ends at each evaluation.
+    loop = settings.iterations_per_loop
+    if settings.eval_every_samples:
+        loop = min(loop, max(1, settings.eval_every_samples // settings.train_batch_size))
     return make_config(
         bert=bert, xla=settings.xla, init_checkpoint=settings.init_checkpoint, output_dir=settings.output_dir,
         input_mode=settings.input_mode, train_batch_size=settings.train_batch_size,
@@ -149,7 +154,7 @@ def _config(settings: FineTuningSettings, bert: BertConfig, num_examples: int, t
         learning_rate=settings.learning_rate, num_train_steps=steps,
         num_warmup_steps=int(steps * settings.warmup_proportion), eval_batch_size=eval_batch_size,
         eval_every_samples=settings.eval_every_samples, seed=settings.seed, deterministic=True,
-        save_checkpoints_steps=settings.save_checkpoints_steps, iterations_per_loop=settings.iterations_per_loop,
+        save_checkpoints_steps=settings.save_checkpoints_steps, iterations_per_loop=loop,
         log_every_steps=max(1, min(100, steps // 10)), export_huggingface_dir=settings.export_huggingface_dir,
         vocab_file=settings.vocab_file, do_lower_case=settings.do_lower_case, flags_text=flags_text)
 
