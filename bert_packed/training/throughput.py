@@ -87,7 +87,9 @@ def measure_alternately(trainers: dict[str, Measured], rounds: int, updates: int
 
     Returns:
       {"rounds", "updates", "modes": {name: {"sequences_per_second": [per round], "real_tokens_per_second",
-      "flops_per_second", "padding_efficiency"}}, "speedups": {name: [per round, against the baseline]}}.
+      "flops_per_second", "padding_efficiency"}}, "speedups": {name: [per round, against the baseline, in
+      sequences/s]}, "token_speedups": {the same in real tokens/s: the figure to quote when the modes'
+      rounds may hold sequences of other lengths}}.
     """
     names = list(trainers)
     for trainer in trainers.values():
@@ -109,7 +111,7 @@ def measure_alternately(trainers: dict[str, Measured], rounds: int, updates: int
             mode["real_tokens_per_second"].append(sums["tokens"] / seconds)
             mode["flops_per_second"].append(flops / seconds)
             mode["padding_efficiency"].append(sums["tokens"] / sums["slots"])
-    base = modes[names[0]]["sequences_per_second"]
-    speedups = {name: [rate / reference for rate, reference in zip(modes[name]["sequences_per_second"], base)]
-                for name in names}
-    return {"rounds": rounds, "updates": updates, "modes": modes, "speedups": speedups}
+    ratios = {key: {name: [rate / reference for rate, reference in zip(modes[name][key], modes[names[0]][key])]
+                    for name in names} for key in ("sequences_per_second", "real_tokens_per_second")}
+    return {"rounds": rounds, "updates": updates, "modes": modes, "speedups": ratios["sequences_per_second"],
+            "token_speedups": ratios["real_tokens_per_second"]}
