@@ -81,6 +81,7 @@ PROGRAM = "benchmark_memory"
 # Cards a cluster user plans for (GB as sold) and MLPerf's batch: 448 rows of 512 on 8 replicas.
 CARDS_GB = (16, 24, 40, 80, 94, 141)
 MLPERF_ROWS, MLPERF_REPLICAS = 448, 8
+GPU_COUNTS = (8, 16, 32, 64)
 
 
 def configuration_name(bert_name: str, length: int, precision: str, recompute: str, rows: int) -> str:
@@ -286,6 +287,21 @@ def cluster_table(plan: tuple[Measured, ...]) -> None:
                                   and per_replica // k <= rows), None)
                     cells.append(f"{rows}: {per_replica // split} x {split}" if split else f"{rows}")
                 print(f"| {recompute} | " + " | ".join(cells) + " |")
+    for length in (512, 128):
+        if step_line(large, length, "bf16", "none", plan)[0] is None:
+            continue
+        print(f"\nBERT-Large, L={length}, bf16, --recompute=none: MLPerf's {MLPERF_ROWS} rows (packs, or unpacked "
+              f"rows) by the number of GPUs sharing them: the micro-batch a GPU x --steps_per_update\n")
+        print("| GPUs | rows a GPU | " + " | ".join(f"{gb} GB" for gb in CARDS_GB) + " |")
+        print("|---|---|" + "---|" * len(CARDS_GB))
+        for replicas in GPU_COUNTS:
+            share = MLPERF_ROWS // replicas
+            cells = []
+            for gb in CARDS_GB:
+                rows = largest_rows(large, length, "bf16", "none", gb * 10**9, plan) or 0
+                split = next((k for k in range(1, share + 1) if share % k == 0 and share // k <= rows), None)
+                cells.append(f"{share // split} x {split}" if split else "-")
+            print(f"| {replicas} | {share} | " + " | ".join(cells) + " |")
 
 
 def time_recompute(work: str) -> None:
