@@ -1,6 +1,11 @@
-"""Benchmark fine-tuning throughput on tasks made of the shipped sample: packed against padded, alternated.
+"""Benchmark fine-tuning throughput, packed against padded, alternated: the sample's tasks or your own.
 
     python scripts/benchmark_finetuning.py
+    python scripts/benchmark_finetuning.py --task_name=mrpc --data_dir=glue_data/MRPC    # a task of yours
+    python scripts/benchmark_finetuning.py --train_file=train-v1.1.json --max_seq_length=384   # SQuAD
+
+Your own task is any that run_classifier.py (--task_name, --data_dir: a GLUE task or jsonl) or
+run_squad.py (--train_file) takes, read as the command reads it, with its --vocab_file.
 
 Two tasks whose labels the text determines (scripts/_finetuning_tasks.py): pronouns, a sentence
 classified by whether it refers to someone by a pronoun (run_classifier, L=128, short texts),
@@ -27,8 +32,10 @@ from absl import flags
 
 from bert_packed.cli.common import run
 from bert_packed.curves import describe_speedup, median_and_range, summary
+from bert_packed.errors import SettingsError
 from bert_packed.files import write_text_atomically
 from bert_packed.finetuning.settings import ClassifierSettings, SquadSettings
+from bert_packed.pretraining_data.tokenization import DEFAULT_VOCAB_FILE
 from bert_packed.training.finetune import classifier_run, squad_run
 from bert_packed.training.process import set_up_process
 from bert_packed.training.throughput import Measured, measure_alternately
@@ -46,36 +53,68 @@ flags.DEFINE_integer("rounds", 6, "Measured rounds (after one warm-up round).", 
 flags.DEFINE_integer("updates", 8, "Updates of each mode in a round.", lower_bound=1)
 flags.DEFINE_boolean("xla", False, "Both modes with --xla (the passes and each weight's optimizer step XLA-compiled).")
 flags.DEFINE_string("output_json", None, "Also write the measurements here.")
+flags.DEFINE_string("task_name", None, "Your own classification task instead of the sample's: run_classifier's "
+                                       "--task_name (a GLUE task, or jsonl), with --data_dir.")
+flags.DEFINE_string("data_dir", None, "With --task_name: the task's files, as run_classifier reads them.")
+flags.DEFINE_string("train_file", None, "Your own SQuAD v1.1 training file instead of the sample's tasks (run_squad's).")
+flags.DEFINE_integer("max_seq_length", None, "L of your own task (default: run_classifier's 128, run_squad's 384).",
+                     lower_bound=8)
+flags.DEFINE_string("vocab_file", DEFAULT_VOCAB_FILE, "Your own task's vocabulary (the model's).")
 flags.DEFINE_float("target", 0.9, "Exit status 1 when packed's speed-up is below this share of the packing factor "
                                   "(0: report only).")
 
 PROGRAM = "benchmark_finetuning"
 
 
-def fine_tuning(task: str, directory: str, input_mode: str, work: str):
-    """The run of `task` (its files in `directory`) in `input_mode`, as its command builds it."""
+def fine_tuning(task: str, directory: str | None, input_mode: str, work: str):
+    """The run of `task` (the sample's, its files in `directory`; else --task_name's or
+    --train_file's) in `input_mode`, as its command builds it."""
     common = dict(bert_config_file=FLAGS.bert_config_file, output_dir=os.path.join(work, f"{task}-{input_mode}"),
                   do_train=True, input_mode=input_mode, train_batch_size=FLAGS.batch_size, xla=FLAGS.xla)
     if task == "pronouns":
         return classifier_run(ClassifierSettings(task_name="jsonl", data_dir=directory, max_seq_length=128, **common))
-    return squad_run(SquadSettings(train_file=os.path.join(directory, "train.json"), max_seq_length=256,
-                                   doc_stride=128, max_sequences_per_pack=4, **common))
+    if task == "first_year":
+        return squad_run(SquadSettings(train_file=os.path.join(directory, "train.json"), max_seq_length=256,
+                                       doc_stride=128, max_sequences_per_pack=4, **common))
+    own = dict(vocab_file=FLAGS.vocab_file, **common)
+    if FLAGS.task_name:
+        return classifier_run(ClassifierSettings(task_name=FLAGS.task_name, data_dir=FLAGS.data_dir,
+                                                 max_seq_length=FLAGS.max_seq_length or 128, **own))
+    return squad_run(SquadSettings(train_file=FLAGS.train_file, max_seq_length=FLAGS.max_seq_length or 384, **own))
+
+
+def tasks_measured(work: str) -> dict[str, str | None]:
+    """{task: its files' directory} of the tasks to measure: your own one, else the sample's."""
+    if FLAGS.task_name and FLAGS.train_file:
+        raise SettingsError("--task_name and --train_file: give one task of your own (a classifier's, or SQuAD's)")
+    if FLAGS.task_name or FLAGS.data_dir:
+        if not (FLAGS.task_name and FLAGS.data_dir):
+            raise SettingsError("--task_name and --data_dir go together: the task and its files, as run_classifier "
+                                "takes them")
+        return {FLAGS.task_name: None}
+    if FLAGS.train_file:
+        return {os.path.basename(FLAGS.train_file): None}
+    unknown = [task for task in FLAGS.tasks if task not in TASKS]
+    if unknown:
+        raise SettingsError(f"--tasks: no task {unknown[0]!r} of the sample's ({', '.join(TASKS)}); a task of your "
+                            f"own: --task_name and --data_dir, or --train_file")
+    written = write_tasks(os.path.join(work, "tasks"), FLAGS.sentences, FLAGS.passages)
+    return {task: written[task][0] for task in FLAGS.tasks}
 
 
 def main(argv) -> int:
     """Returns the exit status: 1 when the target is missed."""
     del argv
     rounds = f"{FLAGS.rounds} round{'s' if FLAGS.rounds != 1 else ''}"
-    print(f"\nfine-tuning {os.path.basename(FLAGS.bert_config_file)}: {rounds} of {FLAGS.updates} updates of "
-          f"{FLAGS.batch_size} examples per mode, alternated\n")
-    print("| task | input | examples/s | padding efficiency | packing factor | speed-up (median, range) | "
-          "speed-up / packing factor |")
-    print("|---|---|---|---|---|---|---|")
     results, missed, notes = {}, [], []
     with tempfile.TemporaryDirectory() as work:
-        directories = {task: directory for task, (directory, _) in
-                       write_tasks(os.path.join(work, "tasks"), FLAGS.sentences, FLAGS.passages).items()}
-        for task in FLAGS.tasks:
+        directories = tasks_measured(work)
+        print(f"\nfine-tuning {os.path.basename(FLAGS.bert_config_file)}: {rounds} of {FLAGS.updates} updates of "
+              f"{FLAGS.batch_size} examples per mode, alternated\n")
+        print("| task | input | examples/s | padding efficiency | packing factor | speed-up (median, range) | "
+              "speed-up / packing factor |")
+        print("|---|---|---|---|---|---|---|")
+        for task in directories:
             runs = {mode: fine_tuning(task, directories[task], mode, work) for mode in ("padded", "packed")}
             set_up_process(runs["padded"].config)
             trainers = {mode: Measured(r.config, r.train_data, r.objective) for mode, r in runs.items()}

@@ -463,6 +463,32 @@ def test_a_compiled_loop_ends_at_each_evaluation_asked(tmp_path, bert_config_fil
 
 
 @pytest.mark.slow  # fine-tunes packed and padded, timed (over 3.5 s here)
+def test_the_fine_tuning_benchmark_measures_a_task_of_your_own(tmp_path, bert_config_file):
+    from conftest import run_script
+
+    data_dir = write_mrpc(tmp_path / "mrpc")
+    result = run_script("benchmark_finetuning", f"--bert_config_file={bert_config_file}", "--task_name=mrpc",
+                        f"--data_dir={data_dir}", f"--vocab_file={VOCAB}", "--max_seq_length=64", "--rounds=1",
+                        "--updates=1", "--batch_size=8", "--target=0", f"--output_json={tmp_path / 'b.json'}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert set(json.loads((tmp_path / "b.json").read_text())) == {"mrpc"}
+    assert re.search(r"^\| mrpc \| packed \| [\d.]+ \|", result.stdout, re.M), result.stdout
+    assert "mrpc: packed against padded: speed-up " in result.stdout
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--task_name=mrpc"], "--task_name and --data_dir go together"),
+    (["--task_name=mrpc", "--data_dir=d", "--train_file=t.json"], "give one task of your own"),
+    (["--tasks=sst-2"], "--tasks: no task 'sst-2' of the sample's (pronouns, first_year); a task of your own"),
+])
+def test_the_fine_tuning_benchmark_refuses_a_task_half_given(flags, message):
+    from conftest import run_script
+
+    result = run_script("benchmark_finetuning", *flags)
+    assert result.returncode == 2 and message in result.stderr and not result.stdout.strip()
+
+
+@pytest.mark.slow  # fine-tunes packed and padded, timed (over 3.5 s here)
 def test_the_fine_tuning_benchmark_says_why_a_speed_up_misses_its_target(tmp_path):
     """scripts/benchmark_finetuning.py: its table, and below --target (here out of reach), exit
     status 1 with a line naming the task, its share of the packing factor and what shares an
