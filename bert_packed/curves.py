@@ -91,6 +91,11 @@ def runs_have(names: list[str]) -> str:
     return f"{', '.join(names)} {'has' if len(names) == 1 else 'have'}"
 
 
+def counted(metric: str) -> str:
+    """What a run of `metric` counts: pre-training's sequences, fine-tuning's examples."""
+    return "sequences" if metric == "mlm_accuracy" else "examples"
+
+
 def advice(metric: str) -> tuple[str, str]:
     """(the throughput benchmark, the several-seeds job) of runs that follow `metric`."""
     return PRETRAINING_ADVICE if metric == "mlm_accuracy" else FINE_TUNING_ADVICE
@@ -478,8 +483,9 @@ def format_table(rows: list[dict], accuracy: float | None) -> str:
         return f"{format(value, spec)} ({format(spread[0], spec)}-{format(spread[1], spec)})"
 
     target = "target" if accuracy is None else f"{accuracy:.3f}"
-    lines = [f"| configuration | seeds | input | packing factor | sequences an update | final {METRICS[rows[0]['metric']]} | "
-             f"final loss | sequences to {target} | seconds to {target} | sequences/s (own clock) | "
+    unit = counted(rows[0]["metric"])
+    lines = [f"| configuration | seeds | input | packing factor | {unit} an update | final {METRICS[rows[0]['metric']]} | "
+             f"final loss | {unit} to {target} | seconds to {target} | {unit}/s (own clock) | "
              f"real tokens/s (own clock) | speed-up by the runs' clocks | time-to-accuracy speed-up | "
              f"clock speed-up / packing factor | against the baseline's seed range, evaluation by evaluation |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -553,7 +559,7 @@ def verdict_notes(rows: list[dict]) -> list[str]:
 
 def clock_note(metric: str) -> str:
     """What the clock columns are worth, and where the throughput to trust is measured."""
-    return ("sequences/s and the speed-up by the runs' clocks come from each run's own wall clock, at the mercy of "
+    return (f"{counted(metric)}/s and the speed-up by the runs' clocks come from each run's own wall clock, at the mercy of "
             "what else the machine ran meanwhile; the throughput speed-up to trust is measured alternately in one "
             f"process ({advice(metric)[0]}, --throughput)")
 
@@ -585,13 +591,15 @@ def plot(runs: list[Run], path: str) -> None:
     loss = "MLM + NSP" if heads == {True} else "MLM" if heads == {False} else "MLM, + NSP where trained with it"
     if metric_of(runs) != "mlm_accuracy":
         loss = "the task's"
-    for column, label in enumerate(("sequences seen", "wall time (s)")):
+    for column, label in enumerate((f"{counted(metric_of(runs))} seen", "wall time (s)")):
         axes[0][column].set(xlabel=label, ylabel=f"{source} {METRICS[metric_of(runs)]}")
         axes[1][column].set(xlabel=label, ylabel=f"{source} loss ({loss})")
     for axis in axes.ravel():
         axis.grid(alpha=0.3)
         axis.legend(fontsize=8)
-    figure.suptitle("packed vs unpacked: accuracy and loss against sequences and time (band: the seeds' range)")
+    other = "unpacked" if metric_of(runs) == "mlm_accuracy" else "padded"
+    figure.suptitle(f"packed vs {other}: accuracy and loss against {counted(metric_of(runs))} and time (band: the "
+                    f"seeds' range)")
     figure.tight_layout()
     with atomic_open(path, "wb") as f:  # a file object: matplotlib would take a gs:// path for a local one
         figure.savefig(f, dpi=100, format=os.path.splitext(path)[1][1:] or "png")

@@ -148,8 +148,9 @@ def main(argv):
     exit_if_stopped(PROGRAM, result)
     from bert_packed.training.report import run_summary
 
+    bert = config.model.bert
     print("\n".join(run_summary(result.directory, config.eval.target_mlm_accuracy, config.run.submission_division,
-                                 bool(eval_data.files))))
+                                 bool(eval_data.files), (bert.hidden_size, bert.num_hidden_layers) == (1024, 24))))
 
 
 def entry_point():

@@ -27,7 +27,7 @@ class RunLogs:
       last_progress: (the run's clock, sequences, real tokens) at the last progress line.
     """
 
-    def __init__(self, directory: RunDirectory, mlperf: bool = True):
+    def __init__(self, directory: RunDirectory, mlperf: bool = True, unit: str = "sequences"):
         train, evals = directory.read_log(TRAIN_LOG), directory.read_log(EVAL_LOG)
         self.last_record = train[-1] if train else {}
         self.last_eval = evals[-1] if evals else {}
@@ -38,6 +38,7 @@ class RunLogs:
         self.last_progress = (self.seconds_before, self.last_record.get("sequences", 0), self.tokens)
         self._first_loop_end = None  # (the run's clock less evaluations, step) after this start's first loop
         self.mlperf = MLPerfLog(directory) if mlperf else None
+        self.unit = unit  # what the progress lines count: pre-training's sequences, fine-tuning's examples
         self._train = directory.open_log(TRAIN_LOG)
         self._eval = directory.open_log(EVAL_LOG)
         self._tensorboard = directory.tensorboard
@@ -97,8 +98,8 @@ class RunLogs:
             left = ", time left: after the next loop (this one compiled the step)"
         accuracy = next((f", {name.replace('_', ' ')} {record[name]:.4f}" for name in ("mlm_accuracy", "accuracy")
                          if name in record), "")  # a fine-tuning regression has none
-        logging.info("step %d/%d: loss %.4f%s, %d sequences (%.1f/s, %.0f real tokens/s, padding efficiency %.1f%%)%s",
-                     step, last, record["loss"], accuracy, record["sequences"],
+        logging.info("step %d/%d: loss %.4f%s, %d %s (%.1f/s, %.0f real tokens/s, padding efficiency %.1f%%)%s",
+                     step, last, record["loss"], accuracy, record["sequences"], self.unit,
                      (record["sequences"] - before_sequences) / interval, (self.tokens - before_tokens) / interval,
                      100 * record["padding_efficiency"], left)
 

@@ -84,7 +84,7 @@ def train_and_evaluate(config: TrainConfig, train_data: TrainData, eval_data: Ev
             if not _export_if_new(directory, config, step):
                 logging.info("%s: finished at step %d; nothing to do", config.run.output_dir, int(step.step.numpy()))
             return RunResult(RunLogs.last_train_record(directory), int(step.step.numpy()), None, directory)
-        logs = RunLogs(directory, mlperf=step.objective.mlperf)
+        logs = RunLogs(directory, mlperf=step.objective.mlperf, unit=step.objective.unit)
         try:
             _start(logs, config, train_data, eval_data, step)
             n, every = config.batch.steps_per_update, eval_every_samples(config, step.batching)
@@ -323,7 +323,8 @@ def _evaluate_and_log(logs: RunLogs, config: TrainConfig, eval_data: EvalData, s
     logs.eval({"step": current, "sequences": sequences, "seconds": seconds, **metrics})
     if logs.mlperf:
         logs.mlperf.evaluation(sequences, metrics.get("mlm_accuracy", 0.0), int(metrics.get("num_sequences", 0)))
-    logging.info("eval at step %d (%d sequences): %s, in %.1f s", current, sequences, step.objective.describe(metrics),
+    logging.info("eval at step %d (%d %s seen): %s, in %.1f s", current, sequences, step.objective.unit,
+                 step.objective.describe(metrics),
                  time.perf_counter() - start)
     reached = step.objective.reached(metrics, config)
     if reached:

@@ -53,6 +53,7 @@ class Pretraining:
     """
 
     sequences_key = "nsp_sequences"
+    unit = "sequences"  # what its logs count
     sum_keys = ("mlm_nll", "mlm_predictions", "mlm_correct", "mlm_sequence_nll", "mlm_sequence_correct",
                 "mlm_sequences", "nsp_nll", "nsp_correct", "nsp_sequences")
     mlperf = True
@@ -113,6 +114,7 @@ class FineTuningObjective:
 
     sum_keys = ("example_loss", "examples", "example_correct")
     sequences_key = "examples"
+    unit = "examples"
     mlperf = False
     graph_shape: tuple = ()
 
