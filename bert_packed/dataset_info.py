@@ -66,6 +66,8 @@ def require_seq_length(max_seq_length: int) -> None:
 
 # What identifies a file cheaply: the hash of this much of its beginning, and its size.
 HEAD_BYTES = 1 << 16
+# Before the hash of a FileIdentity of all of a file.
+WHOLE = "all:"
 
 # The keys this module owns; every other key of the file is the producer's (DatasetInfo.details).
 _OWN_KEYS = ("format_version", "packed", "max_seq_length", "max_predictions_per_seq", "max_sequences_per_pack",
@@ -135,13 +137,17 @@ class DataFile:
 
 
 class FileIdentity(NamedTuple):
-    """A file and what tells its content from another's without reading it all: its size and the
-    SHA-256 of its first 64 KiB. JSON writes it as [path, bytes, head] (run.json's data files).
+    """A file and what tells its content from another's: its size and the SHA-256 of its first
+    64 KiB, without reading it all (record files, read in parts); or of all of it, "all:" before
+    the hash, where a command reads the file whole anyway (a fine-tuning task's: a label flipped
+    past its first 64 KiB is another task). JSON writes it as [path, bytes, head] (run.json's data
+    files).
 
     Attributes:
       path: where it is.
       bytes: its size.
-      head: SHA-256 of its first 64 KiB (hex; None where a description did not record it).
+      head: SHA-256 of its first 64 KiB, or WHOLE and that of all of it (hex; None where a
+        description did not record it).
     """
 
     path: str
@@ -149,16 +155,20 @@ class FileIdentity(NamedTuple):
     head: str | None
 
     @classmethod
-    def of(cls, path: str) -> FileIdentity:
-        """The identity of the file at `path` now (its size, and its first 64 KiB read); within
-        one_reading_per_file, the one read first there."""
-        if _READ is not None and path in _READ:
-            return _READ[path]
-        with files.open_file(path, "rb") as f:
-            head = f.read(HEAD_BYTES)
-        identity = cls(path, files.size(path), hashlib.sha256(head).hexdigest())
+    def of(cls, path: str, whole: bool = False) -> FileIdentity:
+        """The identity of the file at `path` now (its size, and its first 64 KiB read, or all of it
+        with `whole`); within one_reading_per_file, the one read first there."""
+        key = (path, whole)
+        if _READ is not None and key in _READ:
+            return _READ[key]
+        if whole:
+            head = WHOLE + file_sha256(path)
+        else:
+            with files.open_file(path, "rb") as f:
+                head = hashlib.sha256(f.read(HEAD_BYTES)).hexdigest()
+        identity = cls(path, files.size(path), head)
         if _READ is not None:
-            _READ[path] = identity
+            _READ[key] = identity
         return identity
 
     @property
@@ -170,16 +180,18 @@ class FileIdentity(NamedTuple):
         """How the file on disk differs from this identity now (None: it does not)."""
         if not files.exists(self.path):
             return "it is gone"
-        now = FileIdentity.of(self.path)
+        whole = self.head is not None and self.head.startswith(WHOLE)
+        now = FileIdentity.of(self.path, whole)
         if now.bytes != self.bytes:
             return f"{now.bytes:,} bytes, was {self.bytes:,}"
         if self.head is not None and now.head != self.head:  # None: not recorded
-            return f"its first {HEAD_BYTES // 1024} KiB are others"
+            return "its content is other (the SHA-256 of all of it)" if whole else \
+                f"its first {HEAD_BYTES // 1024} KiB are others"
         return None
 
 
-# The identities read within one_reading_per_file, by path (None outside it).
-_READ: dict[str, FileIdentity] | None = None
+# The identities read within one_reading_per_file, by (path, whole) (None outside it).
+_READ: dict[tuple[str, bool], FileIdentity] | None = None
 
 
 @contextlib.contextmanager

@@ -653,3 +653,39 @@ def test_a_run_that_stays_at_chance_says_so_at_its_end(tmp_path, bert_config_fil
     warning = result.stderr.strip().splitlines()[-1]
     assert warning.startswith(f"warning: {tmp_path / 'collapsed'}: its last ") and "stayed at chance (accuracy " in warning
     assert "the run learned nothing" in warning and "try a lower --learning_rate" in warning
+
+
+def test_a_task_file_s_identity_is_all_of_it(tmp_path):
+    """A fine-tuning file is read whole: a label flipped past its first 64 KiB, the size the same,
+    is another file (record files keep the size and first 64 KiB, read in parts)."""
+    from bert_packed.dataset_info import FileIdentity
+
+    path = tmp_path / "train.jsonl"
+    lines = [json.dumps({"text": f"sentence number {i:05d}", "label": "pos" if i % 2 else "neg"}) for i in range(3000)]
+    path.write_text("\n".join(lines) + "\n")
+    assert path.stat().st_size > 2 * 2**16
+    before, head_only = FileIdentity.of(str(path), whole=True), FileIdentity.of(str(path))
+    path.write_text("\n".join(lines[:-1] + [lines[-1].replace('"label": "pos"', '"label": "neg"')]) + "\n")
+    assert FileIdentity.of(str(path), whole=True) != before and before.difference() == (
+        "its content is other (the SHA-256 of all of it)")
+    assert head_only.difference() is None  # what a record file's identity sees of the same edit
+
+
+@pytest.mark.slow  # fine-tunes a run (over 3.5 s here)
+def test_a_finished_fine_tuning_run_refuses_its_task_file_changed_past_its_first_64_kib(tmp_path, bert_config_file):
+    from conftest import run_command
+
+    data = tmp_path / "task"
+    data.mkdir()
+    lines = [json.dumps({"text": f"word{i % 50} and more", "label": "a" if i % 3 else "b"}) for i in range(3000)]
+    (data / "train.jsonl").write_text("\n".join(lines) + "\n")
+    (data / "dev.jsonl").write_text("\n".join(lines[:20]) + "\n")
+    flags = ["--task_name=jsonl", f"--data_dir={data}", f"--vocab_file={VOCAB}", f"--bert_config_file={bert_config_file}",
+             "--max_seq_length=32", "--train_batch_size=64", "--num_train_epochs=1", "--do_train",
+             f"--output_dir={tmp_path / 'run'}"]
+    assert run_command("run_classifier", *flags).returncode == 0
+    flipped = lines[:-1] + [lines[-1].replace('"a"', '"x"').replace('"b"', '"a"').replace('"x"', '"b"')]
+    (data / "train.jsonl").write_text("\n".join(flipped) + "\n")  # the same size, the last line's label flipped
+    result = run_command("run_classifier", *flags)
+    assert result.returncode == 2 and "nothing to do" not in result.stderr, result.stderr[-2000:]
+    assert "train.jsonl" in result.stderr.strip().splitlines()[-1], result.stderr[-2000:]
