@@ -87,3 +87,29 @@ def test_bad_settings_are_one_line(corpus, tmp_path):
                              *args)
         assert result.returncode == 2 and message in result.stderr.strip().splitlines()[-1], result.stderr
     assert not (tmp_path / "v.txt").exists()
+
+
+def test_an_output_that_is_one_of_its_inputs_is_refused_and_a_replaced_one_said(corpus, tmp_path):
+    """`--vocab_file=corpus/wiki_b` replaced the text of wiki_b with the vocabulary, exit 0."""
+    copies = []
+    for index, path in enumerate(corpus):
+        copies.append(tmp_path / f"wiki_{index}")
+        copies[-1].write_bytes(open(path, "rb").read())
+    text = copies[1].read_bytes()
+    glob = str(tmp_path / "wiki_*")
+    template = tmp_path / "template.json"
+    template.write_text(json.dumps({"vocab_size": 30522, "hidden_size": 128}))
+    for args, message in (
+            ([f"--vocab_file={copies[1]}"], f"--vocab_file={copies[1]}: one of the files it is made from (--input_file)"),
+            ([f"--vocab_file={tmp_path}/v.txt", f"--bert_config_file={template}", f"--output_bert_config_file={template}"],
+             f"--output_bert_config_file={template}: one of the files it is made from (--bert_config_file)"),
+            ([f"--vocab_file={tmp_path}/v.txt", f"--bert_config_file={template}",
+              f"--output_bert_config_file={tmp_path}/v.txt"], "the vocabulary's path too")):
+        result = run_command("build_vocabulary", f"--input_file={glob}", "--vocab_size=200", *args)
+        assert result.returncode == 2 and message in result.stderr.strip().splitlines()[-1], result.stderr
+    assert copies[1].read_bytes() == text and not (tmp_path / "v.txt").exists()
+    for replaced in (False, True):
+        result = run_command("build_vocabulary", f"--input_file={glob}", "--vocab_size=200",
+                             f"--vocab_file={tmp_path}/out/v.txt", f"--bert_config_file={template}")
+        assert result.returncode == 0 and ("(the vocabulary there replaced)" in result.stdout) == replaced
+        assert ("(the config there replaced)" in result.stdout) == replaced

@@ -39,6 +39,10 @@ def main(argv) -> None:
     settings = from_flags(VocabularySettings)
     paths = expand_globs(settings.input_file, "--input_file")
     template = _bert_config(settings.bert_config_file) if settings.bert_config_file else None  # refused before the work
+    config_path = (settings.output_bert_config_file or os.path.join(os.path.dirname(settings.vocab_file),
+                                                                    "bert_config.json")) if template else None
+    _refuse_writing_over_inputs(settings, paths, config_path)
+    replaced = {path for path in (settings.vocab_file, config_path) if path and files.exists(path)}
     tokens = build_vocabulary(paths, settings.vocab_size, settings.do_lower_case, settings.input_format,
                               settings.text_field, settings.min_frequency)
     files.makedirs(os.path.dirname(settings.vocab_file) or ".")
@@ -46,12 +50,25 @@ def main(argv) -> None:
     learned = sum(not re.fullmatch(r"\[(PAD|UNK|CLS|SEP|MASK|unused\d+)\]", token) for token in tokens)
     print(f"{PROGRAM}: {len(tokens):,} tokens, {learned:,} learned from {len(paths):,} file"
           f"{'' if len(paths) == 1 else 's'} ({'uncased' if settings.do_lower_case else 'cased'}; "
-          f"{len(reserved_tokens())} reserved as google-research's) -> {settings.vocab_file}")
+          f"{len(reserved_tokens())} reserved as google-research's) -> {settings.vocab_file}"
+          + (" (the vocabulary there replaced)" if settings.vocab_file in replaced else ""))
     if template is not None:
-        path = settings.output_bert_config_file or os.path.join(os.path.dirname(settings.vocab_file),
-                                                                 "bert_config.json")
-        files.write_text_atomically(path, json.dumps({**template, "vocab_size": len(tokens)}, indent=2) + "\n")
-        print(f"{PROGRAM}: {settings.bert_config_file} with vocab_size {len(tokens):,} -> {path}")
+        files.write_text_atomically(config_path, json.dumps({**template, "vocab_size": len(tokens)}, indent=2) + "\n")
+        print(f"{PROGRAM}: {settings.bert_config_file} with vocab_size {len(tokens):,} -> {config_path}"
+              + (" (the config there replaced)" if config_path in replaced else ""))
+
+
+def _refuse_writing_over_inputs(settings: VocabularySettings, inputs: list[str], config_path: str | None) -> None:
+    """Refuses an output that is one of the inputs (a corpus file, the template config) or the other output."""
+    read = {files.absolute(path): flag for path, flag in [*((p, "--input_file") for p in inputs),
+                                                          (settings.bert_config_file, "--bert_config_file")] if path}
+    written = [(settings.vocab_file, "--vocab_file"), (config_path, "--output_bert_config_file")]
+    for path, flag in written:
+        if path and files.absolute(path) in read:
+            raise SettingsError(f"{flag}={path}: one of the files it is made from ({read[files.absolute(path)]}); "
+                                f"give another path")
+    if config_path and files.absolute(config_path) == files.absolute(settings.vocab_file):
+        raise SettingsError(f"--output_bert_config_file={config_path}: the vocabulary's path too; give another")
 
 
 def _bert_config(path: str) -> dict:
