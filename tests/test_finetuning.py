@@ -689,3 +689,15 @@ def test_a_finished_fine_tuning_run_refuses_its_task_file_changed_past_its_first
     result = run_command("run_classifier", *flags)
     assert result.returncode == 2 and "nothing to do" not in result.stderr, result.stderr[-2000:]
     assert "train.jsonl" in result.stderr.strip().splitlines()[-1], result.stderr[-2000:]
+
+
+def test_a_carriage_return_inside_a_text_is_whitespace_and_carriage_return_line_ends_are_named(tmp_path):
+    """A stray \r in a GLUE text crashed run_classifier (csv's "new-line character seen in
+    unquoted field", an internal error); a file whose lines end with \r alone read as one line."""
+    path = tmp_path / "train.tsv"
+    path.write_bytes(b"sentence\tlabel\nit was\rsunny\t1\nrain\t0\n")
+    assert [(e.text, e.label) for e in read_examples(TASKS["sst-2"], str(path))] == [("it was sunny", "1"), ("rain", "0")]
+    path.write_bytes(b"sentence\tlabel\rit was sunny\t1\rrain\t0\r")
+    with pytest.raises(TaskDataError, match=r"train.tsv: its lines end with a carriage return alone .* expected lines "
+                                            r"ending with \\n or \\r\\n"):
+        read_examples(TASKS["sst-2"], str(path))

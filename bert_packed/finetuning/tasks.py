@@ -133,6 +133,9 @@ def read_examples(task: Task, path: str, labels: tuple[str, ...] | None = None) 
     except UnicodeDecodeError as e:
         line = data[:e.start].count(b"\n") + 1
         raise TaskDataError(f"{path}:{line}: not UTF-8 (byte 0x{data[e.start]:02x}); expected UTF-8 text") from None
+    if "\r" in text and "\n" not in text.rstrip("\r\n"):
+        raise TaskDataError(f"{path}: its lines end with a carriage return alone (a classic Mac's line ends), so it "
+                            f"reads as one line; expected lines ending with \\n or \\r\\n")
     # Lines end at \n (and \r\n) only: a text may hold any other separator Unicode knows.
     lines = [line.removesuffix("\r") for line in text.split("\n")]
     examples = _read_jsonl(path, lines, labels) if task.name == "jsonl" else _read_tsv(task, path, lines)
@@ -167,7 +170,8 @@ def _read_tsv(task: Task, path: str, lines: list[str]) -> list[Example]:
     for number, line in enumerate(lines, start=1):
         if (task.header and number == 1) or not line.strip():
             continue
-        [row] = csv.reader([line], delimiter="\t", quoting=csv.QUOTE_NONE)
+        # A carriage return inside a text (a stray one, pasted) is read as whitespace, as a space.
+        [row] = csv.reader([line.replace("\r", " ")], delimiter="\t", quoting=csv.QUOTE_NONE)
         if len(row) not in task.columns:
             raise TaskDataError(f"{path}:{number}: {len(row)} tab-separated columns; {task.name} expects "
                                 f"{' or '.join(map(str, task.columns))}")
