@@ -206,17 +206,27 @@ KEY = re.compile(r"^(?P<model>[a-z]+)_L(?P<length>\d+)_(?P<precision>[a-z0-9]+)_
 
 
 def read_measurements(path: str) -> dict:
-    """A --measurements file: {"bytes": {configuration: bytes}, "measured_by", "device"}."""
+    """A --measurements file: {"bytes": {configuration: bytes}, "measured_by", "device"}, and its path.
+
+    Raises:
+      SettingsError: the file cannot be read, is not such a file, or holds a count of bytes that is
+        not a positive whole number.
+    """
     try:
         with open(path) as f:
             given = json.load(f)
-    except json.JSONDecodeError as e:
+    except OSError as e:
+        raise SettingsError(f"--measurements={path}: cannot read it ({e.strerror})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise SettingsError(f"--measurements={path}: not JSON ({e})") from None
     if not (isinstance(given, dict) and isinstance(given.get("bytes"), dict) and isinstance(given.get("measured_by"), str)
             and isinstance(given.get("device"), str)):
         raise SettingsError(f"--measurements={path}: expected the --output_json of this script or of "
                             f"scripts/measure_hlo_memory.py (an object with bytes, measured_by and device)")
-    return given
+    for key, value in given["bytes"].items():
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise SettingsError(f"--measurements={path}: {key} is {value!r} bytes; expected a positive whole number")
+    return {**given, "path": path}
 
 
 def fits(sources: list[dict]) -> list[Measured]:
@@ -243,6 +253,10 @@ def fits(sources: list[dict]) -> list[Measured]:
                 break
         else:
             continue
+        if any(points[rows] <= points[min(points)] for rows in points if rows != min(points)):
+            raise SettingsError(f"--measurements={source.get('path')}: {name} at L={length}, {precision}, recompute "
+                                f"{recompute}: its bytes do not grow with the rows ({points}); a plan fitted to them "
+                                f"would hold any micro-batch; nothing was written")
         fixed, per_row, excess = fit(points)
         lines.append(Measured({**model_sizes(bert), "vocab_size": bert.vocab_size}, length, precision, recompute,
                               fixed, per_row, source["measured_by"]))
@@ -355,5 +369,9 @@ def main(argv) -> None:
             time_recompute(work)
 
 
-if __name__ == "__main__":
+def entry_point():
     run(main, PROGRAM, ("export_hlo", "output_json"), "Nothing is kept but what was written")
+
+
+if __name__ == "__main__":
+    entry_point()

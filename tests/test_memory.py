@@ -2,6 +2,7 @@
 that cannot fit (the device's memory given by a test-only override: this machine has no GPU)."""
 
 import dataclasses
+import json
 
 import pytest
 from conftest import MAX_SEQ_LENGTH, REPO, run_command, tfrecords
@@ -157,3 +158,27 @@ def test_a_run_on_a_gpu_refuses_a_micro_batch_that_cannot_fit_before_anything_co
     assert (f"--train_batch_size={rows // 2} --steps_per_update=2 --num_train_steps=200 keep the {rows} rows an update "
             f"and the 100 updates") in line
     assert per_row > 0 and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "cannot read it (No such file or directory)"),
+    ({"bytes": {"tiny_L128_fp32_none_rows1": "100"}, "measured_by": "x", "device": "H100"},
+     "tiny_L128_fp32_none_rows1 is '100' bytes; expected a positive whole number"),
+    ({"bytes": {"tiny_L128_fp32_none_rows1": 0}, "measured_by": "x", "device": "H100"}, "is 0 bytes"),
+    ({"bytes": {"tiny_L128_fp32_none_rows1": 2**30, "tiny_L128_fp32_none_rows4": 2**29}, "measured_by": "x",
+      "device": "H100"}, "tiny at L=128, fp32, recompute none: its bytes do not grow with the rows"),
+])
+def test_bad_measurements_are_one_line_and_the_plan_is_not_written(tmp_path, content, message):
+    """A missing file, bytes as strings or zeros gave tracebacks; bytes falling as rows grow were
+    fitted to a negative line and written into the shipped plan (a 16 GB card then held 4,096 rows)."""
+    from conftest import run_script
+
+    from bert_packed.training.memory import PLAN_FILE
+
+    path = tmp_path / "m.json"
+    if content is not None:
+        path.write_text(json.dumps(content))
+    plan = open(PLAN_FILE, "rb").read()
+    result = run_script("benchmark_memory", f"--measurements={path}", "--write_plan", "--bert_configs=tiny")
+    assert result.returncode == 2 and message in result.stderr.strip().splitlines()[-1], result.stderr[-2000:]
+    assert open(PLAN_FILE, "rb").read() == plan
