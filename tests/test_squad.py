@@ -147,6 +147,10 @@ def test_scores_are_the_official_script_s():
      "train.json:11: question 'p0q0': an answer without a \"text\" and an \"answer_start\" of 0 or more"),
     (lambda d: d["data"][0]["paragraphs"][1]["qas"][0]["answers"][0].update(answer_start=-4),
      "train.json:36: question 'p1q0': an answer without a \"text\" and an \"answer_start\" of 0 or more"),
+    (lambda d: d["data"][0]["paragraphs"][1]["qas"][0]["answers"][0].update(answer_start=True),  # read as 1
+     "train.json:36: question 'p1q0': an answer without a \"text\" and an \"answer_start\" of 0 or more"),
+    (lambda d: d["data"][0]["paragraphs"][0]["qas"][1].update(question="  "),  # was trained on
+     "train.json:21: question 'p0q1': its \"question\" is empty; expected the question's text"),
     (lambda d: d["data"][0]["paragraphs"][0]["qas"][0].update(answers={"text": "cat"}),
      "train.json:11: question 'p0q0': \"answers\" is not a list"),
     (lambda d: d["data"][0]["paragraphs"][1]["qas"][1].update(id="p0q0"),
@@ -164,6 +168,16 @@ def test_bad_squad_input_is_named_with_its_file_and_line(tokenizer, tmp_path, ch
     with pytest.raises(TaskDataError) as raised:
         make_windows(read_squad_examples(str(path), training=True), tokenizer, 64, 16, 16, str(path))
     assert str(raised.value) == f"{tmp_path}/{message}"
+
+
+def test_a_squad_file_that_is_not_utf8_is_named_by_its_line(tmp_path):
+    path = tmp_path / "train.json"
+    text = json.dumps(squad_json(2), indent=1).encode()
+    at = text.index(b'"context": "') + len(b'"context": "')
+    path.write_bytes(text[:at] + b"caf\xe9 " + text[at:])  # Latin-1's e acute
+    line = text[:at].count(b"\n") + 1
+    with pytest.raises(TaskDataError, match=rf"train.json:{line}: not UTF-8 \(byte 0xe9\); expected a SQuAD v1.1"):
+        read_squad_examples(str(path))
 
 
 def test_a_paragraph_without_questions_is_passed_over_and_a_directory_is_refused(tmp_path):

@@ -93,7 +93,9 @@ def read_squad_examples(path: str, training: bool = False) -> list[SquadExample]
         data = json.loads(text)["data"]
         paragraphs = [paragraph for article in data for paragraph in article["paragraphs"]]
     except UnicodeDecodeError as e:
-        raise TaskDataError(f"{path}: not UTF-8 (byte {e.start}); expected a SQuAD v1.1 JSON file") from None
+        line = raw[:e.start].count(b"\n") + 1
+        raise TaskDataError(f"{path}:{line}: not UTF-8 (byte 0x{raw[e.start]:02x}); expected a SQuAD v1.1 JSON "
+                            f"file") from None
     except json.JSONDecodeError as e:
         raise TaskDataError(f"{path}:{e.lineno}: not JSON ({e.msg}); expected a SQuAD v1.1 JSON file") from None
     except (KeyError, TypeError):
@@ -133,6 +135,8 @@ def _example(qa, context: str, path: str, paragraph: int, lines: dict[str, list[
                             f"expected SQuAD v1.1's layout")
     line = lines[qas_id].pop(0) if lines.get(qas_id) else 1
     where = f"{path}:{line}: question {qas_id!r}"
+    if not qa["question"].strip():
+        raise TaskDataError(f"{where}: its \"question\" is empty; expected the question's text")
     if qa.get("is_impossible"):
         raise TaskDataError(f"{where} has no answer (is_impossible, SQuAD 2.0): SQuAD v1.1's questions only")
     answers = qa.get("answers", [])
@@ -142,7 +146,8 @@ def _example(qa, context: str, path: str, paragraph: int, lines: dict[str, list[
     for answer in answers:
         answer_text = answer.get("text") if isinstance(answer, dict) else None
         start = answer.get("answer_start") if isinstance(answer, dict) else None
-        if not isinstance(answer_text, str) or not answer_text.strip() or not isinstance(start, int) or start < 0:
+        if (not isinstance(answer_text, str) or not answer_text.strip() or isinstance(start, bool)
+                or not isinstance(start, int) or start < 0):  # JSON's true is no offset
             raise TaskDataError(f"{where}: an answer without a \"text\" and an \"answer_start\" of 0 or more")
         if context[start:start + len(answer_text)] != answer_text:
             raise TaskDataError(f"{where}: the answer {answer_text[:60]!r} is not at its answer_start {start} "
