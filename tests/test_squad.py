@@ -396,3 +396,15 @@ def test_the_compiled_step_trains_packed_windows_as_it_trains_one_window_a_row(t
         np.testing.assert_allclose(a, b, atol=1e-6)
         changed += not np.array_equal(a, before)
     assert changed == len(step.model.trainable_weights)  # the encoder and the span head moved; the pooler and heads kept
+
+
+def test_questions_whose_answers_no_window_holds_are_counted_in_the_log(tokenizer, caplog):
+    """Such an answer is trained on as "no answer" in every window (google-research's way): the
+    run says how many, instead of nothing."""
+    context = "the cat sat on the mat and then the dog ran far away from the house at night"
+    long = SquadExample("long", "where ?", context, (("the cat sat on the mat and then the dog ran", 0),), 3)
+    short = SquadExample("short", "where ?", context, (("mat", context.index("mat")),), 9)
+    with caplog.at_level("WARNING"):
+        make_windows([long, short], tokenizer, 12, 4, 8, "train.json")
+    assert [r.getMessage() for r in caplog.records] == [
+        "train.json: 1 question whose answer is longer than every window: each of its windows says no answer there"]

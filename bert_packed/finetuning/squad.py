@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import logging
 import re
 import string
 
@@ -178,6 +179,7 @@ def make_windows(examples: list[SquadExample], tokenizer, max_seq_length: int, d
     questions = tokenizer.encode([e.question for e in examples])
     contexts = tokenizer.encode_with_offsets([e.context for e in examples])
     input_ids, segment_ids, starts, ends, example_index, spans, max_context = [], [], [], [], [], [], []
+    unanswerable = {"covers no token": 0, "is longer than every window": 0}
     for index, (example, question, (context, offsets)) in enumerate(zip(examples, questions, contexts)):
         if len(question) > max_query_length:
             raise TaskDataError(f"{path}:{example.line}: question {example.qas_id!r} is {len(question)} tokens, above "
@@ -186,6 +188,10 @@ def make_windows(examples: list[SquadExample], tokenizer, max_seq_length: int, d
         window_length = max_seq_length - len(question) - SPECIAL_TOKENS
         windows = _window_starts(len(context), window_length, doc_stride)
         best = _best_windows(windows, window_length, len(context))
+        if example.answers and answer is None:
+            unanswerable["covers no token"] += 1
+        elif answer is not None and not any(start <= answer[0] and answer[1] < start + window_length for start in windows):
+            unanswerable["is longer than every window"] += 1
         for start in windows:
             end = min(start + window_length, len(context))
             ids = np.concatenate([[tokenizer.cls_id], question, [tokenizer.sep_id], context[start:end],
@@ -203,6 +209,10 @@ def make_windows(examples: list[SquadExample], tokenizer, max_seq_length: int, d
             scored = np.zeros(len(ids), bool)
             scored[first:first + end - start] = best[start:end] == start
             max_context.append(scored)
+    for what, count in unanswerable.items():
+        if count:  # trained on as "no answer here" (each window's [CLS]), as google-research's does
+            logging.warning("%s: %d question%s whose answer %s: each of its windows says no answer there",
+                            path, count, "" if count == 1 else "s", what)
     targets = {"start_positions": np.asarray(starts, np.int32), "end_positions": np.asarray(ends, np.int32)}
     return Windows(EncodedExamples(input_ids, segment_ids, targets), np.asarray(example_index, np.int64), spans,
                    max_context)
