@@ -104,6 +104,8 @@ MULTI_WORKER = "--distribution_strategy=multi_worker_mirrored"
     ({"TF_CONFIG": TWO_WORKERS.replace("127.0.0.1:2223", "127.0.0.1")}, [MULTI_WORKER],
      "TF_CONFIG names '127.0.0.1' for worker 1: expected host:port, a port from 1 to 65535"),
     ({"TF_CONFIG": "[1, 2]"}, [MULTI_WORKER], "TF_CONFIG=[1, 2]: cannot be used (a JSON list, not an object)"),
+    ({"TF_CONFIG": '{"cluster": {}}'}, [], 'TF_CONFIG={"cluster": {}}: names no chief or worker, so this process would '
+                                         'train alone; unset it'),
     # A TF_CONFIG exported before srun: every task is index 0.
     ({"TF_CONFIG": TWO_WORKERS, **slurm_step(1, "gpu[1-2]", "1(x2)", 2, "gpu2")}, [MULTI_WORKER],
      "TF_CONFIG makes this task 0 of 2, the Slurm job step SLURM_PROCID=1 of SLURM_STEP_NUM_TASKS=2"),

@@ -224,6 +224,9 @@ def _tf_config_cluster() -> tf.distribute.cluster_resolver.TFConfigClusterResolv
         raise SettingsError(f"TF_CONFIG={text}: cannot be used ({str(e).splitlines()[0]}); expected "
                             f"{TF_CONFIG_EXPECTED}") from None
     tasks = _training_tasks(spec)
+    if text.strip() and not tasks:
+        raise SettingsError(f"TF_CONFIG={text}: names no chief or worker, so this process would train alone; unset "
+                            f"it for a run of one process, or expected {TF_CONFIG_EXPECTED}")
     if spec.jobs and task not in tasks:
         raise SettingsError(f"TF_CONFIG={text}: its task (type {task[0]}, index {task[1]}) is not a chief or worker "
                             f"of its cluster; expected {TF_CONFIG_EXPECTED}")
