@@ -48,7 +48,8 @@ flags.DEFINE_integer("batch_size", 8, "Rows per update, padded and packed alike.
 flags.DEFINE_integer("sequences", 4000, "Synthetic unpacked sequences to write.", lower_bound=1)
 flags.DEFINE_integer("rounds", 6, "Measured rounds (after one warm-up round).", lower_bound=1)
 flags.DEFINE_integer("updates", 8, "Updates of each input mode in a round.", lower_bound=1)
-flags.DEFINE_float("peak_tflops", None, "The device's peak for MFU (default: known GPUs' bf16 dense peak; none on CPU).")
+flags.DEFINE_float("peak_tflops", None, "The device's peak for MFU (default: known GPUs' bf16 dense peak; none on CPU).",
+                   lower_bound=0.001)
 flags.DEFINE_string("output_json", None, "Also write the measurements here.")
 
 PROGRAM = "benchmark_wikipedia_like_training"

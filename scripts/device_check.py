@@ -70,7 +70,8 @@ flags.DEFINE_integer("sequences", None, "Wikipedia-like sequences written for th
                                         "the rounds).", lower_bound=1)
 flags.DEFINE_integer("rounds", 4, "Measured rounds of the throughput, alternated.", lower_bound=1)
 flags.DEFINE_integer("updates", 5, "Updates of each input mode a round.", lower_bound=1)
-flags.DEFINE_float("peak_tflops", None, "The device's bf16 peak for MFU (default: known cards').")
+flags.DEFINE_float("peak_tflops", None, "The device's bf16 peak for MFU (default: known cards').",
+                   lower_bound=0.001)
 flags.DEFINE_string("output_json", None, "Also write every figure here.")
 
 PROGRAM = "device_check"

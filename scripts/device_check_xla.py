@@ -43,7 +43,7 @@ import time
 
 from absl import flags
 
-from bert_packed import cards, files
+from bert_packed import cards
 from bert_packed.cli.common import run
 from bert_packed.errors import SettingsError
 from bert_packed.files import write_text_atomically
@@ -62,7 +62,8 @@ flags.DEFINE_integer("calls", 20, "Timed calls of each configuration.", lower_bo
 flags.DEFINE_integer("seconds", 420, "Configurations still waiting after this many seconds are not started.",
                      lower_bound=1)
 flags.DEFINE_bool("peer", True, "Also time transformers' BertForPreTraining (needs PyTorch and transformers).")
-flags.DEFINE_float("peak_tflops", None, "The device's bf16 dense peak for MFU (default: the named card's).")
+flags.DEFINE_float("peak_tflops", None, "The device's bf16 dense peak for MFU (default: the named card's).",
+                   lower_bound=0.001)
 flags.DEFINE_string("cache_dir", os.path.join(ROOT, ".cache", "xla_autotune"), "XLA's autotuning results, kept.")
 flags.mark_flags_as_required(["export_dir"])
 
@@ -240,10 +241,6 @@ def time_the_peer(configurations: dict, results: dict, on_accelerator: bool) -> 
 
 def main(argv) -> int:
     del argv
-    if FLAGS.output_json:  # its place made now, and written first below: not refused after the measurements
-        if files.isdir(FLAGS.output_json):
-            raise SettingsError(f"--output_json={FLAGS.output_json}: a directory; expected a file's path")
-        files.makedirs(os.path.dirname(files.absolute(FLAGS.output_json)))
     if importlib.util.find_spec("jax") is None:
         raise SettingsError("needs JAX (on an NVIDIA GPU: pip install 'jax[cuda13]' or 'jax[cuda12]', as the driver "
                             "allows)")

@@ -243,3 +243,15 @@ def test_the_export_command_refuses_an_unknown_configuration_and_another_export(
     result = run_script("export_update_programs", f"--output_dir={tmp_path}", f"--corpus={corpus[0]}",
                         "--configurations=tiny_L512_fp32_packed")
     assert result.returncode == 2 and "holds an export of other inputs" in result.stderr
+
+
+def test_an_output_json_that_cannot_be_written_is_refused_before_the_work(tmp_path):
+    """Every command writing --output_json at its end (cli.common.run) tries its place first: the
+    device check and the benchmarks refused one only after all their measurements."""
+    (tmp_path / "a_file").write_text("")
+    for command, args in (("device_check_xla", ["--export_dir=nowhere"]), ("benchmark_finetuning", ["--rounds=1"])):
+        result = run_script(command, *args, f"--output_json={tmp_path}")
+        assert result.returncode == 2 and "--output_json=" in result.stderr and "a directory" in result.stderr
+        result = run_script(command, *args, f"--output_json={tmp_path / 'a_file' / 'out.json'}")
+        assert result.returncode == 2 and result.stderr.strip().count("\n") == 0, result.stderr
+        assert "--output_json" in result.stderr and not result.stdout.strip(), result.stdout

@@ -78,6 +78,7 @@ def run(main: Callable[[list[str]], int | None], program: str, output_flag: str 
         signal.signal(signal.SIGTERM, _terminated)  # the trainer's loop sets its own, and puts this back
         try:
             try:
+                _check_output_files(output_flag)
                 return main(argv)  # app.run exits with it
             finally:  # before the last line, which says how the command ended
                 counter.say_what_was_held_back()
@@ -106,6 +107,33 @@ def run(main: Callable[[list[str]], int | None], program: str, output_flag: str 
         # more when it flushes stdout at exit, so stdout goes to /dev/null first.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
+
+
+# Output flags that name one file a command writes at its end (a benchmark's figures): its place
+# is tried before the work, so that a place that cannot be written is not found after an hour.
+OUTPUT_FILE_FLAGS = ("output_json",)
+
+
+def _check_output_files(output_flag: str | tuple[str, ...]) -> None:
+    """Refuses, before any work, an --output_json that is a directory or whose place cannot be
+    written (a file written there and removed at once; its directory made)."""
+    for name in (output_flag,) if isinstance(output_flag, str) else output_flag:
+        path = getattr(flags.FLAGS, name, None) if name in OUTPUT_FILE_FLAGS else None
+        if not path:
+            continue
+        if files.isdir(path):
+            raise UserError(f"--{name}={path}: a directory; expected a file's path")
+        try:
+            files.makedirs(os.path.dirname(files.absolute(path)))
+        except StorageError:
+            raise
+        except UserError as e:  # a file where its directory would be
+            raise UserError(f"--{name}={path}: {e}") from None
+        probe = files.temporary_name(path)
+        with files.storage(path):
+            with files.open_file(probe, "w") as f:
+                f.write("")
+        files.remove(probe)
 
 
 def _fail_on_storage(error: StorageError, program: str, output_flag: str | tuple[str, ...], kept: str) -> NoReturn:
