@@ -689,6 +689,14 @@ def test_a_finished_fine_tuning_run_refuses_its_task_file_changed_past_its_first
     result = run_command("run_classifier", *flags)
     assert result.returncode == 2 and "nothing to do" not in result.stderr, result.stderr[-2000:]
     assert "train.jsonl" in result.stderr.strip().splitlines()[-1], result.stderr[-2000:]
+    # Evaluating the finished run needs no train.jsonl: the run recorded its labels.
+    (data / "train.jsonl").unlink()
+    evaluating = [flag for flag in flags if flag != "--do_train"] + ["--do_eval"]
+    result = run_command("run_classifier", *evaluating)
+    assert result.returncode == 0 and "run_classifier: evaluated " in result.stdout, result.stderr[-2000:]
+    result = run_command("run_classifier", *evaluating[:-2], f"--output_dir={tmp_path / 'other'}", "--do_eval")
+    assert result.returncode == 2 and "train.jsonl: not there; a jsonl task's classes are its training file's" in (
+        result.stderr), result.stderr[-2000:]
 
 
 def test_a_carriage_return_inside_a_text_is_whitespace_and_carriage_return_line_ends_are_named(tmp_path):

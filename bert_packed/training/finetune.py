@@ -28,6 +28,7 @@ from bert_packed.model import BertConfig
 from bert_packed.model.huggingface import is_huggingface_directory, require_export_directory, require_same_model
 from bert_packed.packing.assign import assign_to_packs
 from bert_packed.pretraining_data.tokenization import Tokenizer
+from bert_packed.run_directory import RunDirectory
 from bert_packed.training.config import TrainConfig, make_config
 from bert_packed.training.data import EvalData, TrainData
 from bert_packed.training.objective import Answering, Classification, SpanPrediction
@@ -59,9 +60,17 @@ def classifier_run(settings: ClassifierSettings, flags_text: str = "") -> FineTu
     task = get_task(settings.task_name)
     bert, tokenizer = _model_and_vocabulary(settings)
     train_path = os.path.join(settings.data_dir, task.train_file)
-    # A "jsonl" task's classes are its training file's labels, even to evaluate.
-    train_examples = read_examples(task, train_path) if settings.do_train or not task.labels else []
-    labels = task_labels(task, train_examples, train_path)
+    # A "jsonl" task's classes are its training file's labels, even to evaluate: where that file is
+    # gone, those the run recorded.
+    recorded = RunDirectory(settings.output_dir).read_info().get("labels") if settings.output_dir else None
+    if not settings.do_train and not task.labels and not files.exists(train_path) and recorded:
+        train_examples, labels = [], tuple(recorded)
+    else:
+        if not task.labels and not files.exists(train_path):
+            raise SettingsError(f"{train_path}: not there; a jsonl task's classes are its training file's labels "
+                                f"(or those of a run of it in --output_dir)")
+        train_examples = read_examples(task, train_path) if settings.do_train or not task.labels else []
+        labels = task_labels(task, train_examples, train_path)
     train_data = _no_training(settings)
     if settings.do_train:
         encoded = encode_examples(train_examples, task, labels, tokenizer, settings.max_seq_length)
