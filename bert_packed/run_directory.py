@@ -113,6 +113,9 @@ class RunDirectory:
                 raise RunError(f"{self.path}: the {key.replace('_', ' ')} changed since this run started "
                                f"({_first_difference(before, now)}); resuming would go on with other data. Start a new "
                                f"run with a new --output_dir, or restore the data")
+        if previous and _program_of(previous) != _program_of(identity):
+            raise RunError(f"{self.path}: holds a {_program_of(previous)} run; this is {_program_of(identity)}'s: use "
+                           f"a new --output_dir")
         missing = sorted(k for k in identity if k not in previous)
         if missing and any(k in previous for k in identity):
             raise RunError(f"{self.path}: holds a run whose run.json records no {', '.join(missing[:3])}"
@@ -260,3 +263,9 @@ def _records(path: str, text: str) -> list[dict]:
             raise RunError(f"{path}: line {number} is not JSON; the log is damaged, not just torn at its end")
         records.append(record)
     return records
+
+
+def _program_of(info: dict) -> str:
+    """The command a run.json's run is of, by what its identity records: run_squad's its
+    doc_stride, run_classifier's its task, run_pretraining's neither."""
+    return "run_squad" if "doc_stride" in info else "run_classifier" if "task_name" in info else "run_pretraining"

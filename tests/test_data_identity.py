@@ -413,3 +413,17 @@ def train_settings(input_mode):
     from bert_packed.training.config import make_config
 
     return make_config(bert=BertConfig(**TINY), output_dir="unused", input_mode=input_mode)
+
+
+def test_a_run_directory_names_the_other_command_s_run(tmp_path):
+    """run_squad onto a finished run_classifier directory named only what differed."""
+    from bert_packed.run_directory import RunDirectory, RunError
+
+    (tmp_path / "run").mkdir()
+    directory = RunDirectory(str(tmp_path / "run"))
+    directory.claim({"task_name": "jsonl", "seed": 1}, {})
+    with pytest.raises(RunError, match=r"run: holds a run_classifier run; this is run_squad's: use a new --output_dir"):
+        directory.claim({"doc_stride": 128, "seed": 1}, {})
+    with pytest.raises(RunError, match=r"holds a run_classifier run; this is run_pretraining's"):
+        directory.claim({"seed": 1}, {})
+    assert directory.claim({"task_name": "jsonl", "seed": 1}, {})["task_name"] == "jsonl"
