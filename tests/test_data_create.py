@@ -438,6 +438,10 @@ def test_compressed_corpora_give_the_same_records_and_a_damaged_one_is_one_line(
                                  rf"as they are\)$")):
         with pytest.raises(CorpusError, match=message):
             create_pretraining_dataset([str(path)], str(tmp_path / "refused"), settings, num_workers=1)
+    random = tmp_path / "random.gz"  # random bytes under a gzip name were "not UTF-8 text"
+    random.write_bytes(bytes(range(7, 250)))
+    with pytest.raises(CorpusError, match=rf"^{random}: named as gzip-compressed, but its first bytes are not gzip's;"):
+        create_pretraining_dataset([str(random)], str(tmp_path / "refused"), settings, num_workers=1)
     assert not (tmp_path / "refused").exists()
 
 

@@ -51,6 +51,8 @@ MAX_SENTENCE_CHARACTERS = 4_000
 
 # Compressed corpora are read as they are (files.compression tells which).
 _DECOMPRESS = {"gzip": gzip.open, "bzip2": bz2.open, "xz": lzma.open}
+# What a file's name says it is: read by its first bytes, it must be that.
+_SUFFIXES = ((".gz", "gzip"), (".bz2", "bzip2"), (".xz", "xz"), (".zst", "zstd"), (".zip", "zip"))
 
 
 class CorpusError(UserError, ValueError):
@@ -225,6 +227,10 @@ def _numbered_lines(path: str):
     number, whole, characters, kind = 0, True, 0, None
     try:
         kind = files.compression(path)
+        named = next((name for suffix, name in _SUFFIXES if path.lower().endswith(suffix)), None)
+        if named is not None and kind != named:
+            raise CorpusError(f"{path}: named as {named}-compressed, but its first bytes are not {named}'s"
+                              + (f" ({kind}'s)" if kind else "") + "; expected a file of what its name says")
         if kind in ("zstd", "zip"):
             raise CorpusError(f"{path}: {kind}-compressed; decompress it first (gzip, bzip2 and xz files are read as "
                               f"they are)")
