@@ -329,7 +329,8 @@ def test_a_hugging_face_tensor_the_model_does_not_have_is_refused_naming_it(tmp_
             continue
         with pytest.raises(CheckpointError) as refused:
             load_huggingface(loaded, str(directory))
-        assert str(refused.value) == (f"{weights_file}: holds {len(extra)} tensors the model does not have ({named}): "
+        tensors_word = "tensor" if len(extra) == 1 else "tensors"  # "1 tensors" was said
+        assert str(refused.value) == (f"{weights_file}: holds {len(extra)} {tensors_word} the model does not have ({named}): "
                                       f"another model's weights; give a BertForPreTraining or BertForMaskedLM "
                                       f"directory")
 

@@ -281,7 +281,7 @@ def load_huggingface(model: BertPretrainingModel, directory: str) -> int:
                              getattr(model, "next_sentence_prediction", True))
     if unused:
         originals = {_canonical(name): name for name in stored}
-        raise CheckpointError(f"{path}: holds {len(unused)} tensors the model does not have ("
+        raise CheckpointError(f"{path}: holds {len(unused)} tensor{'s' if len(unused) != 1 else ''} the model does not have ("
                               f"{', '.join(originals[name] for name in unused[:3])}{', ...' if unused[3:] else ''}): "
                               f"another model's weights; give a BertForPreTraining or BertForMaskedLM directory")
     for name, weight, transposed in names:

@@ -199,8 +199,9 @@ def _rows_data(kind: type, encoded: EncodedExamples, path: str, settings: FineTu
     else:
         rows = make_rows(encoded, assignment, settings.max_seq_length, depth)
     count = len(encoded.input_ids)
-    logging.info("%s: %d %s in %d rows of %d tokens (%.2f %s a row, %.1f%% of the tokens real)", path, count, noun,
-                 assignment.num_packs, settings.max_seq_length, count / assignment.num_packs, noun,
+    logging.info("%s: %d %s in %d %s of %d tokens (%.2f %s a row, %.1f%% of the tokens real)", path, count, noun,
+                 assignment.num_packs, "row" if assignment.num_packs == 1 else "rows", settings.max_seq_length,
+                 count / assignment.num_packs, noun,
                  100 * encoded.lengths.sum() / (assignment.num_packs * settings.max_seq_length))
     facts = dict(files=(path,), identity=(FileIdentity.of(path, whole=True),), shapes=Shapes(settings.max_seq_length, 0, depth),
                  input_mode=settings.input_mode, num_sequences=count, rows=rows)

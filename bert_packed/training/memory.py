@@ -191,7 +191,8 @@ def check_micro_batch(config: TrainConfig, train_data, num_replicas: int, device
     needed = step_bytes(bert, length, precision, recompute, per_replica, plan)
     if needed is None:
         return None
-    said = (f"{per_replica} rows of {length} a replica need about {needed / GIB:.1f} GiB with "
+    rows_need = f"{per_replica} rows of {length} a replica need" if per_replica != 1 else f"1 row of {length} needs"
+    said = (f"{rows_need} about {needed / GIB:.1f} GiB with "
             f"--recompute={recompute} ({precision}); {device_name} has {device_bytes / GIB:.1f} GiB")
     if needed <= device_bytes * (1 - HEADROOM):
         return f"memory: {said}, {HEADROOM:.0%} of it kept free"
@@ -203,9 +204,9 @@ def check_micro_batch(config: TrainConfig, train_data, num_replicas: int, device
     advice = [accumulation_flags(config, split)] if split else []
     for other in ("attention", "layer"):
         if other != recompute and (largest_rows(bert, length, precision, other, device_bytes, plan) or 0) >= per_replica:
-            advice.append(f"or --recompute={other} fits {per_replica} rows")
+            advice.append(f"or --recompute={other} fits {per_replica} row{'s' if per_replica != 1 else ''}")
             break
-    fits = f"at most {fitting} rows fit" if fitting else "not even one row fits"
+    fits = (f"at most {fitting} rows fit" if fitting > 1 else "at most 1 row fits") if fitting else "not even one row fits"
     raise SettingsError(f"--train_batch_size={batch}: {said}, less {HEADROOM:.0%} kept free; {fits}"
                         + (": " + ", ".join(advice) if advice else "") + " (docs/launch.md#memory)")
 
