@@ -205,3 +205,54 @@ def test_two_slurm_tasks_on_one_host_train_together_and_leave_together(packed_di
         assert not coordination_errors(stderr), stderr
     assert (out / ".workers" / "worker-1" / "checkpoints").is_dir()  # task 1 is a worker of the chief's cluster
     assert_the_workers_agree(out, packed_dir, eval_file, tmp_path)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_worker_waits_for_its_peers_saying_which_and_stops_at_its_limit(packed_dir, bert_config_file, tmp_path,
+                                                                          environment):
+    """A worker whose peer never came sat silent in TensorFlow's connect, deaf to SIGTERM and
+    Ctrl-C: it now waits in Python, names the tasks and addresses, and stops at
+    --cluster_wait_seconds in one line; a host that does not resolve is one line at once."""
+    mine, theirs = free_port(), free_port()
+    cluster = {"cluster": {"worker": [f"127.0.0.1:{mine}", f"127.0.0.1:{theirs}"]}, "task": {"type": "worker", "index": 0}}
+    common = [f"--bert_config_file={bert_config_file}", f"--input_files={packed_dir}/packed-*.tfrecord", MULTI_WORKER]
+    environment({"TF_CONFIG": json.dumps(cluster)})
+    result = run_command("run_pretraining", *common, f"--output_dir={tmp_path / 'run'}", "--cluster_wait_seconds=1.5")
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert f"waiting for worker 1 at 127.0.0.1:{theirs} (--cluster_wait_seconds=1.5)" in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"run_pretraining: error: worker 1 at 127.0.0.1:{theirs} did not answer within --cluster_wait_seconds=1.5: "
+        f"start every task of the cluster (or check the addresses and that their ports are open between the hosts)")
+    cluster["cluster"]["worker"][1] = "no-such-host.invalid:2223"
+    environment({"TF_CONFIG": json.dumps(cluster)})
+    result = run_command("run_pretraining", *common, f"--output_dir={tmp_path / 'run2'}")
+    assert result.returncode == 2 and "worker 1's address no-such-host.invalid:2223: its host does not resolve" in (
+        result.stderr.strip().splitlines()[-1]), result.stderr[-3000:]
+
+
+@pytest.mark.slow  # the process is the subject: a signal while it waits for its peers
+def test_sigterm_ends_a_worker_waiting_for_its_peers_at_once(packed_dir, bert_config_file, tmp_path):
+    import signal
+    import sys
+
+    mine, theirs = free_port(), free_port()
+    env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": {"worker": [f"127.0.0.1:{mine}", f"127.0.0.1:{theirs}"]},
+                                                  "task": {"type": "worker", "index": 0}})}
+    process = subprocess.Popen([sys.executable, "run_pretraining.py", f"--bert_config_file={bert_config_file}",
+                                f"--input_files={packed_dir}/packed-*.tfrecord", MULTI_WORKER,
+                                f"--output_dir={tmp_path / 'run'}"], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in process.stderr:  # the line that says what it waits for
+        lines.append(line)
+        if "waiting for worker 1" in line:
+            break
+    started = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    rest = process.stderr.read()
+    assert process.wait(timeout=30) == 143 and time.monotonic() - started < 10, "".join(lines) + rest
+    assert "stopped (SIGTERM)" in rest.strip().splitlines()[-1]

@@ -92,7 +92,9 @@ def make_strategy(cluster):
         devices = [f"/gpu:{i}" for i in range(FLAGS.num_gpus)] if FLAGS.num_gpus > 1 else None
         return distribution.mirrored(devices, FLAGS.all_reduce_alg)
     if name == "multi_worker_mirrored":
-        return distribution.multi_worker_mirrored(cluster, FLAGS.all_reduce_alg)
+        if FLAGS.cluster_wait_seconds <= 0:
+            raise SettingsError(f"--cluster_wait_seconds={FLAGS.cluster_wait_seconds:g}: expected a wait above 0")
+        return distribution.multi_worker_mirrored(cluster, FLAGS.all_reduce_alg, FLAGS.cluster_wait_seconds)
     if name == "tpu":
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
             tpu=command_line().spelled("tpu", "tpu_name") or FLAGS.master, zone=FLAGS.tpu_zone,

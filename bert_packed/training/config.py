@@ -428,6 +428,10 @@ class LaunchSettings:
         SLURM_PORT_BASE, "Under Slurm, the port of each host's first task (task k of a host listens on "
                          "slurm_port_base + k): open it between the hosts (TensorFlow's default).",
         group=DISTRIBUTION_GROUP)
+    cluster_wait_seconds: float = setting(
+        900.0, "With multi_worker_mirrored, how long a worker waits for the cluster's other tasks to answer at their "
+               "addresses (it says which, every 30 s) before it stops, in one line naming them.",
+        group=DISTRIBUTION_GROUP)
     all_reduce_alg: str = setting(
         "auto", "What sums the gradients: nccl (give it on GPUs); ring (TensorFlow's own collectives over gRPC; on one "
                 "host, its reduction to one device); auto: TensorFlow's choice, which under multi_worker_mirrored is "

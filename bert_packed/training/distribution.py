@@ -25,6 +25,8 @@ SLURM_STEP_VARIABLES = ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NODE
 # The tasks that train together (and that TensorFlow's coordination service coordinates), the
 # chief first: a TFJob's evaluator or parameter servers do not.
 TRAINING_JOBS = ("chief", "worker")
+# How long a worker waits for the others by default, and how often it says so.
+CLUSTER_WAIT_SECONDS, WAIT_LINE_SECONDS = 900.0, 30.0
 TF_CONFIG_EXPECTED = ('{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": N}} '
                       '(docs/launch.md)')
 # How long the chief waits for the other workers' processes to end before it leaves anyway: they
@@ -74,16 +76,87 @@ def tasks_in_environment() -> tuple[int, str]:
     return 1, ""
 
 
-def multi_worker_mirrored(resolver: tf.distribute.cluster_resolver.ClusterResolver,
-                          all_reduce_alg: str) -> tf.distribute.MultiWorkerMirroredStrategy:
+def multi_worker_mirrored(resolver: tf.distribute.cluster_resolver.ClusterResolver, all_reduce_alg: str,
+                          wait_seconds: float = CLUSTER_WAIT_SECONDS) -> tf.distribute.MultiWorkerMirroredStrategy:
     """MultiWorkerMirroredStrategy over `resolver`'s cluster, its gradients summed by
     `all_reduce_alg`: "nccl", "ring" (TensorFlow's own collectives over gRPC) or "auto"
-    (TensorFlow's choice, which in 2.21 is its ring: its runtime takes NCCL only when asked)."""
+    (TensorFlow's choice, which in 2.21 is its ring: its runtime takes NCCL only when asked),
+    once every other task answers (wait_for_the_cluster, up to `wait_seconds`)."""
+    wait_for_the_cluster(resolver, wait_seconds)
     implementation = {"auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
                       "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
                       "ring": tf.distribute.experimental.CommunicationImplementation.RING}[all_reduce_alg]
     options = tf.distribute.experimental.CommunicationOptions(implementation=implementation)
     return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver, communication_options=options)
+
+
+def wait_for_the_cluster(resolver: tf.distribute.cluster_resolver.ClusterResolver, seconds: float) -> None:
+    """Returns once every other task of the cluster accepts a connection at its address; says which
+    it waits for, every WAIT_LINE_SECONDS. TensorFlow's own connect, inside the strategy's
+    constructor, waits without end and without a word, and Python's signal handlers never run
+    meanwhile (only kill -9 ended a worker whose peer never came): here, SIGTERM and Ctrl-C end
+    the wait as they end a command.
+
+    Meanwhile this task listens on its own port, so that the others see it too (TensorFlow's server
+    takes the port over once the wait is done).
+
+    Raises:
+      SettingsError: an address whose host does not resolve, or tasks that did not answer within
+        `seconds` (--cluster_wait_seconds), named with their addresses.
+    """
+    spec, me = resolver.cluster_spec(), (resolver.task_type, resolver.task_id)
+    addresses = {(job, index): str(spec.task_address(job, index)) for job, index in _training_tasks(spec)}
+    for (job, index), address in addresses.items():
+        host, _, port = address.rpartition(":")
+        try:
+            socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+        except (socket.gaierror, UnicodeError) as e:
+            raise SettingsError(f"{job} {index}'s address {address}: its host does not resolve ({e.strerror or e}); "
+                                f"expected the cluster's hosts by names this host knows") from None
+    waiting = {task: address for task, address in addresses.items() if task != me}
+    if not waiting:
+        return
+    own_port = int(addresses[me].rpartition(":")[2]) if me in addresses else None
+    listener = _listen(own_port)
+    start = last_line = time.monotonic()
+    try:
+        logging.info("waiting for %s (--cluster_wait_seconds=%g)", _tasks_at(waiting), seconds)
+        while waiting:
+            for task, address in list(waiting.items()):
+                host, _, port = address.rpartition(":")
+                try:
+                    socket.create_connection((host, int(port)), timeout=1.0).close()
+                    del waiting[task]
+                except OSError:
+                    pass
+            if not waiting:
+                break
+            now = time.monotonic()
+            if now - start > seconds:
+                raise SettingsError(f"{_tasks_at(waiting)} did not answer within --cluster_wait_seconds={seconds:g}: "
+                                    f"start every task of the cluster (or check the addresses and that their ports are "
+                                    f"open between the hosts)")
+            if now - last_line > WAIT_LINE_SECONDS:
+                logging.info("still waiting for %s (%.0f s)", _tasks_at(waiting), now - start)
+                last_line = now
+            time.sleep(0.5)
+    finally:
+        if listener is not None:
+            listener.close()
+
+
+def _tasks_at(tasks: dict) -> str:
+    return ", ".join(f"{job} {index} at {address}" for (job, index), address in sorted(tasks.items()))
+
+
+def _listen(port: int | None):
+    """A socket listening on `port` (None: none could be opened, as when the port is in use)."""
+    if port is None:
+        return None
+    try:
+        return socket.create_server(("", port), reuse_port=hasattr(socket, "SO_REUSEPORT"))
+    except OSError:
+        return None
 
 
 def mirrored(devices: list[str] | None, all_reduce_alg: str) -> tf.distribute.MirroredStrategy:
