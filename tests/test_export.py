@@ -376,3 +376,34 @@ def test_a_run_that_ends_with_an_export_refuses_at_start_what_the_export_would(t
     with pytest.raises(CheckpointError, match=rf"{TINY['vocab_size'] * 2:,} tokens, but the model's vocab_size is "):
         require_export_directory(str(tmp_path / "hf"), str(big), True, bert, str(run))
     require_export_directory(str(tmp_path / "hf"), VOCAB, True, bert, str(run))  # a directory of its own: fine
+
+
+def test_a_fine_tuned_model_s_weights_start_another_task_and_a_training_checkpoint_is_named(tmp_path):
+    """A fine-tuned classifier's weights (TF1 or Hugging Face, without the pre-training heads) as
+    run_squad's --init_checkpoint failed on heads the span model does not train; a run's
+    checkpoints/ckpt-N gave a line of 46 problems."""
+    import tensorflow as tf
+
+    from bert_packed.model import BertClassifierModel, BertQuestionAnsweringModel, export_huggingface, load_weights
+    from bert_packed.model.checkpoint import CheckpointError
+
+    def encoder(model):
+        return [w.numpy() for w in model.weights if "/layer_" in w.path or "/embeddings/" in w.path]
+
+    classifier = BertClassifierModel(BertConfig(**TINY_512), 2)
+    classifier.build()
+    classifier.bert.set_weights(random_model(seed=4).get_weights())
+    tf1 = export_google_checkpoint(classifier, str(tmp_path / "tf1" / "model.ckpt-7"), 7)
+    hf = export_huggingface(classifier, str(tmp_path / "hf"), VOCAB, True, labels=("a", "b"))
+    for path in (tf1, hf):
+        span = BertQuestionAnsweringModel(BertConfig(**TINY_512))
+        span.build()
+        load_weights(span.bert, path, encoder_only=True)
+        for mine, theirs in zip(encoder(span.bert), encoder(classifier.bert)):
+            np.testing.assert_array_equal(mine, theirs, err_msg=path)
+    with pytest.raises(CheckpointError, match="does not fit the model"):  # a pre-training model needs its heads
+        load_weights(BertPretrainingModel(BertConfig(**TINY_512)), tf1)
+    tf.train.Checkpoint(model=random_model(seed=5)).write(str(tmp_path / "run" / "ckpt-9"))  # as a run saves
+    with pytest.raises(CheckpointError, match=r"ckpt-9: a run's training checkpoint \(it resumes that run\); give the "
+                                              r"run's exported model.ckpt-N"):
+        load_weights(BertPretrainingModel(BertConfig(**TINY_512)), str(tmp_path / "run" / "ckpt-9"))

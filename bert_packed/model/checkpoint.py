@@ -98,25 +98,33 @@ def google_variable_names(model: BertPretrainingModel | BertClassifierModel | Be
     return names
 
 
-def load_google_checkpoint(model: BertPretrainingModel, path: str) -> int:
+def load_google_checkpoint(model: BertPretrainingModel, path: str, encoder_only: bool = False) -> int:
     """Loads a google-research/bert or MLPerf TF1 checkpoint into the model.
 
     Args:
       model: the model (built on first use).
       path: checkpoint prefix (".../model.ckpt-28252") or a directory with a `checkpoint` file.
+      encoder_only: the model is a fine-tuning model's encoder: its pre-training heads (kept, not
+        trained) are read where the checkpoint has them (a fine-tuned classifier's has none).
 
     Returns:
-      The number of weights loaded (all of the model's).
+      The number of weights loaded.
 
     Raises:
-      CheckpointError: unreadable, or listing every missing or mismatched weight.
+      CheckpointError: unreadable, a run's own training checkpoint (checkpoints/ckpt-N, said so),
+        or listing every missing or mismatched weight.
     """
     with files.unglobbed(_prefix(path)) as readable:
         try:
             reader = tf.train.load_checkpoint(readable)
         except (tf.errors.OpError, ValueError) as e:
             raise CheckpointError(f"{path}: cannot read the checkpoint: {str(e).splitlines()[0]}") from None
-        return _load(model, path, reader)
+        if reader.has_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"):  # TensorFlow's object-based names: a run's own
+            raise CheckpointError(f"{path}: a run's training checkpoint (it resumes that run); give the run's "
+                                  f"exported model.ckpt-N, which a finished run writes, and scripts/export_model.py "
+                                  f"--checkpoint={path} --format=tf1 (with --bert_config_file and --output_dir) "
+                                  f"writes from this one")
+        return _load(model, path, reader, encoder_only)
 
 
 def _prefix(path: str) -> str:
@@ -184,8 +192,10 @@ def shape_problems(names: list[tuple[str, object, bool]], shapes: dict) -> list[
     return problems
 
 
-def _load(model: BertPretrainingModel, path: str, reader) -> int:
+def _load(model: BertPretrainingModel, path: str, reader, encoder_only: bool = False) -> int:
     names = google_variable_names(model)
+    if encoder_only:
+        names = [entry for entry in names if not entry[0].startswith("cls/") or reader.has_tensor(entry[0])]
     problems = shape_problems(names, reader.get_variable_to_shape_map())
     if problems:
         raise CheckpointError(f"{path}: does not fit the model ({len(problems)} problems): " + "; ".join(problems))

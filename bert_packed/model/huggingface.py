@@ -245,13 +245,21 @@ def require_same_model(directory: str, bert: BertConfig) -> None:
             raise CheckpointError(f"{path}: {name}={found!r}, but --bert_config_file says {name}={value!r}")
 
 
-def load_huggingface(model: BertPretrainingModel, directory: str) -> int:
+def load_huggingface(model: BertPretrainingModel, directory: str, encoder_only: bool = False) -> int:
     """Loads a Hugging Face BERT directory's weights into the model: a BertForPreTraining's
     (transformers' names, with or without the `bert.` prefix; LayerNorm's gamma and beta as older
     files name them are read too).
 
+    Args:
+      model: the model.
+      directory: the Hugging Face directory.
+      encoder_only: the model is a fine-tuning model's encoder: its pre-training heads (kept, not
+        trained) are read where the file has them, and another task's head in the file is passed
+        over (a fine-tuned classifier's weights start a SQuAD run).
+
     Returns:
-      The number of weights loaded (all of the model's).
+      The number of weights loaded (all of the model's, but pre-training heads the file lacks with
+      encoder_only).
 
     Raises:
       CheckpointError: config.json differs from the model's config (require_same_model), no
@@ -274,6 +282,9 @@ def load_huggingface(model: BertPretrainingModel, directory: str) -> int:
         raise CheckpointError(f"{path}: cannot read it as safetensors ({e}): cut short or damaged") from None
     tensors = {_canonical(name): value for name, value in stored.items()}
     names = huggingface_variable_names(model)
+    if encoder_only:
+        names = [entry for entry in names if not entry[0].startswith("cls.") or entry[0] in tensors]
+        tensors = {name: value for name, value in tensors.items() if not name.startswith(TASK_HEADS)}
     problems = shape_problems(names, {name: value.shape for name, value in tensors.items()})
     if problems:
         raise CheckpointError(f"{path}: does not fit the model ({len(problems)} problems): " + "; ".join(problems))
@@ -288,6 +299,9 @@ def load_huggingface(model: BertPretrainingModel, directory: str) -> int:
         weight.assign(tensors[name].T if transposed else tensors[name])
     return len(names)
 
+
+# Fine-tuning heads (transformers' BertForSequenceClassification's, BertForQuestionAnswering's).
+TASK_HEADS = ("classifier.", "qa_outputs.")
 
 # Tensors a BertForPreTraining file may hold beside the model's weights: tied copies, saved by
 # older transformers, and what they copy.
@@ -357,9 +371,11 @@ def _architectures(directory: str) -> list | None:
         return None
 
 
-def load_weights(model: BertPretrainingModel, path: str) -> int:
+def load_weights(model: BertPretrainingModel, path: str, encoder_only: bool = False) -> int:
     """Loads weights from outside a run into the model: a Hugging Face BERT directory (checked
-    against the model's config) or a google-research/MLPerf TF1 checkpoint.
+    against the model's config) or a google-research/MLPerf TF1 checkpoint. With `encoder_only`
+    (a fine-tuning model's encoder), the pre-training heads are read where there, and another
+    task's head is passed over.
 
     Returns:
       The number of weights loaded (all of the model's).
@@ -368,5 +384,5 @@ def load_weights(model: BertPretrainingModel, path: str) -> int:
       CheckpointError: naming what does not fit.
     """
     if is_huggingface_directory(path):
-        return load_huggingface(model, path)
-    return load_google_checkpoint(model, path)
+        return load_huggingface(model, path, encoder_only)
+    return load_google_checkpoint(model, path, encoder_only)

@@ -165,7 +165,10 @@ class Classification(FineTuningObjective):
         google-research's, a BertForSequenceClassification directory); else pre-trained weights
         (in any format pre-training takes) for the encoder and pooler, the classifier starting
         from random weights, as google-research's does."""
-        load_weights(model if holds_classifier(path) else model.bert, path)
+        if holds_classifier(path):
+            load_weights(model, path)
+        else:
+            load_weights(model.bert, path, encoder_only=True)
 
     def describe(self, metrics: dict) -> str:
         figures = [f"{name} {metrics[name]:.4f}" for name in ("accuracy", *self.scores) if name in metrics]
@@ -252,7 +255,10 @@ class SpanPrediction(FineTuningObjective):
         """--init_checkpoint's weights: a span model's whole (a run's model.ckpt-N, google-research's
         run_squad output, a BertForQuestionAnswering directory); else pre-trained weights for the
         encoder, the span head starting from random weights."""
-        load_weights(model if holds_span_head(path) else model.bert, path)
+        if holds_span_head(path):
+            load_weights(model, path)
+        else:
+            load_weights(model.bert, path, encoder_only=True)
 
     @staticmethod
     def describe(metrics: dict) -> str:
