@@ -36,9 +36,8 @@ FINE_TUNING_ADVICE = ("scripts/benchmark_finetuning.py",
 # nothing scores (the log of the number of classes; a span's start and end uniform over its own
 # tokens), or its accuracy no more than always answering the dev set's commonest class.
 CHANCE_LOSS_SHARE = 0.01
-AT_CHANCE_ADVICE = ("a learning rate too high for the model is the usual cause (the tiny model's fine-tuning "
-                    "collapsed at 1e-3 and trained at 3e-4): try a lower --learning_rate, or a longer warm-up "
-                    "(--warmup_proportion)")
+AT_CHANCE_ADVICE = ("a rate too high is the usual cause (the tiny model collapsed at 1e-3, trained at 3e-4): try "
+                    "a lower --learning_rate or a longer warm-up (--warmup_proportion)")
 
 
 def at_chance(evals: list[dict]) -> str | None:
@@ -47,8 +46,7 @@ def at_chance(evals: list[dict]) -> str | None:
     chance figures (pre-training's, a regression's).
 
     >>> print(at_chance([{"loss": 0.6932, "accuracy": 0.5, "chance_loss": 0.6931, "chance_accuracy": 0.5}] * 4))
-    its last 2 evaluations stayed at chance (accuracy 0.5000, the commonest class's share 0.5000; loss 0.6932, a \
-model that learned nothing 0.6931)
+    its last 2 evaluations stayed at chance (accuracy 0.5000, the commonest class 0.5000; loss 0.6932, at chance 0.6931)
     >>> at_chance([{"loss": 0.69, "chance_loss": 0.6931}, {"loss": 0.31, "chance_loss": 0.6931}]) is None
     True
     """
@@ -66,9 +64,9 @@ model that learned nothing 0.6931)
         return None
     last, figures = half[-1], []
     if "chance_accuracy" in last and "accuracy" in last:
-        figures.append(f"accuracy {last['accuracy']:.4f}, the commonest class's share {last['chance_accuracy']:.4f}")
+        figures.append(f"accuracy {last['accuracy']:.4f}, the commonest class {last['chance_accuracy']:.4f}")
     if "loss" in last:
-        figures.append(f"loss {last['loss']:.4f}, a model that learned nothing {last['chance_loss']:.4f}")
+        figures.append(f"loss {last['loss']:.4f}, at chance {last['chance_loss']:.4f}")
     what = "evaluation" if len(half) == 1 else f"{len(half)} evaluations"
     return f"its last {what} stayed at chance ({'; '.join(figures)})"
 
@@ -76,14 +74,13 @@ model that learned nothing 0.6931)
 def at_chance_warning(directory: RunDirectory) -> str | None:
     """The line a fine-tuning run that learned nothing ends with (at_chance), or None."""
     chance = at_chance(directory.read_log(EVAL_LOG))
-    return f"{directory.path}: {chance}: the run learned nothing; {AT_CHANCE_ADVICE}" if chance else None
+    return f"{directory.path}: {chance}: it learned nothing; {AT_CHANCE_ADVICE}" if chance else None
 
 
 # A speed-up beyond the packing factor: marked so wherever one is shown, and said why it may be.
 ABOVE_THE_FACTOR = "above the packing factor"
-ABOVE_THE_FACTOR_WHY = ("more than packing's own saving: on a CPU the packed side's fewer rows can sit better in "
-                        "its caches and weigh an update's fixed cost less, and one round's clock is noisy; the "
-                        "range of the rounds says how far to trust it")
+ABOVE_THE_FACTOR_WHY = ("more than packing saves: on a CPU fewer rows may sit better in its caches and weigh an "
+                        "update's fixed cost less, and a round's clock is noisy: trust its range")
 
 
 def runs_have(names: list[str]) -> str:

@@ -63,7 +63,8 @@ PROGRAM = "benchmark_training"
 def own_model_name(path: str) -> str:
     """A BERT config of one's own named by what it is (its file's name says nothing: bert_config.json)."""
     bert = BertConfig.from_json_file(path)
-    return f"BERT {bert.num_hidden_layers} layers x {bert.hidden_size}, vocabulary {bert.vocab_size:,}"
+    layers = f"{bert.num_hidden_layers} layer{'s' if bert.num_hidden_layers != 1 else ''}"
+    return f"BERT {layers} x {bert.hidden_size}, vocabulary {bert.vocab_size:,}"
 
 
 def main(argv) -> int:

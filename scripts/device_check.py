@@ -283,7 +283,8 @@ def main(argv) -> int:
             figures.setdefault("seconds_by_part", {})[part] = time.perf_counter() - start
             table += rows
     figures["seconds"] = time.perf_counter() - started
-    print(f"\ndevice check on {name} ({device}), BERT {bert.num_hidden_layers} layers x {bert.hidden_size}, "
+    layers = f"{bert.num_hidden_layers} layer{'s' if bert.num_hidden_layers != 1 else ''}"
+    print(f"\ndevice check on {name} ({device}), BERT {layers} x {bert.hidden_size}, "
           f"{figures['seconds']:.0f} s\n")
     print("| check | result | passed |")
     print("|---|---|---|")

@@ -72,10 +72,9 @@ def test_verdicts_that_cannot_mislead(tmp_path):
     bucketed = dict(rows[1], input_mode="bucketed")  # shorter rows: another bound, not judged
     assert not above_the_packing_factor(bucketed, rows[0])
     assert verdict_notes(rows) == [
-        "packed: a speed-up by the runs' clocks above the packing factor (marked so), more than packing's own saving: "
-        "on a CPU the packed side's fewer rows can sit better in its caches and weigh an update's fixed cost less, and "
-        "one round's clock is noisy; the range of the rounds says how far to trust it; the runs' clocks are single "
-        "measurements (clock_note)",
+        "packed: a speed-up by the runs' clocks above the packing factor (marked so), more than packing saves: on a "
+        "CPU fewer rows may sit better in its caches and weigh an update's fixed cost less, and a round's clock is "
+        "noisy: trust its range; the runs' clocks are single measurements (clock_note)",
         "every configuration has one seed: a gap between curves cannot be told from seed noise; make experiments "
         "runs three seeds of each configuration and five of the baseline, for bands"]
     seeds = [load_run(write_run(tmp_path / f"padded_seed{i}", "padded", 1.0, 2.0, 8, [0.2, 0.4])) for i in (1, 2)]

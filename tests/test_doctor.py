@@ -108,6 +108,7 @@ def test_the_device_check_runs_on_the_cpu_with_a_micro_config(tmp_path):
     table = result.stdout.splitlines()
     assert "| check | result | passed |" in table and table[-1] == "device_check: every check passed"
     # One headline: the speed-up in real tokens/s against what packing promises in real tokens a row
-    assert 1.2 < figures["throughput"]["promised_speedup"] < 2.4 and figures["throughput"]["speedup"] > 0
+    # (of the few batches timed here: it strays further from the packing factor than the data's ratio)
+    assert 1.2 < figures["throughput"]["promised_speedup"] < 3.2 and figures["throughput"]["speedup"] > 0
     assert any(line.startswith("| packed speed-up, real tokens/s | speed-up ") and "ratio of real tokens a row" in line
                and "(sequences/s " in line for line in table)

@@ -3,6 +3,7 @@ example packed exactly once, and packed rows giving each example the logits, los
 it gets alone in a row."""
 
 import json
+import math
 import os
 import re
 
@@ -359,7 +360,9 @@ def test_the_compiled_step_trains_packed_rows_as_it_trains_one_example_a_row(tok
     assert changed == len([w for w in step.model.trainable_weights])  # every trained weight moved, the rest kept
     # The trained step evaluates each example once, packed or not (batches of 2 rows: the last filled).
     figures = evaluation(step, packed, "packed")
-    assert figures["num_sequences"] == len(SENTENCES) and set(figures) == {"loss", "num_sequences", "accuracy", "f1"}
+    assert figures["num_sequences"] == len(SENTENCES) and set(figures) == {
+        "loss", "num_sequences", "accuracy", "f1", "chance_loss", "chance_accuracy"}
+    assert figures["chance_loss"] == pytest.approx(math.log(2)) and figures["chance_accuracy"] >= 0.5
     assert figures == pytest.approx(evaluation(step, alone, "padded"), rel=1e-6)
 
 
@@ -652,7 +655,7 @@ def test_a_run_that_stays_at_chance_says_so_at_its_end(tmp_path, bert_config_fil
     assert evaluations[-1]["chance_loss"] == pytest.approx(np.log(2))
     warning = result.stderr.strip().splitlines()[-1]
     assert warning.startswith(f"warning: {tmp_path / 'collapsed'}: its last ") and "stayed at chance (accuracy " in warning
-    assert "the run learned nothing" in warning and "try a lower --learning_rate" in warning
+    assert "it learned nothing" in warning and "try a lower --learning_rate" in warning
 
 
 def test_a_task_file_s_identity_is_all_of_it(tmp_path):

@@ -131,3 +131,27 @@ def test_each_command_draws_from_generators_seeded_afresh_and_leaves_the_caller_
             draws.append((random.random(), float(np.random.rand())))
         assert training_state()[3:] == caller
     assert draws[0][0] != draws[1][0] and draws[0][1] != draws[1][1]
+
+
+def test_a_command_imported_before_runs_within_another_command(tmp_path, capsys):
+    """A job's command runs within the job's; a command module imported earlier in the process
+    (by another test, say) had its flags taken out by the job's, and said "Unknown command line
+    flag 'histogram'": it defines them again, and both are left as they were."""
+    import importlib
+    import sys
+
+    from absl import flags
+
+    from bert_packed.cli import in_process
+
+    plan_packing = importlib.import_module("bert_packed.cli.plan_packing")
+
+    (tmp_path / "h.json").write_text("[0, 1, 1, 2]")
+    with in_process.command_in_this_process("bert_packed.cli.pick_eval_samples"):
+        assert "histogram" not in flags.FLAGS
+        status = in_process.run_in_process("bert_packed.cli.plan_packing", [f"--histogram={tmp_path / 'h.json'}",
+                                                                             "--algorithm=lp"])
+        assert "histogram" not in flags.FLAGS
+    assert status == 0, capsys.readouterr().err[-2000:]
+    assert "packing factor" in capsys.readouterr().out
+    assert sys.modules["bert_packed.cli.plan_packing"] is plan_packing and "histogram" in flags.FLAGS

@@ -59,6 +59,12 @@ def command_in_this_process(module_name: str, cwd: str | None = None):
     # The flags last: restoring --verbosity sets a level.
     with _steps_kept(), _process_state_kept(), _training_state_kept(), _only_its_flags(module_name):
         was_imported = module_name in sys.modules
+        earlier = None
+        if was_imported and not any(flags.FLAGS.find_module_defining_flag(name, "") == module_name
+                                    for name in flags.FLAGS):
+            # Imported before, its flags since taken out by the command this one runs within (a
+            # job's): imported afresh, it defines them again; the earlier module is put back after.
+            earlier = sys.modules.pop(module_name)
         process_name = command_name.make_process_name_useful
         try:
             command_name.make_process_name_useful = lambda: None  # the process keeps its name
@@ -70,7 +76,9 @@ def command_in_this_process(module_name: str, cwd: str | None = None):
         finally:
             logging.getLogger("tensorflow").removeFilter(quiet)
             command_name.make_process_name_useful = process_name
-            if not was_imported:  # its flags are taken out: the next import defines them again
+            if earlier is not None:
+                sys.modules[module_name] = earlier
+            elif not was_imported:  # its flags are taken out: the next import defines them again
                 sys.modules.pop(module_name, None)
 
 

@@ -304,7 +304,7 @@ class SpanPrediction(FineTuningObjective):
         if scored < len(self.answering.examples):
             # A question without answers is to answer, not to score: its windows' targets are their
             # [CLS], so the evaluation's loss means nothing; the scores are of those with answers.
-            del metrics["loss"]
+            del metrics["loss"], metrics["chance_loss"]
             metrics["questions_scored"] = scored
         held = examples["weights"] > 0
         order = np.argsort(examples["example_ids"][held], kind="stable")
