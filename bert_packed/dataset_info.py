@@ -189,6 +189,14 @@ class FileIdentity(NamedTuple):
                 f"its first {HEAD_BYTES // 1024} KiB are others"
         return None
 
+    def as_recorded(self, recorded_head: str | None) -> FileIdentity:
+        """This identity in the form a run recorded it: of the first 64 KiB where `recorded_head`
+        is (a run begun before task files were hashed whole resumes on the check it began with)."""
+        if self.head is None or not self.head.startswith(WHOLE) or recorded_head is None or \
+                str(recorded_head).startswith(WHOLE):
+            return self
+        return FileIdentity.of(self.path)
+
 
 # The identities read within one_reading_per_file, by (path, whole) (None outside it).
 _READ: dict[tuple[str, bool], FileIdentity] | None = None

@@ -678,6 +678,8 @@ def test_a_task_file_s_identity_is_all_of_it(tmp_path):
 def test_a_finished_fine_tuning_run_refuses_its_task_file_changed_past_its_first_64_kib(tmp_path, bert_config_file):
     from conftest import run_command
 
+    from bert_packed.dataset_info import FileIdentity
+
     data = tmp_path / "task"
     data.mkdir()
     lines = [json.dumps({"text": f"word{i % 50} and more", "label": "a" if i % 3 else "b"}) for i in range(3000)]
@@ -687,6 +689,19 @@ def test_a_finished_fine_tuning_run_refuses_its_task_file_changed_past_its_first
              "--max_seq_length=32", "--train_batch_size=64", "--num_train_epochs=1", "--do_train",
              f"--output_dir={tmp_path / 'run'}"]
     assert run_command("run_classifier", *flags).returncode == 0
+    # A run an earlier version began recorded the file's first 64 KiB: it is checked on those.
+    run_json = tmp_path / "run" / "run.json"
+    recorded = json.loads(run_json.read_text())
+    assert recorded["train_files"][0][2].startswith("all:")
+    recorded["train_files"][0][2] = FileIdentity.of(str(data / "train.jsonl")).head
+    run_json.write_text(json.dumps(recorded))
+    again = run_command("run_classifier", *flags)
+    assert again.returncode == 0 and "nothing to do" in again.stderr, again.stderr[-2000:]
+    assert "begun by an earlier bert-packed, which recorded the first 64 KiB of its train files" in again.stderr
+    run_json.write_text(json.dumps({**recorded, "train_files": [[*recorded["train_files"][0][:2], "0" * 64]]}))
+    assert run_command("run_classifier", *flags).returncode == 2  # its first 64 KiB others
+    recorded["train_files"][0][2] = FileIdentity.of(str(data / "train.jsonl"), whole=True).head
+    run_json.write_text(json.dumps(recorded))
     flipped = lines[:-1] + [lines[-1].replace('"a"', '"x"').replace('"b"', '"a"').replace('"x"', '"b"')]
     (data / "train.jsonl").write_text("\n".join(flipped) + "\n")  # the same size, the last line's label flipped
     result = run_command("run_classifier", *flags)

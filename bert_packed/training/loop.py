@@ -228,7 +228,17 @@ def _claim(directory: RunDirectory, config: TrainConfig, train_data: TrainData, 
                 "rows_per_micro_batch": step.batching.rows_per_micro_batch}  # corrected on these replicas
     if train_data.input_mode == "packed_online":  # another window makes other packs
         identity["online_packing_window"] = config.batch.online_packing_window
-    previous = directory.claim(identity, {"train_files": train_data.identity, "eval_files": eval_data.identity})
+    recorded, data, earlier = directory.read_info(), {}, []
+    for kind, identities in (("train", train_data.identity), ("eval", eval_data.identity)):
+        heads = [entry[2] if isinstance(entry, list) and len(entry) == 3 else None
+                 for entry in recorded.get(f"{kind}_files") or []]
+        data[f"{kind}_files"] = [now.as_recorded(head) for now, head in zip(identities, heads + [None] * len(identities))]
+        if data[f"{kind}_files"] != list(identities):
+            earlier.append(kind)
+    if earlier:
+        logging.warning("%s: begun by an earlier bert-packed, which recorded the first 64 KiB of its %s files: they are "
+                        "checked on those (a new run checks all of each file)", directory.path, " and ".join(earlier))
+    previous = directory.claim(identity, data)
     if config.run.flags_text:
         directory.write_flags(config.run.flags_text)
     if train_data.histogram:  # counted (no metadata.json counts the files): not again
