@@ -8,7 +8,7 @@ import os
 
 from bert_packed import files
 from bert_packed.dataset_info import FileIdentity, file_sha256
-from bert_packed.errors import InputFilesError
+from bert_packed.errors import InputFilesError, StorageError
 
 
 def expand_globs(patterns: str | list[str], what: str) -> list[str]:
@@ -30,6 +30,8 @@ def expand_globs(patterns: str | list[str], what: str) -> list[str]:
         try:
             matches = files.glob(pattern.strip())
         except Exception as e:  # noqa: BLE001 - a filesystem's own errors: no credentials, unknown scheme
+            if isinstance(e, StorageError) and e.retry_may_help:  # out of reach now: the same command again goes on
+                raise
             raise InputFilesError(f"{what}: {pattern!r}: {str(e).splitlines()[0]}") from None
         if not matches:
             raise InputFilesError(f"{what}: {pattern!r} matches no file")

@@ -148,6 +148,39 @@ def test_a_request_the_storage_still_fails_after_retrying_stops_in_one_line_and_
     assert sorted(os.listdir(out)) == sorted(os.listdir(unpacked_dir))
 
 
+
+def test_a_glob_the_storage_still_fails_after_retrying_keeps_its_status(corpus, tmp_path, monkeypatch):
+    """Matching --input_file on a bucket out of reach is no bad input: exit 75 (the same command
+    again goes on), not 2; a glob the storage refuses stays a one-line refusal of the flag."""
+    import tensorflow as tf
+
+    create = [f"--input_file={uri(corpus[0])}*", f"--vocab_file={uri(VOCAB)}", f"--output_dir={uri(tmp_path / 'u')}",
+              f"--max_seq_length={MAX_SEQ_LENGTH}", f"--max_predictions_per_seq={MAX_PREDICTIONS}", "--num_workers=1"]
+    for error, status in ((tf.errors.UnavailableError, 75), (tf.errors.PermissionDeniedError, 2)):
+        def failing(pattern, error=error):
+            raise error(None, None, f"{pattern}; the bucket answered 503")
+
+        monkeypatch.setattr(tf.io.gfile, "glob", failing)
+        result = run_command("create_pretraining_data", *create)
+        assert result.returncode == status, result.stderr[-3000:]
+        assert "Traceback" not in result.stderr and "the bucket answered 503" in result.stderr.strip().splitlines()[-1]
+        assert not (tmp_path / "u").exists()
+
+
+def test_a_file_a_reader_cannot_read_for_a_storage_that_still_fails_keeps_the_retry_status(unpacked_dir, monkeypatch):
+    """A reader's own refusal ("cannot read the histogram file") raised on a failure that retrying
+    may get past ends with that failure's status, 75, and its words."""
+    import tensorflow as tf
+
+    def unavailable(*args, **kwargs):
+        raise tf.errors.UnavailableError(None, None, "Error executing an HTTP request: HTTP response code 503")
+
+    monkeypatch.setattr(tf.io.gfile, "GFile", unavailable)
+    result = run_command("plan_packing", f"--histogram={uri(os.path.join(unpacked_dir, 'histogram.json'))}")
+    assert result.returncode == 75, result.stderr[-3000:]
+    assert "the storage failed a request, retried (UnavailableError: Error executing an HTTP request: HTTP response " \
+           "code 503)" in result.stderr.strip().splitlines()[-1]
+
 def test_shards_the_local_work_says_are_written_but_the_bucket_lost_are_written_again(unpacked_dir, packed_dir,
                                                                                       tmp_path, monkeypatch):
     """A pack stopped after its first shard, its output prefix then emptied (as the messages

@@ -93,6 +93,9 @@ def run(main: Callable[[list[str]], int | None], program: str, output_flag: str 
             _fail_on_storage(e, program, output_flag, kept)
         except UserError as e:
             _traceback_when_verbose()
+            retryable = _retryable_storage_error(e)
+            if retryable is not None:  # a reader's "cannot read" made of it: its status (75), not bad input's
+                _fail_on_storage(retryable, program, output_flag, kept)
             fail(program, e)
         except Exception as e:  # noqa: BLE001 - a bug, said to be one
             traceback.print_exc()
@@ -135,6 +138,16 @@ def _check_output_files(output_flag: str | tuple[str, ...]) -> None:
                 f.write("")
         files.remove(probe)
 
+
+def _retryable_storage_error(error: BaseException) -> StorageError | None:
+    """The storage failure, one that the same command again may get past, that `error` was raised
+    on (a refusal raised while handling it, `from None` or not); None when there is none."""
+    seen = error.__context__
+    while seen is not None:
+        if isinstance(seen, StorageError) and seen.retry_may_help:
+            return seen
+        seen = seen.__context__
+    return None
 
 def _fail_on_storage(error: StorageError, program: str, output_flag: str | tuple[str, ...], kept: str) -> NoReturn:
     """Exits with one line for what the storage refused or failed: a request to retry (status 75),
