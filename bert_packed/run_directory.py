@@ -113,8 +113,8 @@ class RunDirectory:
                 raise RunError(f"{self.path}: the {key.replace('_', ' ')} changed since this run started "
                                f"({_first_difference(before, now)}); resuming would go on with other data. Start a new "
                                f"run with a new --output_dir, or restore the data")
-        if previous and _program_of(previous) != _program_of(identity):
-            raise RunError(f"{self.path}: holds a {_program_of(previous)} run; this is {_program_of(identity)}'s: use "
+        if previous and program_of(previous) != program_of(identity):
+            raise RunError(f"{self.path}: holds a {program_of(previous)} run; this is {program_of(identity)}'s: use "
                            f"a new --output_dir")
         missing = sorted(k for k in identity if k not in previous)
         if missing and any(k in previous for k in identity):
@@ -265,7 +265,7 @@ def _records(path: str, text: str) -> list[dict]:
     return records
 
 
-def _program_of(info: dict) -> str:
+def program_of(info: dict) -> str:
     """The command a run.json's run is of, by what its identity records: run_squad's its
     doc_stride, run_classifier's its task, run_pretraining's neither."""
     return "run_squad" if "doc_stride" in info else "run_classifier" if "task_name" in info else "run_pretraining"

@@ -715,6 +715,14 @@ def test_a_finished_fine_tuning_run_refuses_its_task_file_changed_past_its_first
     result = run_command("run_classifier", *evaluating[:-2], f"--output_dir={tmp_path / 'other'}", "--do_eval")
     assert result.returncode == 2 and "train.jsonl: not there; a jsonl task's classes are its training file's" in (
         result.stderr), result.stderr[-2000:]
+    # export_model writes pre-training's heads: a fine-tuned run is pointed to its own export.
+    result = run_command("export_model", f"--checkpoint={tmp_path / 'run'}", f"--bert_config_file={bert_config_file}",
+                         f"--vocab_file={VOCAB}", f"--output_dir={tmp_path / 'exported'}")
+    assert result.returncode == 2 and result.stderr.strip().splitlines()[-1] == (
+        f"export_model: error: --checkpoint={tmp_path / 'run'}: a run_classifier run; it exports with its own head: "
+        f"run the same run_classifier command with --export_huggingface_dir=DIR (a finished run exports at once, "
+        f"nothing trained again)"), result.stderr[-2000:]
+    assert not (tmp_path / "exported").exists()
 
 
 def test_a_carriage_return_inside_a_text_is_whitespace_and_carriage_return_line_ends_are_named(tmp_path):

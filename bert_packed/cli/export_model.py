@@ -23,7 +23,7 @@ from bert_packed.cli.settings_flags import define_flags
 from bert_packed.errors import SettingsError
 from bert_packed.model.config import ExportSettings
 from bert_packed.pretraining_data.tokenization import vocabulary_path
-from bert_packed.run_directory import RunDirectory
+from bert_packed.run_directory import RunDirectory, program_of
 from bert_packed.settings import help_groups
 from bert_packed.tensorflow_loading import import_tensorflow
 
@@ -53,6 +53,11 @@ def main(argv) -> None:
     if files.absolute(FLAGS.output_dir.rstrip("/")) == files.absolute(FLAGS.checkpoint.rstrip("/")):
         raise SettingsError(f"--output_dir={FLAGS.output_dir}: the --checkpoint itself; export to another directory")
     run_dir, step = _run_and_step(FLAGS.checkpoint.rstrip("/"))
+    fine_tuned = program_of(RunDirectory(run_dir).read_info()) if run_dir is not None else "run_pretraining"
+    if fine_tuned != "run_pretraining":  # its head is the task's: this command writes pre-training's
+        raise SettingsError(f"--checkpoint={FLAGS.checkpoint}: a {fine_tuned} run; it exports with its own head: "
+                            f"run the same {fine_tuned} command with --export_huggingface_dir=DIR (a finished run "
+                            f"exports at once, nothing trained again)")
     # A run trained with --nsp_loss=false (run.json says), or weights without the head, export without it.
     next_sentence = (RunDirectory(run_dir).read_info().get("nsp_loss", True) if run_dir is not None
                      else holds_next_sentence_head(FLAGS.checkpoint))
