@@ -622,8 +622,8 @@ def describe_speedup(speedups: list[float], packing_factor: float) -> str:
     >>> describe_speedup([1.19, 0.99, 1.30], 1.203)
     'speed-up 1.19x (median of 3 alternated rounds, range 0.99-1.30) at packing factor 1.203: 0.99 of it; the \
 rounds disagree by 0.31, more than the 0.19 measured: the machine was too loaded to tell'
-    >>> print(describe_speedup([1.28], 1.031).split("; ")[1][:60])
-    above the packing factor: more than packing's own saving: on
+    >>> print(describe_speedup([1.28], 1.031).split("; ")[1][:59])
+    above the packing factor: more than packing saves: on a CPU
     """
     s = summary(speedups)
     rounds = f"{len(speedups)} alternated round{'s' if len(speedups) != 1 else ''}"
