@@ -28,7 +28,7 @@ from absl import flags
 
 from bert_packed import files
 from bert_packed.cli.common import run
-from bert_packed.curves import describe_speedup, median_and_range, summary
+from bert_packed.curves import TOKENS_PROMISE, TOKENS_PROMISE_WHY, describe_speedup, median_and_range, summary, token_speedup
 from bert_packed.dataset_info import read_dataset_info
 from bert_packed.errors import InputFilesError, SettingsError
 from bert_packed.features import PACK_MODES
@@ -82,8 +82,8 @@ def main(argv) -> int:
     rounds = f"{FLAGS.rounds} round{'s' if FLAGS.rounds != 1 else ''}"
     print(f"\n{FLAGS.sample_dir} at L={shapes.max_seq_length}: packing factor {factor:.3f}; {rounds} of "
           f"{FLAGS.updates} updates of {FLAGS.batch_size} rows per mode, alternated\n")
-    print("| config | input | sequences/s | real tokens/s | padding efficiency | speed-up (median, range) | "
-          "speed-up / packing factor |")
+    print("| config | input | sequences/s | real tokens/s | padding efficiency | speed-up in real tokens/s (median, "
+          "range) | of the real-token ratio |")
     print("|---|---|---|---|---|---|---|")
     results, met, notes = {}, True, []
     online = plan(length_histogram(unpacked, shapes), shapes.max_seq_length, DEFAULT_ALGORITHM,
@@ -107,22 +107,25 @@ def main(argv) -> int:
                              "packing_factors": {mode: factors[mode] for mode in modes}}
             for mode in modes:
                 figures = result["modes"][mode]
-                speedup = summary(result["speedups"][mode])
-                # The speed-up packing promises over the baseline: the ratio of their packing factors.
-                promised = factors[mode] / factors[modes[0]]
-                ratio = speedup["median"] / promised if mode != modes[0] and promised > 1.0 else None
+                # Quoted in real tokens/s, held to the ratio of the real tokens a row each timed: the
+                # modes' rounds read other sequences (device_check's padded side read longer ones).
+                speedups, promised = token_speedup(result, mode)
+                judged = mode != modes[0] and factors[mode] > factors[modes[0]]  # packing against less of it
+                ratio = summary(speedups)["median"] / promised if judged else None
                 verdict = "" if ratio is None or not FLAGS.target else f" ({'PASS' if ratio >= FLAGS.target else 'FAIL'})"
                 if ratio is not None and FLAGS.target:
                     met &= ratio >= FLAGS.target
                 print(f"| {name} | {mode} | {summary(figures['sequences_per_second'])['median']:.1f} | "
                       f"{summary(figures['real_tokens_per_second'])['median']:,.0f} | "
                       f"{summary(figures['padding_efficiency'])['median']:.1%} | "
-                      f"{median_and_range(result['speedups'][mode])} | "
+                      f"{median_and_range(speedups)} | "
                       + ("" if ratio is None else f"{ratio:.2f}{verdict}") + " |", flush=True)
             for mode in modes[1:]:
-                notes.append(f"{name}: {mode} against {modes[0]}: "
-                             f"{describe_speedup(result['speedups'][mode], factors[mode] / factors[modes[0]])}")
-    print("\n" + "\n".join(notes))
+                notes.append(f"{name}: {mode} against {modes[0]}, real tokens/s: "
+                             f"{describe_speedup(*token_speedup(result, mode), TOKENS_PROMISE)} (sequences/s "
+                             f"{summary(result['speedups'][mode])['median']:.2f}x at packing factor "
+                             f"{factors[mode] / factors[modes[0]]:.3f})")
+    print("\n" + "\n".join([TOKENS_PROMISE_WHY, *notes]))
     if FLAGS.output_json:
         write_text_atomically(FLAGS.output_json, json.dumps(results, indent=1) + "\n")
     return 0 if met else 1

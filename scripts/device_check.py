@@ -45,7 +45,7 @@ from absl import flags
 from bert_packed import files
 from bert_packed.cli.common import run
 from bert_packed.cli.in_process import QuietRetracing
-from bert_packed.curves import describe_speedup, summary
+from bert_packed.curves import TOKENS_PROMISE, describe_speedup, summary, token_speedup
 from bert_packed.features import Shapes
 from bert_packed.files import write_text_atomically
 from bert_packed.model import BertConfig, BertPretrainingModel
@@ -215,16 +215,13 @@ def throughput(bert: BertConfig, on_gpu: bool, work: str, peak: float | None) ->
         table.append(Row(f"{mode}, {rows_a_batch} rows of {L}, {precision}, XLA",
                          f"{rate:,.1f} sequences/s, {tokens:,.0f} real tokens/s{mfu}", None))
     # Quoted in real tokens/s: the modes' rounds read other sequences (the padded side's were longer
-    # in one CPU run: 1.71x in real tokens/s where sequences/s said 2.21x). Packing promises the
-    # ratio of the real tokens a row holds, packed against padded.
-    efficiency = {mode: summary(result["modes"][mode]["padding_efficiency"])["median"] for mode in ("padded", "packed")}
-    promised = efficiency["packed"] / efficiency["padded"]
-    figures["speedup"] = summary(result["token_speedups"]["packed"])["median"]
+    # in one CPU run: 1.71x in real tokens/s where sequences/s said 2.21x).
+    speedups, promised = token_speedup(result)
+    figures["speedup"] = summary(speedups)["median"]
     figures["sequences_speedup"] = summary(result["speedups"]["packed"])["median"]
     figures["promised_speedup"] = promised
-    table.append(Row("packed speed-up, real tokens/s", describe_speedup(result["token_speedups"]["packed"], promised)
-                     .replace("packing factor", "ratio of real tokens a row") + f" (sequences/s "
-                     f"{figures['sequences_speedup']:.2f}x at packing factor {factor:.3f})", None))
+    table.append(Row("packed speed-up, real tokens/s", describe_speedup(speedups, promised, TOKENS_PROMISE)
+                     + f" (sequences/s {figures['sequences_speedup']:.2f}x at packing factor {factor:.3f})", None))
     if on_gpu:
         peak_bytes = tf.config.experimental.get_memory_info("GPU:0")["peak"]
         planned = step_bytes(bert, L, precision, "none", rows_a_batch)

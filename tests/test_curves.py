@@ -73,8 +73,8 @@ def test_verdicts_that_cannot_mislead(tmp_path):
     assert not above_the_packing_factor(bucketed, rows[0])
     assert verdict_notes(rows) == [
         "packed: a speed-up by the runs' clocks above the packing factor (marked so), more than packing saves: on a "
-        "CPU fewer rows may sit better in its caches and weigh an update's fixed cost less, and a round's clock is "
-        "noisy: trust its range; the runs' clocks are single measurements (clock_note)",
+        "CPU fewer rows may fit its caches better and share an update's fixed cost, and a round's clock is noisy: "
+        "trust its range; the runs' clocks are single measurements (clock_note)",
         "every configuration has one seed: a gap between curves cannot be told from seed noise; make experiments "
         "runs three seeds of each configuration and five of the baseline, for bands"]
     seeds = [load_run(write_run(tmp_path / f"padded_seed{i}", "padded", 1.0, 2.0, 8, [0.2, 0.4])) for i in (1, 2)]
@@ -191,15 +191,25 @@ def test_the_alternated_throughput_is_quoted_with_its_range(tmp_path):
     assert noisy.endswith("the rounds disagree by 0.40, more than the 0.20 measured: the machine was too loaded to "
                           "tell")
     path = tmp_path / "throughput.json"
-    path.write_text(json.dumps({"tiny": {"speedups": {"padded": [1.0, 1.0], "packed": [1.2, 1.3]},
-                                         "packing_factor": 1.25}}))
+    # In real tokens/s, held to the ratio of the real tokens a row each mode timed (0.98 / 0.49 = 2.0),
+    # not to the packing factor nor in sequences/s: the rounds read other sequences.
+    path.write_text(json.dumps({"tiny": {"speedups": {"padded": [1.0, 1.0], "packed": [2.6, 2.8]},
+                                         "token_speedups": {"padded": [1.0, 1.0], "packed": [1.8, 2.0]},
+                                         "modes": {"padded": {"padding_efficiency": [0.5, 0.48]},
+                                                   "packed": {"padding_efficiency": [0.98, 0.98]}},
+                                         "packing_factor": 2.1}}))
     assert throughput_lines(str(path)) == [
-        "throughput speed-up, tiny config, measured alternately in one process (the figure to trust; "
-        "scripts/benchmark_training.py): packed speed-up 1.25x (median of 2 alternated rounds, range 1.20-1.30) at "
-        "packing factor 1.250: 1.00 of it"]
+        "throughput in real tokens/s, tiny config, alternated in one process (scripts/benchmark_training.py, the "
+        "figure to trust): packed speed-up 1.90x (median of 2 alternated rounds, range 1.80-2.00) at real-token "
+        "ratio 2.000: 0.95 of it"]
     assert throughput_lines(str(path), "f1")[0].startswith(
-        "throughput speed-up, tiny task, measured alternately in one process (the figure to trust; "
-        "scripts/benchmark_finetuning.py): packed speed-up 1.25x")
+        "throughput in real tokens/s, tiny task, alternated in one process (scripts/benchmark_finetuning.py, the "
+        "figure to trust): packed speed-up 1.90x")
+    path.write_text(json.dumps({"tiny": {"speedups": {"padded": [1.0], "packed": [1.2]}, "packing_factor": 1.25}}))
+    assert throughput_lines(str(path)) == [  # a measurement of an earlier version
+        "throughput in sequences/s (measured before real tokens/s were), tiny config, alternated in one process "
+        "(scripts/benchmark_training.py): packed speed-up 1.20x (median of 1 alternated round, range 1.20-1.20) at "
+        "packing factor 1.250: 0.96 of it"]
     path.write_text("[1, 2]")
     with pytest.raises(RunError, match="throughput.json: not a scripts/benchmark_training.py --output_json"):
         throughput_lines(str(path))

@@ -67,4 +67,5 @@ def test_the_gpu_benchmark_runs_on_cpu_with_the_tiny_config(tmp_path):
     packed_row = next(line for line in lines if line.startswith("| packed |"))
     flops = np.median(measured["modes"]["packed"]["flops_per_second"])
     assert f"| {flops / 1e12:.3f} | {flops / 1e12:.1%} |" in packed_row  # MFU against the given 1 TFLOP/s peak
-    assert any(line.startswith("packed speed-up ") for line in lines)
+    assert any(line.startswith("packed, real tokens/s: speed-up ") and " at real-token ratio " in line
+               and "(sequences/s " in line for line in lines)
