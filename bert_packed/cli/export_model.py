@@ -13,8 +13,6 @@ and vocab.txt. docs/model.md, "After pre-training", says how to fine-tune from e
 
 from __future__ import annotations
 
-import re
-
 from absl import flags
 
 from bert_packed import files
@@ -48,11 +46,11 @@ def main(argv) -> None:
     from bert_packed.model import BertPretrainingModel, export_huggingface
     from bert_packed.model.checkpoint import checkpoint_step, export_google_directory
     from bert_packed.model.huggingface import holds_next_sentence_head, load_weights
-    from bert_packed.training.checkpoints import load_run_weights
+    from bert_packed.training.checkpoints import load_run_weights, run_and_step
 
     if files.absolute(FLAGS.output_dir.rstrip("/")) == files.absolute(FLAGS.checkpoint.rstrip("/")):
         raise SettingsError(f"--output_dir={FLAGS.output_dir}: the --checkpoint itself; export to another directory")
-    run_dir, step = _run_and_step(FLAGS.checkpoint.rstrip("/"))
+    run_dir, step = run_and_step(FLAGS.checkpoint)
     fine_tuned = program_of(RunDirectory(run_dir).read_info()) if run_dir is not None else "run_pretraining"
     if fine_tuned != "run_pretraining":  # its head is the task's: this command writes pre-training's
         raise SettingsError(f"--checkpoint={FLAGS.checkpoint}: a {fine_tuned} run; it exports with its own head: "
@@ -73,18 +71,6 @@ def main(argv) -> None:
     else:
         written = export_google_directory(model, FLAGS.output_dir, vocab_file, step)
     print(f"{PROGRAM}: {source} (step {step:,}) -> {written} ({FLAGS.format})")
-
-
-def _run_and_step(checkpoint: str) -> tuple[str | None, int | None]:
-    """(the run directory, the step) that `checkpoint` names: a run directory (its newest weights,
-    step None), its checkpoints/ folder (the same), or one of its training checkpoints
-    (checkpoints/ckpt-N, or one of its files: ckpt-N.index); (None, None) for anything else."""
-    match = re.match(r"^(.*)/checkpoints(?:/ckpt-(\d+)(?:\.index|\.data-\d+-of-\d+)?)?/?$", checkpoint)
-    for run_dir, step in ((checkpoint, None), *([(match.group(1), match.group(2))] if match else [])):
-        directory = RunDirectory(run_dir)
-        if directory.holds_run() or (step is None and run_dir == checkpoint and files.isdir(directory.checkpoints)):
-            return run_dir, int(step) if step is not None else None
-    return None, None
 
 
 def entry_point():

@@ -30,10 +30,10 @@ import tensorflow as tf
 
 from bert_packed import files
 from bert_packed.errors import TrainingError
-from bert_packed.model import load_google_checkpoint
-from bert_packed.model.checkpoint import newest_exported_step
+from bert_packed.model import BertPretrainingModel, load_google_checkpoint
+from bert_packed.model.checkpoint import CheckpointError, google_variable_names, newest_exported_step
 from bert_packed.model.huggingface import MODEL_SETTINGS
-from bert_packed.run_directory import RunDirectory
+from bert_packed.run_directory import RunDirectory, program_of
 
 _CHECKPOINT = re.compile(r"^ckpt-(\d+)\.index$")
 
@@ -278,3 +278,56 @@ def _unreadable(path: str) -> str | None:
     except Exception as e:  # noqa: BLE001 - TensorFlow's reader raises many kinds (IndexError on a short file)
         return str(e).splitlines()[0] if str(e) else type(e).__name__
     return None
+
+
+def run_and_step(checkpoint: str) -> tuple[str | None, int | None]:
+    """(the run directory, the step) that `checkpoint` names: a run directory (its newest weights,
+    step None), its checkpoints/ folder (the same), or one of its training checkpoints
+    (checkpoints/ckpt-N, or one of its files: ckpt-N.index); (None, None) for anything else."""
+    checkpoint = checkpoint.rstrip("/")
+    match = re.match(r"^(.*)/checkpoints(?:/ckpt-(\d+)(?:\.index|\.data-\d+-of-\d+)?)?/?$", checkpoint)
+    for run_dir, step in ((checkpoint, None), *([(match.group(1), match.group(2))] if match else [])):
+        directory = RunDirectory(run_dir)
+        if directory.holds_run() or (step is None and run_dir == checkpoint and files.isdir(directory.checkpoints)):
+            return run_dir, int(step) if step is not None else None
+    return None, None
+
+
+def load_pretraining_checkpoint(model: BertPretrainingModel, path: str, encoder_only: bool = False) -> str | None:
+    """Loads `path` into `model` when it names a pre-training run's training checkpoint
+    (<run>/checkpoints/ckpt-N, or one of its files), as --init_checkpoint takes one: the run's
+    weights at that step, read as its own model holds them, then copied weight by weight.
+
+    Args:
+      model: the model to load (a fine-tuning model's encoder with `encoder_only`).
+      path: --init_checkpoint.
+      encoder_only: as load_weights's: the pre-training heads are read where the run has them.
+
+    Returns:
+      The checkpoint read; None when `path` names no run's training checkpoint.
+
+    Raises:
+      CheckpointError: a fine-tuning run's training checkpoint, or one without a weight the model
+        needs (a run without the next-sentence head, for a model with one).
+    """
+    run_dir, step = run_and_step(path)
+    if run_dir is None or step is None:
+        return None
+    info = RunDirectory(run_dir).read_info()
+    if program_of(info) != "run_pretraining":
+        raise CheckpointError(f"{path}: a {program_of(info)} run's training checkpoint (it resumes that run); give "
+                              f"the run's directory, whose model.ckpt-N the run exported at its end")
+    run_model = BertPretrainingModel(model.config, info.get("nsp_loss", True))
+    run_model.build()
+    read, _ = load_run_weights(run_model, run_dir, step)
+    theirs = {name: weight for name, weight, _ in google_variable_names(run_model)}
+    ours = google_variable_names(model)
+    missing = [name for name, _, _ in ours if name not in theirs and not (encoder_only and name.startswith("cls/"))]
+    if missing:
+        raise CheckpointError(f"{path}: the run's model has no {', '.join(missing[:3])}"
+                              f"{', ...' if len(missing) > 3 else ''} (trained without the next-sentence head?)")
+    for name, weight, _ in ours:
+        if name in theirs:
+            weight.assign(theirs[name].numpy())
+    return read
+

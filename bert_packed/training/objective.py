@@ -25,6 +25,7 @@ from bert_packed.finetuning.squad import SquadExample, Windows, predict_answers,
 from bert_packed.model import BertClassifierModel, BertPretrainingModel, BertQuestionAnsweringModel, load_weights
 from bert_packed.model.huggingface import holds_classifier, holds_span_head
 from bert_packed.model.modeling import OUTSIDE_THE_SEQUENCE
+from bert_packed.training.checkpoints import load_pretraining_checkpoint
 from bert_packed.training.config import TrainConfig
 from bert_packed.training.losses import (
     classifier_slot_losses,
@@ -70,8 +71,10 @@ class Pretraining:
         return BertPretrainingModel(model.bert, model.nsp_loss, model.recompute)
 
     def load_initial_weights(self, model: BertPretrainingModel, path: str) -> None:
-        """--init_checkpoint's weights (a TF1 checkpoint or a Hugging Face directory), all of them."""
-        load_weights(model, path)
+        """--init_checkpoint's weights (a TF1 checkpoint, a Hugging Face directory, or a pre-training
+        run's training checkpoint), all of them."""
+        if load_pretraining_checkpoint(model, path) is None:
+            load_weights(model, path)
 
     @staticmethod
     def reached(metrics: dict, config: TrainConfig) -> bool:
@@ -165,6 +168,8 @@ class Classification(FineTuningObjective):
         google-research's, a BertForSequenceClassification directory); else pre-trained weights
         (in any format pre-training takes) for the encoder and pooler, the classifier starting
         from random weights, as google-research's does."""
+        if load_pretraining_checkpoint(model.bert, path, encoder_only=True) is not None:
+            return
         if holds_classifier(path):
             load_weights(model, path)
         else:
@@ -255,6 +260,8 @@ class SpanPrediction(FineTuningObjective):
         """--init_checkpoint's weights: a span model's whole (a run's model.ckpt-N, google-research's
         run_squad output, a BertForQuestionAnswering directory); else pre-trained weights for the
         encoder, the span head starting from random weights."""
+        if load_pretraining_checkpoint(model.bert, path, encoder_only=True) is not None:
+            return
         if holds_span_head(path):
             load_weights(model, path)
         else:
