@@ -80,7 +80,7 @@ def at_chance_warning(directory: RunDirectory) -> str | None:
 # A speed-up beyond the packing factor: marked so wherever one is shown, and said why it may be.
 ABOVE_THE_FACTOR = "above the packing factor"
 ABOVE_THE_FACTOR_WHY = ("more than packing saves: on a CPU fewer rows may fit its caches better and share an "
-                        "update's fixed cost, and a round's clock is noisy: trust its range")
+                        "update's fixed cost; a round's clock is noisy")
 
 
 def runs_have(names: list[str]) -> str:
@@ -681,8 +681,8 @@ def throughput_lines(path: str, metric: str = "mlm_accuracy") -> list[str]:
     try:
         with files.open_file(path) as f:
             measured = json.load(f)
-        return [f"throughput in real tokens/s, {name} {what}, alternated in one process ({script}, the figure to "
-                f"trust): packed {describe_speedup(*token_speedup(result), TOKENS_PROMISE)}" if "token_speedups" in result
+        return [f"throughput in real tokens/s, {name} {what}, alternated ({script}): packed "
+                f"{describe_speedup(*token_speedup(result), TOKENS_PROMISE)}" if "token_speedups" in result
                 else f"throughput in sequences/s (measured before real tokens/s were), {name} {what}, alternated in one "
                 f"process ({script}): packed {describe_speedup(result['speedups']['packed'], result['packing_factor'])}"
                 for name, result in measured.items()]

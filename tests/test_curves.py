@@ -73,8 +73,8 @@ def test_verdicts_that_cannot_mislead(tmp_path):
     assert not above_the_packing_factor(bucketed, rows[0])
     assert verdict_notes(rows) == [
         "packed: a speed-up by the runs' clocks above the packing factor (marked so), more than packing saves: on a "
-        "CPU fewer rows may fit its caches better and share an update's fixed cost, and a round's clock is noisy: "
-        "trust its range; the runs' clocks are single measurements (clock_note)",
+        "CPU fewer rows may fit its caches better and share an update's fixed cost; a round's clock is noisy; the "
+        "runs' clocks are single measurements (clock_note)",
         "every configuration has one seed: a gap between curves cannot be told from seed noise; make experiments "
         "runs three seeds of each configuration and five of the baseline, for bands"]
     seeds = [load_run(write_run(tmp_path / f"padded_seed{i}", "padded", 1.0, 2.0, 8, [0.2, 0.4])) for i in (1, 2)]
@@ -199,12 +199,10 @@ def test_the_alternated_throughput_is_quoted_with_its_range(tmp_path):
                                                    "packed": {"padding_efficiency": [0.98, 0.98]}},
                                          "packing_factor": 2.1}}))
     assert throughput_lines(str(path)) == [
-        "throughput in real tokens/s, tiny config, alternated in one process (scripts/benchmark_training.py, the "
-        "figure to trust): packed speed-up 1.90x (median of 2 alternated rounds, range 1.80-2.00) at real-token "
-        "ratio 2.000: 0.95 of it"]
+        "throughput in real tokens/s, tiny config, alternated (scripts/benchmark_training.py): packed speed-up "
+        "1.90x (median of 2 alternated rounds, range 1.80-2.00) at real-token ratio 2.000: 0.95 of it"]
     assert throughput_lines(str(path), "f1")[0].startswith(
-        "throughput in real tokens/s, tiny task, alternated in one process (scripts/benchmark_finetuning.py, the "
-        "figure to trust): packed speed-up 1.90x")
+        "throughput in real tokens/s, tiny task, alternated (scripts/benchmark_finetuning.py): packed speed-up 1.90x")
     path.write_text(json.dumps({"tiny": {"speedups": {"padded": [1.0], "packed": [1.2]}, "packing_factor": 1.25}}))
     assert throughput_lines(str(path)) == [  # a measurement of an earlier version
         "throughput in sequences/s (measured before real tokens/s were), tiny config, alternated in one process "
