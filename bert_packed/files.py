@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import functools
 import glob as local_glob
 import hashlib
@@ -489,13 +490,12 @@ def _locked(lock_path: str, holder: dict, where: str):
                 if e.errno != errno.EEXIST:
                     raise
                 current = _lock_holder(lock_path)
+                if current == {}:
+                    continue  # released between the two: try again
                 if current is None or still_running(current):
                     raise DirectoryLockedError(_held_message(where, lock_path, current)) from None
-                try:  # stale: whoever renames it away takes over; the others find the new holder
-                    os.rename(lock_path, f"{lock_path}.stale-{os.getpid()}")
-                    os.remove(f"{lock_path}.stale-{os.getpid()}")
-                except FileNotFoundError:
-                    pass
+                with storage(where):
+                    _remove_stale(lock_path, current)
     finally:
         with contextlib.suppress(OSError):  # not written: the directory refused it
             os.remove(tmp)
@@ -504,6 +504,20 @@ def _locked(lock_path: str, holder: dict, where: str):
     finally:
         if _lock_holder(lock_path) == holder:
             os.remove(lock_path)
+
+
+def _remove_stale(lock_path: str, stale: dict) -> None:
+    """Removes `lock_path` if it still names `stale`, a holder that no longer runs. Takers of a
+    stale lock go one at a time (an flock on its directory, which the kernel releases when a
+    taker dies): two that both saw the dead holder could otherwise remove each other's new lock.
+    Holders never take it, so taking the lock and releasing it cost nothing more."""
+    directory = os.open(os.path.dirname(os.path.abspath(lock_path)), os.O_RDONLY)
+    try:
+        fcntl.flock(directory, fcntl.LOCK_EX)
+        if _lock_holder(lock_path) == stale:
+            os.remove(lock_path)
+    finally:
+        os.close(directory)  # releases the flock
 
 
 @contextlib.contextmanager

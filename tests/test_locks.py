@@ -95,6 +95,33 @@ def test_a_lock_left_by_a_dead_process_is_taken_over_and_a_live_one_named(tmp_pa
             pass
 
 
+def test_a_taker_of_a_stale_lock_leaves_alone_the_lock_another_took_meanwhile(tmp_path, monkeypatch):
+    """Two processes that both found a dead holder: the one second to the takeover finds the lock
+    already the first's (live) and leaves it, then is refused by it; a lock released between
+    "it exists" and "who holds it" is tried again, never taken as stale."""
+    lock = str(tmp_path / ".lock")
+    dead = {"command": "run_pretraining", "host": os.uname().nodename, "pid": 2**22 + 1, "started": "then"}
+    taken = {"command": "run_pretraining", **files.this_process(), "started": "now", "claim": "first"}
+    with open(lock, "w") as f:
+        json.dump(taken, f)  # the first taker's, written after both read `dead`
+    files._remove_stale(lock, dead)
+    assert json.load(open(lock)) == taken
+    os.remove(lock)
+    with open(lock, "w") as f:
+        json.dump(dead, f)
+    files._remove_stale(lock, dead)
+    assert not os.path.exists(lock)
+    reads = [{}]  # released just after the link failed (then taken again): the next try is refused
+    real = files._lock_holder
+    monkeypatch.setattr(files, "_lock_holder", lambda path: reads.pop() if reads else real(path))
+    with open(lock, "w") as f:
+        json.dump(taken, f)
+    monkeypatch.setattr(files, "_remove_stale", lambda *_: pytest.fail("a released lock was taken as stale"))
+    with pytest.raises(files.DirectoryLockedError, match="in use by run_pretraining"):
+        with files.exclusive(lock, "create_pretraining_data"):
+            pass
+
+
 def start(script, *args):
     return subprocess.Popen([sys.executable, os.path.join(REPO, script), *args], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
