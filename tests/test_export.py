@@ -193,10 +193,25 @@ def test_the_export_holds_what_transformers_reads_and_every_format_round_trips(e
             np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
 
 
-def test_a_run_directory_exports_its_newest_weights(packed_dir, bert_config_file, tmp_path, caplog):
+def assert_read_as_init_checkpoint(checkpoint, exported):
+    """A run's training checkpoint as --init_checkpoint (it gave a line of 46 problems): pre-training's
+    model and a fine-tuning model's encoder read the weights `exported` holds."""
     from bert_packed.model import BertClassifierModel
     from bert_packed.training.checkpoints import load_pretraining_checkpoint
 
+    at_step = BertPretrainingModel(BertConfig(**TINY))
+    load_huggingface(at_step, str(exported))
+    expected = {name: weight.numpy() for name, weight, _ in google_variable_names(at_step)}
+    classifier = BertClassifierModel(BertConfig(**TINY), 2)
+    classifier.build()
+    for model, encoder_only in ((BertPretrainingModel(BertConfig(**TINY)), False), (classifier.bert, True)):
+        assert load_pretraining_checkpoint(model, str(checkpoint), encoder_only) == str(checkpoint)
+        for name, weight, _ in google_variable_names(model):
+            np.testing.assert_array_equal(weight.numpy(), expected[name], err_msg=name)
+    assert load_pretraining_checkpoint(classifier.bert, str(exported), True) is None  # not a run's
+
+
+def test_a_run_directory_exports_its_newest_weights(packed_dir, bert_config_file, tmp_path, caplog):
     trainer = make_trainer(config(tmp_path / "run", tfrecords(packed_dir), num_train_steps=2, save_checkpoints_steps=1,
                                   export_huggingface_dir=str(tmp_path / "by_the_run"), vocab_file=VOCAB))
     trainer.train()  # finished: model.ckpt-2 and by_the_run/ exported, checkpoints/ckpt-2
@@ -229,19 +244,7 @@ def test_a_run_directory_exports_its_newest_weights(packed_dir, bert_config_file
     # One training checkpoint by name; the newest damaged: the one before it, said in one line.
     named = export(tmp_path / "run" / "checkpoints" / "ckpt-1")
     assert named.returncode == 0 and "ckpt-1 (step 1)" in named.stdout, named.stderr[-2000:]
-    # The same checkpoint as --init_checkpoint (it gave a line of 46 problems): pre-training's model
-    # and a fine-tuning model's encoder read its weights at step 1.
-    at_step_1 = BertPretrainingModel(BertConfig(**TINY))
-    load_huggingface(at_step_1, str(tmp_path / "hf1"))
-    expected = {name: weight.numpy() for name, weight, _ in google_variable_names(at_step_1)}
-    classifier = BertClassifierModel(BertConfig(**TINY), 2)
-    classifier.build()
-    for model, encoder_only in ((BertPretrainingModel(BertConfig(**TINY)), False), (classifier.bert, True)):
-        read = load_pretraining_checkpoint(model, str(tmp_path / "run" / "checkpoints" / "ckpt-1"), encoder_only)
-        assert read == str(tmp_path / "run" / "checkpoints" / "ckpt-1")
-        for name, weight, _ in google_variable_names(model):
-            np.testing.assert_array_equal(weight.numpy(), expected[name], err_msg=name)
-    assert load_pretraining_checkpoint(classifier.bert, str(tmp_path / "hf1"), True) is None  # not a run's
+    assert_read_as_init_checkpoint(tmp_path / "run" / "checkpoints" / "ckpt-1", tmp_path / "hf1")
     for file in ("ckpt-1.index", "ckpt-1.data-00000-of-00001"):  # a file of it: the checkpoint it belongs to
         by_file = export(tmp_path / "run" / "checkpoints" / file, bert_config_file, "hf_" + file)
         assert by_file.returncode == 0 and "ckpt-1 (step 1)" in by_file.stdout, by_file.stderr[-2000:]
