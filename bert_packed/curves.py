@@ -49,6 +49,8 @@ def at_chance(evals: list[dict]) -> str | None:
     its last 2 evaluations stayed at chance (accuracy 0.5000, the commonest class 0.5000; loss 0.6932, at chance 0.6931)
     >>> at_chance([{"loss": 0.69, "chance_loss": 0.6931}, {"loss": 0.31, "chance_loss": 0.6931}]) is None
     True
+    >>> at_chance([{"loss": 0.01, "accuracy": 1.0, "chance_loss": 0.6931, "chance_accuracy": 1.0}] * 2) is None
+    True
     """
     half = evals[len(evals) // 2:]
     if not half or not all("chance_loss" in record for record in half):
@@ -57,7 +59,9 @@ def at_chance(evals: list[dict]) -> str | None:
     def chance(record):
         learned_nothing = "loss" in record and (abs(record["loss"] - record["chance_loss"])
                                                 <= CHANCE_LOSS_SHARE * record["chance_loss"])
-        majority = "accuracy" in record and record["accuracy"] <= record.get("chance_accuracy", -1.0) + 1e-9
+        # A dev set of one class tells nothing by accuracy: the commonest class is every answer.
+        majority = ("accuracy" in record and record.get("chance_accuracy", 1.0) < 1.0
+                    and record["accuracy"] <= record["chance_accuracy"] + 1e-9)
         return learned_nothing or majority
 
     if not all(chance(record) for record in half):
@@ -623,18 +627,35 @@ TOKENS_PROMISE_WHY = ("speed-ups in real tokens/s, held to the real-token ratio:
 
 
 def promised_token_speedup(result: dict, name: str) -> float:
-    """The speed-up in real tokens/s that packing promises `name` over the baseline (the first mode)
-    of a measure_alternately result (bert_packed.training.throughput): the ratio of the real tokens
-    a row each timed (the median of its rounds' padding efficiencies). It is the packing factor
+    """The speed-up in real tokens/s that packing promises `name` over the baseline of a
+    measure_alternately result (bert_packed.training.throughput): the ratio of the real tokens a
+    row each timed (the median of its rounds' padding efficiencies). It is the packing factor
     where both timed sequences of the same lengths; where their rounds read others (the padded
     side's longer, say), the measured ratio is held to it, not to the packing factor.
 
-    >>> promised_token_speedup({"modes": {"padded": {"padding_efficiency": [0.5, 0.4, 0.6]},
-    ...                                   "packed": {"padding_efficiency": [0.98, 0.99, 1.0]}}}, "packed")
+    >>> promised_token_speedup({"baseline": "padded", "modes": {
+    ...     "packed": {"padding_efficiency": [0.98, 0.99, 1.0]}, "padded": {"padding_efficiency": [0.5, 0.4, 0.6]}}},
+    ...     "packed")
     1.98
     """
     efficiency = {mode: summary(figures["padding_efficiency"])["median"] for mode, figures in result["modes"].items()}
-    return efficiency[name] / efficiency[next(iter(result["modes"]))]
+    return efficiency[name] / efficiency[baseline_of(result)]
+
+
+def baseline_of(result: dict) -> str:
+    """The mode a measure_alternately result's speed-ups are against: the one it names, or in a
+    file written before it named one, the mode whose every round's speed-up is exactly 1 (a JSON
+    file may hold the modes in any order).
+
+    Raises:
+      KeyError: no such mode.
+    """
+    if "baseline" in result:
+        return result["baseline"]
+    ones = [mode for mode, speedups in result["token_speedups"].items() if speedups and set(speedups) == {1.0}]
+    if len(ones) != 1:
+        raise KeyError(f"no one mode the speed-ups are against ({len(ones)} at 1.0 every round)")
+    return ones[0]
 
 
 def describe_speedup(speedups: list[float], promised: float, promise: str = "packing factor") -> str:
@@ -686,6 +707,6 @@ def throughput_lines(path: str, metric: str = "mlm_accuracy") -> list[str]:
                 else f"throughput in sequences/s (measured before real tokens/s were), {name} {what}, alternated in one "
                 f"process ({script}): packed {describe_speedup(result['speedups']['packed'], result['packing_factor'])}"
                 for name, result in measured.items()]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, ZeroDivisionError) as e:
         raise RunError(f"{path}: not a {script} --output_json measurement "
                        f"({type(e).__name__}: {e})") from None

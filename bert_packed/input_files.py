@@ -31,7 +31,7 @@ def expand_globs(patterns: str | list[str], what: str) -> list[str]:
             matches = files.glob(pattern.strip())
         except Exception as e:  # noqa: BLE001 - a filesystem's own errors: no credentials, unknown scheme
             if isinstance(e, StorageError) and e.retry_may_help:  # out of reach now: the same command again goes on
-                raise
+                raise (e if e.path else e.at(pattern.strip())) from None
             raise InputFilesError(f"{what}: {pattern!r}: {str(e).splitlines()[0]}") from None
         if not matches:
             raise InputFilesError(f"{what}: {pattern!r} matches no file")

@@ -90,9 +90,17 @@ class RunDirectory:
         if not files.exists(path):
             return {}
         try:
-            return files.read_json_object(path)
+            info = files.read_json_object(path)
         except ValueError as e:
             raise RunError(f"{path}: damaged, {e}; use a new --output_dir") from None
+        for key in ("train_files", "eval_files"):  # what a resume compares, entry by entry
+            entries = info.get(key, [])
+            bad = next((i for i, entry in enumerate(entries) if not _an_identity(entry)), None) \
+                if isinstance(entries, list) else "all"
+            if bad is not None:
+                raise RunError(f"{path}: damaged, {key} entry {bad} is not [path, bytes, head] (found "
+                               f"{json.dumps(entries if bad == 'all' else entries[bad])[:80]}); use a new --output_dir")
+        return info
 
     def claim(self, identity: dict, data: dict) -> dict:
         """Records a run in run.json, or refuses: when the directory holds another run (a value of
@@ -234,6 +242,12 @@ def _by_name(entries: list) -> list:
     return [[os.path.basename(str(entry[0])), *entry[1:]] for entry in entries]
 
 
+def _an_identity(entry) -> bool:
+    """Whether a run.json data entry is [path, bytes, head] (head a hash, or null where none was read)."""
+    return (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str) and type(entry[1]) is int
+            and isinstance(entry[2], (str, type(None))))
+
+
 def _first_difference(before: list, now: list) -> str:
     """What differs first between two lists of [name, bytes, head], in words."""
     was, found = {f[0]: f[1:] for f in before}, {f[0]: f[1:] for f in now}
@@ -243,8 +257,14 @@ def _first_difference(before: list, now: list) -> str:
     for path in found:
         if path not in was:
             return f"{path} was not given before"
-        if found[path] != was[path]:
+        if found[path][0] != was[path][0]:
             return f"{path} holds other content: {found[path][0]:,} bytes, {was[path][0]:,} before"
+        if found[path] != was[path]:
+            return f"{path} holds other content: the same {found[path][0]:,} bytes, but their hash differs"
+    for path in found:
+        times, before_times = [f[0] for f in now].count(path), [f[0] for f in before].count(path)
+        if times != before_times:
+            return f"{path} is given {times} time{'s' * (times != 1)}, {before_times} before"
     return "the order of the files"
 
 

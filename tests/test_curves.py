@@ -208,6 +208,21 @@ def test_the_alternated_throughput_is_quoted_with_its_range(tmp_path):
         "throughput in sequences/s (measured before real tokens/s were), tiny config, alternated in one process "
         "(scripts/benchmark_training.py): packed speed-up 1.20x (median of 1 alternated round, range 1.20-1.20) at "
         "packing factor 1.250: 0.96 of it"]
+    # The modes in another order (json.dump(sort_keys=True) puts packed first): held to the padded side.
+    measured = {"tiny": {
+        "token_speedups": {"packed": [1.8, 2.0], "padded": [1.0, 1.0]},
+        "modes": {"packed": {"padding_efficiency": [0.98, 0.98]}, "padded": {"padding_efficiency": [0.5, 0.48]}}}}
+    path.write_text(json.dumps(measured))
+    assert "at real-token ratio 2.000: 0.95 of it" in throughput_lines(str(path))[0]
+    for broken, why in (({"packed": [1.8, 2.0]}, "KeyError"),  # one mode: nothing it is against
+                        ({"packed": [1.8, 2.0], "padded": [1.0, 1.0], "padded_too": [1.0, 1.0]}, "KeyError")):
+        path.write_text(json.dumps({"tiny": {**measured["tiny"], "token_speedups": broken}}))
+        with pytest.raises(RunError, match=f"not a scripts/benchmark_training.py --output_json measurement \\({why}"):
+            throughput_lines(str(path))
+    measured["tiny"]["modes"]["padded"]["padding_efficiency"] = [0.0, 0.0]  # edited by hand
+    path.write_text(json.dumps(measured))
+    with pytest.raises(RunError, match=r"measurement \(ZeroDivisionError"):
+        throughput_lines(str(path))
     path.write_text("[1, 2]")
     with pytest.raises(RunError, match="throughput.json: not a scripts/benchmark_training.py --output_json"):
         throughput_lines(str(path))

@@ -407,6 +407,31 @@ def test_data_made_again_is_named_before_the_settings_it_changes(tmp_path):
         other.claim({"packing_factor": 1.9, "seed": 1}, {"train_files": []})
 
 
+@pytest.mark.parametrize("entries", [5, [None], [5], [["part-0.tfrecord", "100", "aa"]], [["part-0.tfrecord", 100]]])
+def test_a_hand_edited_record_of_the_data_is_damaged_in_one_line(tmp_path, entries):
+    from bert_packed.run_directory import RunDirectory, RunError
+
+    run = RunDirectory(str(tmp_path))
+    (tmp_path / "run.json").write_text(json.dumps({"seed": 1, "train_files": entries}))
+    with pytest.raises(RunError, match=r"run.json: damaged, train_files entry (0|all) is not \[path, bytes, head\] "
+                                       r"\(found .*\); use a new --output_dir$"):
+        run.claim({"seed": 1}, {"train_files": [["/data/part-0.tfrecord", 100, "aa"]]})
+
+
+def test_the_refusal_says_what_differs_in_data_of_the_same_size_or_given_twice(tmp_path):
+    from bert_packed.run_directory import RunDirectory, RunError
+
+    run = RunDirectory(str(tmp_path))
+    run.claim({"seed": 1}, {"train_files": [["/data/part-0.tfrecord", 100, "aa"], ["/data/part-1.tfrecord", 9, "cc"]]})
+    with pytest.raises(RunError, match=r"part-0.tfrecord holds other content: the same 100 bytes, but their hash differs"):
+        run.claim({"seed": 1}, {"train_files": [["/data/part-0.tfrecord", 100, "bb"], ["/data/part-1.tfrecord", 9, "cc"]]})
+    with pytest.raises(RunError, match=r"part-1.tfrecord is given 2 times, 1 before"):
+        run.claim({"seed": 1}, {"train_files": [["/data/part-0.tfrecord", 100, "aa"], ["/data/part-1.tfrecord", 9, "cc"],
+                                                ["/data/part-1.tfrecord", 9, "cc"]]})
+    with pytest.raises(RunError, match=r"\(the order of the files\)"):
+        run.claim({"seed": 1}, {"train_files": [["/data/part-1.tfrecord", 9, "cc"], ["/data/part-0.tfrecord", 100, "aa"]]})
+
+
 def train_settings(input_mode):
     """The settings of a run of the tiny model reading its data in `input_mode`."""
     from bert_packed.model import BertConfig

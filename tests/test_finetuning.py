@@ -725,6 +725,12 @@ def test_a_finished_fine_tuning_run_refuses_its_task_file_changed_past_its_first
         f"export_model: error: --checkpoint={tmp_path / 'run'}: a run_classifier run; it exports with its own head: "
         f"run the same run_classifier command with --export_huggingface_dir=DIR (a finished run exports at once, "
         f"nothing trained again)"), result.stderr[-2000:]
+    exported = str(next((tmp_path / "run").glob("model.ckpt-*.index"))).removesuffix(".index")  # its weights alone
+    result = run_command("export_model", f"--checkpoint={exported}", f"--bert_config_file={bert_config_file}",
+                         f"--vocab_file={VOCAB}", f"--output_dir={tmp_path / 'exported'}")
+    assert result.returncode == 2 and result.stderr.strip().splitlines()[-1].endswith(
+        "fine-tuned weights (a task's head); this command writes pre-training's heads: a fine-tuning run exports "
+        "with its own, its command with --export_huggingface_dir=DIR"), result.stderr[-2000:]
     assert not (tmp_path / "exported").exists()
 
 

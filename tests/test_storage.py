@@ -135,7 +135,8 @@ def test_a_request_the_storage_still_fails_after_retrying_stops_in_one_line_and_
     assert stopped.returncode == 75, stopped.stderr[-3000:]
     assert "Traceback" not in stopped.stderr
     assert stopped.stderr.strip().splitlines()[-1] == (
-        f"create_pretraining_data: the storage failed a request, retried (UnavailableError: Error executing an HTTP "
+        f"create_pretraining_data: the storage failed a request on {moved[2]}, retried (UnavailableError: Error "
+        f"executing an HTTP "
         f"request: HTTP response code 503 when renaming {files.temporary_name(moved[2])} to {moved[2]}). Finished "
         f"shards are kept, and nothing half-written is taken for finished: run the same command again to continue "
         f"(exit status 75)")
@@ -164,6 +165,7 @@ def test_a_glob_the_storage_still_fails_after_retrying_keeps_its_status(corpus, 
         result = run_command("create_pretraining_data", *create)
         assert result.returncode == status, result.stderr[-3000:]
         assert "Traceback" not in result.stderr and "the bucket answered 503" in result.stderr.strip().splitlines()[-1]
+        assert status == 2 or f"failed a request on {uri(corpus[0])}*, retried" in result.stderr  # what it matched
         assert not (tmp_path / "u").exists()
 
 
@@ -178,8 +180,8 @@ def test_a_file_a_reader_cannot_read_for_a_storage_that_still_fails_keeps_the_re
     monkeypatch.setattr(tf.io.gfile, "GFile", unavailable)
     result = run_command("plan_packing", f"--histogram={uri(os.path.join(unpacked_dir, 'histogram.json'))}")
     assert result.returncode == 75, result.stderr[-3000:]
-    assert "the storage failed a request, retried (UnavailableError: Error executing an HTTP request: HTTP response " \
-           "code 503)" in result.stderr.strip().splitlines()[-1]
+    assert f"the storage failed a request on {uri(os.path.join(unpacked_dir, 'histogram.json'))}, retried (" \
+           "UnavailableError: Error executing an HTTP request: HTTP response code 503)" in result.stderr.strip().splitlines()[-1]
 
 def test_shards_the_local_work_says_are_written_but_the_bucket_lost_are_written_again(unpacked_dir, packed_dir,
                                                                                       tmp_path, monkeypatch):

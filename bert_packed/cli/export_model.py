@@ -45,7 +45,7 @@ def main(argv) -> None:
     import_tensorflow(FLAGS.verbosity)
     from bert_packed.model import BertPretrainingModel, export_huggingface
     from bert_packed.model.checkpoint import checkpoint_step, export_google_directory
-    from bert_packed.model.huggingface import holds_next_sentence_head, load_weights
+    from bert_packed.model.huggingface import holds_classifier, holds_next_sentence_head, holds_span_head, load_weights
     from bert_packed.training.checkpoints import load_run_weights, run_and_step
 
     if files.absolute(FLAGS.output_dir.rstrip("/")) == files.absolute(FLAGS.checkpoint.rstrip("/")):
@@ -56,6 +56,10 @@ def main(argv) -> None:
         raise SettingsError(f"--checkpoint={FLAGS.checkpoint}: a {fine_tuned} run; it exports with its own head: "
                             f"run the same {fine_tuned} command with --export_huggingface_dir=DIR (a finished run "
                             f"exports at once, nothing trained again)")
+    if run_dir is None and (holds_classifier(FLAGS.checkpoint) or holds_span_head(FLAGS.checkpoint)):
+        raise SettingsError(f"--checkpoint={FLAGS.checkpoint}: fine-tuned weights (a task's head); this command writes "
+                            f"pre-training's heads: a fine-tuning run exports with its own, its command with "
+                            f"--export_huggingface_dir=DIR")
     # A run trained with --nsp_loss=false (run.json says), or weights without the head, export without it.
     next_sentence = (RunDirectory(run_dir).read_info().get("nsp_loss", True) if run_dir is not None
                      else holds_next_sentence_head(FLAGS.checkpoint))

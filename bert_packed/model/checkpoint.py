@@ -192,13 +192,20 @@ def shape_problems(names: list[tuple[str, object, bool]], shapes: dict) -> list[
     return problems
 
 
+def does_not_fit(path: str, problems: list[str]) -> CheckpointError:
+    """The refusal of weights that do not fit a model: its first problems, in one line."""
+    shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if problems[3:] else "")
+    return CheckpointError(f"{path}: does not fit the model ({len(problems)} problem{'s' * (len(problems) != 1)}): "
+                           f"{shown}")
+
+
 def _load(model: BertPretrainingModel, path: str, reader, encoder_only: bool = False) -> int:
     names = google_variable_names(model)
     if encoder_only:
         names = [entry for entry in names if not entry[0].startswith("cls/") or reader.has_tensor(entry[0])]
     problems = shape_problems(names, reader.get_variable_to_shape_map())
     if problems:
-        raise CheckpointError(f"{path}: does not fit the model ({len(problems)} problems): " + "; ".join(problems))
+        raise does_not_fit(path, problems)
     values = []
     for name, _, _ in names:  # every value read before any is assigned: a torn file changes nothing
         try:

@@ -43,6 +43,7 @@ from bert_packed import files
 from bert_packed.errors import InternalError, StorageError
 from bert_packed.model.checkpoint import (
     CheckpointError,
+    does_not_fit,
     export_directory,
     google_variable_names,
     holds_weight,
@@ -287,7 +288,7 @@ def load_huggingface(model: BertPretrainingModel, directory: str, encoder_only: 
         tensors = {name: value for name, value in tensors.items() if not name.startswith(TASK_HEADS)}
     problems = shape_problems(names, {name: value.shape for name, value in tensors.items()})
     if problems:
-        raise CheckpointError(f"{path}: does not fit the model ({len(problems)} problems): " + "; ".join(problems))
+        raise does_not_fit(path, problems)
     unused = _unused_tensors(tensors, {name for name, _, _ in names},
                              getattr(model, "next_sentence_prediction", True))
     if unused:

@@ -230,15 +230,14 @@ def _claim(directory: RunDirectory, config: TrainConfig, train_data: TrainData, 
         identity["online_packing_window"] = config.batch.online_packing_window
     recorded, data, earlier = directory.read_info(), {}, []
     for kind, identities in (("train", train_data.identity), ("eval", eval_data.identity)):
-        heads = [entry[2] if isinstance(entry, list) and len(entry) == 3 else None
-                 for entry in recorded.get(f"{kind}_files") or []]
+        heads = [entry[2] for entry in recorded.get(f"{kind}_files", [])]  # read_info checked their form
         data[f"{kind}_files"] = [now.as_recorded(head) for now, head in zip(identities, heads + [None] * len(identities))]
         if data[f"{kind}_files"] != list(identities):
             earlier.append(kind)
-    if earlier:
+    previous = directory.claim(identity, data)
+    if earlier:  # said once the run is known to go on
         logging.warning("%s: begun by an earlier bert-packed, which recorded the first 64 KiB of its %s files: they are "
                         "checked on those (a new run checks all of each file)", directory.path, " and ".join(earlier))
-    previous = directory.claim(identity, data)
     if config.run.flags_text:
         directory.write_flags(config.run.flags_text)
     if train_data.histogram:  # counted (no metadata.json counts the files): not again

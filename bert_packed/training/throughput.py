@@ -86,9 +86,9 @@ def measure_alternately(trainers: dict[str, Measured], rounds: int, updates: int
       updates: updates per trainer and round.
 
     Returns:
-      {"rounds", "updates", "modes": {name: {"sequences_per_second": [per round], "real_tokens_per_second",
-      "flops_per_second", "padding_efficiency"}}, "speedups": {name: [per round, against the baseline, in
-      sequences/s]}, "token_speedups": {the same in real tokens/s: the figure to quote when the modes'
+      {"rounds", "updates", "baseline": the first name, "modes": {name: {"sequences_per_second": [per round],
+      "real_tokens_per_second", "flops_per_second", "padding_efficiency"}}, "speedups": {name: [per round,
+      against the baseline, in sequences/s]}, "token_speedups": {the same in real tokens/s: the figure to quote when the modes'
       rounds may hold sequences of other lengths}}.
     """
     names = list(trainers)
@@ -113,5 +113,5 @@ def measure_alternately(trainers: dict[str, Measured], rounds: int, updates: int
             mode["padding_efficiency"].append(sums["tokens"] / sums["slots"])
     ratios = {key: {name: [rate / reference for rate, reference in zip(modes[name][key], modes[names[0]][key])]
                     for name in names} for key in ("sequences_per_second", "real_tokens_per_second")}
-    return {"rounds": rounds, "updates": updates, "modes": modes, "speedups": ratios["sequences_per_second"],
-            "token_speedups": ratios["real_tokens_per_second"]}
+    return {"rounds": rounds, "updates": updates, "baseline": names[0], "modes": modes,
+            "speedups": ratios["sequences_per_second"], "token_speedups": ratios["real_tokens_per_second"]}
