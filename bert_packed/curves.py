@@ -36,8 +36,8 @@ FINE_TUNING_ADVICE = ("scripts/benchmark_finetuning.py",
 # nothing scores (the log of the number of classes; a span's start and end uniform over its own
 # tokens), or its accuracy no more than always answering the dev set's commonest class.
 CHANCE_LOSS_SHARE = 0.01
-AT_CHANCE_ADVICE = ("a rate too high is the usual cause (the tiny model collapsed at 1e-3, trained at 3e-4): try "
-                    "a lower --learning_rate or a longer warm-up (--warmup_proportion)")
+AT_CHANCE_ADVICE = ("a rate too high is the usual cause (the tiny model collapsed at 1e-3 and once at 3e-4, not "
+                    "at 1e-4): try a lower --learning_rate or a longer warm-up (--warmup_proportion)")
 
 
 def at_chance(evals: list[dict]) -> str | None:
