@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 import statistics
@@ -51,10 +52,14 @@ def at_chance(evals: list[dict]) -> str | None:
     True
     >>> at_chance([{"loss": 0.01, "accuracy": 1.0, "chance_loss": 0.6931, "chance_accuracy": 1.0}] * 2) is None
     True
+    >>> at_chance([{"loss": None, "accuracy": 0.5, "chance_loss": 0.6931, "chance_accuracy": 0.5}]) is None
+    True
     """
     half = evals[len(evals) // 2:]
-    if not half or not all("chance_loss" in record for record in half):
-        return None
+    figures_of = ("loss", "chance_loss", "accuracy", "chance_accuracy")
+    if not half or not all("chance_loss" in record and all(_a_number(record[key]) for key in figures_of if key in record)
+                           for record in half):
+        return None  # no chance figures, or figures edited into what no evaluation writes: cannot tell
 
     def chance(record):
         learned_nothing = "loss" in record and (abs(record["loss"] - record["chance_loss"])
@@ -73,6 +78,10 @@ def at_chance(evals: list[dict]) -> str | None:
         figures.append(f"loss {last['loss']:.4f}, at chance {last['chance_loss']:.4f}")
     what = "evaluation" if len(half) == 1 else f"{len(half)} evaluations"
     return f"its last {what} stayed at chance ({'; '.join(figures)})"
+
+
+def _a_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def at_chance_warning(directory: RunDirectory) -> str | None:
@@ -648,13 +657,15 @@ def baseline_of(result: dict) -> str:
     file may hold the modes in any order).
 
     Raises:
-      KeyError: no such mode.
+      ValueError: no such mode.
     """
     if "baseline" in result:
+        if result["baseline"] not in result["modes"]:
+            raise ValueError(f"its baseline {result['baseline']!r} is none of its modes")
         return result["baseline"]
     ones = [mode for mode, speedups in result["token_speedups"].items() if speedups and set(speedups) == {1.0}]
     if len(ones) != 1:
-        raise KeyError(f"no one mode the speed-ups are against ({len(ones)} at 1.0 every round)")
+        raise ValueError(f"no one mode its speed-ups are against ({len(ones)} at 1.0 every round)")
     return ones[0]
 
 
@@ -702,11 +713,43 @@ def throughput_lines(path: str, metric: str = "mlm_accuracy") -> list[str]:
     try:
         with files.open_file(path) as f:
             measured = json.load(f)
-        return [f"throughput in real tokens/s, {name} {what}, alternated ({script}): packed "
-                f"{describe_speedup(*token_speedup(result), TOKENS_PROMISE)}" if "token_speedups" in result
-                else f"throughput in sequences/s (measured before real tokens/s were), {name} {what}, alternated in one "
-                f"process ({script}): packed {describe_speedup(result['speedups']['packed'], result['packing_factor'])}"
-                for name, result in measured.items()]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, ZeroDivisionError) as e:
+        return [_throughput_line(result, f"{name} {what}", script) for name, result in measured.items()]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise RunError(f"{path}: not a {script} --output_json measurement "
                        f"({type(e).__name__}: {e})") from None
+
+
+def _throughput_line(result: dict, measured: str, script: str) -> str:
+    """throughput_lines' line of one result (`measured`: its config or task, named).
+
+    Raises:
+      ValueError, KeyError, TypeError: the result is no such measurement, or holds figures no
+        measurement gives (a speed-up of 0 or NaN, a padding efficiency above 1).
+    """
+    if "token_speedups" not in result:  # measured before real tokens/s were
+        speedups, factor = result["speedups"]["packed"], result["packing_factor"]
+        _measured_figures("speed-up", speedups)
+        _measured_figures("packing factor", [factor])
+        return (f"throughput in sequences/s (measured before real tokens/s were), {measured}, alternated in one "
+                f"process ({script}): packed {describe_speedup(speedups, factor)}")
+    for mode, figures in result["modes"].items():
+        _measured_figures(f"{mode}'s padding efficiency", figures["padding_efficiency"], most=1.0)
+    speedups, promised = token_speedup(result)
+    _measured_figures("speed-up", speedups)
+    baseline = baseline_of(result)
+    if baseline == "packed":
+        raise ValueError("its speed-ups are against packed itself: none of packing to quote")
+    against = "" if baseline in ("padded", "unpacked") else f" against {baseline}"
+    return (f"throughput in real tokens/s, {measured}, alternated ({script}): packed{against} "
+            f"{describe_speedup(speedups, promised, TOKENS_PROMISE)}")
+
+
+def _measured_figures(what: str, values: list, most: float = math.inf) -> None:
+    """Refuses `values` (a measurement's `what`) that are no such figures: none, or any not a
+    number above 0 and at most `most`."""
+    if not isinstance(values, list) or not values:
+        raise ValueError(f"no {what} figures")
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value)
+                                                                                  and 0 < value <= most):
+            raise ValueError(f"{what} {value!r} is not a figure a measurement gives")

@@ -511,13 +511,18 @@ def _remove_stale(lock_path: str, stale: dict) -> None:
     stale lock go one at a time (an flock on its directory, which the kernel releases when a
     taker dies): two that both saw the dead holder could otherwise remove each other's new lock.
     Holders never take it, so taking the lock and releasing it cost nothing more."""
-    directory = os.open(os.path.dirname(os.path.abspath(lock_path)), os.O_RDONLY)
     try:
-        fcntl.flock(directory, fcntl.LOCK_EX)
+        directory = os.open(os.path.dirname(os.path.abspath(lock_path)), os.O_RDONLY)
+    except PermissionError:  # a directory one may write but not list: takers race, as they did before
+        directory = None
+    try:
+        if directory is not None:
+            fcntl.flock(directory, fcntl.LOCK_EX)
         if _lock_holder(lock_path) == stale:
             os.remove(lock_path)
     finally:
-        os.close(directory)  # releases the flock
+        if directory is not None:
+            os.close(directory)  # releases the flock
 
 
 @contextlib.contextmanager

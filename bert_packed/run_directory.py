@@ -23,6 +23,7 @@ resumed run does again, is not logged twice.
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -90,17 +91,27 @@ class RunDirectory:
         if not files.exists(path):
             return {}
         try:
-            info = files.read_json_object(path)
+            return files.read_json_object(path)
         except ValueError as e:
             raise RunError(f"{path}: damaged, {e}; use a new --output_dir") from None
-        for key in ("train_files", "eval_files"):  # what a resume compares, entry by entry
-            entries = info.get(key, [])
-            bad = next((i for i, entry in enumerate(entries) if not _an_identity(entry)), None) \
-                if isinstance(entries, list) else "all"
-            if bad is not None:
-                raise RunError(f"{path}: damaged, {key} entry {bad} is not [path, bytes, head] (found "
-                               f"{json.dumps(entries if bad == 'all' else entries[bad])[:80]}); use a new --output_dir")
-        return info
+
+    def recorded_files(self, info: dict, key: str) -> list[list]:
+        """run.json's record of a run's data files (`key`: train_files, eval_files), as [path,
+        bytes, head] lists, which a resume compares entry by entry; [] when there is none.
+
+        Raises:
+          RunError: the record is not such a list (edited by hand, say).
+        """
+        entries = info.get(key, [])
+        if not isinstance(entries, list):
+            bad = f"{key} is not a list of [path, bytes, head]"
+        else:
+            index = next((i for i, entry in enumerate(entries) if not _an_identity(entry)), None)
+            if index is None:
+                return entries
+            bad, entries = f"{key} entry {index} is not [path, bytes, head]", entries[index]
+        raise RunError(f"{self.file(RUN_INFO)}: damaged, {bad} (found {json.dumps(entries)[:80]}); resuming cannot "
+                       f"tell whether the data changed: use a new --output_dir")
 
     def claim(self, identity: dict, data: dict) -> dict:
         """Records a run in run.json, or refuses: when the directory holds another run (a value of
@@ -115,7 +126,7 @@ class RunDirectory:
         # and the user gave the same flags.
         data = {key: [list(entry) for entry in entries] for key, entries in data.items()}
         for key, now in data.items():
-            before = previous.get(key)
+            before = self.recorded_files(previous, key) if key in previous else None
             if before is not None and _by_name(before) != _by_name(now):
                 before, now = _by_name(before), _by_name(now)
                 raise RunError(f"{self.path}: the {key.replace('_', ' ')} changed since this run started "
@@ -249,22 +260,22 @@ def _an_identity(entry) -> bool:
 
 
 def _first_difference(before: list, now: list) -> str:
-    """What differs first between two lists of [name, bytes, head], in words."""
-    was, found = {f[0]: f[1:] for f in before}, {f[0]: f[1:] for f in now}
-    for path in was:
-        if path not in found:
-            return f"{path} is no longer given"
-    for path in found:
-        if path not in was:
-            return f"{path} was not given before"
-        if found[path][0] != was[path][0]:
-            return f"{path} holds other content: {found[path][0]:,} bytes, {was[path][0]:,} before"
-        if found[path] != was[path]:
-            return f"{path} holds other content: the same {found[path][0]:,} bytes, but their hash differs"
-    for path in found:
-        times, before_times = [f[0] for f in now].count(path), [f[0] for f in before].count(path)
-        if times != before_times:
-            return f"{path} is given {times} time{'s' * (times != 1)}, {before_times} before"
+    """What differs first between two lists of [name, bytes, head], in words. Two directories may
+    hold files of one name: the files of a name are paired in their order."""
+    was, found = collections.Counter(f[0] for f in before), collections.Counter(f[0] for f in now)
+    for name in [*was, *found]:
+        if not found[name]:
+            return f"{name} is no longer given"
+        if not was[name]:
+            return f"{name} was not given before"
+        if found[name] != was[name]:
+            return f"{name} is given {found[name]} time{'s' * (found[name] != 1)}, {was[name]} before"
+    for name in was:
+        for old, new in zip([f for f in before if f[0] == name], [f for f in now if f[0] == name]):
+            if old[1] != new[1]:
+                return f"{name} holds other content: {new[1]:,} bytes, {old[1]:,} before"
+            if old != new:
+                return f"{name} holds other content: the same {new[1]:,} bytes, but their hash differs"
     return "the order of the files"
 
 

@@ -333,7 +333,8 @@ def print_table(report: dict, configurations: dict) -> None:
         print(f"\npacked against padded, {name}: " + "; ".join(parts))
     peer = report["peer"]
     if peer:
-        print("\npeer: " + (f"{peer.get('configuration', 'not timed')}: {peer['error']}" if "error" in peer else
+        print("\npeer: " + ((f"{peer['configuration']}: " if "configuration" in peer else "") + peer["error"]
+                             if "error" in peer else
                              f"transformers' BertForPreTraining ({peer['attention']} attention, AdamW, "
                              f"{'bf16 autocast' if peer['bf16'] else 'fp32'}) on {peer['rows']} of "
                              f"{peer['configuration']}'s {peer['of_rows']} rows: {peer['sequences_per_second']:,.1f} "

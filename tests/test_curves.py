@@ -214,14 +214,26 @@ def test_the_alternated_throughput_is_quoted_with_its_range(tmp_path):
         "modes": {"packed": {"padding_efficiency": [0.98, 0.98]}, "padded": {"padding_efficiency": [0.5, 0.48]}}}}
     path.write_text(json.dumps(measured))
     assert "at real-token ratio 2.000: 0.95 of it" in throughput_lines(str(path))[0]
-    for broken, why in (({"packed": [1.8, 2.0]}, "KeyError"),  # one mode: nothing it is against
-                        ({"packed": [1.8, 2.0], "padded": [1.0, 1.0], "padded_too": [1.0, 1.0]}, "KeyError")):
+    for broken, why in (({"packed": [1.8, 2.0]}, "no one mode its speed-ups are against"),  # nothing it is against
+                        ({"packed": [1.8, 2.0], "padded": [1.0, 1.0], "padded_too": [1.0, 1.0]}, "no one mode"),
+                        ({"packed": [1.8, float("nan")], "padded": [1.0, 1.0]}, "speed-up nan is not a figure"),
+                        ({"packed": [-2.0], "padded": [1.0]}, "speed-up -2.0 is not a figure")):
         path.write_text(json.dumps({"tiny": {**measured["tiny"], "token_speedups": broken}}))
-        with pytest.raises(RunError, match=f"not a scripts/benchmark_training.py --output_json measurement \\({why}"):
+        with pytest.raises(RunError, match=f"not a scripts/benchmark_training.py --output_json measurement "
+                                           f"\\(ValueError: {why}"):
             throughput_lines(str(path))
-    measured["tiny"]["modes"]["padded"]["padding_efficiency"] = [0.0, 0.0]  # edited by hand
-    path.write_text(json.dumps(measured))
-    with pytest.raises(RunError, match=r"measurement \(ZeroDivisionError"):
+    for efficiency in (0.0, 7.0, None):  # edited by hand
+        measured["tiny"]["modes"]["padded"]["padding_efficiency"] = [efficiency, 0.5]
+        path.write_text(json.dumps(measured))
+        with pytest.raises(RunError, match=rf"\(ValueError: padded's padding efficiency {efficiency} is not a figure"):
+            throughput_lines(str(path))
+    measured["tiny"]["modes"]["padded"]["padding_efficiency"] = [0.5, 0.48]
+    # Against another mode than padding (benchmark_training.py --modes=bucketed,packed): said.
+    path.write_text(json.dumps({"tiny": {**measured["tiny"], "baseline": "bucketed", "modes": {
+        "bucketed": {"padding_efficiency": [0.7]}, "packed": {"padding_efficiency": [0.98]}}}}))
+    assert ": packed against bucketed speed-up 1.90x" in throughput_lines(str(path))[0]
+    path.write_text(json.dumps({"tiny": {**measured["tiny"], "baseline": "packed"}}))
+    with pytest.raises(RunError, match="against packed itself: none of packing to quote"):
         throughput_lines(str(path))
     path.write_text("[1, 2]")
     with pytest.raises(RunError, match="throughput.json: not a scripts/benchmark_training.py --output_json"):

@@ -409,27 +409,41 @@ def test_data_made_again_is_named_before_the_settings_it_changes(tmp_path):
 
 @pytest.mark.parametrize("entries", [5, [None], [5], [["part-0.tfrecord", "100", "aa"]], [["part-0.tfrecord", 100]]])
 def test_a_hand_edited_record_of_the_data_is_damaged_in_one_line(tmp_path, entries):
+    """Damaged for a resume, which compares the record; any other reader of run.json (a plot, an
+    export) reads the rest of it."""
     from bert_packed.run_directory import RunDirectory, RunError
 
     run = RunDirectory(str(tmp_path))
     (tmp_path / "run.json").write_text(json.dumps({"seed": 1, "train_files": entries}))
-    with pytest.raises(RunError, match=r"run.json: damaged, train_files entry (0|all) is not \[path, bytes, head\] "
-                                       r"\(found .*\); use a new --output_dir$"):
+    with pytest.raises(RunError, match=r"run.json: damaged, train_files (entry 0 )?is not (a list of )?\[path, bytes, "
+                                       r"head\] \(found .*\); resuming cannot tell whether the data changed: use a "
+                                       r"new --output_dir$"):
         run.claim({"seed": 1}, {"train_files": [["/data/part-0.tfrecord", 100, "aa"]]})
+    assert run.read_info()["seed"] == 1
 
 
 def test_the_refusal_says_what_differs_in_data_of_the_same_size_or_given_twice(tmp_path):
     from bert_packed.run_directory import RunDirectory, RunError
 
     run = RunDirectory(str(tmp_path))
-    run.claim({"seed": 1}, {"train_files": [["/data/part-0.tfrecord", 100, "aa"], ["/data/part-1.tfrecord", 9, "cc"]]})
-    with pytest.raises(RunError, match=r"part-0.tfrecord holds other content: the same 100 bytes, but their hash differs"):
-        run.claim({"seed": 1}, {"train_files": [["/data/part-0.tfrecord", 100, "bb"], ["/data/part-1.tfrecord", 9, "cc"]]})
-    with pytest.raises(RunError, match=r"part-1.tfrecord is given 2 times, 1 before"):
-        run.claim({"seed": 1}, {"train_files": [["/data/part-0.tfrecord", 100, "aa"], ["/data/part-1.tfrecord", 9, "cc"],
-                                                ["/data/part-1.tfrecord", 9, "cc"]]})
-    with pytest.raises(RunError, match=r"\(the order of the files\)"):
-        run.claim({"seed": 1}, {"train_files": [["/data/part-1.tfrecord", 9, "cc"], ["/data/part-0.tfrecord", 100, "aa"]]})
+    first, second = ["/data/part-0.tfrecord", 100, "aa"], ["/data/part-1.tfrecord", 9, "cc"]
+    run.claim({"seed": 1}, {"train_files": [first, second]})
+    for now, why in (([[*first[:2], "bb"], second], "part-0.tfrecord holds other content: the same 100 bytes, but "
+                                                    "their hash differs"),
+                     ([first, second, second], "part-1.tfrecord is given 2 times, 1 before"),
+                     ([second, first], "the order of the files")):
+        with pytest.raises(RunError, match=re.escape(f"({why})")):
+            run.claim({"seed": 1}, {"train_files": now})
+    # Files of one name in two directories: paired in their order, not one taken for the other.
+    (tmp_path / "two").mkdir()
+    two = RunDirectory(str(tmp_path / "two"))
+    wiki, books = ["/wiki/part-0.tfrecord", 100, "aa"], ["/books/part-0.tfrecord", 200, "bb"]
+    two.claim({"seed": 1}, {"train_files": [wiki, books]})
+    for now, why in (([[*wiki[:2], "zz"], books], "part-0.tfrecord holds other content: the same 100 bytes, but "
+                                                  "their hash differs"),
+                     ([wiki], "part-0.tfrecord is given 1 time, 2 before")):
+        with pytest.raises(RunError, match=re.escape(f"({why})")):
+            two.claim({"seed": 1}, {"train_files": now})
 
 
 def train_settings(input_mode):

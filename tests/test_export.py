@@ -287,6 +287,9 @@ def test_bad_input_to_the_export_is_one_line_and_nothing_half_written_looks_comp
                          f"[{TINY['vocab_size']}, 32], the model needs [{TINY['vocab_size']}, 64]"),
         "no vocabulary": ([*common, f"--vocab_file={tmp_path / 'missing.txt'}", f"--output_dir={tmp_path / 'b'}"],
                           f"{tmp_path / 'missing.txt'}: vocabulary file not found"),
+        "no checkpoint there": ([f"--checkpoint={tmp_path / 'typo'}", f"--bert_config_file={bert_config}",
+                                 f"--vocab_file={VOCAB}", f"--output_dir={tmp_path / 'a'}"],
+                                f"{tmp_path / 'typo'}: cannot read the checkpoint"),  # not "fine-tuned weights"
         "a taken directory": ([*common, f"--vocab_file={VOCAB}", f"--output_dir={tmp_path / 'taken'}"],
                               f"{tmp_path / 'taken'}: holds notes.txt, not an exported model; use an empty or new "
                               f"directory"),

@@ -135,8 +135,7 @@ def test_a_request_the_storage_still_fails_after_retrying_stops_in_one_line_and_
     assert stopped.returncode == 75, stopped.stderr[-3000:]
     assert "Traceback" not in stopped.stderr
     assert stopped.stderr.strip().splitlines()[-1] == (
-        f"create_pretraining_data: the storage failed a request on {moved[2]}, retried (UnavailableError: Error "
-        f"executing an HTTP "
+        f"create_pretraining_data: the storage failed a request, retried (UnavailableError: Error executing an HTTP "
         f"request: HTTP response code 503 when renaming {files.temporary_name(moved[2])} to {moved[2]}). Finished "
         f"shards are kept, and nothing half-written is taken for finished: run the same command again to continue "
         f"(exit status 75)")

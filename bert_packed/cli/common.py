@@ -153,8 +153,8 @@ def _fail_on_storage(error: StorageError, program: str, output_flag: str | tuple
     """Exits with one line for what the storage refused or failed: a request to retry (status 75),
     a full disk, or a path refused (status 2)."""
     if error.retry_may_help:
-        exit_with(EXIT_TRY_AGAIN, f"{program}: the storage failed a request{f' on {error.path}' if error.path else ''}, "
-                                  f"retried ({error.kind}: {error.reason}). "
+        on = f" on {error.path}" if error.path and error.path not in error.reason else ""  # its words may name it
+        exit_with(EXIT_TRY_AGAIN, f"{program}: the storage failed a request{on}, retried ({error.kind}: {error.reason}). "
                                   f"{kept}, and nothing half-written is taken for finished: run the same command "
                                   f"again to continue (exit status {EXIT_TRY_AGAIN})")
     names = (output_flag,) if isinstance(output_flag, str) else output_flag

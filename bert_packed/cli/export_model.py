@@ -56,7 +56,8 @@ def main(argv) -> None:
         raise SettingsError(f"--checkpoint={FLAGS.checkpoint}: a {fine_tuned} run; it exports with its own head: "
                             f"run the same {fine_tuned} command with --export_huggingface_dir=DIR (a finished run "
                             f"exports at once, nothing trained again)")
-    if run_dir is None and (holds_classifier(FLAGS.checkpoint) or holds_span_head(FLAGS.checkpoint)):
+    if run_dir is None and (holds_classifier(FLAGS.checkpoint, unreadable=False)  # unreadable: loading says why
+                            or holds_span_head(FLAGS.checkpoint, unreadable=False)):
         raise SettingsError(f"--checkpoint={FLAGS.checkpoint}: fine-tuned weights (a task's head); this command writes "
                             f"pre-training's heads: a fine-tuning run exports with its own, its command with "
                             f"--export_huggingface_dir=DIR")

@@ -145,13 +145,13 @@ def _prefix(path: str) -> str:
     return named if os.path.isabs(named) or "://" in named else os.path.join(path, os.path.basename(named))
 
 
-def holds_weight(path: str, name: str) -> bool:
+def holds_weight(path: str, name: str, unreadable: bool = True) -> bool:
     """Whether the TF1 checkpoint at `path` (a prefix, or a directory) holds the weight `name`;
-    True when it cannot be read: loading it then names the problem."""
+    `unreadable` when it cannot be read (True: loading it then names the problem)."""
     try:
         return tf.train.load_checkpoint(_prefix(path)).has_tensor(name)
     except (CheckpointError, tf.errors.OpError, ValueError):
-        return True
+        return unreadable
 
 
 def newest_exported_step(directory: str) -> int | None:
@@ -194,7 +194,7 @@ def shape_problems(names: list[tuple[str, object, bool]], shapes: dict) -> list[
 
 def does_not_fit(path: str, problems: list[str]) -> CheckpointError:
     """The refusal of weights that do not fit a model: its first problems, in one line."""
-    shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if problems[3:] else "")
+    shown = "; ".join(problems[:2]) + (f"; and {len(problems) - 2} more" if problems[2:] else "")
     return CheckpointError(f"{path}: does not fit the model ({len(problems)} problem{'s' * (len(problems) != 1)}): "
                            f"{shown}")
 

@@ -335,21 +335,21 @@ def _canonical(name: str) -> str:
     return re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name))
 
 
-def holds_classifier(path: str) -> bool:
+def holds_classifier(path: str, unreadable: bool = True) -> bool:
     """Whether weights from outside a run (load_weights' `path`) are a fine-tuned classifier's: a
     Hugging Face BertForSequenceClassification directory, or a TF1 checkpoint holding
-    google-research's run_classifier output_weights."""
+    google-research's run_classifier output_weights (`unreadable` when it cannot be read)."""
     if not is_huggingface_directory(path):
-        return holds_weight(path, "output_weights")
+        return holds_weight(path, "output_weights", unreadable)
     return "BertForSequenceClassification" in (_architectures(path) or [])
 
 
-def holds_span_head(path: str) -> bool:
+def holds_span_head(path: str, unreadable: bool = True) -> bool:
     """Whether weights from outside a run (load_weights' `path`) are fine-tuned on spans: a Hugging
     Face BertForQuestionAnswering directory, or a TF1 checkpoint holding google-research's
-    run_squad cls/squad/output_weights."""
+    run_squad cls/squad/output_weights (`unreadable` when it cannot be read)."""
     if not is_huggingface_directory(path):
-        return holds_weight(path, "cls/squad/output_weights")
+        return holds_weight(path, "cls/squad/output_weights", unreadable)
     return "BertForQuestionAnswering" in (_architectures(path) or [])
 
 

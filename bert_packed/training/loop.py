@@ -230,7 +230,7 @@ def _claim(directory: RunDirectory, config: TrainConfig, train_data: TrainData, 
         identity["online_packing_window"] = config.batch.online_packing_window
     recorded, data, earlier = directory.read_info(), {}, []
     for kind, identities in (("train", train_data.identity), ("eval", eval_data.identity)):
-        heads = [entry[2] for entry in recorded.get(f"{kind}_files", [])]  # read_info checked their form
+        heads = [entry[2] for entry in directory.recorded_files(recorded, f"{kind}_files")]
         data[f"{kind}_files"] = [now.as_recorded(head) for now, head in zip(identities, heads + [None] * len(identities))]
         if data[f"{kind}_files"] != list(identities):
             earlier.append(kind)
