@@ -42,7 +42,7 @@ flags.DEFINE_integer("passages", 2000, "first_year: training passages (a tenth a
 flags.DEFINE_float("num_train_epochs", 3.0, "Epochs of each task (google-research's default).")
 flags.DEFINE_integer("evaluations", 8, "Dev evaluations along each run (its curve's points).", lower_bound=1)
 flags.DEFINE_float("learning_rate", 1e-4, "AdamW's peak learning rate for the tiny model (at 1e-3 two of four pronoun "
-                                         "runs stayed at chance, at 3e-4 one of 16: docs/finetuning.md).")
+                                         "runs stayed at chance, at 3e-4 one of 14: docs/finetuning.md).")
 flags.DEFINE_list("seeds", ["1", "2"], "Seeds of each configuration (the curves' band: one seed's gap is noise).")
 flags.DEFINE_list("throughput_flags", [], "Flags added to scripts/benchmark_finetuning.py (--rounds=2,--updates=4).")
 
