@@ -713,10 +713,13 @@ def throughput_lines(path: str, metric: str = "mlm_accuracy") -> list[str]:
     try:
         with files.open_file(path) as f:
             measured = json.load(f)
-        return [_throughput_line(result, f"{name} {what}", script) for name, result in measured.items()]
+        lines, name = [], None
+        for name, result in measured.items():
+            lines.append(_throughput_line(result, f"{name} {what}", script))
+        return lines
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise RunError(f"{path}: not a {script} --output_json measurement "
-                       f"({type(e).__name__}: {e})") from None
+        raise RunError(f"{path}: not a {script} --output_json measurement ("
+                       + (f"{str(name)[:40]}: " if name is not None else "") + f"{type(e).__name__}: {e})") from None
 
 
 def _throughput_line(result: dict, measured: str, script: str) -> str:
@@ -752,4 +755,4 @@ def _measured_figures(what: str, values: list, most: float = math.inf) -> None:
     for value in values:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value)
                                                                                   and 0 < value <= most):
-            raise ValueError(f"{what} {value!r} is not a figure a measurement gives")
+            raise ValueError(f"{what} {repr(value)[:40]} is not a figure a measurement gives")

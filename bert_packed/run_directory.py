@@ -270,6 +270,8 @@ def _first_difference(before: list, now: list) -> str:
             return f"{name} was not given before"
         if found[name] != was[name]:
             return f"{name} is given {found[name]} time{'s' * (found[name] != 1)}, {was[name]} before"
+    if collections.Counter(map(tuple, before)) == collections.Counter(map(tuple, now)):
+        return "the order of the files"
     for name in was:
         for old, new in zip([f for f in before if f[0] == name], [f for f in now if f[0] == name]):
             if old[1] != new[1]:

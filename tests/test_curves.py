@@ -220,12 +220,12 @@ def test_the_alternated_throughput_is_quoted_with_its_range(tmp_path):
                         ({"packed": [-2.0], "padded": [1.0]}, "speed-up -2.0 is not a figure")):
         path.write_text(json.dumps({"tiny": {**measured["tiny"], "token_speedups": broken}}))
         with pytest.raises(RunError, match=f"not a scripts/benchmark_training.py --output_json measurement "
-                                           f"\\(ValueError: {why}"):
+                                           f"\\(tiny: ValueError: {why}"):
             throughput_lines(str(path))
     for efficiency in (0.0, 7.0, None):  # edited by hand
         measured["tiny"]["modes"]["padded"]["padding_efficiency"] = [efficiency, 0.5]
         path.write_text(json.dumps(measured))
-        with pytest.raises(RunError, match=rf"\(ValueError: padded's padding efficiency {efficiency} is not a figure"):
+        with pytest.raises(RunError, match=rf"\(tiny: ValueError: padded's padding efficiency {efficiency} is not a "):
             throughput_lines(str(path))
     measured["tiny"]["modes"]["padded"]["padding_efficiency"] = [0.5, 0.48]
     # Against another mode than padding (benchmark_training.py --modes=bucketed,packed): said.

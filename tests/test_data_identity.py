@@ -441,7 +441,8 @@ def test_the_refusal_says_what_differs_in_data_of_the_same_size_or_given_twice(t
     two.claim({"seed": 1}, {"train_files": [wiki, books]})
     for now, why in (([[*wiki[:2], "zz"], books], "part-0.tfrecord holds other content: the same 100 bytes, but "
                                                   "their hash differs"),
-                     ([wiki], "part-0.tfrecord is given 1 time, 2 before")):
+                     ([wiki], "part-0.tfrecord is given 1 time, 2 before"),
+                     ([books, wiki], "the order of the files")):
         with pytest.raises(RunError, match=re.escape(f"({why})")):
             two.claim({"seed": 1}, {"train_files": now})
 
