@@ -753,6 +753,5 @@ def _measured_figures(what: str, values: list, most: float = math.inf) -> None:
     if not isinstance(values, list) or not values:
         raise ValueError(f"no {what} figures")
     for value in values:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value)
-                                                                                  and 0 < value <= most):
+        if not (_a_number(value) and math.isfinite(value) and 0 < value <= most):
             raise ValueError(f"{what} {repr(value)[:40]} is not a figure a measurement gives")
