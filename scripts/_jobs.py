@@ -15,6 +15,7 @@ from bert_packed import files
 from bert_packed.cli.in_process import command_in_this_process, run_in_process
 from bert_packed.errors import SettingsError
 from bert_packed.files import write_text_atomically
+from bert_packed.training.step_pool import StepPool
 
 
 def print_stage(number: int, total: int, what: str) -> None:
@@ -22,17 +23,18 @@ def print_stage(number: int, total: int, what: str) -> None:
     print(f"== {number}/{total} {what}", flush=True)
 
 
-def command(module: str, *args: str) -> None:
-    """Runs a command in this process; a failure ends the job with the command's exit status."""
+def command(module: str, *args: str, steps: StepPool | None = None) -> None:
+    """Runs a command in this process, a training command on a compiled step of `steps` (the
+    job's StepPool); a failure ends the job with the command's exit status."""
     sys.stdout.flush()
-    status = run_in_process(module, list(args))
+    status = run_in_process(module, list(args), steps=steps)
     if status:
         sys.exit(status)
     gc.collect()  # the command's models and datasets: a dozen commands then take the memory of one
 
 
 def command_unless_done(done: str, module: str, *args: str, made_from: tuple[str, ...] = (),
-                        made_with: str | None = None) -> None:
+                        made_with: str | None = None, steps: StepPool | None = None) -> None:
     """command(), unless the file `done` is there, newer than every file of `made_from` (the
     records it measured, say: made again since, it is done again), and made with `made_with` (the
     model and flags it measured, recorded beside it as <done>.with): the commands whose output is
@@ -43,7 +45,7 @@ def command_unless_done(done: str, module: str, *args: str, made_from: tuple[str
                                              for path in made_from if os.path.exists(path)):
         print(f"already done: {done}", flush=True)
         return
-    command(module, *args)
+    command(module, *args, steps=steps)
     if made_with is not None:
         write_text_atomically(record, made_with)
 

@@ -28,7 +28,7 @@ from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
 from bert_packed.records import TFRecordWriter
 from bert_packed.run_directory import TRAIN_LOG, RunDirectory
-from bert_packed.training.assemble import CommandLine, assemble
+from bert_packed.training.assemble import PretrainingSettings, assemble
 from bert_packed.training.loop import train_and_evaluate
 from bert_packed.training.process import set_up_process
 from bert_packed.training.step import CompiledStep
@@ -66,7 +66,7 @@ def write_records(path: str, count: int, seed: int = 0) -> None:
 
 def updates_per_second(files: list[str], loop: int, updates: int, output_dir: str) -> float:
     # The run as run_pretraining assembles it from these flags.
-    config, data, evaluation = assemble(CommandLine.of(
+    config, data, evaluation = assemble(PretrainingSettings.of(
         input_files=",".join(files), bert_config_file=os.path.join(ROOT, "configs", "bert_config_tiny.json"),
         max_seq_length=SHAPES.max_seq_length, max_predictions_per_seq=SHAPES.max_predictions_per_seq,
         input_mode="padded", train_batch_size=4, learning_rate=1e-3, num_train_steps=updates + loop,

@@ -25,6 +25,7 @@ from bert_packed import files
 from bert_packed.cli.common import run
 from bert_packed.errors import SettingsError
 from bert_packed.files import write_text_atomically
+from bert_packed.training.step_pool import StepPool
 
 PROGRAM = "finetune_job"
 DIRECTORY = "runs/finetune"
@@ -86,7 +87,8 @@ def same_job(weights: str) -> None:
     write_text_atomically(record, job)
 
 
-def fine_tune(task: str, module: str, weights: str, seeds: list[str], examples: int, task_flags: list[str]) -> None:
+def fine_tune(task: str, module: str, weights: str, seeds: list[str], examples: int, task_flags: list[str],
+              steps: StepPool) -> None:
     """`task` fine-tuned packed and padded from `weights`, each seed (`examples` training examples a run)."""
     every = max(1, int(examples * FLAGS.num_train_epochs / FLAGS.evaluations))
     loop = max(1, min(10, every // 64))  # updates a compiled loop: evaluations fall between loops (32 examples an update)
@@ -97,11 +99,12 @@ def fine_tune(task: str, module: str, weights: str, seeds: list[str], examples: 
                     "--bert_config_file=configs/bert_config_tiny.json", "--do_train", f"--input_mode={mode}",
                     f"--num_train_epochs={FLAGS.num_train_epochs}", f"--learning_rate={FLAGS.learning_rate}", f"--seed={seed}",
                     f"--eval_every_samples={every}", f"--iterations_per_loop={loop}",
-                    f"--output_dir={DIRECTORY}/{task}_{mode}_seed{seed}")
+                    f"--output_dir={DIRECTORY}/{task}_{mode}_seed{seed}", steps=steps)
 
 
-def main(argv):
+def main(argv, steps: StepPool | None = None):
     del argv
+    steps = steps or StepPool()  # the job's runs of one graph shape compile once
     weights, seeds = starting_weights(), checked_seeds()
     if FLAGS.num_train_epochs <= 0:
         raise SettingsError(f"--num_train_epochs={FLAGS.num_train_epochs}: must be above 0")
@@ -116,13 +119,13 @@ def main(argv):
 
     print_stage(2, 4, f"pronouns (run_classifier at L=128), padded and packed, from {weights}")
     fine_tune("pronouns", "bert_packed.cli.run_classifier", weights, seeds, sentences,
-              ["--task_name=jsonl", f"--data_dir={pronouns}", "--do_eval", "--max_seq_length=128"])
+              ["--task_name=jsonl", f"--data_dir={pronouns}", "--do_eval", "--max_seq_length=128"], steps)
 
     print_stage(3, 4, f"first_year (run_squad at L=256), padded and packed, from {weights}")
     fine_tune("first_year", "bert_packed.cli.run_squad", weights, seeds, passages,
               [f"--train_file={first_year}/train.json", "--do_predict",
                f"--predict_file={first_year}/dev.json", "--max_seq_length=256", "--doc_stride=128",
-               "--max_sequences_per_pack=4"])
+               "--max_sequences_per_pack=4"], steps)
 
     print_stage(4, 4, f"throughput, packed and padded alternated, and the dev curves ({DIRECTORY})")
     measured = [f"--sentences={FLAGS.sentences}", f"--passages={FLAGS.passages}", *measured]
@@ -135,8 +138,9 @@ def main(argv):
           f"throughput.json)")
 
 
-def entry_point():
-    run(main, PROGRAM, (), "Every finished stage is kept")
+def entry_point(steps: StepPool | None = None):
+    """The job; `steps`: a StepPool its caller keeps (the tests'), else the job's own."""
+    run(lambda argv: main(argv, steps), PROGRAM, (), "Every finished stage is kept")
 
 
 if __name__ == "__main__":

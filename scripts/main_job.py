@@ -38,6 +38,7 @@ from bert_packed import files
 from bert_packed.cli.common import run
 from bert_packed.errors import SettingsError
 from bert_packed.files import write_text_atomically
+from bert_packed.training.step_pool import StepPool
 
 PROGRAM = "main_job"
 # The phase-2 configurations compared; the first is the baseline. On your own text: packed
@@ -237,18 +238,19 @@ def data_stages(job: str, directory: str, data_flags: list[str]) -> None:
             "--dupe_factor=1", "--eval_fraction=0.1")
 
 
-def starting_weights(job: str, directory: str, phase1_flags: list[str], phase2_flags: list[str]) -> None:
+def starting_weights(job: str, directory: str, phase1_flags: list[str], phase2_flags: list[str],
+                     steps: StepPool) -> None:
     """Stages 5 and 6: phase 1, then its weights evaluated at L=512."""
     stage(5, f"phase 1 at L=128 ({directory}/phase1)")
-    command("bert_packed.cli.run_pretraining", f"--flagfile=configs/tiny_{job}_phase1.cfg", *phase1_flags)
+    command("bert_packed.cli.run_pretraining", f"--flagfile=configs/tiny_{job}_phase1.cfg", *phase1_flags, steps=steps)
     stage(6, f"the phase-1 weights evaluated at L=512 ({directory}/phase1_eval)")
     command_unless_done(f"{directory}/phase1_eval/eval_results.txt", "bert_packed.cli.run_pretraining",
                         f"--flagfile=configs/tiny_{job}_phase2.cfg", "--do_train=false", "--do_eval",
                         f"--input_file={directory}/unpacked/eval-*.tfrecord", f"--output_dir={directory}/phase1_eval",
-                        *phase2_flags)
+                        *phase2_flags, steps=steps)
 
 
-def your_starting_weights(directory: str, phase2_flags: list[str]) -> None:
+def your_starting_weights(directory: str, phase2_flags: list[str], steps: StepPool) -> None:
     """Stages 5 and 6 on your text: no phase 1; the weights you gave evaluated at L=512 (or none:
     random weights), then recorded as what phase 2 starts from."""
     weights = starting_weights_and_model()
@@ -265,7 +267,7 @@ def your_starting_weights(directory: str, phase2_flags: list[str]) -> None:
             os.remove(evaluated)  # other weights' figures
         command_unless_done(evaluated, "bert_packed.cli.run_pretraining", "--flagfile=configs/tiny_corpus_phase2.cfg",
                             "--do_train=false", "--do_eval", f"--input_file={directory}/unpacked/eval-*.tfrecord",
-                            f"--output_dir={directory}/init_eval", *phase2_flags)
+                            f"--output_dir={directory}/init_eval", *phase2_flags, steps=steps)
     write_text_atomically(f"{directory}/{PHASE2_START}", weights + "\n")
 
 
@@ -296,7 +298,8 @@ def phase2_start(directory: str, weights: str) -> str | None:
     return before
 
 
-def phase2(job: str, directory: str, seeds: list[str], baseline_seeds: list[str], phase2_flags: list[str]) -> None:
+def phase2(job: str, directory: str, seeds: list[str], baseline_seeds: list[str], phase2_flags: list[str],
+           steps: StepPool) -> None:
     """Stage 7: each configuration of the job for each seed, then the baseline's other seeds."""
     configs = CORPUS_PHASE2 if job == "corpus" else PHASE2
     also = f"; unpacked also {' '.join(baseline_seeds)}" if baseline_seeds else ""
@@ -305,11 +308,12 @@ def phase2(job: str, directory: str, seeds: list[str], baseline_seeds: list[str]
     for config, seed in runs:
         print(f"-- {config}, seed {seed}", flush=True)
         command("bert_packed.cli.run_pretraining", f"--flagfile=configs/tiny_{job}_{config}.cfg", f"--seed={seed}",
-                f"--output_dir={directory}/{config}_seed{seed}", *phase2_flags)
+                f"--output_dir={directory}/{config}_seed{seed}", *phase2_flags, steps=steps)
 
 
-def main(argv):
+def main(argv, steps: StepPool | None = None):
     del argv
+    steps = steps or StepPool()  # the job's runs of one graph shape compile once
     (phase2_seeds, baseline_seeds), (job, model_flags, data_flags) = seeds(), own_text()
     directory = f"runs/{job}"
     curves = FLAGS.curves or f"{directory}/curves.png"
@@ -320,10 +324,10 @@ def main(argv):
 
     data_stages(job, directory, data_flags)
     if job == "corpus":
-        your_starting_weights(directory, phase2_flags)
+        your_starting_weights(directory, phase2_flags, steps)
     else:
-        starting_weights(job, directory, phase1_flags, phase2_flags)
-    phase2(job, directory, phase2_seeds, baseline_seeds, phase2_flags)
+        starting_weights(job, directory, phase1_flags, phase2_flags, steps)
+    phase2(job, directory, phase2_seeds, baseline_seeds, phase2_flags, steps)
 
     stage(8, f"throughput, packed and unpacked alternated on these records ({directory}/throughput.json)")
     command_unless_done(f"{directory}/throughput.json", "benchmark_training", "--configs=tiny", *model,
@@ -342,8 +346,9 @@ def main(argv):
     print(f"results: {directory}/ (curves, */train_log.jsonl, */eval_log.jsonl, {weights}throughput.json)")
 
 
-def entry_point():
-    run(main, PROGRAM, (), "Every finished stage is kept")
+def entry_point(steps: StepPool | None = None):
+    """The job; `steps`: a StepPool its caller keeps (the tests'), else the job's own."""
+    run(lambda argv: main(argv, steps), PROGRAM, (), "Every finished stage is kept")
 
 
 if __name__ == "__main__":

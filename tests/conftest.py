@@ -13,6 +13,8 @@ import tempfile
 
 import pytest
 
+from bert_packed.training.step_pool import StepPool
+
 # Python's platform asks `uname -p` in a process once, and keeps the answer: Beam asks at import,
 # which in a fast test would start that process (_no_process_in_the_fast_tier).
 platform.processor()
@@ -182,14 +184,18 @@ def _no_graph_optimizer():
     import_tensorflow().config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
 
 
+# The tests' compiled steps, kept for the next test of their graph shape: the commands a test runs
+# in this process take theirs from it too. A test's strategy serves its next runs (SEVERAL_REPLICAS).
+STEPS = StepPool(strategies_kept=True)
+
+
 @pytest.fixture(autouse=True)
 def _release_compiled_steps():
     """After each test, the compiled steps it held may serve the next test of their graph shape
-    (tests/training_runs.py; loaded only by the tests that train)."""
+    (tests/training_runs.py also puts back the loops a test wrapped)."""
     yield
     runs = sys.modules.get("training_runs")
-    if runs is not None:
-        runs.release()
+    (runs.release if runs is not None else STEPS.release)()
 
 
 def tfrecords(directory):
@@ -224,7 +230,7 @@ def run_script(name, *args, cwd=REPO):
     saved_io = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = stdout, stderr
     try:
-        status = run_in_process(name, list(args), f"{name}.py", cwd)
+        status = run_in_process(name, list(args), f"{name}.py", cwd, STEPS)
     finally:
         sys.stdout, sys.stderr = saved_io
     return subprocess.CompletedProcess([name, *args], status, stdout.getvalue(), stderr.getvalue())
@@ -249,5 +255,5 @@ def run_command(command, *args, cwd=REPO, launcher=None):
         if launcher:
             module = importlib.import_module(f"bert_packed.cli.{launcher}")
         sys.stdout, sys.stderr = stdout, stderr  # put back on leaving
-        status = call_entry_point(module, [f"{launcher or command}.py", *args])
+        status = call_entry_point(module, [f"{launcher or command}.py", *args], STEPS)
     return subprocess.CompletedProcess([command, *args], status, stdout.getvalue(), stderr.getvalue())

@@ -260,6 +260,7 @@ def test_train_checks_every_value_before_any_work(packed_dir, unpacked_dir, bert
     from absl import flags
 
     from bert_packed.errors import UserError
+    from bert_packed.training.assemble import assemble
 
     base = [f"--bert_config_file={bert_config_file}", f"--input_file={packed_dir}/packed-*.tfrecord",
             f"--eval_files={unpacked_dir}/part-*.tfrecord", f"--output_dir={tmp_path / 'run'}",
@@ -270,7 +271,7 @@ def test_train_checks_every_value_before_any_work(packed_dir, unpacked_dir, bert
             flags.FLAGS.unparse_flags()
             flags.FLAGS(["run_pretraining", *base, case])
             try:
-                run_pretraining.build_config()
+                assemble(run_pretraining.settings_from_flags())
                 said[case] = "accepted"
             except UserError as e:
                 said[case] = str(e)
@@ -416,6 +417,7 @@ def test_l_and_p_come_from_the_data_s_metadata_when_not_given(packed_dir, unpack
     from absl import flags
 
     from bert_packed.dataset_info import read_dataset_info
+    from bert_packed.training.assemble import assemble
 
     packed = run_command("pack_pretraining_data", f"--input_files={unpacked_dir}/part-*.tfrecord",
                          f"--output_dir={tmp_path / 'p'}", "--num_shards=2")
@@ -424,7 +426,7 @@ def test_l_and_p_come_from_the_data_s_metadata_when_not_given(packed_dir, unpack
     with command_in_this_process("run_pretraining") as run_pretraining:
         flags.FLAGS(["run_pretraining", f"--bert_config_file={bert_config_file}",
                      f"--input_files={packed_dir}/packed-*.tfrecord", f"--output_dir={tmp_path / 'run'}"])
-        _, train_data, _ = run_pretraining.build_config()
+        _, train_data, _ = assemble(run_pretraining.settings_from_flags())
     assert (train_data.shapes.max_seq_length, train_data.shapes.max_predictions_per_seq) == (MAX_SEQ_LENGTH,
                                                                                               MAX_PREDICTIONS)
     # Given and different from what the data records: one line, as before.

@@ -433,9 +433,9 @@ def write_mrpc(directory, train_examples=40, dev_examples=12):
 def test_xla_reaches_the_fine_tuning_run_s_model_and_optimizer(tmp_path, bert_config_file):
     """--xla, as run_pretraining's: the compiled passes and each weight's fused optimizer step
     (tested in tests/test_trainer.py and tests/test_optimizers.py)."""
-    from bert_packed.finetuning.settings import ClassifierSettings
     from bert_packed.training.config import batching
     from bert_packed.training.finetune import classifier_run
+    from bert_packed.training.finetune_settings import ClassifierSettings
     from bert_packed.training.update import make_optimizer, make_schedule
 
     settings = dict(task_name="mrpc", data_dir=write_mrpc(tmp_path / "mrpc"), vocab_file=VOCAB,
@@ -453,8 +453,8 @@ def test_xla_reaches_the_fine_tuning_run_s_model_and_optimizer(tmp_path, bert_co
 def test_a_compiled_loop_ends_at_each_evaluation_asked(tmp_path, bert_config_file):
     """--eval_every_samples=16 at 8 examples an update: a loop of 2 updates, whatever
     --iterations_per_loop (1,000 by default, which evaluated a run once, at its end)."""
-    from bert_packed.finetuning.settings import ClassifierSettings
     from bert_packed.training.finetune import classifier_run
+    from bert_packed.training.finetune_settings import ClassifierSettings
 
     settings = dict(task_name="mrpc", data_dir=write_mrpc(tmp_path / "mrpc"), vocab_file=VOCAB,
                     bert_config_file=bert_config_file, output_dir=str(tmp_path / "run"), do_train=True, do_eval=True,
@@ -619,6 +619,10 @@ def test_a_fine_tuning_run_stopped_by_a_signal_resumes_to_the_uninterrupted_run_
     (lambda tmp: None, "--task_name=squad: expected one of cola"),
     (lambda tmp: None, "--max_seq_length=512: above the BERT config's max_position_embeddings=128"),
     (lambda tmp: None, "--num_train_epochs=inf: must be above 0"),
+    (lambda tmp: None, "--num_gpus=2: cannot be honoured, 0 GPUs are visible"),
+    (lambda tmp: None, "--all_reduce_alg=ring applies to --distribution_strategy=mirrored (--num_gpus) or "
+                       "multi_worker_mirrored, not default"),
+    (lambda tmp: None, "--precision=fp8: value should be one of <fp32|bf16|fp16>"),
 ])
 def test_run_classifier_refuses_bad_input_in_one_line_before_any_file_is_written(tmp_path, bert_config_file, change,
                                                                                    message):
@@ -635,11 +639,99 @@ def test_run_classifier_refuses_bad_input_in_one_line_before_any_file_is_written
         flags[4] = "--max_seq_length=512"
     if "inf" in message:
         flags[6] = "--num_train_epochs=inf"
+    flags += [f"--{name}" for name in ("num_gpus=2", "all_reduce_alg=ring", "precision=fp8") if f"--{name}" in message]
     result = run_command("run_classifier", *flags)
     assert result.returncode == 2, result.stderr
     [line] = [line for line in result.stderr.splitlines() if line.startswith("run_classifier: ")]
     assert message in line and "Traceback" not in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow  # fine-tunes three runs (over 3.5 s here)
+def test_fine_tuning_takes_pre_training_s_precision_and_recompute_as_a_python_function(tmp_path, bert_config_file):
+    """run_classifier(settings) as a notebook calls it: bf16 with each layer recomputed trains
+    and evaluates as fp32 does, within bf16's rounding; recompute alone changes no figure."""
+    from conftest import STEPS
+
+    from bert_packed.training.finetune import run_classifier
+    from bert_packed.training.finetune_settings import ClassifierSettings
+
+    write_mrpc(tmp_path / "mrpc")
+    given = dict(task_name="mrpc", data_dir=str(tmp_path / "mrpc"), vocab_file=VOCAB, bert_config_file=bert_config_file,
+                 max_seq_length=64, train_batch_size=8, num_train_epochs=2, learning_rate=1e-3, do_train=True,
+                 do_eval=True)
+    results = {name: run_classifier(ClassifierSettings(**given, output_dir=str(tmp_path / name), **values), STEPS)
+               for name, values in (("fp32", {}), ("fp32_recomputed", dict(recompute="layer")),
+                                    ("bf16_recomputed", dict(precision="bf16", recompute="layer")))}
+    fp32 = results["fp32"]
+    assert fp32.run.step == 8 and fp32.run.stopped_by is None and fp32.directory.path == str(tmp_path / "fp32")
+    assert set(fp32.evaluation) >= {"accuracy", "f1", "loss"} and fp32.figures.startswith("accuracy ")
+    losses = {name: [r["loss"] for r in read_log_file(tmp_path / name / "train_log.jsonl")] for name in results}
+    assert losses["fp32_recomputed"] == pytest.approx(losses["fp32"], rel=1e-5)
+    assert results["fp32_recomputed"].evaluation["loss"] == pytest.approx(fp32.evaluation["loss"], rel=1e-5)
+    assert losses["bf16_recomputed"][0] == pytest.approx(losses["fp32"][0], rel=2e-2)
+    assert results["bf16_recomputed"].evaluation["loss"] == pytest.approx(fp32.evaluation["loss"], rel=5e-2)
+    recorded = json.loads((tmp_path / "bf16_recomputed" / "run.json").read_text())
+    assert (recorded["precision"], recorded["task_name"]) == ("bf16", "mrpc")  # recompute may change on resume
+
+
+TWO_REPLICAS = r"""
+import json, sys
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+from bert_packed.training import finetune
+from bert_packed.training.finetune import run_classifier
+from bert_packed.training.finetune_settings import ClassifierSettings
+given = json.loads(sys.argv[1])
+out = {}
+for devices in (1, 2):
+    # Two CPU devices stand for a host's GPUs: --distribution_strategy=mirrored mirrors over them.
+    finetune.make_strategy = lambda settings, cluster: tf.distribute.MirroredStrategy(
+        [f"/cpu:{i}" for i in range(devices)])
+    result = run_classifier(ClassifierSettings(**given, output_dir=f"{sys.argv[2]}/{devices}",
+                                               distribution_strategy="mirrored"))
+    reader = tf.train.load_checkpoint(f"{sys.argv[2]}/{devices}/checkpoints")
+    out[devices] = {"evaluation": result.evaluation, "train": result.run.record,
+                    "log": [(r["loss"], r["gradient_norm"]) for r in result.directory.read_log("train_log.jsonl")], "weights": {
+        name: reader.get_tensor(name).tolist() for name in reader.get_variable_to_shape_map()
+        if name.startswith("optimizer/_trainable_variables/")}}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow  # a process of its own with two CPU devices (about 15 s here)
+def test_a_fine_tuning_run_on_two_replicas_makes_the_updates_of_one(tmp_path):
+    """--distribution_strategy=mirrored, as pre-training's: the same rows split over two replicas
+    give the same updates, evaluation and figures as on one (dropout off: each replica draws its
+    own masks). Packs hold unequal counts of examples, so the update is the mean over all of them
+    and its clip the whole gradient's, as google-research's on one device."""
+    import subprocess
+    import sys
+
+    from conftest import REPO, TINY
+
+    config = tmp_path / "bert_config.json"
+    config.write_text(json.dumps({**TINY, "hidden_act": "gelu", "hidden_dropout_prob": 0.0,
+                                  "attention_probs_dropout_prob": 0.0, "type_vocab_size": 2,
+                                  "initializer_range": 0.02}))
+    given = dict(task_name="mrpc", data_dir=write_mrpc(tmp_path / "mrpc"), vocab_file=VOCAB, bert_config_file=str(config),
+                 max_seq_length=64, train_batch_size=12, eval_batch_size=4, num_train_epochs=1, learning_rate=1e-3,
+                 do_train=True, do_eval=True)
+    done = subprocess.run([sys.executable, "-c", TWO_REPLICAS, json.dumps(given), str(tmp_path / "runs")], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    one, two = json.loads(done.stdout.strip().splitlines()[-1]).values()
+    # 12 examples an update: 4 packs, 2 a replica (a packed batch is whole packs, a multiple of the replicas).
+    assert (one["train"]["step"], one["train"]["sequences"]) == (two["train"]["step"], two["train"]["sequences"]) == (3, 36)
+    # Each update's loss and gradient norm: the mean over all its examples, whichever replica holds them.
+    np.testing.assert_allclose(two["log"], one["log"], rtol=1e-6)
+    assert two["evaluation"]["num_sequences"] == one["evaluation"]["num_sequences"] == 12
+    for name in ("loss", "accuracy", "f1"):
+        assert two["evaluation"][name] == pytest.approx(one["evaluation"][name], rel=1e-6), name
+    assert len(one["weights"]) == 19  # the tiny encoder's, its pooler's and the classifier's
+    for name, value in one["weights"].items():
+        np.testing.assert_allclose(two["weights"][name], value, atol=1e-6, err_msg=name)
 
 
 @pytest.mark.slow  # fine-tunes a run (over 3.5 s here)

@@ -55,66 +55,77 @@ def test_taking_a_command_s_flags_out_gives_the_root_logger_no_handler_of_its_ow
     assert logging.getLogger().handlers == []
 
 
-@pytest.mark.slow  # trains several commands in turn (over 3.5 s here)
-def test_commands_of_one_graph_shape_share_a_compiled_step_put_back_as_new(packed_dir, bert_config_file, tmp_path,
-                                                                             monkeypatch):
-    """run_pretraining twice in this process: the second trains on the step the first was handed
-    (bert_packed.training.step.shared_step), compiles nothing, and leaves exactly what the first
-    left; a step beyond KEPT_BYTES is not kept, and the next command builds one."""
+@pytest.mark.slow  # trains three runs in turn (over 3.5 s here)
+def test_runs_given_one_step_pool_share_a_compiled_step_put_back_as_new(packed_dir, bert_config_file, tmp_path,
+                                                                      monkeypatch):
+    """run_pretraining twice with one StepPool, as a function and as a command run in this
+    process: the second trains on the step the first released, compiles nothing, and leaves
+    exactly what the first left; a pool that keeps no bytes lets its step go, and the next run
+    builds one."""
     from training_runs import read_log
 
+    from bert_packed.cli.in_process import run_in_process
     from bert_packed.training import step as steps
+    from bert_packed.training.pretraining import PretrainingSettings, run_pretraining
+    from bert_packed.training.step_pool import StepPool
 
     built = []
     build = steps.CompiledStep.__init__
     monkeypatch.setattr(steps.CompiledStep, "__init__", lambda *args, **kwargs: built.append(1) or build(*args, **kwargs))
+    given = dict(bert_config_file=bert_config_file, input_files=f"{packed_dir}/packed-*.tfrecord", max_seq_length=128,
+                 max_predictions_per_seq=20, train_batch_size=4, num_train_steps=3, learning_rate=1e-3,
+                 deterministic=True, seed=731)
+    pool = StepPool()
 
-    def run(name):
-        held = steps.steps_held()
-        result = run_command("run_pretraining", f"--bert_config_file={bert_config_file}",
-                             f"--input_files={packed_dir}/packed-*.tfrecord", f"--output_dir={tmp_path / name}",
-                             "--max_seq_length=128", "--max_predictions_per_seq=20", "--train_batch_size=4",
-                             "--num_train_steps=3", "--learning_rate=1e-3", "--deterministic", "--seed=731")
-        assert result.returncode == 0, result.stderr[-3000:]
-        assert steps.steps_held() == held  # the command's step released, no other
+    def losses(name):
         return [(line["step"], line["loss"]) for line in read_log(tmp_path / name / "train_log.jsonl")]
 
-    first = run("first")
-    built.clear()
-    monkeypatch.setattr(steps, "KEPT_BYTES", 0)  # from here, no step is kept when its command ends
-    _, kept, as_built = steps._FREE[-1]
-    kept.update.stop_requested.assign(1)  # a signal after its run let it go: evaluate-only never clears it
-    kept.reset(as_built)
-    assert int(kept.update.stop_requested) == 0
-    assert run("second") == first and built == []  # the first command's step
+    first = run_pretraining(PretrainingSettings.of(output_dir=str(tmp_path / "first"), **given), pool)
+    assert (first.run.step, first.run.stopped_by, first.directory.path) == (3, None, str(tmp_path / "first"))
+    assert any("sequences" in line for line in first.summary), first.summary
+    assert built == [1] and pool.held() == [] and len(pool.kept()) == 1
+    kept = pool.kept()[0]
+    kept.update.stop_requested.assign(1)  # a signal after its run let it go: the next run starts without it
+    args = [f"--{name}={value}" for name, value in given.items() if name != "deterministic"]
+    status = run_in_process("bert_packed.cli.run_pretraining", [*args, "--deterministic",
+                                                               f"--output_dir={tmp_path / 'second'}"], steps=pool)
+    assert status == 0
+    assert losses("second") == losses("first") and built == [1] and pool.kept() == [kept]  # the first run's step
     weights = [tf.train.load_checkpoint(str(tmp_path / name / "model.ckpt-3")) for name in ("first", "second")]
     names = [name for name, _ in tf.train.list_variables(str(tmp_path / "first" / "model.ckpt-3"))]
     assert len(names) > 20
     for name in names:
         np.testing.assert_array_equal(weights[0].get_tensor(name), weights[1].get_tensor(name))
-    assert run("third") == first and built == [1]  # a new one: the second's was let go
+    pool.kept_bytes = 0  # from here, no step is kept when its run ends
+    third = run_pretraining(PretrainingSettings.of(output_dir=str(tmp_path / "third"), **given), pool)
+    assert losses("third") == losses("first") and third.run.step == 3
+    assert built == [1] and pool.kept() == []  # the kept one again, let go after
+    run_pretraining(PretrainingSettings.of(output_dir=str(tmp_path / "fourth"), **given), pool)
+    assert losses("fourth") == losses("first") and built == [1, 1]  # a new one
 
 
 def test_a_step_under_a_strategy_of_its_command_s_own_is_let_go_with_the_command(tmp_path):
     """A command makes its own strategy (mirrored, multi-worker, TPU): no later command can run
-    its step, so it is not kept; the tests, which keep a strategy across runs, keep theirs."""
+    its step, so a pool does not keep it, unless its owner keeps its strategies (the tests do)."""
     from training_runs import _set_up_unless_in_place, config
 
-    from bert_packed.training import step as steps
+    from bert_packed.training.step_pool import StepPool
 
     setup = config(tmp_path, [], train_batch_size=2)
     _set_up_unless_in_place(setup.config)
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
-    held = steps.steps_held()
-    mirrored = steps.shared_step(setup.config, setup.train_data, strategy)
-    default = steps.shared_step(setup.config, setup.train_data)
-    steps.release_steps(held)
-    kept = [entry[1] for entry in steps._FREE]
-    assert any(step is default for step in kept) and not any(step is mirrored for step in kept)
-    again = steps.shared_step(setup.config, setup.train_data, strategy)
+    pool = StepPool()
+    mirrored = pool.take(setup.config, setup.train_data, strategy)
+    default = pool.take(setup.config, setup.train_data)
+    assert pool.held() == [mirrored, default]
+    pool.release()
+    assert pool.held() == [] and pool.kept() == [default]
+    again = pool.take(setup.config, setup.train_data, strategy)
     assert again is not mirrored
-    steps.release_steps(held, strategies_kept=True)
-    assert steps._FREE[-1][1] is again
+    keeping = StepPool(strategies_kept=True)
+    step = keeping.take(setup.config, setup.train_data, strategy)
+    keeping.release(step)
+    assert keeping.kept() == [step] and keeping.take(setup.config, setup.train_data, strategy) is step
 
 
 def test_each_command_draws_from_generators_seeded_afresh_and_leaves_the_caller_s_as_they_were():

@@ -25,7 +25,7 @@ import sys
 import tempfile
 
 import pytest
-from conftest import REPO, TINY, run_command, run_script
+from conftest import REPO, STEPS, TINY, run_command, run_script
 
 from bert_packed.dataset_info import read_dataset_info
 from bert_packed.tensorflow_loading import STARTUP_NOTICES
@@ -209,7 +209,7 @@ def test_every_readme_block_runs_as_written(main_job, monkeypatch):
     as in its own: bert_packed.cli.in_process), its other lines by bash. Those training commands
     take the steps the main job compiled (SMALLER keeps them at its shapes): one that compiles a
     step of its own fails here, as its build would cost every run of the suite. Right after the
-    main job's test, before other jobs' steps push its own out of the kept ones (KEPT_BYTES)."""
+    main job's test, before other jobs' steps push its own out of the tests' pool (its kept_bytes)."""
     from bert_packed.training import step as training_step
 
     root, _ = main_job
@@ -246,7 +246,7 @@ def test_every_readme_block_runs_as_written(main_job, monkeypatch):
             ran += 1
     assert ran >= 8
     assert built == [], (f"blocks that compiled a step of their own, not one of the main job's (or one "
-                         f"bert_packed.training.step.KEPT_BYTES let go): {built}")
+                         f"the tests' StepPool let go): {built}")
 
 
 @pytest.mark.slow
@@ -455,7 +455,7 @@ def run_here(words: list[str], cwd) -> subprocess.CompletedProcess:
         sys.stdout, sys.stderr = stdout, stderr
         try:
             program, args = (words[2], words[3:]) if words[1] == "-m" else (words[1], words[2:])
-            status = run_in_process(in_process_module(words), args, program, str(cwd))
+            status = run_in_process(in_process_module(words), args, program, str(cwd), STEPS)
         finally:
             sys.stdout, sys.stderr = saved_io
             for fd, saved in zip((1, 2), saved_fds):

@@ -363,10 +363,10 @@ def test_the_online_packing_window_is_bounded_for_training_and_evaluation():
 def test_a_run_is_assembled_from_its_flags_by_name_as_the_command_does(packed_dir, bert_config_file, tmp_path):
     """training.assemble takes the flags by name (no absl): what a test or a benchmark gives is
     checked and described as run_pretraining's flags are."""
-    from bert_packed.training.assemble import CommandLine, assemble
+    from bert_packed.training.assemble import PretrainingSettings, assemble
 
     def line(**given):
-        return CommandLine.of(bert_config_file=bert_config_file, input_files=f"{packed_dir}/packed-*.tfrecord",
+        return PretrainingSettings.of(bert_config_file=bert_config_file, input_files=f"{packed_dir}/packed-*.tfrecord",
                               output_dir=str(tmp_path), max_seq_length=MAX_SEQ_LENGTH,
                               max_predictions_per_seq=MAX_PREDICTIONS, **given)
 
@@ -416,6 +416,7 @@ def test_the_checks_at_start_read_each_file_s_identity_once(packed_dir, other_te
 
     from bert_packed import files
     from bert_packed.dataset_info import one_reading_per_file
+    from bert_packed.training.assemble import assemble
 
     opened = []
     open_file = files.open_file
@@ -425,11 +426,11 @@ def test_the_checks_at_start_read_each_file_s_identity_once(packed_dir, other_te
         flags.FLAGS(["run_pretraining", f"--bert_config_file={bert_config_file}", f"--input_files={packed_dir}/packed-*.tfrecord",
                      f"--eval_files={other_text_dir}/part-*.tfrecord", f"--output_dir={tmp_path}/run", "--max_seq_length=128",
                      "--max_predictions_per_seq=20"])
-        module.build_config()
+        assemble(module.settings_from_flags())
         without = {path: opened.count((path, "rb")) for path in train + evaluation}
         opened.clear()
         with one_reading_per_file():
-            module.build_config()
+            assemble(module.settings_from_flags())
     assert all(without[path] >= 3 for path in train)  # expand_globs, require_disjoint, metadata.json's check
     assert [opened.count((path, "rb")) for path in train] == [1] * len(train)
     assert [opened.count((path, "rb")) for path in evaluation] == [2] * len(evaluation)  # and counted whole

@@ -7,9 +7,9 @@ set-up, the compiled step) and runs it with the product's own train_and_evaluate
 
 Compiling a step costs seconds; an update of the tiny model milliseconds. So a compiled step is
 built once per graph shape in a test process and handed out again, put back as new, once the
-test that held it has ended: the product's own cache (bert_packed.training.step.shared_step, which
-the commands run in this process share too), released by `release`, which conftest calls after
-every test. Within one test, two runs of one shape get two steps, as two processes would.
+test that held it has ended: the tests' StepPool (conftest.STEPS, which the commands a test runs
+in this process take theirs from too), released after every test. Within one test, two runs of
+one shape get two steps, as two processes would.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, TINY
+from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, STEPS, TINY
 
 from bert_packed.features import Shapes
 from bert_packed.model import BertConfig
@@ -34,7 +34,7 @@ from bert_packed.training.config import PRECISIONS, TrainConfig, make_config, se
 from bert_packed.training.data import EvalData, TrainData, eval_pipeline
 from bert_packed.training.loop import evaluate_only, run_directory, train_and_evaluate
 from bert_packed.training.process import set_up_process
-from bert_packed.training.step import CompiledStep, release_steps, shared_step
+from bert_packed.training.step import CompiledStep
 
 # The values a test gives unless it says otherwise.
 DEFAULTS = dict(input_mode="packed", train_batch_size=4, num_train_steps=2, learning_rate=1e-3, deterministic=True,
@@ -111,7 +111,7 @@ def compiled_step(setup: Setup, strategy=None) -> CompiledStep:
     """A compiled step for `setup`, as new: one this process built before for its graph shape and
     no running test holds (put back as new), else a new one."""
     _set_up_unless_in_place(setup.config)
-    step = shared_step(setup.config, setup.train_data, strategy)
+    step = STEPS.take(setup.config, setup.train_data, strategy)
     _LOOPS.setdefault(step, step.update.loop)
     return step
 
@@ -120,7 +120,7 @@ def release() -> None:
     """The running test has ended: the steps it held may be handed out again, their loops as built."""
     for step, loop in _LOOPS.items():
         step.update.loop = loop
-    release_steps(strategies_kept=True)  # a test's strategy serves its next runs (SEVERAL_REPLICAS)
+    STEPS.release()
 
 
 class Run:
@@ -210,7 +210,7 @@ def two_fine_tuning_updates(rows: dict, input_mode: str, packing_factor: float, 
                    adjust_batch_for_packing=False, adjust_betas_for_packing=False, packing_factor=packing_factor,
                    clip_by_global_norm_after_gradient_allreduce=True)
     _set_up_unless_in_place(setup.config)
-    step = shared_step(setup.config, setup.train_data, objective=objective(setup.config))
+    step = STEPS.take(setup.config, setup.train_data, objective=objective(setup.config))
     for weight, value in zip(step.model.weights, start or [], strict=start is not None):
         weight.assign(value)
     before = [w.numpy() for w in step.model.weights]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import logging
 import os
 import random
@@ -40,8 +41,7 @@ def command_in_this_process(module_name: str, cwd: str | None = None):
     Meanwhile TensorFlow's warning that a function was retraced is left out (QuietRetracing), and
     absl's handler filters nothing, as in a new process.
 
-    The compiled steps the command trained with are kept for the next command of their graph
-    shape (bert_packed.training.step.release_steps). What is put back: absl's flags (their
+    What is put back: absl's flags (their
     values, parsed or not, and which are defined: commands define flags of the same names, which
     cannot be defined twice, so every other command's are taken out meanwhile), absl's run-once
     state, the logging set-up, the SIGINT and SIGTERM handlers, sys.argv, sys.stdout and
@@ -57,7 +57,7 @@ def command_in_this_process(module_name: str, cwd: str | None = None):
     app.define_help_flags()  # once per process: part of what is saved below, not defined by the command
     quiet = QuietRetracing()
     # The flags last: restoring --verbosity sets a level.
-    with _steps_kept(), _process_state_kept(), _training_state_kept(), _only_its_flags(module_name):
+    with _process_state_kept(), _training_state_kept(), _only_its_flags(module_name):
         was_imported = module_name in sys.modules
         earlier = None
         if was_imported and not any(flags.FLAGS.find_module_defining_flag(name, "") == module_name
@@ -80,21 +80,6 @@ def command_in_this_process(module_name: str, cwd: str | None = None):
                 sys.modules[module_name] = earlier
             elif not was_imported:  # its flags are taken out: the next import defines them again
                 sys.modules.pop(module_name, None)
-
-
-@contextlib.contextmanager
-def _steps_kept():
-    """The compiled steps the command was handed (bert_packed.training.step.shared_step) are kept
-    for the next command of their graph shape when it ends. Only a process that has trained has
-    that module loaded: no other command imports TensorFlow for it."""
-    steps = sys.modules.get("bert_packed.training.step")
-    held = steps.steps_held() if steps else 0
-    try:
-        yield
-    finally:
-        steps = sys.modules.get("bert_packed.training.step")
-        if steps:
-            steps.release_steps(held)
 
 
 @contextlib.contextmanager
@@ -145,7 +130,8 @@ def _unparse(flag_values) -> None:
         root.removeHandler(quiet)
 
 
-def run_in_process(module_name: str, args: list[str], program: str | None = None, cwd: str | None = None) -> int:
+def run_in_process(module_name: str, args: list[str], program: str | None = None, cwd: str | None = None,
+                   steps=None) -> int:
     """Runs a command in this process, as `python <program> args` runs it in its own, with this
     process's stdout and stderr, and returns its exit status.
 
@@ -154,22 +140,25 @@ def run_in_process(module_name: str, args: list[str], program: str | None = None
       args: the command's arguments.
       program: its name in sys.argv[0] (None: the module's last part, with .py).
       cwd: as command_in_this_process's.
+      steps: the caller's StepPool (bert_packed.training.step_pool), for a command that trains.
 
     Returns:
       The exit status: 0, or what the command exited with (a message it exited on is printed to
       stderr, status 1, as Python does).
     """
     with command_in_this_process(module_name, cwd) as module:
-        return call_entry_point(module, [program or f"{module_name.rsplit('.', 1)[-1]}.py", *args])
+        return call_entry_point(module, [program or f"{module_name.rsplit('.', 1)[-1]}.py", *args], steps)
 
 
-def call_entry_point(module, argv: list[str]) -> int:
+def call_entry_point(module, argv: list[str], steps=None) -> int:
     """Calls `module.entry_point()` with `argv` as sys.argv, inside command_in_this_process, and
-    returns its exit status (as run_in_process's)."""
+    returns its exit status (as run_in_process's). A command that trains takes `steps` (the
+    caller's StepPool) when it is given."""
     sys.argv = argv
     absl_logging.get_absl_handler().python_handler.stream = sys.stderr  # it holds the stderr of its creation
+    takes_steps = steps is not None and "steps" in inspect.signature(module.entry_point).parameters
     try:
-        module.entry_point()
+        module.entry_point(**({"steps": steps} if takes_steps else {}))
     except SystemExit as e:
         if e.code is None or isinstance(e.code, int):
             return e.code or 0

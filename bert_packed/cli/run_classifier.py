@@ -17,54 +17,46 @@ import logging
 from absl import flags
 
 from bert_packed.cli.common import command_flags_text, exit_if_stopped, run
-from bert_packed.cli.settings_flags import define_flags, from_flags
-from bert_packed.curves import at_chance_warning
-from bert_packed.finetuning.settings import ClassifierSettings
-from bert_packed.run_directory import EVAL_LOG, EVAL_RESULTS, RunDirectory
+from bert_packed.cli.settings_flags import define_flags, from_flags, given_flags
+from bert_packed.run_directory import EVAL_RESULTS
 from bert_packed.settings import first_run_settings, help_groups
 from bert_packed.tensorflow_loading import import_tensorflow
+from bert_packed.training.finetune_settings import HELP_ORDER, ClassifierSettings
 
 FLAGS = flags.FLAGS
 SETTINGS = (ClassifierSettings,)
 define_flags(*SETTINGS, module_name=__name__)
 flags.mark_flags_as_required(["task_name", "data_dir", "bert_config_file", "output_dir"])
-HELP_GROUPS = help_groups(*SETTINGS)
+_GROUPS = help_groups(*SETTINGS)
+HELP_GROUPS = {group: _GROUPS[group] for group in HELP_ORDER}
 FIRST_RUN = first_run_settings(*SETTINGS)
 
 PROGRAM = "run_classifier"
 
 
-def main(argv):
+def main(argv, steps=None):
     del argv
     import_tensorflow(FLAGS.verbosity)
-    from bert_packed.training.distribution import leave_together
-    from bert_packed.training.finetune import classifier_run
-    from bert_packed.training.loop import evaluate_only, train_and_evaluate
-    from bert_packed.training.process import set_up_process
-    from bert_packed.training.step import shared_step
+    from bert_packed.training.finetune import run_classifier
 
-    settings = from_flags(ClassifierSettings)
-    fine_tuning = classifier_run(settings, command_flags_text())  # every file read and checked first
-    config = fine_tuning.config
-    set_up_process(config)
-    step = shared_step(config, fine_tuning.train_data, objective=fine_tuning.objective)
-    if not settings.do_train:
-        record = evaluate_only(config, fine_tuning.eval_data, step)
-        print(f"{PROGRAM}: evaluated {record['checkpoint']} (step {record['step']}): "
-              f"{step.objective.describe(record)} -> {RunDirectory(config.run.output_dir).file(EVAL_RESULTS)}")
+    settings = from_flags(ClassifierSettings, given=given_flags(*SETTINGS))
+    result = run_classifier(settings, steps, command_flags_text())  # every file read and checked first
+    if result.run is None:
+        record = result.evaluation
+        print(f"{PROGRAM}: evaluated {record['checkpoint']} (step {record['step']}): {result.figures} -> "
+              f"{result.directory.file(EVAL_RESULTS)}")
         return
-    result = train_and_evaluate(config, fine_tuning.train_data, fine_tuning.eval_data, step)
-    leave_together(step.strategy)
-    exit_if_stopped(PROGRAM, result)
-    last_eval = result.directory.read_log(EVAL_LOG)[-1:] if settings.do_eval else []
-    figures = f": {step.objective.describe(last_eval[0])}" if last_eval else ""
-    print(f"{PROGRAM}: trained {result.step} updates in {config.run.output_dir}{figures}")
-    if last_eval and at_chance_warning(result.directory):
-        logging.warning(at_chance_warning(result.directory))
+    exit_if_stopped(PROGRAM, result.run)
+    print(f"{PROGRAM}: trained {result.run.step} updates in {settings.output_dir}"
+          + (f": {result.figures}" if result.figures else ""))
+    if result.at_chance:
+        logging.warning(result.at_chance)
 
 
-def entry_point():
-    run(main, PROGRAM, "output_dir", "The last complete checkpoint and the logs up to it are kept")
+def entry_point(steps=None):
+    """The command; `steps`: a StepPool its caller keeps (bert_packed.training.step)."""
+    run(lambda argv: main(argv, steps), PROGRAM, "output_dir",
+        "The last complete checkpoint and the logs up to it are kept")
 
 
 if __name__ == "__main__":

@@ -19,59 +19,44 @@ import logging
 from absl import flags
 
 from bert_packed.cli.common import command_flags_text, exit_if_stopped, run
-from bert_packed.cli.settings_flags import define_flags, from_flags
-from bert_packed.curves import at_chance_warning
-from bert_packed.finetuning.settings import SquadSettings
-from bert_packed.run_directory import EVAL_LOG, PREDICTIONS, RunDirectory
+from bert_packed.cli.settings_flags import define_flags, from_flags, given_flags
+from bert_packed.run_directory import PREDICTIONS
 from bert_packed.settings import first_run_settings, help_groups
 from bert_packed.tensorflow_loading import import_tensorflow
+from bert_packed.training.finetune_settings import HELP_ORDER, SquadSettings
 
 FLAGS = flags.FLAGS
 SETTINGS = (SquadSettings,)
 define_flags(*SETTINGS, module_name=__name__)
 flags.mark_flags_as_required(["bert_config_file", "output_dir"])
-HELP_GROUPS = help_groups(*SETTINGS)
+_GROUPS = help_groups(*SETTINGS)
+HELP_GROUPS = {group: _GROUPS[group] for group in HELP_ORDER}
 FIRST_RUN = first_run_settings(*SETTINGS)
 
 PROGRAM = "run_squad"
 
 
-def main(argv):
+def main(argv, steps=None):
     del argv
     import_tensorflow(FLAGS.verbosity)
-    from bert_packed.training.distribution import chief, leave_together
-    from bert_packed.training.finetune import squad_run
-    from bert_packed.training.loop import evaluate_only, train_and_evaluate
-    from bert_packed.training.process import set_up_process
-    from bert_packed.training.step import shared_step
+    from bert_packed.training.finetune import run_squad
 
-    settings = from_flags(SquadSettings)
-    fine_tuning = squad_run(settings, command_flags_text())  # every file read and checked first
-    config = fine_tuning.config
-    set_up_process(config)
-    step = shared_step(config, fine_tuning.train_data, objective=fine_tuning.objective)
-    directory = RunDirectory(config.run.output_dir)
-    if settings.do_train:
-        result = train_and_evaluate(config, fine_tuning.train_data, fine_tuning.eval_data, step)
-        leave_together(step.strategy)
-        exit_if_stopped(PROGRAM, result)
-        print(f"{PROGRAM}: trained {result.step} updates in {config.run.output_dir}")
-    if not settings.do_predict:
-        return
-    if step.objective.answers is None:  # no evaluation at the end of this command's training: predict now
-        record = evaluate_only(config, fine_tuning.eval_data, step)
-    else:
-        record = directory.read_log(EVAL_LOG)[-1]
-    if chief(step.strategy)[0]:
-        directory.write_predictions(*step.objective.answers)
-    print(f"{PROGRAM}: answered {len(step.objective.answers[0]):,} questions of {settings.predict_file}: "
-          f"{step.objective.describe(record)} -> {directory.file(PREDICTIONS)}")
-    if settings.do_train and at_chance_warning(directory):
-        logging.warning(at_chance_warning(directory))
+    settings = from_flags(SquadSettings, given=given_flags(*SETTINGS))
+    result = run_squad(settings, steps, command_flags_text())  # every file read and checked first
+    if result.run is not None:
+        exit_if_stopped(PROGRAM, result.run)
+        print(f"{PROGRAM}: trained {result.run.step} updates in {settings.output_dir}")
+    if settings.do_predict:
+        print(f"{PROGRAM}: answered {result.num_predictions:,} questions of {settings.predict_file}: "
+              f"{result.figures} -> {result.directory.file(PREDICTIONS)}")
+    if result.at_chance:
+        logging.warning(result.at_chance)
 
 
-def entry_point():
-    run(main, PROGRAM, "output_dir", "The last complete checkpoint and the logs up to it are kept")
+def entry_point(steps=None):
+    """The command; `steps`: a StepPool its caller keeps (bert_packed.training.step)."""
+    run(lambda argv: main(argv, steps), PROGRAM, "output_dir",
+        "The last complete checkpoint and the logs up to it are kept")
 
 
 if __name__ == "__main__":

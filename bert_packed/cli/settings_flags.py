@@ -30,6 +30,12 @@ def from_flags(kind: type, **values):
     return kind(**{field.name: flags.FLAGS[field.name].value for field in settings_of(kind)}, **values)
 
 
+def given_flags(*kinds: type) -> frozenset[str]:
+    """The names of the settings of `kinds` whose flags were given (on the command line or in a
+    flagfile)."""
+    return frozenset(field.name for field in settings_of(*kinds) if flags.FLAGS[field.name].present)
+
+
 def flag_help(field: dataclasses.Field) -> str:
     """The setting's help, with the reference's default where it differs."""
     text = field.metadata["help"].rstrip(".")

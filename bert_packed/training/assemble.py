@@ -1,8 +1,8 @@
-"""What run_pretraining builds from its flags before it touches a device: the run's settings
+"""What run_pretraining builds from its settings before it touches a device: the run's settings
 (TrainConfig), its training data and its eval data, each described and checked against the
-others. The command line hands over every flag's value by name and which flags were given
-(CommandLine); anything else that starts a run the way the command does (a test, a benchmark)
-calls the same assemble().
+others. run_pretraining's settings are every flag's value by name and which were given
+(PretrainingSettings: the command line's, or a notebook's PretrainingSettings.of(...)); anything
+else that starts a run the way the command does (a test, a benchmark) calls the same assemble().
 """
 
 from __future__ import annotations
@@ -20,27 +20,28 @@ from bert_packed.input_files import expand_globs
 from bert_packed.run_directory import RunDirectory
 from bert_packed.settings import settings_of
 from bert_packed.training.config import PARTS, LaunchSettings, TrainConfig, make_config, setting_names
+from bert_packed.training.launch import DistributionSettings
 
 if TYPE_CHECKING:  # training.data reads records through tf.data: imported when a run is assembled
     from bert_packed.training.data import EvalData, TrainData
 
 
 @dataclasses.dataclass(frozen=True)
-class CommandLine:
-    """run_pretraining's flags: every value by its flag's name, and the names of those given (a
+class PretrainingSettings:
+    """run_pretraining's settings: every value by its flag's name, and the names of those given (a
     flag not given takes its default; the reference's second spellings and the data's recorded
-    shapes count only when given)."""
+    shapes count only when given). `PretrainingSettings.of(output_dir=..., ...)` gives some."""
 
     values: Mapping[str, object]
     given: frozenset[str]
 
     @classmethod
-    def of(cls, **given) -> CommandLine:
-        """The command line that gives `given` (flags by name) and leaves every other flag at its
-        default, as run_pretraining parses it: how a benchmark or a test starts a run the command's
-        way."""
+    def of(cls, **given) -> PretrainingSettings:
+        """The settings that give `given` (by their flags' names) and leave every other at its
+        default, as run_pretraining parses its command line: how a notebook, a benchmark or a test
+        starts a run the command's way."""
         defaults = {field.name: list(field.default) if isinstance(field.default, tuple) else field.default
-                    for field in settings_of(LaunchSettings, *PARTS.values())}
+                    for field in settings_of(LaunchSettings, DistributionSettings, *PARTS.values())}
         unknown = sorted(set(given) - set(defaults))
         if unknown:
             raise TypeError(f"run_pretraining has no flag {unknown[0]!r}")
@@ -65,37 +66,17 @@ class CommandLine:
             raise SettingsError(f"--{ours}={self[ours]} and --{reference}={self[reference]} disagree; give one of them")
         return value
 
-    def strategy_name(self) -> str:
-        """--distribution_strategy, after the reference's --use_tpu and --num_gpus."""
-        name, explicit, gpus = self["distribution_strategy"], "distribution_strategy" in self.given, self["num_gpus"]
-        wanted = "tpu" if self["use_tpu"] else "mirrored" if gpus > 1 else None
-        if wanted is None:
-            return name
-        if explicit and name == "multi_worker_mirrored" and not self["use_tpu"]:
-            raise SettingsError(f"--num_gpus={gpus} mirrors over one host's GPUs, but under "
-                                f"--distribution_strategy=multi_worker_mirrored each worker trains on every GPU it "
-                                f"sees: leave --num_gpus out")
-        if explicit and name != wanted:
-            what = "--use_tpu" if self["use_tpu"] else f"--num_gpus={gpus}"
-            raise SettingsError(f"{what} asks for --distribution_strategy={wanted}, but --distribution_strategy={name}")
-        return wanted
+    def distribution(self) -> DistributionSettings:
+        """The devices and hosts the run trains on (the distribution flags), checked."""
+        names = [field.name for field in settings_of(DistributionSettings)]
+        return DistributionSettings(**{name: self[name] for name in names}, given=self.given & set(names))
 
 
-def check_reference_flags(line: CommandLine) -> None:
+def check_reference_flags(line: PretrainingSettings) -> None:
     """The reference flags that cannot be honoured here, named."""
     if not line["do_train"] and not line["do_eval"]:
         raise SettingsError("--do_train and --do_eval are both false: nothing to do")
-    if line["master"] and not line["use_tpu"]:
-        raise SettingsError(f"--master={line['master']}: cannot be honoured without --use_tpu (it is the TF1 master of "
-                            f"a TPU job; other jobs here use tf.distribute and TF_CONFIG)")
-    if line.strategy_name() == "tpu" and not (line.spelled("tpu", "tpu_name") or line["master"]):
-        raise SettingsError("--use_tpu (--distribution_strategy=tpu) needs --tpu_name (or --tpu, or --master)")
-    if line["num_gpus"] > 0:
-        import tensorflow as tf
-
-        visible = len(tf.config.list_physical_devices("GPU"))
-        if visible < line["num_gpus"]:
-            raise SettingsError(f"--num_gpus={line['num_gpus']}: cannot be honoured, {visible} GPUs are visible")
+    line.distribution()
 
 
 def _power_of_ten(log_epsilon: float) -> float:
@@ -112,7 +93,7 @@ def _lengths(bucket_boundaries: list[str]) -> tuple[int, ...]:
                             f"commas (--bucket_boundaries=128,256,384)") from None
 
 
-def assemble(line: CommandLine, flags_text: str = "") -> tuple[TrainConfig, TrainData, EvalData]:
+def assemble(line: PretrainingSettings, flags_text: str = "") -> tuple[TrainConfig, TrainData, EvalData]:
     """The run's settings, its training data and its eval data: every setting from the flag of its
     name (the parts check themselves), then the data described and checked against the settings
     (no device is touched).

@@ -10,7 +10,7 @@ One name per setting: every field is named after the run_pretraining flag that s
 A new setting is written once: a field here, declared with bert_packed.settings.setting (its
 default, its help, its group in --help, the reference's default where it differs; its check in
 the part's __post_init__). run_pretraining's flags are made from these fields, and from
-LaunchSettings's, which a run's identity leaves out.
+LaunchSettings's and launch.DistributionSettings's, which a run's identity leaves out.
 
 Each part checks its own values when it is built: a value that cannot work is a SettingsError
 naming its flag. The defaults are written once, here; the flags take theirs from these classes.
@@ -49,22 +49,9 @@ PRECISIONS = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float1
 OPTIMIZERS = ("lamb", "adamw")
 DIVISIONS = ("closed", "open")
 STATUSES = ("onprem", "cloud", "preview", "research")
-# How a run is launched on several devices and hosts (bert_packed/training/distribution.py acts on
-# these): not settings of the run, which resumes the same under another launcher.
-# Where a multi-worker run's cluster comes from: TF_CONFIG, a Slurm job step, or whichever is there.
-CLUSTER_RESOLVERS = ("auto", "tf_config", "slurm")
-# What sums the gradients across devices and hosts: NCCL, TensorFlow's ring, or TensorFlow's choice.
-ALL_REDUCE_ALGORITHMS = ("auto", "nccl", "ring")
-# TensorFlow's SlurmClusterResolver's own port_base: task k of a host listens on SLURM_PORT_BASE + k.
-SLURM_PORT_BASE = 8888
-
-
 # --help's groups that are not one part's.
 RUN_GROUP = "run, checkpoints and logs"
 MLPERF_GROUP = "MLPerf logging"
-DISTRIBUTION_GROUP = "distribution"
-# tf.distribute's strategies (--distribution_strategy; the reference's --use_tpu and --num_gpus choose one too).
-STRATEGIES = ("default", "mirrored", "multi_worker_mirrored", "tpu")
 
 
 def require(condition: bool, message: str) -> None:
@@ -134,33 +121,20 @@ def adjusted_betas(beta_1: float, beta_2: float, packing_factor: float) -> tuple
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class ModelConfig:
-    """The model and how it computes.
+class ComputeSettings:
+    """How the model computes: the part pre-training (ModelConfig) and fine-tuning
+    (training.finetune_settings) share, so that a way of computing lands once for both.
 
     Attributes:
-      bert: the BERT hyper-parameters (--bert_config_file).
-      init_checkpoint: a google-research/MLPerf TF1 checkpoint to start from (None: random); read
-        only by a run's first start.
-      loss_averaging: the MLM loss basis, "token" (MLPerf) or "sequence" (docs/model.md).
       precision: "fp32", "bf16" or "fp16" (fp16 with dynamic loss scaling).
       xla: compile the forward and backward pass, and each weight's optimizer step, with XLA.
-      nsp_loss: the next-sentence head and its loss; False: masked-LM only (RoBERTa's objective,
-        Graphcore's MLPerf packed configs), the MLPerf metric unchanged.
       recompute: what the backward pass recomputes instead of keeping (model.RECOMPUTE: none,
         attention, layer): the same gradients in less memory, so a run may change it on resume.
     """
 
-    bert: BertConfig
-    init_checkpoint: str | None = setting(
-        None, "Weights to start from: a google-research/MLPerf TF1 checkpoint, or a Hugging Face BERT directory "
-              "(config.json, model.safetensors).", group="model", changeable=True, first_run=True)
-    loss_averaging: str = setting("token", "MLM loss basis.", group="model", choices=LOSS_AVERAGING)
     precision: str = setting("fp32", "fp16 uses dynamic loss scaling.", group="model", choices=tuple(PRECISIONS))
     xla: bool = setting(False, "Compile the forward and backward pass, and each weight's optimizer step, with XLA.",
                         group="model")
-    nsp_loss: bool = setting(True, "Train the next-sentence head on its loss; --nsp_loss=false: masked-LM only, no "
-                                   "NSP head (RoBERTa's objective; the MLPerf metric, MLM accuracy, is unchanged).",
-                             group="model")
     recompute: str = setting(
         "none", "What the backward pass recomputes instead of keeping: none; attention (scores, softmax, dropout, "
                 "probabilities x values: most of a row's memory at L=512); layer (each whole transformer layer). The "
@@ -169,9 +143,35 @@ class ModelConfig:
 
     def __post_init__(self):
         require(self.recompute in RECOMPUTE, f"--recompute={self.recompute}: expected one of {', '.join(RECOMPUTE)}")
+        require(self.precision in PRECISIONS, f"--precision={self.precision}: expected one of {', '.join(PRECISIONS)}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelConfig(ComputeSettings):
+    """The model and how it computes (ComputeSettings: precision, xla, recompute).
+
+    Attributes:
+      bert: the BERT hyper-parameters (--bert_config_file).
+      init_checkpoint: a google-research/MLPerf TF1 checkpoint to start from (None: random); read
+        only by a run's first start.
+      loss_averaging: the MLM loss basis, "token" (MLPerf) or "sequence" (docs/model.md).
+      nsp_loss: the next-sentence head and its loss; False: masked-LM only (RoBERTa's objective,
+        Graphcore's MLPerf packed configs), the MLPerf metric unchanged.
+    """
+
+    bert: BertConfig
+    init_checkpoint: str | None = setting(
+        None, "Weights to start from: a google-research/MLPerf TF1 checkpoint, or a Hugging Face BERT directory "
+              "(config.json, model.safetensors).", group="model", changeable=True, first_run=True)
+    loss_averaging: str = setting("token", "MLM loss basis.", group="model", choices=LOSS_AVERAGING)
+    nsp_loss: bool = setting(True, "Train the next-sentence head on its loss; --nsp_loss=false: masked-LM only, no "
+                                   "NSP head (RoBERTa's objective; the MLPerf metric, MLM accuracy, is unchanged).",
+                             group="model")
+
+    def __post_init__(self):
+        super().__post_init__()
         require(self.loss_averaging in LOSS_AVERAGING,
                 f"--loss_averaging={self.loss_averaging}: expected one of {', '.join(LOSS_AVERAGING)}")
-        require(self.precision in PRECISIONS, f"--precision={self.precision}: expected one of {', '.join(PRECISIONS)}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -386,11 +386,10 @@ class RunConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LaunchSettings:
-    """What run_pretraining's command line gives besides the run's settings: the BERT config and
-    the data files, what to do, the reference's second spellings, and how the run is spread over
-    devices and hosts (bert_packed/training/distribution.py acts on these). None of it is part of
-    a run's identity: a run resumes the same under another launch. The command checks them
-    (bert_packed/cli/run_pretraining.py); the data's own description says the rest."""
+    """What run_pretraining's settings hold besides the run's parts and its distribution
+    (launch.DistributionSettings): the BERT config and the data files, what to do, and the
+    reference's second spellings. None of it is part of a run's identity. The data's own
+    description says the rest (bert_packed.training.assemble)."""
 
     bert_config_file: str | None = setting(None, "google-research bert_config.json.", group="model", first_run=True)
     input_file: str | None = setting(None, "Comma-separated globs of training TFRecords (the reference's name of "
@@ -415,36 +414,6 @@ class LaunchSettings:
                             group="evaluation")
     log_epsilon: float = setting(math.log10(OptimizerConfig.epsilon), "Optimizer epsilon is 10**log_epsilon (or give "
                                                                       "--epsilon).", group="optimizer")
-    distribution_strategy: str = setting("default", "tf.distribute strategy (multi_worker_mirrored: the cluster from "
-                                                    "--cluster_resolver).", group=DISTRIBUTION_GROUP, choices=STRATEGIES)
-    num_gpus: int = setting(0, "GPUs: more than 1 mirrors over that many (--distribution_strategy=mirrored); checked "
-                               "against the GPUs visible.", group=DISTRIBUTION_GROUP)
-    cluster_resolver: str = setting(
-        "auto", "With multi_worker_mirrored, where the cluster comes from: tf_config (TF_CONFIG, as Kubeflow's TFJob "
-                "sets it), slurm (the Slurm job step srun starts, through TensorFlow's SlurmClusterResolver), or auto: "
-                "TF_CONFIG when set, else Slurm inside a job step, else this host alone.",
-        group=DISTRIBUTION_GROUP, choices=CLUSTER_RESOLVERS)
-    slurm_port_base: int = setting(
-        SLURM_PORT_BASE, "Under Slurm, the port of each host's first task (task k of a host listens on "
-                         "slurm_port_base + k): open it between the hosts (TensorFlow's default).",
-        group=DISTRIBUTION_GROUP)
-    cluster_wait_seconds: float = setting(
-        900.0, "With multi_worker_mirrored, how long a worker waits for the cluster's other tasks to answer at their "
-               "addresses (it says which, every 30 s) before it stops, in one line naming them.",
-        group=DISTRIBUTION_GROUP)
-    all_reduce_alg: str = setting(
-        "auto", "What sums the gradients: nccl (give it on GPUs); ring (TensorFlow's own collectives over gRPC; on one "
-                "host, its reduction to one device); auto: TensorFlow's choice, which under multi_worker_mirrored is "
-                "its ring (docs/launch.md).", group=DISTRIBUTION_GROUP, choices=ALL_REDUCE_ALGORITHMS)
-    use_tpu: bool = setting(False, "Run on a TPU (--tpu_name or --master names it).", group=DISTRIBUTION_GROUP)
-    tpu_name: str | None = setting(None, "TPU name or grpc:// address (the reference's name of --tpu).",
-                                   group=DISTRIBUTION_GROUP)
-    tpu: str | None = setting(None, "TPU name or address (= --tpu_name).", group=DISTRIBUTION_GROUP)
-    tpu_zone: str | None = setting(None, "GCE zone of the TPU (default: detected).", group=DISTRIBUTION_GROUP)
-    gcp_project: str | None = setting(None, "GCP project of the TPU (default: detected).", group=DISTRIBUTION_GROUP)
-    master: str | None = setting(None, "TPU master address, used with --use_tpu when --tpu_name is not given.",
-                                 group=DISTRIBUTION_GROUP)
-    num_tpu_cores: int = setting(8, "TPU cores; checked against the TPU found when given.", group=DISTRIBUTION_GROUP)
 
 
 # The parts of a TrainConfig, by attribute.

@@ -15,23 +15,29 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from typing import TYPE_CHECKING
 
 from bert_packed import files
 from bert_packed.dataset_info import FileIdentity
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
 from bert_packed.finetuning.encode import EncodedExamples, RepackedRows, encode_examples, make_rows
-from bert_packed.finetuning.settings import ClassifierSettings, FineTuningSettings, SquadSettings
 from bert_packed.finetuning.squad import make_windows, read_squad_examples
 from bert_packed.finetuning.tasks import get_task, read_examples, task_labels
 from bert_packed.model import BertConfig
 from bert_packed.model.huggingface import is_huggingface_directory, require_export_directory, require_same_model
 from bert_packed.packing.assign import assign_to_packs
 from bert_packed.pretraining_data.tokenization import Tokenizer
-from bert_packed.run_directory import RunDirectory
+from bert_packed.run_directory import EVAL_LOG, RunDirectory
 from bert_packed.training.config import TrainConfig, make_config
 from bert_packed.training.data import EvalData, TrainData
+from bert_packed.training.finetune_settings import ClassifierSettings, FineTuningSettings, SquadSettings
+from bert_packed.training.launch import cluster_of_this_task, make_strategy
 from bert_packed.training.objective import Answering, Classification, SpanPrediction
+
+if TYPE_CHECKING:  # the loop and the compiled step import TensorFlow: imported when a run starts
+    from bert_packed.training.loop import RunResult
+    from bert_packed.training.step_pool import StepPool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +55,100 @@ class FineTuning:
     train_data: TrainData
     eval_data: EvalData
     objective: Classification | SpanPrediction
+
+
+@dataclasses.dataclass(frozen=True)
+class FineTuningResult:
+    """What a fine-tuning command made.
+
+    Attributes:
+      directory: the run's directory (its checkpoints, logs and results).
+      run: how training ended (loop.RunResult: its last step, or the signal that stopped it after
+        a save); None when the command did not train.
+      evaluation: the last evaluation's record (step, the task's figures, loss; {} when none).
+      figures: that evaluation in words ("accuracy 0.8603, f1 0.9010, loss 0.3512 over 408
+        examples"), "" when none.
+      at_chance: the warning that the run learned nothing (curves.at_chance_warning), else None.
+      num_predictions: the questions answered in predictions.json (run_squad's --do_predict).
+    """
+
+    directory: RunDirectory
+    run: RunResult | None
+    evaluation: dict
+    figures: str
+    at_chance: str | None
+    num_predictions: int = 0
+
+
+def run_classifier(settings: ClassifierSettings, steps: StepPool | None = None, flags_text: str = "") -> FineTuningResult:
+    """run_classifier.py as a function: fine-tunes (--do_train) and evaluates (--do_eval) as
+    google-research's run_classifier does, on packed or padded rows.
+
+        settings = ClassifierSettings(task_name="jsonl", data_dir="my_task", bert_config_file=...,
+                                      init_checkpoint=..., output_dir="runs/my_task", do_train=True,
+                                      do_eval=True, precision="bf16")
+        result = run_classifier(settings)
+        result.evaluation["accuracy"]
+
+    Args:
+      settings: the command's settings (as its flags give them).
+      steps: compiled steps kept for reuse across commands (None: this call's own).
+      flags_text: the command line as a flagfile, recorded in the run's flags.txt.
+
+    Returns:
+      What it made (FineTuningResult).
+
+    Raises:
+      UserError: a setting, a file or a record that cannot make the run, in one line.
+    """
+    cluster = cluster_of_this_task(settings)  # first: under Slurm it picks this task's GPUs
+    return _fine_tune(classifier_run(settings, flags_text), settings, cluster, steps, settings.do_eval)
+
+
+def run_squad(settings: SquadSettings, steps: StepPool | None = None, flags_text: str = "") -> FineTuningResult:
+    """run_squad.py as a function: fine-tunes on --train_file (--do_train) and answers
+    --predict_file (--do_predict: predictions.json and nbest_predictions.json in the run's
+    directory, scored where the file holds answers).
+
+    Args, Returns, Raises: as run_classifier's.
+    """
+    cluster = cluster_of_this_task(settings)
+    return _fine_tune(squad_run(settings, flags_text), settings, cluster, steps, settings.do_predict)
+
+
+def _fine_tune(fine_tuning: FineTuning, settings: FineTuningSettings, cluster, steps: StepPool | None,
+               evaluates: bool) -> FineTuningResult:
+    """Trains (when settings.do_train) and evaluates the run `fine_tuning` under the strategy the
+    settings ask for, on a step of `steps`; a span objective's answers are written out."""
+    from bert_packed.curves import at_chance_warning
+    from bert_packed.training.distribution import chief, leave_together
+    from bert_packed.training.loop import evaluate_only, train_and_evaluate
+    from bert_packed.training.process import set_up_process
+    from bert_packed.training.step_pool import StepPool
+
+    config, objective = fine_tuning.config, fine_tuning.objective
+    set_up_process(config)
+    strategy = make_strategy(settings, cluster)
+    directory = RunDirectory(config.run.output_dir)
+    with (steps or StepPool()).holding(config, fine_tuning.train_data, strategy, objective) as step:
+        run, record = None, {}
+        if settings.do_train:
+            run = train_and_evaluate(config, fine_tuning.train_data, fine_tuning.eval_data, step)
+            leave_together(step.strategy)  # the chief last: its process holds the workers' coordination service
+            directory = run.directory
+            if run.stopped_by:
+                return FineTuningResult(directory, run, {}, "", None)
+            record = (directory.read_log(EVAL_LOG)[-1:] or [{}])[0] if evaluates else {}
+        answers_missing = isinstance(objective, SpanPrediction) and objective.answers is None
+        if evaluates and (not settings.do_train or answers_missing):  # a run resumed finished answers again
+            record = evaluate_only(config, fine_tuning.eval_data, step)
+        answered = 0
+        if isinstance(objective, SpanPrediction) and evaluates:
+            answered = len(objective.answers[0])
+            if chief(step.strategy)[0]:
+                directory.write_predictions(*objective.answers)
+    warning = at_chance_warning(directory) if settings.do_train and record else None
+    return FineTuningResult(directory, run, record, objective.describe(record) if record else "", warning, answered)
 
 
 def classifier_run(settings: ClassifierSettings, flags_text: str = "") -> FineTuning:
@@ -157,9 +257,14 @@ def _config(settings: FineTuningSettings, bert: BertConfig, num_examples: int, t
     if settings.eval_every_samples:
         loop = min(loop, max(1, settings.eval_every_samples // settings.train_batch_size))
     return make_config(
-        bert=bert, xla=settings.xla, init_checkpoint=settings.init_checkpoint, output_dir=settings.output_dir,
+        bert=bert, precision=settings.precision, xla=settings.xla, recompute=settings.recompute,
+        init_checkpoint=settings.init_checkpoint, output_dir=settings.output_dir,
         input_mode=settings.input_mode, train_batch_size=settings.train_batch_size,
         adjust_batch_for_packing=settings.input_mode != "padded", optimizer="adamw",
+        # google-research's clip: the whole update's gradient, the mean over all its examples (on
+        # several replicas, not the mean of each replica's own mean, which packs of unequal
+        # counts would weigh otherwise).
+        clip_by_global_norm_after_gradient_allreduce=True,
         learning_rate=settings.learning_rate, num_train_steps=steps,
         num_warmup_steps=int(steps * settings.warmup_proportion), eval_batch_size=eval_batch_size,
         eval_every_samples=settings.eval_every_samples, seed=settings.seed, deterministic=True,

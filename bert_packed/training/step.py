@@ -9,15 +9,11 @@ on them. So a run, an evaluation alone, a throughput benchmark and a test share 
 building and calling the compiled update, and a step built once serves several runs of one
 shape (`initial_state` and `reset` put it back as new, `set_schedule` gives it a run's schedule).
 
-Commands run one after another in one process (the main job, the fine-tuning job, the tests:
-bert_packed.cli.in_process) share them: `shared_step` hands a command a step an earlier command
-built for the same graph shape, put back as new, and `release_steps` (called by the in-process
-runner when a command ends) keeps the command's steps for the next.
+Commands run one after another in one process (the main job, the fine-tuning job, a notebook,
+the tests) share them through a StepPool (step_pool.py) that the caller owns and passes to each.
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import numpy as np
 import tensorflow as tf
@@ -144,80 +140,3 @@ class CompiledStep:
         for variable, value in zip(self._variables(), state, strict=True):
             variable.assign(value)
         self.update.stop_requested.assign(0)  # a signal may have come after its run let it go
-
-
-# Steps kept for the next command of this process, (graph shape, step, its variables as built):
-# those released, oldest first, and those handed out to the commands running now.
-_FREE: list[tuple[tuple, CompiledStep, list[np.ndarray]]] = []
-_HELD: list[tuple[tuple, CompiledStep, list[np.ndarray] | None]] = []
-# Released steps are kept while their variables and their values as built take at most this (on
-# a GPU, half of it in its memory): the tiny and small models of the main job and the tests, not a
-# BERT-base's 2.6 GB with its optimizer's slots (where a compile costs less beside the run, and the
-# memory is the user's). TensorFlow's traces of a step add about 40 MB that this does not count.
-KEPT_BYTES = 2**30
-
-
-def graph_shape(config: TrainConfig, train_data: TrainData, strategy: tf.distribute.Strategy, objective) -> tuple:
-    """What a compiled step is built from: everything but what a run gives it (its data, output
-    directory, cadences and logs, and the schedule's peak and lengths, which are variables)."""
-    schedule = dataclasses.replace(config.optimizer, learning_rate=0.0, num_train_steps=1, num_warmup_steps=0,
-                                   start_warmup_step=0)
-    shape = batching(config, train_data.input_mode, train_data.packing_factor,
-                     train_data.shapes.max_sequences_per_pack, strategy.num_replicas_in_sync)
-    return (repr(dataclasses.replace(config.model, init_checkpoint=None)), repr(schedule), repr(shape),
-            train_data.input_mode, config.run.seed, config.run.deterministic, id(strategy), type(objective).__name__,
-            objective.graph_shape)
-
-
-def shared_step(config: TrainConfig, train_data: TrainData, strategy: tf.distribute.Strategy | None = None,
-                objective=None) -> CompiledStep:
-    """A compiled step for a run of `config`, as CompiledStep(...) builds it: one an earlier
-    command of this process built for the same graph shape and released (its variables put back
-    as built, this run's schedule and objective given; nothing is compiled again), else a new one.
-    The caller holds it until release_steps.
-
-    Args: as CompiledStep's.
-    """
-    strategy = strategy or tf.distribute.get_strategy()
-    objective = objective or Pretraining(config)
-    key = graph_shape(config, train_data, strategy, objective)
-    for index, (free_key, step, state) in enumerate(_FREE):
-        if free_key == key:
-            del _FREE[index]
-            check_process_set_up(config)
-            step.reset(state)
-            step.set_schedule(config)
-            step.config, step.objective, step.update.objective = config, objective, objective
-            break
-    else:
-        step = CompiledStep(config, train_data, strategy, objective)
-        state = step.initial_state() if _kept_bytes(step) <= KEPT_BYTES else None  # None: not kept
-    _HELD.append((key, step, state))
-    return step
-
-
-def steps_held() -> int:
-    """How many compiled steps are held: release_steps(steps_held()) later releases those handed
-    out meanwhile."""
-    return len(_HELD)
-
-
-def release_steps(since: int = 0, strategies_kept: bool = False) -> None:
-    """The steps handed out after the first `since` held are released: kept for the next command
-    of their graph shape (while the kept ones take at most KEPT_BYTES, the oldest let go first).
-
-    A command makes its own tf.distribute strategy (a step's graph shape holds the strategy), so
-    a step under any but the default strategy is let go with its command, unless
-    `strategies_kept`: the caller runs other steps under that strategy object (the tests do).
-    """
-    default = tf.distribute.get_strategy()
-    released, _HELD[since:] = _HELD[since:], []
-    _FREE.extend(entry for entry in released
-                 if entry[2] is not None and (strategies_kept or entry[1].strategy is default))
-    while sum(_kept_bytes(step) for _, step, _ in _FREE) > KEPT_BYTES:
-        _FREE.pop(0)
-
-
-def _kept_bytes(step: CompiledStep) -> int:
-    """What keeping `step` takes: its variables, and their values as built."""
-    return 2 * sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in step._variables())

@@ -1,7 +1,10 @@
 """The fine-tuning commands' settings: google-research/bert's run_classifier.py and run_squad.py
 flags, with their defaults and meanings, and how the examples are packed.
 
-  FineTuningSettings   what both take: the model, the schedule, the packing, the run
+  FineTuningSettings   what both take: the model, the schedule, the packing, the run, and the parts
+                       pre-training's settings compose too (config.ComputeSettings: --precision,
+                       --xla, --recompute; launch.DistributionSettings: --num_gpus,
+                       --distribution_strategy, the Slurm and TF_CONFIG launch)
   ClassifierSettings   run_classifier's task (GLUE's, or JSON lines)
   SquadSettings        run_squad's files, windows and answers
 """
@@ -16,15 +19,19 @@ from bert_packed.finetuning.tasks import TASKS
 from bert_packed.packing.plan import ALGORITHMS, DEFAULT_ALGORITHM
 from bert_packed.pretraining_data.tokenization import DEFAULT_VOCAB_FILE
 from bert_packed.settings import setting
+from bert_packed.training.config import ComputeSettings
+from bert_packed.training.launch import DISTRIBUTION_GROUP, DistributionSettings
 
 TASK_GROUP, TRAINING_GROUP, PACKING_GROUP, RUN_GROUP = "task", "training", "packing", "run"
+# The commands' --help groups, in order (the parts shared with pre-training: model, distribution).
+HELP_ORDER = (TASK_GROUP, TRAINING_GROUP, "model", PACKING_GROUP, RUN_GROUP, DISTRIBUTION_GROUP)
 # How fine-tuning rows hold examples: several a row (the same packs every epoch, or packed anew
 # each epoch), or one a row (the baseline).
 FINETUNING_INPUT_MODES = ("packed", "padded", "packed_online")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class FineTuningSettings:
+class FineTuningSettings(ComputeSettings, DistributionSettings):
     """What every fine-tuning command takes, checked when built."""
 
     vocab_file: str = setting(DEFAULT_VOCAB_FILE, "The vocabulary the BERT model was trained with.", group=TASK_GROUP)
@@ -45,8 +52,6 @@ class FineTuningSettings:
                                             "linearly to 0.", group=TRAINING_GROUP)
     eval_every_samples: int = setting(0, "Also evaluate every this many training examples (0: only at the end): "
                                          "the dev curve compare_curves draws.", group=TRAINING_GROUP)
-    xla: bool = setting(False, "Compile the forward and backward pass, and each weight's optimizer step, with XLA "
-                               "(run_pretraining's --xla).", group=TRAINING_GROUP)
     input_mode: str = setting("packed", "Several examples a row (packed, by the planner on the task's own length "
                                         "histogram; packed_online: packed anew each epoch, so that other examples "
                                         "share an update) or one a row (padded).", group=PACKING_GROUP,
@@ -69,6 +74,8 @@ class FineTuningSettings:
                                                        "BertForQuestionAnswering).", group=RUN_GROUP)
 
     def __post_init__(self):
+        ComputeSettings.__post_init__(self)
+        DistributionSettings.__post_init__(self)
         for name in ("train_batch_size", "max_sequences_per_pack", "save_checkpoints_steps", "iterations_per_loop"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"--{name}={getattr(self, name)}: must be at least 1")
