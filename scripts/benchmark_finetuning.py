@@ -31,10 +31,17 @@ from _finetuning_tasks import write_tasks
 from absl import flags
 
 from bert_packed.cli.common import run
-from bert_packed.curves import TOKENS_PROMISE, TOKENS_PROMISE_WHY, describe_speedup, median_and_range, summary, token_speedup
 from bert_packed.errors import SettingsError
 from bert_packed.files import write_text_atomically
 from bert_packed.pretraining_data.tokenization import DEFAULT_VOCAB_FILE
+from bert_packed.reports.speedups import (
+    TOKENS_PROMISE,
+    TOKENS_PROMISE_WHY,
+    describe_speedup,
+    median_and_range,
+    summary,
+    token_speedup,
+)
 from bert_packed.training.finetune import classifier_run, squad_run
 from bert_packed.training.finetune_settings import ClassifierSettings, SquadSettings
 from bert_packed.training.process import set_up_process

@@ -28,7 +28,6 @@ from absl import flags
 
 from bert_packed import files
 from bert_packed.cli.common import run
-from bert_packed.curves import TOKENS_PROMISE, TOKENS_PROMISE_WHY, describe_speedup, median_and_range, summary, token_speedup
 from bert_packed.dataset_info import read_dataset_info
 from bert_packed.errors import InputFilesError, SettingsError
 from bert_packed.features import PACK_MODES
@@ -36,6 +35,14 @@ from bert_packed.files import write_text_atomically
 from bert_packed.model import BertConfig
 from bert_packed.packing import DEFAULT_ALGORITHM, plan
 from bert_packed.packing.stream import length_histogram
+from bert_packed.reports.speedups import (
+    TOKENS_PROMISE,
+    TOKENS_PROMISE_WHY,
+    describe_speedup,
+    median_and_range,
+    summary,
+    token_speedup,
+)
 from bert_packed.training.process import set_up_process
 from bert_packed.training.throughput import Measured, benchmark_run, measure_alternately
 

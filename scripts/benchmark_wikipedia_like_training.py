@@ -29,10 +29,17 @@ from _wikipedia_like_data import write_data
 from absl import flags
 
 from bert_packed.cli.common import run
-from bert_packed.curves import TOKENS_PROMISE, TOKENS_PROMISE_WHY, describe_speedup, median_and_range, summary, token_speedup
 from bert_packed.features import Shapes
 from bert_packed.files import write_text_atomically
 from bert_packed.model import BertConfig
+from bert_packed.reports.speedups import (
+    TOKENS_PROMISE,
+    TOKENS_PROMISE_WHY,
+    describe_speedup,
+    median_and_range,
+    summary,
+    token_speedup,
+)
 from bert_packed.training.process import set_up_process
 from bert_packed.training.throughput import Measured, benchmark_run, device_and_peak, measure_alternately
 

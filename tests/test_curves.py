@@ -6,22 +6,19 @@ import sys
 import pytest
 from conftest import REPO, run_command
 
-from bert_packed.curves import (
+from bert_packed.reports.comparison import plot, target_note, throughput_lines, verdict_notes
+from bert_packed.reports.curves import (
     RunError,
     above_the_packing_factor,
     automatic_accuracy,
     configuration_name,
-    describe_speedup,
     format_table,
     group_runs,
     load_run,
-    plot,
     summary_table,
-    target_note,
-    throughput_lines,
     value_at,
-    verdict_notes,
 )
+from bert_packed.reports.speedups import describe_speedup
 
 
 def write_run(directory, mode, packing_factor, seconds_per_step, sequences_per_step, accuracies):
@@ -262,6 +259,29 @@ def test_cli_writes_a_png_and_a_table(tmp_path):
     assert remote.returncode == 0, remote.stderr
     assert (tmp_path / "remote curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert remote.stdout.splitlines()[:-1] == result.stdout.splitlines()[:-1]  # all but the figure's path
+
+
+def test_compare_curves_is_a_function_of_its_settings_as_a_notebook_calls_it(tmp_path):
+    """compare_curves(CompareSettings(...)): the command's table and notes as lines, its rows in
+    numbers, the PNG written; a setting that does not fit the runs is a SettingsError, one line."""
+    from bert_packed.errors import SettingsError
+    from bert_packed.reports.comparison import CompareSettings, compare_curves
+
+    padded = write_run(tmp_path / "padded", "padded", 1.0, 2.0, 8, [0.2, 0.4])
+    packed = write_run(tmp_path / "packed", "packed", 2.0, 2.0, 16, [0.4, 0.5])
+    output = str(tmp_path / "curves.png")
+    comparison = compare_curves(CompareSettings(runs=(padded, packed), output=output, accuracy="0.4"))
+    assert comparison.accuracy == 0.4 and comparison.output == output
+    assert [row["run"] for row in comparison.rows] == ["padded", "packed"] and comparison.rows[1]["packing_factor"] == 2.0
+    assert comparison.lines[-1] == f"curves: {output}" and any(line.startswith("| packed") for line in
+                                                                 "\n".join(comparison.lines).splitlines())
+    assert open(output, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    command = run_command("compare_curves", padded, packed, f"--output={output}", "--accuracy=0.4")
+    assert command.stdout.rstrip("\n").split("\n") == "\n".join(comparison.lines).split("\n")
+    with pytest.raises(SettingsError, match="--labels has 1 names for 2 runs"):
+        CompareSettings(runs=(padded, packed), labels=("a",))
+    with pytest.raises(SettingsError, match="expected one or more run directories"):
+        CompareSettings()
 
 
 def test_an_output_under_a_missing_directory_or_a_file_is_one_line_naming_it(tmp_path):

@@ -97,6 +97,33 @@ def test_keyed_permutation_is_a_bijection(size):
         assert abs(np.corrcoef(np.arange(size), values)[0, 1]) < 0.1  # no visible order left
 
 
+def test_the_data_commands_are_functions_of_their_settings_as_a_notebook_calls_them(corpus, tmp_path):
+    """create_pretraining_data(CreateSettings(...)) then pack_pretraining_data(PackCommandSettings(...)),
+    verified: each returns its metadata.json; the packs hold every sequence the records hold; a
+    setting that cannot work is a SettingsError before anything is written."""
+    from conftest import VOCAB
+
+    from bert_packed.errors import SettingsError
+    from bert_packed.packing.pack_dataset import pack_pretraining_data
+    from bert_packed.packing.pack_settings import PackCommandSettings
+    from bert_packed.pretraining_data.create_command import CreateSettings, create_pretraining_data
+
+    unpacked, packed = str(tmp_path / "unpacked"), str(tmp_path / "packed")
+    created = create_pretraining_data(CreateSettings(input_file=",".join(corpus), output_dir=unpacked, vocab_file=VOCAB,
+                                                     max_seq_length=MAX_SEQ_LENGTH, max_predictions_per_seq=20,
+                                                     dupe_factor=1, num_workers=1))
+    assert created == json.load(open(os.path.join(unpacked, "metadata.json"))) and created["num_sequences"] > 50
+    packs = pack_pretraining_data(PackCommandSettings(input_files=f"{unpacked}/part-*.tfrecord", output_dir=packed,
+                                                      max_sequences_per_pack=3, num_workers=1, verify=True))
+    assert packs == json.load(open(os.path.join(packed, "metadata.json")))
+    assert packs["num_sequences"] == created["num_sequences"] and packs["num_records"] < created["num_sequences"]
+    assert (packs["max_seq_length"], packs["max_predictions_per_seq"]) == (MAX_SEQ_LENGTH, 20)  # the records'
+    with pytest.raises(SettingsError, match="give one of --output_dir"):
+        CreateSettings(input_file=corpus[0])
+    with pytest.raises(SettingsError, match="--max_sequences_per_pack and --max_predictions_per_seq must be >= 1"):
+        PackCommandSettings(input_files=f"{unpacked}/part-*.tfrecord", output_dir=packed, max_sequences_per_pack=0)
+
+
 def test_packed_output_holds_exactly_the_input_sequences(unpacked_dir, packed_dir):
     assert content(packer.unpack(packed_records(packed_dir), UNPACKED)) == content(input_rows(unpacked_dir))
     metadata = read_dataset_info(packed_dir).to_dict()

@@ -18,7 +18,7 @@ RANKS = {
     "records": 1, "update_program": 1,
     "packing": 2, "pretraining_data": 2, "finetuning": 2,
     "input_pipeline": 3, "model": 3, "beam": 3,
-    "training": 4, "curves": 4,
+    "training": 4, "reports": 4,
     "cli": 5, "doctor": 5, "vocab": 5,
 }
 # Modules on the data path: they must not import TensorFlow when they are imported.

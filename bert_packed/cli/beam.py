@@ -36,6 +36,7 @@ from bert_packed import files
 from bert_packed.cli.common import exit_with, exit_with_help, run
 from bert_packed.errors import SettingsError, UserError
 from bert_packed.input_files import expand_globs
+from bert_packed.packing.pack_dataset import verify_written
 
 FLAGS = flags.FLAGS
 # Each command's flags are its single-machine command's, defined when that module is imported.
@@ -66,6 +67,8 @@ def main(argv):
         settings = command.settings_from_flags(input_files)
         with _workers_output_logged(beam):
             metadata = beam.pack_on_beam(input_files, FLAGS.output_dir, settings, options)
+        if FLAGS.verify:
+            verify_written(FLAGS.output_dir, FLAGS.num_workers)
     command.report(PROGRAM, metadata, FLAGS.output_dir)
 
 

@@ -19,16 +19,11 @@ from bert_packed import files
 from bert_packed.cli.common import run
 from bert_packed.cli.settings_flags import define_flags, from_flags
 from bert_packed.dataset_info import HISTOGRAM_FILE
-from bert_packed.input_files import expand_globs
 from bert_packed.packing import load_histogram, plan
 from bert_packed.packing.pack_settings import PackCommandSettings
 from bert_packed.packing.plan import DEFAULT_ALGORITHM
-from bert_packed.pretraining_data.create_dataset import (
-    CreateSettings,
-    DatasetSettings,
-    create_pretraining_dataset,
-    create_pretraining_files,
-)
+from bert_packed.pretraining_data.create_command import CreateSettings, create_pretraining_data
+from bert_packed.pretraining_data.create_dataset import DatasetSettings
 from bert_packed.settings import help_groups
 
 FLAGS = flags.FLAGS
@@ -51,13 +46,7 @@ def settings_from_flags() -> DatasetSettings:
 
 def main(argv):
     del argv
-    settings = settings_from_flags()
-    files = expand_globs(FLAGS.input_file, "--input_file")
-    if FLAGS.output_file:
-        outputs = [path.strip() for path in FLAGS.output_file.split(",") if path.strip()]
-        metadata = create_pretraining_files(files, outputs, settings, FLAGS.num_workers)
-    else:
-        metadata = create_pretraining_dataset(files, FLAGS.output_dir, settings, FLAGS.num_workers)
+    metadata = create_pretraining_data(from_flags(CreateSettings))
     report(PROGRAM, metadata, FLAGS.output_dir or FLAGS.output_file)
 
 

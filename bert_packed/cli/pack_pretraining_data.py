@@ -10,17 +10,13 @@ run resumes from where it stopped when started again with the same flags.
 
 from __future__ import annotations
 
-import logging
-
 from absl import flags
 
 from bert_packed.cli.common import run
-from bert_packed.cli.settings_flags import define_flags, from_flags
-from bert_packed.input_files import expand_globs
-from bert_packed.packing.pack_dataset import pack_pretraining_dataset
+from bert_packed.cli.settings_flags import define_flags, from_flags, given_flags
+from bert_packed.packing.pack_dataset import pack_pretraining_data
 from bert_packed.packing.pack_settings import PackCommandSettings, PackSettings
-from bert_packed.packing.verify import verify_packed_dataset
-from bert_packed.settings import help_groups, settings_of
+from bert_packed.settings import help_groups
 
 FLAGS = flags.FLAGS
 SETTINGS = (PackCommandSettings,)
@@ -38,24 +34,17 @@ def settings_from_flags(files: list[str]) -> PackSettings:
     Raises:
       SettingsError: a flag out of range, or L or P other than the inputs'.
     """
-    given = frozenset(field.name for field in settings_of(*SETTINGS) if FLAGS[field.name].present)
-    return from_flags(PackCommandSettings, given=given).pack_settings(files)
+    return from_flags(PackCommandSettings, given=given_flags(*SETTINGS)).pack_settings(files)
 
 
 def main(argv):
     del argv
-    files = expand_globs(FLAGS.input_files, "--input_files")
-    settings = settings_from_flags(files)
-    metadata = pack_pretraining_dataset(files, FLAGS.output_dir, settings, FLAGS.num_workers)
+    metadata = pack_pretraining_data(from_flags(PackCommandSettings, given=given_flags(*SETTINGS)))
     report(PROGRAM, metadata, FLAGS.output_dir)
 
 
 def report(program: str, metadata: dict, where: str) -> None:
-    """--verify's check of what was written, then the command's last line: what it made, and where."""
-    if FLAGS.verify:
-        found = verify_packed_dataset(where, FLAGS.num_workers)
-        logging.debug("verified: %d packs decode to the %d input sequences (checksum %s)",
-                      found["num_packs"], found["num_sequences"], found["checksum"])
+    """The command's last line: what it made, and where (verified, with --verify)."""
     print(f"{program}: {metadata['num_sequences']:,} sequences in {metadata['num_records']:,} packs (packing factor "
           f"{metadata['packing_factor']:.3f}, {metadata.get('efficiency', 0.0):.2%} of the slots filled, "
           f"{metadata.get('algorithm')} at depth {metadata['max_sequences_per_pack']})"

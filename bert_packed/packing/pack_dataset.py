@@ -23,6 +23,7 @@ decoded from the packs written) equal the sequences in."""
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import threading
@@ -42,14 +43,47 @@ from bert_packed.dataset_info import (
 )
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
+from bert_packed.input_files import expand_globs
 from bert_packed.output_job import OutputJob, WorkDamagedError, WorkUnits, in_parallel
 from bert_packed.packing import packer
 from bert_packed.packing.histogram import histogram_from_lengths, merge_histograms, save_histogram
-from bert_packed.packing.pack_settings import PackSettings
+from bert_packed.packing.pack_settings import PackCommandSettings, PackSettings
 from bert_packed.packing.plan import plan
-from bert_packed.packing.verify import PackingError, audit_packs
+from bert_packed.packing.verify import PackingError, audit_packs, verify_packed_dataset
 from bert_packed.progress import Progress
 from bert_packed.records import TFRecordWriter, read_unpacked
+
+
+def pack_pretraining_data(settings: PackCommandSettings) -> dict:
+    """`python scripts/pack_pretraining_data.py` with these settings, as a function: the inputs'
+    sequences packed into settings.output_dir (resumed where a run stopped), then, with verify,
+    every pack read back and decoded into its sequences.
+
+        metadata = pack_pretraining_data(PackCommandSettings(input_files="runs/data/unpacked/part-*",
+                                                             output_dir="runs/data/packed", verify=True))
+        metadata["packing_factor"]
+
+    Returns:
+      The packed dataset's metadata (metadata.json's content).
+
+    Raises:
+      UserError: a setting, an input record or the output directory that cannot make packs, in
+        one line (pack_pretraining_dataset's errors).
+    """
+    inputs = expand_globs(settings.input_files, "--input_files")
+    metadata = pack_pretraining_dataset(inputs, settings.output_dir, settings.pack_settings(inputs),
+                                        settings.num_workers)
+    if settings.verify:
+        verify_written(settings.output_dir, settings.num_workers)
+    return metadata
+
+
+def verify_written(output_dir: str, num_workers: int = 0) -> None:
+    """--verify: every pack of `output_dir` read back and decoded into its sequences, checked
+    against the inputs' checksum (verify.verify_packed_dataset raises on any difference)."""
+    found = verify_packed_dataset(output_dir, num_workers)
+    logging.debug("verified: %d packs decode to the %d input sequences (checksum %s)", found["num_packs"],
+                  found["num_sequences"], found["checksum"])
 
 
 def pack_pretraining_dataset(input_files: list[str], output_dir: str, settings: PackSettings,

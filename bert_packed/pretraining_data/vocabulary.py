@@ -16,7 +16,7 @@ import dataclasses
 
 from bert_packed.errors import SettingsError
 from bert_packed.pretraining_data.corpus import INPUT_FORMATS, CorpusError, detect_corpus_format, iter_documents
-from bert_packed.pretraining_data.create_dataset import CorpusSettings
+from bert_packed.pretraining_data.create_command import CorpusSettings
 from bert_packed.pretraining_data.tokenization import SPECIAL_TOKENS
 from bert_packed.settings import setting
 

@@ -120,7 +120,7 @@ def _fine_tune(fine_tuning: FineTuning, settings: FineTuningSettings, cluster, s
                evaluates: bool) -> FineTuningResult:
     """Trains (when settings.do_train) and evaluates the run `fine_tuning` under the strategy the
     settings ask for, on a step of `steps`; a span objective's answers are written out."""
-    from bert_packed.curves import at_chance_warning
+    from bert_packed.reports.curves import at_chance_warning
     from bert_packed.training.distribution import chief, leave_together
     from bert_packed.training.loop import evaluate_only, train_and_evaluate
     from bert_packed.training.process import set_up_process

@@ -10,17 +10,12 @@ seeds' mean with their range as a band, tabled as mean and range.
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 import os
 import re
-import statistics
 
 from bert_packed import files
-from bert_packed.errors import SettingsError
-from bert_packed.files import atomic_open
+from bert_packed.reports.speedups import ABOVE_THE_FACTOR
 from bert_packed.run_directory import EVAL_LOG, TRAIN_LOG, RunDirectory, RunError
-from bert_packed.settings import setting
 
 # What a run's curves follow, by the first key its logs hold: pre-training's MLM accuracy,
 # run_squad's F1, run_classifier's accuracy; and how tables and plots name it.
@@ -57,7 +52,7 @@ def at_chance(evals: list[dict]) -> str | None:
     """
     half = evals[len(evals) // 2:]
     figures_of = ("loss", "chance_loss", "accuracy", "chance_accuracy")
-    if not half or not all("chance_loss" in record and all(_a_number(record[key]) for key in figures_of if key in record)
+    if not half or not all("chance_loss" in record and all(is_number(record[key]) for key in figures_of if key in record)
                            for record in half):
         return None  # no chance figures, or figures edited into what no evaluation writes: cannot tell
 
@@ -80,7 +75,7 @@ def at_chance(evals: list[dict]) -> str | None:
     return f"its last {what} stayed at chance ({'; '.join(figures)})"
 
 
-def _a_number(value) -> bool:
+def is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -91,11 +86,6 @@ def at_chance_warning(directory: RunDirectory) -> str | None:
 
 
 # A speed-up beyond the packing factor: marked so wherever one is shown, and said why it may be.
-ABOVE_THE_FACTOR = "above the packing factor"
-ABOVE_THE_FACTOR_WHY = ("more than packing saves: on a CPU fewer rows may fit its caches better and share an "
-                        "update's fixed cost; a round's clock is noisy")
-
-
 def runs_have(names: list[str]) -> str:
     """The names as a sentence's subject: "a has", "a, b have"."""
     return f"{', '.join(names)} {'has' if len(names) == 1 else 'have'}"
@@ -109,34 +99,6 @@ def counted(metric: str) -> str:
 def advice(metric: str) -> tuple[str, str]:
     """(the throughput benchmark, the several-seeds job) of runs that follow `metric`."""
     return PRETRAINING_ADVICE if metric == "mlm_accuracy" else FINE_TUNING_ADVICE
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class CompareSettings:
-    """compare_curves's settings, by their flags' names (the runs are its positional arguments)."""
-
-    labels: tuple[str, ...] | None = setting(None, "Comma-separated names for the runs (default: their directory "
-                                                   "names).", group="runs")
-    output: str = setting("compare_curves.png", "Where the PNG goes.", group="output")
-    throughput: str | None = setting(None, "JSON of scripts/benchmark_training.py --output_json (fine-tuning runs: "
-                                           "benchmark_finetuning.py's): quote its alternated speed-up measurement "
-                                           "under the table.", group="output")
-    at_sequences: float | None = setting(None, "Also a table of each configuration's eval loss and accuracy at this "
-                                               "many sequences (the seeds' mean and range), with what its updates "
-                                               "hold.", group="output")
-    accuracy: str = setting("0.720", "MLM accuracy (MLPerf's target by default; fine-tuning runs: their accuracy or "
-                                     "F1, 'auto' unless given) for the sequences-and-time-to-accuracy columns; "
-                                     "'auto': 90% of the "
-                                     "way from the highest first evaluation to the lowest final one, which every run "
-                                     "reaches and none at its first evaluation (none: no figure, said).",
-                            group="output")
-
-    def __post_init__(self):
-        if self.accuracy != "auto":
-            try:
-                float(self.accuracy)
-            except ValueError:
-                raise SettingsError(f"--accuracy {self.accuracy!r}: expected a number or 'auto'") from None
 
 
 @dataclasses.dataclass
@@ -413,7 +375,7 @@ def automatic_accuracy(runs: list[Run]) -> float | None:
     return first + 0.9 * (final - first) if final > first else None
 
 
-def _source(runs: list[Run]) -> str:
+def figures_source(runs: list[Run]) -> str:
     """"eval" when every run has evaluations, else "train": one source for every figure compared."""
     return "eval" if all(run.evals for run in runs) else "train"
 
@@ -433,7 +395,7 @@ def summary_table(runs: list[Run], accuracy: float | None) -> list[dict]:
     groups = group_runs(runs)
     baseline = groups[0]
     metric = metric_of(runs)
-    source = _source(runs)
+    source = figures_source(runs)
 
     def final(key):
         return lambda run: (run.evals if source == "eval" else run.train)[-1].get(key)
@@ -513,245 +475,3 @@ def format_table(rows: list[dict], accuracy: float | None) -> str:
             f"{number(r['time_to_accuracy_speedup'], '.2f')} | {r['speedup_over_packing_factor']:.2f} | "
             f"{describe_spread(r['inside_baseline_spread'])} |")
     return "\n".join(lines)
-
-
-def target_note(runs: list[Run], rows: list[dict], accuracy: float | None, automatic: bool) -> str:
-    """What the to-target columns mean: the target used, and whether any run reached it; or why
-    there is no automatic target."""
-    if accuracy is None:
-        unevaluated = [run.name for run in runs if not run.evals]
-        if unevaluated:
-            return (f"no time-to-accuracy figure: {runs_have(unevaluated)} no evaluations (eval_log.jsonl); give "
-                    f"--accuracy, or evaluate during training")
-        if all(len(run.evals) == 1 for run in runs):
-            return ("no time-to-accuracy figure: each run was evaluated once, so there is no curve to time; evaluate "
-                    "during training (--eval_every_samples), or give --accuracy")
-        first, final = first_and_final(runs)
-        return (f"no time-to-accuracy figure: no accuracy is above every run's first evaluation and below every "
-                f"run's final one (the highest first {first:.4f}, the lowest final {final:.4f}: curves flat, or not "
-                f"overlapping), so no target tells the runs apart (--accuracy=auto); train longer, or give "
-                f"--accuracy")
-    how = "--accuracy=auto: every run reaches it, none at its first evaluation" if automatic else "--accuracy"
-    reached = [row["run"] for row in rows if row["sequences_to_accuracy"] is not None]
-    figure = METRICS[metric_of(runs)]
-    if not reached:
-        return (f"target {figure} {accuracy:.3f} ({how}): no configuration reached it in every seed, so the "
-                f"to-target columns are empty; --accuracy=auto picks a target every run reaches")
-    note = (f"target {figure} {accuracy:.3f} ({how}); {len(reached)} of the {len(rows)} configurations reached it "
-            f"in every seed")
-    if all(run.evals and run.evals[0].get(run.metric, 0.0) >= accuracy for run in runs):
-        note += (f"; every run met it at its first evaluation, so the to-target columns time that evaluation only "
-                 f"(is it a target of the {figure}'s scale?); --accuracy=auto picks one between the first evaluations "
-                 f"and the final ones")
-    return note
-
-
-def verdict_notes(rows: list[dict]) -> list[str]:
-    """What the table cannot tell: a clock speed-up above the packing factor, seeds at chance
-    (left out of the seed ranges), and a gap between configurations of one seed (seed noise)."""
-    notes = []
-    above = [row["run"] for row in rows[1:] if above_the_packing_factor(row, rows[0])]
-    if above:
-        notes.append(f"{', '.join(above)}: a speed-up by the runs' clocks {ABOVE_THE_FACTOR} (marked so), "
-                     f"{ABOVE_THE_FACTOR_WHY}; the runs' clocks are single measurements (clock_note)")
-    chance = [name for row in rows for name in row["at_chance"]]
-    if chance:
-        notes.append(f"{', '.join(chance)}: at chance for the second half of {'its' if len(chance) == 1 else 'their'} "
-                     f"evaluations, learned nothing (marked at chance), and left out of the seed ranges; "
-                     f"{AT_CHANCE_ADVICE}")
-    single = [row["run"] for row in rows if row["seeds"] == 1]
-    if single:
-        who = ("every configuration has" if len(single) == len(rows)
-               else runs_have(single))
-        notes.append(f"{who} one seed: a gap between curves cannot be told from seed noise; {advice(rows[0]['metric'])[1]}")
-    return notes
-
-
-def clock_note(metric: str) -> str:
-    """What the clock columns are worth, and where the throughput to trust is measured."""
-    return (f"{counted(metric)}/s and the speed-up by the runs' clocks come from each run's own wall clock, at the mercy of "
-            "what else the machine ran meanwhile; the throughput speed-up to trust is measured alternately in one "
-            f"process ({advice(metric)[0]}, --throughput)")
-
-
-def plot(runs: list[Run], path: str) -> None:
-    """Eval accuracy (Run.metric) and loss against sequences seen and against wall time, one PNG: one line
-    a configuration (the seeds' mean), with the seeds' min-max as a band when there are several.
-    When a run has no evaluations, every run is drawn from its training log."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(2, 2, figsize=(12, 8))
-    source = _source(runs)
-    for group in group_runs(runs):
-        label = group.name if len(group.runs) == 1 else f"{group.name} ({len(group.runs)} seeds)"
-        points = group.points(source)
-        for column in (0, 1):
-            x = [point[column] for point in points]
-            for row, index in ((0, 2), (1, 3)):
-                values = [point[index] for point in points]
-                line, = axes[row][column].plot(x, [sum(v) / len(v) for v in values], marker="o", markersize=3,
-                                               label=label)
-                if len(group.runs) > 1:
-                    axes[row][column].fill_between(x, [min(v) for v in values], [max(v) for v in values],
-                                                   color=line.get_color(), alpha=0.2, linewidth=0)
-    heads = {run.info.get("nsp_loss", True) for run in runs}
-    loss = "MLM + NSP" if heads == {True} else "MLM" if heads == {False} else "MLM, + NSP where trained with it"
-    if metric_of(runs) != "mlm_accuracy":
-        loss = "the task's"
-    for column, label in enumerate((f"{counted(metric_of(runs))} seen", "wall time (s)")):
-        axes[0][column].set(xlabel=label, ylabel=f"{source} {METRICS[metric_of(runs)]}")
-        axes[1][column].set(xlabel=label, ylabel=f"{source} loss ({loss})")
-    for axis in axes.ravel():
-        axis.grid(alpha=0.3)
-        axis.legend(fontsize=8)
-    other = "unpacked" if metric_of(runs) == "mlm_accuracy" else "padded"
-    figure.suptitle(f"packed vs {other}: accuracy and loss against {counted(metric_of(runs))} and time (band: the "
-                    f"seeds' range)")
-    figure.tight_layout()
-    with atomic_open(path, "wb") as f:  # a file object: matplotlib would take a gs:// path for a local one
-        figure.savefig(f, dpi=100, format=os.path.splitext(path)[1][1:] or "png")
-    plt.close(figure)
-
-
-def summary(values: list[float]) -> dict:
-    """Median and range of per-round figures."""
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
-def median_and_range(values: list[float], spec: str = ".2f") -> str:
-    """Per-round figures as "median (min-max)", e.g. "1.19 (0.99-1.30)"."""
-    s = summary(values)
-    return f"{s['median']:{spec}} ({s['min']:{spec}}-{s['max']:{spec}})"
-
-
-# What a speed-up in real tokens/s is held to: the ratio of the real tokens a row each mode timed
-# (promised_token_speedup).
-TOKENS_PROMISE = "real-token ratio"
-TOKENS_PROMISE_WHY = ("speed-ups in real tokens/s, held to the real-token ratio: the real tokens a row of the batches "
-                      "each mode timed (the packing factor where both read sequences of the same lengths; their "
-                      "rounds read others, so sequences/s can mislead)")
-
-
-def promised_token_speedup(result: dict, name: str) -> float:
-    """The speed-up in real tokens/s that packing promises `name` over the baseline of a
-    measure_alternately result (bert_packed.training.throughput): the ratio of the real tokens a
-    row each timed (the median of its rounds' padding efficiencies). It is the packing factor
-    where both timed sequences of the same lengths; where their rounds read others (the padded
-    side's longer, say), the measured ratio is held to it, not to the packing factor.
-
-    >>> promised_token_speedup({"baseline": "padded", "modes": {
-    ...     "packed": {"padding_efficiency": [0.98, 0.99, 1.0]}, "padded": {"padding_efficiency": [0.5, 0.4, 0.6]}}},
-    ...     "packed")
-    1.98
-    """
-    efficiency = {mode: summary(figures["padding_efficiency"])["median"] for mode, figures in result["modes"].items()}
-    return efficiency[name] / efficiency[baseline_of(result)]
-
-
-def baseline_of(result: dict) -> str:
-    """The mode a measure_alternately result's speed-ups are against: the one it names, or in a
-    file written before it named one, the mode whose every round's speed-up is exactly 1 (a JSON
-    file may hold the modes in any order).
-
-    Raises:
-      ValueError: no such mode.
-    """
-    if "baseline" in result:
-        if result["baseline"] not in result["modes"]:
-            raise ValueError(f"its baseline {result['baseline']!r} is none of its modes")
-        return result["baseline"]
-    ones = [mode for mode, speedups in result["token_speedups"].items() if speedups and set(speedups) == {1.0}]
-    if len(ones) != 1:
-        raise ValueError(f"no one mode its speed-ups are against ({len(ones)} at 1.0 every round)")
-    return ones[0]
-
-
-def describe_speedup(speedups: list[float], promised: float, promise: str = "packing factor") -> str:
-    """One line: the median speed-up, its range, its share of what packing promises (`promised`,
-    named `promise`: the packing factor, or for real tokens/s TOKENS_PROMISE), and
-    a caveat when the rounds disagree by more than the effect itself, or when the speed-up is
-    above the promise (ABOVE_THE_FACTOR_WHY).
-
-    >>> describe_speedup([1.19, 0.99, 1.30], 1.203)
-    'speed-up 1.19x (median of 3 alternated rounds, range 0.99-1.30) at packing factor 1.203: 0.99 of it; the \
-rounds disagree by 0.31, more than the 0.19 measured: the machine was too loaded to tell'
-    >>> print(describe_speedup([1.28], 1.031, "real-token ratio").split("; ")[1][:51])
-    above the real-token ratio: more than packing saves
-    """
-    s = summary(speedups)
-    rounds = f"{len(speedups)} alternated round{'s' if len(speedups) != 1 else ''}"
-    line = (f"speed-up {s['median']:.2f}x (median of {rounds}, range {s['min']:.2f}-{s['max']:.2f}) at {promise} "
-            f"{promised:.3f}: {s['median'] / promised:.2f} of it")
-    spread, effect = s["max"] - s["min"], abs(s["median"] - 1.0)
-    if spread > effect:
-        line += (f"; the rounds disagree by {spread:.2f}, more than the {effect:.2f} measured: the machine was too "
-                 f"loaded to tell")
-    elif s["median"] > promised:
-        line += f"; {ABOVE_THE_FACTOR.replace('packing factor', promise)}: {ABOVE_THE_FACTOR_WHY}"
-    return line
-
-
-def token_speedup(result: dict, name: str = "packed") -> tuple[list[float], float]:
-    """(the rounds' speed-ups of `name` in real tokens/s, what packing promises them) of a
-    measure_alternately result: the headline a speed-up table quotes."""
-    return result["token_speedups"][name], promised_token_speedup(result, name)
-
-
-def throughput_lines(path: str, metric: str = "mlm_accuracy") -> list[str]:
-    """The packed speed-ups of a throughput benchmark's --output_json file (advice(metric)'s:
-    scripts/benchmark_training.py's, a line a model config; benchmark_finetuning.py's, a line a
-    task).
-
-    Raises:
-      RunError: the file is missing or not such a measurement.
-    """
-    script = advice(metric)[0]
-    what = "config" if metric == "mlm_accuracy" else "task"
-    try:
-        with files.open_file(path) as f:
-            measured = json.load(f)
-        lines, name = [], None
-        for name, result in measured.items():
-            lines.append(_throughput_line(result, f"{name} {what}", script))
-        return lines
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise RunError(f"{path}: not a {script} --output_json measurement ("
-                       + (f"{str(name)[:40]}: " if name is not None else "") + f"{type(e).__name__}: {e})") from None
-
-
-def _throughput_line(result: dict, measured: str, script: str) -> str:
-    """throughput_lines' line of one result (`measured`: its config or task, named).
-
-    Raises:
-      ValueError, KeyError, TypeError: the result is no such measurement, or holds figures no
-        measurement gives (a speed-up of 0 or NaN, a padding efficiency above 1).
-    """
-    if "token_speedups" not in result:  # measured before real tokens/s were
-        speedups, factor = result["speedups"]["packed"], result["packing_factor"]
-        _measured_figures("speed-up", speedups)
-        _measured_figures("packing factor", [factor])
-        return (f"throughput in sequences/s (measured before real tokens/s were), {measured}, alternated in one "
-                f"process ({script}): packed {describe_speedup(speedups, factor)}")
-    for mode, figures in result["modes"].items():
-        _measured_figures(f"{mode}'s padding efficiency", figures["padding_efficiency"], most=1.0)
-    speedups, promised = token_speedup(result)
-    _measured_figures("speed-up", speedups)
-    baseline = baseline_of(result)
-    if baseline == "packed":
-        raise ValueError("its speed-ups are against packed itself: none of packing to quote")
-    against = "" if baseline in ("padded", "unpacked") else f" against {baseline}"
-    return (f"throughput in real tokens/s, {measured}, alternated ({script}): packed{against} "
-            f"{describe_speedup(speedups, promised, TOKENS_PROMISE)}")
-
-
-def _measured_figures(what: str, values: list, most: float = math.inf) -> None:
-    """Refuses `values` (a measurement's `what`) that are no such figures: none, or any not a
-    number above 0 and at most `most`."""
-    if not isinstance(values, list) or not values:
-        raise ValueError(f"no {what} figures")
-    for value in values:
-        if not (_a_number(value) and math.isfinite(value) and 0 < value <= most):
-            raise ValueError(f"{what} {repr(value)[:40]} is not a figure a measurement gives")
