@@ -39,6 +39,7 @@ MLLOG = "mllog.txt"
 EVAL_RESULTS = "eval_results.txt"
 # run_squad's answers to its predict file, as google-research's writes them.
 PREDICTIONS, NBEST_PREDICTIONS = "predictions.json", "nbest_predictions.json"
+TEST_RESULTS = "test_results.tsv"  # run_classifier --do_predict's
 # The logs a checkpoint records the sizes of, in this order.
 LOGS = (TRAIN_LOG, EVAL_LOG, MLLOG)
 
@@ -142,8 +143,10 @@ class RunDirectory:
                            f"be told apart from another run; use a new --output_dir")
         changed = sorted(k for k in identity if k in previous and previous[k] != identity[k])
         if changed:
-            raise RunError(f"{self.path}: holds another run ({', '.join(changed)} differ); use a new --output_dir, "
-                           f"or the same flags to resume it")
+            differences = "; ".join(f"{k}: {_short(previous[k])} there, {_short(identity[k])} here" for k in changed[:3])
+            raise RunError(f"{self.path}: holds another run ({differences}{'; ...' if len(changed) > 3 else ''}); use "
+                           f"a new --output_dir, or the settings it was made with to resume it (a setting that no "
+                           f"flag of this command gives was set by an earlier version of bert-packed)")
         self.write_info({**identity, **data, **{k: v for k, v in previous.items() if k == "finished"}})
         return previous
 
@@ -246,6 +249,20 @@ class RunDirectory:
         files.makedirs(self.path)
         files.write_text_atomically(self.file(NBEST_PREDICTIONS), json.dumps(nbest, indent=4) + "\n")
         files.write_text_atomically(self.file(PREDICTIONS), json.dumps(answers, indent=4) + "\n")
+
+    def write_test_results(self, results) -> None:
+        """test_results.tsv: each test example's class probabilities (a regression: its score), a
+        line each in the test file's order, tab-separated, as google-research's run_classifier
+        writes it."""
+        files.makedirs(self.path)
+        files.write_text_atomically(self.file(TEST_RESULTS), "".join(
+            "\t".join(repr(float(value)) for value in row) + "\n" for row in results))
+
+
+def _short(value) -> str:
+    """A recorded value as a message quotes it: JSON, at most 40 characters."""
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _by_name(entries: list) -> list:

@@ -12,7 +12,10 @@ its type, default and help from here, "reference default 32" added to the help),
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections.abc import Sequence
+
+from bert_packed.errors import SettingsError
 
 _NO_DEFAULT = object()
 
@@ -60,3 +63,52 @@ def help_groups(*kinds: type) -> dict[str, list[str]]:
 def first_run_settings(*kinds: type) -> tuple[str, ...]:
     """The names of the settings a first run sets."""
     return tuple(field.name for field in settings_of(*kinds) if field.metadata["first_run"])
+
+
+def check_setting(field: dataclasses.Field, value) -> None:
+    """Refuses a value of another type than its flag's, or outside its choices, as the command
+    line's parser would: what a caller from Python meets (a notebook's "8" for 8, say).
+
+    Raises:
+      SettingsError: naming the flag and what it expects.
+    """
+    declared = str(field.type)
+    kind = declared.split(" |")[0]
+    if value is None:
+        if "None" in declared:
+            return
+        raise SettingsError(f"--{field.name}: None; expected {_EXPECTED[kind]}")
+    if kind == "bool":
+        right = isinstance(value, bool)
+    elif kind == "int":
+        right = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    elif kind == "float":
+        right = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    elif kind.startswith("tuple"):
+        right = isinstance(value, (tuple, list))
+    else:
+        right = isinstance(value, str)
+    if not right:
+        expected = "a list" if kind.startswith("tuple") else _EXPECTED[kind]
+        raise SettingsError(f"--{field.name}={value!r}: a {type(value).__name__}; expected {expected}")
+    choices = field.metadata["choices"]
+    if choices and value not in choices:
+        raise SettingsError(f"--{field.name}={value}: expected one of {', '.join(choices)}")
+
+
+def check_settings(settings, kind: type | None = None) -> None:
+    """check_setting of every setting of the dataclass instance `settings` (or of its part
+    `kind`, a dataclass it derives from)."""
+    for field in settings_of(kind or type(settings)):
+        check_setting(field, getattr(settings, field.name))
+
+
+def given_or_changed(settings) -> frozenset[str]:
+    """The settings of `settings` (a dataclass with a `given` field) that were given: those its
+    command line gave, and any whose value is not its default (a caller from Python gives no
+    `given`)."""
+    return frozenset(settings.given) | {field.name for field in settings_of(type(settings))
+                                        if getattr(settings, field.name) != field.default}
+
+
+_EXPECTED = {"bool": "True or False", "int": "an integer", "float": "a number", "str": "a string"}

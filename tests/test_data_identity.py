@@ -396,7 +396,7 @@ def test_data_made_again_is_named_before_the_settings_it_changes(tmp_path):
     run.claim({"packing_factor": 1.9, "seed": 1}, {"train_files": [["/data/part-0.tfrecord", 100, "aa"]]})
     with pytest.raises(RunError, match=r"the train files changed since this run started \(part-0.tfrecord"):
         run.claim({"packing_factor": 2.1, "seed": 1}, {"train_files": [["/data/part-0.tfrecord", 120, "bb"]]})
-    with pytest.raises(RunError, match=r"holds another run \(seed differ\)"):
+    with pytest.raises(RunError, match=r"holds another run \(seed: 1 there, 2 here\)"):
         run.claim({"packing_factor": 1.9, "seed": 2}, {"train_files": [["/moved/part-0.tfrecord", 100, "aa"]]})
     # A run.json that records fewer settings (another version wrote it) cannot be told apart.
     (tmp_path / "other").mkdir()

@@ -615,7 +615,7 @@ def test_a_fine_tuning_run_stopped_by_a_signal_resumes_to_the_uninterrupted_run_
     (lambda tmp: (tmp / "mrpc" / "dev.tsv").write_text("header\n1\t2\tno second text\n"),
      "mrpc/dev.tsv:2: 3 tab-separated columns; mrpc expects 5"),
     (lambda tmp: (tmp / "mrpc" / "train.tsv").unlink(), "mrpc/train.tsv"),
-    (lambda tmp: None, "at least one of --do_train or --do_eval must be given"),
+    (lambda tmp: None, "at least one of --do_train, --do_eval or --do_predict must be given"),
     (lambda tmp: None, "--task_name=squad: expected one of cola"),
     (lambda tmp: None, "--max_seq_length=512: above the BERT config's max_position_embeddings=128"),
     (lambda tmp: None, "--num_train_epochs=inf: must be above 0"),
@@ -671,6 +671,9 @@ def test_fine_tuning_takes_pre_training_s_precision_and_recompute_as_a_python_fu
     assert results["fp32_recomputed"].evaluation["loss"] == pytest.approx(fp32.evaluation["loss"], rel=1e-5)
     assert losses["bf16_recomputed"][0] == pytest.approx(losses["fp32"][0], rel=2e-2)
     assert results["bf16_recomputed"].evaluation["loss"] == pytest.approx(fp32.evaluation["loss"], rel=5e-2)
+    import keras
+
+    assert keras.mixed_precision.global_policy().name == "float32"  # the caller's, put back after the bf16 run
     recorded = json.loads((tmp_path / "bf16_recomputed" / "run.json").read_text())
     assert (recorded["precision"], recorded["task_name"]) == ("bf16", "mrpc")  # recompute may change on resume
 
@@ -732,6 +735,103 @@ def test_a_fine_tuning_run_on_two_replicas_makes_the_updates_of_one(tmp_path):
     assert len(one["weights"]) == 19  # the tiny encoder's, its pooler's and the classifier's
     for name, value in one["weights"].items():
         np.testing.assert_allclose(two["weights"][name], value, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("given, message", [
+    (dict(train_batch_size="8"), "--train_batch_size='8': a str; expected an integer"),
+    (dict(xla="false"), "--xla='false': a str; expected True or False"),
+    (dict(distribution_strategy="mirror"), "--distribution_strategy=mirror: expected one of default, mirrored"),
+    (dict(input_mode="pack"), "--input_mode=pack: expected one of packed, padded, packed_online"),
+    (dict(cluster_resolver="slurm"), "--cluster_resolver=slurm applies to --distribution_strategy="
+                                     "multi_worker_mirrored, not default"),
+    (dict(all_reduce_alg="nccl"), "--all_reduce_alg=nccl applies to --distribution_strategy=mirrored"),
+    (dict(use_tpu=True, tpu="a", tpu_name="b"), "--tpu=a and --tpu_name=b disagree; give one of them"),
+    (dict(bert_config_file=None), "--bert_config_file is required"),
+])
+def test_settings_built_in_python_are_refused_as_the_command_line_refuses_them(tmp_path, given, message):
+    """A notebook gives no `given` and no flag parser checks its types: each refusal is still a
+    SettingsError (one line, naming the flag), before any file is read."""
+    from bert_packed.errors import SettingsError
+    from bert_packed.training.finetune_settings import ClassifierSettings
+
+    values = dict(task_name="mrpc", data_dir=str(tmp_path), bert_config_file="bert_config.json", do_train=True,
+                  output_dir=str(tmp_path / "out"))
+    with pytest.raises(SettingsError, match=re.escape(message)):
+        ClassifierSettings(**{**values, **given})
+
+
+def test_a_python_caller_s_mistakes_are_said_before_any_work(tmp_path):
+    """A step count given for the step pool, a setting misspelled or of another type: refused at
+    once, in one line, before any file is read."""
+    from bert_packed.errors import SettingsError
+    from bert_packed.training.finetune import run_classifier
+    from bert_packed.training.finetune_settings import ClassifierSettings
+    from bert_packed.training.pretraining import PretrainingSettings, run_pretraining
+
+    settings = ClassifierSettings(task_name="mrpc", data_dir=str(tmp_path / "nowhere"), bert_config_file="none.json",
+                                  do_train=True, output_dir=str(tmp_path / "out"))
+    with pytest.raises(TypeError, match=r"^step_pool=10: expected a StepPool"):
+        run_classifier(settings, 10)
+    with pytest.raises(SettingsError, match=r"^--num_train_steps='10': a str; expected an integer$"):
+        PretrainingSettings.of(num_train_steps="10")
+    with pytest.raises(SettingsError, match=r"^--bert_config_fil: run_pretraining has no such setting$"):
+        PretrainingSettings.of(bert_config_fil="x")
+    with pytest.raises(TypeError, match=r"^step_pool=100: expected a StepPool"):
+        run_pretraining(PretrainingSettings.of(output_dir=str(tmp_path / "p")), 100)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "p").exists()
+
+
+def write_mrpc_test(directory, count=10):
+    """MRPC's test.tsv layout: an index and the two sentences' ids and texts, no label."""
+    lines = ["index\t#1 ID\t#2 ID\t#1 String\t#2 String"]
+    lines += [f"{i}\t{i}\t{i + 1000}\t{SENTENCES[i % len(SENTENCES)]}\t{SENTENCES[(i * 5 + 2) % len(SENTENCES)]}"
+              for i in range(count)]
+    (directory / "test.tsv").write_text("\n".join(lines) + "\n")
+
+
+def test_a_test_file_is_read_without_labels_in_its_task_s_test_layout(tmp_path):
+    """GLUE's test files (an index first, a header, no label) and a jsonl task's test.jsonl (a
+    label there is not read); a line of another layout is named with its file and line."""
+    from bert_packed.finetuning.tasks import TASKS, TaskDataError, read_examples
+
+    write_mrpc_test(tmp_path, 3)
+    examples = read_examples(TASKS["mrpc"], str(tmp_path / "test.tsv"), test=True)
+    assert [(e.text, e.text_pair, e.label, e.line) for e in examples][0] == (SENTENCES[0], SENTENCES[2], None, 2)
+    assert len(examples) == 3 and TASKS["mnli"].test_file == "test_matched.tsv"
+    (tmp_path / "sst.tsv").write_text("index\tsentence\n0\ta fine film\n")
+    assert read_examples(TASKS["sst-2"], str(tmp_path / "sst.tsv"), test=True)[0].text == "a fine film"
+    (tmp_path / "test.jsonl").write_text('{"text": "one"}\n{"text": "two", "text_pair": "three", "label": 7}\n')
+    assert [(e.text, e.text_pair, e.label) for e in read_examples(TASKS["jsonl"], str(tmp_path / "test.jsonl"),
+                                                                   ("a", "b"), test=True)] == [
+        ("one", None, None), ("two", "three", None)]
+    (tmp_path / "bad.tsv").write_text("index\tsentence\n0\ta\tb\n")
+    with pytest.raises(TaskDataError, match="bad.tsv:2: 3 tab-separated columns; sst-2 expects 2 in its test file"):
+        read_examples(TASKS["sst-2"], str(tmp_path / "bad.tsv"), test=True)
+
+
+@pytest.mark.slow  # fine-tunes, then predicts again one example a row (over 3.5 s here)
+def test_do_predict_writes_each_test_example_s_probabilities_the_same_packed_or_padded(tmp_path, bert_config_file):
+    """google-research's --do_predict: test_results.tsv, a line of class probabilities for each
+    example of test.tsv in its order, by the newest checkpoint: after training (packed), and by a
+    command that only predicts (padded), the same to float rounding."""
+    from conftest import run_command
+
+    write_mrpc(tmp_path / "mrpc")
+    write_mrpc_test(tmp_path / "mrpc")
+    trained = run_command("run_classifier", *classifier_flags(tmp_path, bert_config_file, "run", "--do_predict"))
+    assert trained.returncode == 0, trained.stderr
+    results = tmp_path / "run" / "test_results.tsv"
+    assert f"run_classifier: predicted the 10 examples of the test file -> {results}" in trained.stdout
+    packed = np.loadtxt(results, delimiter="\t")
+    assert packed.shape == (10, 2) and np.allclose(packed.sum(axis=1), 1.0, atol=1e-6)
+    assert len(set(np.round(packed[:, 0], 6))) > 1  # each example its own
+    flags = [flag for flag in classifier_flags(tmp_path, bert_config_file, "run", "--do_predict",
+                                               "--input_mode=padded", "--predict_batch_size=3")
+             if flag not in ("--do_train", "--do_eval")]
+    predicted = run_command("run_classifier", *flags)
+    assert predicted.returncode == 0, predicted.stderr
+    assert predicted.stdout.strip() == f"run_classifier: predicted the 10 examples of the test file -> {results}"
+    np.testing.assert_allclose(np.loadtxt(results, delimiter="\t"), packed, atol=1e-6)
 
 
 @pytest.mark.slow  # fine-tunes a run (over 3.5 s here)

@@ -382,7 +382,7 @@ def test_a_run_is_assembled_from_its_flags_by_name_as_the_command_does(packed_di
         assemble(line(bucket_boundaries=["64", "", "128"]))  # an internal error (int(''))
     with pytest.raises(SettingsError, match=r"^--log_epsilon=400: epsilon is 10\*\*log_epsilon"):
         assemble(line(log_epsilon=400))  # an internal error (OverflowError)
-    with pytest.raises(TypeError, match="run_pretraining has no flag 'train_batch'"):
+    with pytest.raises(SettingsError, match="--train_batch: run_pretraining has no such setting"):
         line(train_batch=4)
 
 
@@ -659,11 +659,12 @@ def test_an_output_dir_holding_another_run_is_refused_and_left_intact(packed_dir
     before = (tmp_path / "train_log.jsonl").read_text()
     from bert_packed.run_directory import RunError
 
-    with pytest.raises(RunError, match=r"holds another run \(rows_per_micro_batch, seed, train_batch_size differ\)"):
+    with pytest.raises(RunError, match=r"holds another run \(rows_per_micro_batch: 4 there, 2 here; seed: 12345 there, 7 here; "
+                                        r"train_batch_size: 4 there, 2 here\); use a new --output_dir"):
         make_trainer(config(tmp_path, tfrecords(packed_dir), num_train_steps=2, seed=7, train_batch_size=2,
                        flags_text="--seed=7\n")).train()
     assert (tmp_path / "train_log.jsonl").read_text() == before
-    with pytest.raises(RunError, match=r"holds another run \(learning_rate differ\)"):
+    with pytest.raises(RunError, match=r"holds another run \(learning_rate: 0.001 there, 0.0005 here\)"):
         make_trainer(config(tmp_path, tfrecords(packed_dir), num_train_steps=2, learning_rate=5e-4,
                             flags_text="--seed=12345\n")).train()
     assert (tmp_path / "train_log.jsonl").read_text() == before

@@ -4,10 +4,11 @@ r"""Fine-tune BERT to classify (or score) text: google-research/bert's run_class
         --bert_config_file=bert_config.json --init_checkpoint=bert_model.ckpt \
         --do_train --do_eval --output_dir=runs/mrpc [--input_mode=padded]
 
-The same flags as google-research's, and --input_mode: packed (the default: several examples a
-row, planned on the task's own length histogram), packed_online (packed anew each epoch) or
-padded (one a row). The run is pre-training's loop: checkpoints, exact resume after a kill or a
-signal (the same command again), logs and refusals; its evaluation reports the task's GLUE scores (docs/finetuning.md).
+The same flags as google-research's (--do_predict writes test_results.tsv), and --input_mode:
+packed (the default: several examples a row, planned on the task's own length histogram),
+packed_online (packed anew each epoch) or padded (one a row). The run is pre-training's loop:
+checkpoints, exact resume after a kill or a signal (the same command again), logs and refusals;
+its evaluation reports the task's GLUE scores (docs/finetuning.md).
 """
 
 from __future__ import annotations
@@ -41,14 +42,17 @@ def main(argv, steps=None):
 
     settings = from_flags(ClassifierSettings, given=given_flags(*SETTINGS))
     result = run_classifier(settings, steps, command_flags_text())  # every file read and checked first
-    if result.run is None:
+    if result.run is not None:
+        exit_if_stopped(PROGRAM, result.run)
+        print(f"{PROGRAM}: trained {result.run.step} updates in {settings.output_dir}"
+              + (f": {result.figures}" if result.figures else ""))
+    elif result.evaluation:
         record = result.evaluation
         print(f"{PROGRAM}: evaluated {record['checkpoint']} (step {record['step']}): {result.figures} -> "
               f"{result.directory.file(EVAL_RESULTS)}")
-        return
-    exit_if_stopped(PROGRAM, result.run)
-    print(f"{PROGRAM}: trained {result.run.step} updates in {settings.output_dir}"
-          + (f": {result.figures}" if result.figures else ""))
+    if result.predictions:
+        print(f"{PROGRAM}: predicted the {result.num_predictions:,} examples of the test file -> "
+              f"{result.predictions}")
     if result.at_chance:
         logging.warning(result.at_chance)
 

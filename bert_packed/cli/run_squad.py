@@ -20,7 +20,6 @@ from absl import flags
 
 from bert_packed.cli.common import command_flags_text, exit_if_stopped, run
 from bert_packed.cli.settings_flags import define_flags, from_flags, given_flags
-from bert_packed.run_directory import PREDICTIONS
 from bert_packed.settings import first_run_settings, help_groups
 from bert_packed.tensorflow_loading import import_tensorflow
 from bert_packed.training.finetune_settings import HELP_ORDER, SquadSettings
@@ -46,9 +45,9 @@ def main(argv, steps=None):
     if result.run is not None:
         exit_if_stopped(PROGRAM, result.run)
         print(f"{PROGRAM}: trained {result.run.step} updates in {settings.output_dir}")
-    if settings.do_predict:
+    if result.predictions:
         print(f"{PROGRAM}: answered {result.num_predictions:,} questions of {settings.predict_file}: "
-              f"{result.figures} -> {result.directory.file(PREDICTIONS)}")
+              f"{result.figures} -> {result.predictions}")
     if result.at_chance:
         logging.warning(result.at_chance)
 

@@ -102,13 +102,13 @@ def encode_examples(examples: list[Example], task: Task, labels: tuple[str, ...]
         input_ids.append(ids.astype(np.int32))
         segment_ids.append(segments)
     if task.regression:
-        values = [float(e.label) for e in examples]
+        values = [0.0 if e.label is None else float(e.label) for e in examples]  # None: a test example's, unscored
     else:
         index = {label: i for i, label in enumerate(labels)}
-        unknown = [e for e in examples if str(e.label) not in index]
+        unknown = [e for e in examples if e.label is not None and str(e.label) not in index]
         if unknown:  # read_examples takes the labels of the training file
             raise InternalError(f"label {unknown[0].label!r} (line {unknown[0].line}) is not one of {labels}")
-        values = [index[str(e.label)] for e in examples]
+        values = [0 if e.label is None else index[str(e.label)] for e in examples]
     return EncodedExamples(input_ids, segment_ids, {"labels": np.asarray(values, dtype=np.float32)})
 
 

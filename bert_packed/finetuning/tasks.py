@@ -39,13 +39,14 @@ class Example:
     Attributes:
       text: the first (or only) text.
       text_pair: the second text, None for a single-text task.
-      label: the label as written in the file (a class name), or the score of a regression.
+      label: the label as written in the file (a class name), or the score of a regression; None
+        in a test file (--do_predict's, unlabelled).
       line: the line of its file (1 first), for messages.
     """
 
     text: str
     text_pair: str | None
-    label: str | float
+    label: str | float | None
     line: int
 
 
@@ -64,6 +65,9 @@ class Task:
         text_pair_column None for single texts.
       header: whether a TSV's first line names the columns.
       dev_file: the evaluation file's name in --data_dir.
+      test_file: the unlabelled file --do_predict answers, in --data_dir.
+      test_columns, test_text_column, test_text_pair_column: where a test file's line holds what
+        (GLUE's test files: an index first, no label; they all have a header).
     """
 
     name: str
@@ -76,6 +80,10 @@ class Task:
     label_column: int = -1
     header: bool = True
     dev_file: str = "dev.tsv"
+    test_file: str = "test.tsv"
+    test_columns: tuple[int, ...] = ()
+    test_text_column: int = 1
+    test_text_pair_column: int | None = None
 
     @property
     def train_file(self) -> str:
@@ -85,17 +93,23 @@ class Task:
 BINARY = ("0", "1")
 ENTAILMENT = ("entailment", "not_entailment")
 TASKS = {task.name: task for task in (
-    Task("cola", BINARY, (MATTHEWS,), columns=(4,), text_column=3, label_column=1, header=False),
-    Task("sst-2", BINARY, (ACCURACY,), columns=(2,), text_column=0, label_column=1),
-    Task("mrpc", BINARY, (ACCURACY, F1), columns=(5,), text_column=3, text_pair_column=4, label_column=0),
-    Task("qqp", BINARY, (ACCURACY, F1), columns=(6,), text_column=3, text_pair_column=4, label_column=5),
-    Task("sts-b", (), (PEARSON, SPEARMAN), regression=True, columns=(10,), text_column=7, text_pair_column=8),
+    Task("cola", BINARY, (MATTHEWS,), columns=(4,), text_column=3, label_column=1, header=False, test_columns=(2,)),
+    Task("sst-2", BINARY, (ACCURACY,), columns=(2,), text_column=0, label_column=1, test_columns=(2,)),
+    Task("mrpc", BINARY, (ACCURACY, F1), columns=(5,), text_column=3, text_pair_column=4, label_column=0,
+         test_columns=(5,), test_text_column=3, test_text_pair_column=4),
+    Task("qqp", BINARY, (ACCURACY, F1), columns=(6,), text_column=3, text_pair_column=4, label_column=5,
+         test_columns=(3,), test_text_pair_column=2),
+    Task("sts-b", (), (PEARSON, SPEARMAN), regression=True, columns=(10,), text_column=7, text_pair_column=8,
+         test_columns=(9,), test_text_column=7, test_text_pair_column=8),
     # MNLI's training file has one annotator's label, its dev file five, then the gold label last.
     Task("mnli", ("contradiction", "entailment", "neutral"), (ACCURACY,), columns=(12, 16), text_column=8,
-         text_pair_column=9, dev_file="dev_matched.tsv"),
-    Task("qnli", ENTAILMENT, (ACCURACY,), columns=(4,), text_column=1, text_pair_column=2),
-    Task("rte", ENTAILMENT, (ACCURACY,), columns=(4,), text_column=1, text_pair_column=2),
-    Task("jsonl", (), (ACCURACY,), header=False, dev_file="dev.jsonl"),
+         text_pair_column=9, dev_file="dev_matched.tsv", test_file="test_matched.tsv", test_columns=(10,),
+         test_text_column=8, test_text_pair_column=9),
+    Task("qnli", ENTAILMENT, (ACCURACY,), columns=(4,), text_column=1, text_pair_column=2, test_columns=(3,),
+         test_text_pair_column=2),
+    Task("rte", ENTAILMENT, (ACCURACY,), columns=(4,), text_column=1, text_pair_column=2, test_columns=(3,),
+         test_text_pair_column=2),
+    Task("jsonl", (), (ACCURACY,), header=False, dev_file="dev.jsonl", test_file="test.jsonl"),
 )}
 
 
@@ -107,13 +121,15 @@ def get_task(name: str) -> Task:
     return task
 
 
-def read_examples(task: Task, path: str, labels: tuple[str, ...] | None = None) -> list[Example]:
+def read_examples(task: Task, path: str, labels: tuple[str, ...] | None = None, test: bool = False) -> list[Example]:
     """Every example of a task's file, each checked.
 
     Args:
       task: the task.
       path: a TSV file of a GLUE task, or a JSON-lines file of task "jsonl".
       labels: for "jsonl", the labels its examples may take (None: any, as in its training file).
+      test: the file is the task's unlabelled test file (--do_predict): its examples' labels are
+        None (a "jsonl" line's label, if it has one, is not read).
 
     Returns:
       The examples in the file's order.
@@ -138,7 +154,7 @@ def read_examples(task: Task, path: str, labels: tuple[str, ...] | None = None) 
                             f"reads as one line; expected lines ending with \\n or \\r\\n")
     # Lines end at \n (and \r\n) only: a text may hold any other separator Unicode knows.
     lines = [line.removesuffix("\r") for line in text.split("\n")]
-    examples = _read_jsonl(path, lines, labels) if task.name == "jsonl" else _read_tsv(task, path, lines)
+    examples = _read_jsonl(path, lines, labels, test) if task.name == "jsonl" else _read_tsv(task, path, lines, test)
     if not examples:
         raise TaskDataError(f"{path}: no examples (an empty file{' or only its header' if task.header else ''}); "
                             f"expected {task.name}'s {'JSON lines' if task.name == 'jsonl' else 'TSV lines'}")
@@ -164,21 +180,22 @@ def task_labels(task: Task, train_examples: list[Example], path: str = "the trai
 _INTEGER = re.compile(r"-?[0-9]+")
 
 
-def _read_tsv(task: Task, path: str, lines: list[str]) -> list[Example]:
+def _read_tsv(task: Task, path: str, lines: list[str], test: bool) -> list[Example]:
     csv.field_size_limit(sys.maxsize)  # a GLUE line may be long; its length is not a format error
+    columns, text, pair_column = ((task.test_columns, task.test_text_column, task.test_text_pair_column) if test
+                                  else (task.columns, task.text_column, task.text_pair_column))
     examples = []
     for number, line in enumerate(lines, start=1):
-        if (task.header and number == 1) or not line.strip():
+        if ((task.header or test) and number == 1) or not line.strip():
             continue
         # A carriage return inside a text (a stray one, pasted) is read as whitespace, as a space.
         [row] = csv.reader([line.replace("\r", " ")], delimiter="\t", quoting=csv.QUOTE_NONE)
-        if len(row) not in task.columns:
+        if len(row) not in columns:
             raise TaskDataError(f"{path}:{number}: {len(row)} tab-separated columns; {task.name} expects "
-                                f"{' or '.join(map(str, task.columns))}")
-        first = row[task.text_column]
-        pair = None if task.text_pair_column is None else row[task.text_pair_column]
-        label = _label(task, path, number, row[task.label_column])
-        examples.append(Example(first, pair, label, number))
+                                f"{' or '.join(map(str, columns))}{' in its test file' if test else ''}")
+        pair = None if pair_column is None else row[pair_column]
+        label = None if test else _label(task, path, number, row[task.label_column])
+        examples.append(Example(row[text], pair, label, number))
     return examples
 
 
@@ -198,7 +215,7 @@ def _label(task: Task, path: str, number: int, value: str) -> str | float:
     return value
 
 
-def _read_jsonl(path: str, lines: list[str], labels: tuple[str, ...] | None) -> list[Example]:
+def _read_jsonl(path: str, lines: list[str], labels: tuple[str, ...] | None, test: bool) -> list[Example]:
     examples = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -208,12 +225,16 @@ def _read_jsonl(path: str, lines: list[str], labels: tuple[str, ...] | None) -> 
         except json.JSONDecodeError as e:
             raise TaskDataError(f"{path}:{number}: not JSON ({e.msg}); expected one object a line, "
                                 f'{{"text": ..., "label": ...}}') from None
-        if not isinstance(record, dict) or not isinstance(record.get("text"), str) or "label" not in record:
+        if not isinstance(record, dict) or not isinstance(record.get("text"), str) or ("label" not in record
+                                                                                      and not test):
             raise TaskDataError(f'{path}:{number}: expected an object with a "text" string and a "label" '
                                 f'(and an optional "text_pair" string)')
         pair = record.get("text_pair")
         if pair is not None and not isinstance(pair, str):
             raise TaskDataError(f'{path}:{number}: "text_pair" is {type(pair).__name__}; expected a string')
+        if test:
+            examples.append(Example(record["text"], pair, None, number))
+            continue
         label = record["label"]
         if not isinstance(label, (str, int)) or isinstance(label, bool):
             raise TaskDataError(f'{path}:{number}: "label" is {json.dumps(label)}; expected a class name or an '

@@ -9,7 +9,7 @@ import math
 from bert_packed import files
 from bert_packed.errors import UserError
 from bert_packed.pretraining_data.tokenization import DEFAULT_VOCAB_FILE
-from bert_packed.settings import setting
+from bert_packed.settings import check_settings, setting
 
 # What export_model writes: a Hugging Face directory, or google-research's TF1 checkpoint.
 EXPORT_FORMATS = ("huggingface", "tf1")
@@ -32,6 +32,9 @@ class ExportSettings:
     format: str = setting("huggingface", "huggingface: config.json, model.safetensors and tokenizer files; tf1: "
                                          "model.ckpt-N (google-research names), bert_config.json, vocab.txt.",
                           group="output", choices=EXPORT_FORMATS)
+
+    def __post_init__(self):
+        check_settings(self)
 
 # What the backward pass recomputes instead of keeping from the forward pass: nothing; the
 # attention block (scores, softmax, dropout, probabilities x values: the [B, N, L, L] tensors,

@@ -10,7 +10,7 @@ from bert_packed.dataset_info import require_seq_length, shapes_given_or_recorde
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
 from bert_packed.packing.plan import ALGORITHMS, DEFAULT_ALGORITHM
-from bert_packed.settings import setting
+from bert_packed.settings import check_settings, given_or_changed, setting
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,8 +40,9 @@ class PackCommandSettings:
     """pack_pretraining_data's settings, by their flags' names, checked when built.
 
     Attributes (besides the settings):
-      given: the names of the settings given on the command line: L and P not given are the
-        inputs' (their metadata.json), else the defaults.
+      given: the names of the settings given on the command line (from Python, a value other
+        than its default counts as given too): L and P not given are the inputs' (their
+        metadata.json), else the defaults.
     """
 
     input_files: str | None = setting(None, "Comma-separated globs of unpacked TFRecord files.", group="input")
@@ -65,6 +66,7 @@ class PackCommandSettings:
     given: frozenset[str] = frozenset()
 
     def __post_init__(self):
+        check_settings(self)
         if self.max_sequences_per_pack < 1 or self.max_predictions_per_seq < 1:
             raise SettingsError("--max_sequences_per_pack and --max_predictions_per_seq must be >= 1")
         if self.num_shards < 1 or self.bucket_mb < 1:
@@ -81,7 +83,7 @@ class PackCommandSettings:
         """
         defaults = (PackCommandSettings.max_seq_length, PackCommandSettings.max_predictions_per_seq)
         max_seq_length, max_predictions_per_seq = shapes_given_or_recorded(
-            files, *(getattr(self, name) if name in self.given else None
+            files, *(getattr(self, name) if name in given_or_changed(self) else None
                      for name in ("max_seq_length", "max_predictions_per_seq")), defaults=defaults)
         if max_predictions_per_seq < 1:
             raise SettingsError("--max_sequences_per_pack and --max_predictions_per_seq must be >= 1")

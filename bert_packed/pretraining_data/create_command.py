@@ -24,7 +24,7 @@ from bert_packed.pretraining_data.create_dataset import (
 )
 from bert_packed.pretraining_data.instances import MaskingConfig
 from bert_packed.pretraining_data.tokenization import DEFAULT_VOCAB_FILE, vocabulary_path
-from bert_packed.settings import setting
+from bert_packed.settings import check_settings, setting
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -72,6 +72,7 @@ class CreateSettings(CorpusSettings):
     num_workers: int = setting(0, "Worker processes (0: one per core).", group="run")
 
     def __post_init__(self):
+        check_settings(self)
         require_seq_length(self.max_seq_length)
         if self.max_predictions_per_seq > self.max_seq_length:
             raise SettingsError(f"--max_predictions_per_seq={self.max_predictions_per_seq}: more than the "

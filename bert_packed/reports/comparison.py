@@ -47,7 +47,7 @@ from bert_packed.reports.speedups import (
     token_speedup,
 )
 from bert_packed.run_directory import RunError
-from bert_packed.settings import setting
+from bert_packed.settings import check_settings, given_or_changed, setting
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -79,6 +79,7 @@ class CompareSettings:
     given: frozenset[str] = frozenset()
 
     def __post_init__(self):
+        check_settings(self)
         if self.accuracy != "auto":
             try:
                 float(self.accuracy)
@@ -123,7 +124,7 @@ def compare_curves(settings: CompareSettings) -> Comparison:
                         "by the NSP term; compare MLM accuracy (the MLPerf metric)", ", ".join(without))
     metric = metric_of(runs)
     # MLPerf's 0.720 is a target of MLM accuracy only: fine-tuning runs take 'auto' unless given one.
-    automatic = settings.accuracy == "auto" or (metric != "mlm_accuracy" and "accuracy" not in settings.given)
+    automatic = settings.accuracy == "auto" or (metric != "mlm_accuracy" and "accuracy" not in given_or_changed(settings))
     unevaluated = [run.name for run in runs if not run.evals]
     if settings.accuracy == "auto" and unevaluated:
         raise SettingsError(f"--accuracy auto: {runs_have(unevaluated)} no evaluations (eval_log.jsonl), whose curves "

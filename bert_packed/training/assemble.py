@@ -18,7 +18,7 @@ from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
 from bert_packed.input_files import expand_globs
 from bert_packed.run_directory import RunDirectory
-from bert_packed.settings import settings_of
+from bert_packed.settings import check_setting, settings_of
 from bert_packed.training.config import PARTS, LaunchSettings, TrainConfig, make_config, setting_names
 from bert_packed.training.launch import DistributionSettings
 
@@ -44,7 +44,10 @@ class PretrainingSettings:
                     for field in settings_of(LaunchSettings, DistributionSettings, *PARTS.values())}
         unknown = sorted(set(given) - set(defaults))
         if unknown:
-            raise TypeError(f"run_pretraining has no flag {unknown[0]!r}")
+            raise SettingsError(f"--{unknown[0]}: run_pretraining has no such setting")
+        for field in settings_of(LaunchSettings, DistributionSettings, *PARTS.values()):
+            if field.name in given:
+                check_setting(field, given[field.name])
         return cls({**defaults, **given}, frozenset(given))
 
     def __getitem__(self, name: str):
@@ -108,6 +111,8 @@ def assemble(line: PretrainingSettings, flags_text: str = "") -> tuple[TrainConf
     from bert_packed.training import data, provenance
 
     check_reference_flags(line)
+    if not line["bert_config_file"]:  # a required flag: a caller from Python meets this
+        raise SettingsError("--bert_config_file is required")
     input_pattern = line.spelled("input_files", "input_file")
     if not input_pattern:
         raise SettingsError("--input_file (or --input_files) is required")

@@ -34,7 +34,7 @@ from bert_packed.errors import SettingsError
 from bert_packed.features import EVAL_INPUT_MODES, INPUT_MODES, PACK_MODES
 from bert_packed.model.config import RECOMPUTE, BertConfig
 from bert_packed.pretraining_data.tokenization import DEFAULT_VOCAB_FILE
-from bert_packed.settings import setting
+from bert_packed.settings import check_settings, setting
 
 # Sequences the on-the-fly packer may hold at once: on the real Wikipedia-512 lengths at depth 3 it
 # then packs as efficiently as the offline LP (docs/packing.md#packing-on-the-fly).
@@ -142,6 +142,7 @@ class ComputeSettings:
         group="model", changeable=True, choices=RECOMPUTE)
 
     def __post_init__(self):
+        check_settings(self, ComputeSettings)
         require(self.recompute in RECOMPUTE, f"--recompute={self.recompute}: expected one of {', '.join(RECOMPUTE)}")
         require(self.precision in PRECISIONS, f"--precision={self.precision}: expected one of {', '.join(PRECISIONS)}")
 

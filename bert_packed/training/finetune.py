@@ -28,16 +28,16 @@ from bert_packed.model import BertConfig
 from bert_packed.model.huggingface import is_huggingface_directory, require_export_directory, require_same_model
 from bert_packed.packing.assign import assign_to_packs
 from bert_packed.pretraining_data.tokenization import Tokenizer
-from bert_packed.run_directory import EVAL_LOG, RunDirectory
+from bert_packed.run_directory import EVAL_LOG, PREDICTIONS, TEST_RESULTS, RunDirectory
 from bert_packed.training.config import TrainConfig, make_config
 from bert_packed.training.data import EvalData, TrainData
 from bert_packed.training.finetune_settings import ClassifierSettings, FineTuningSettings, SquadSettings
 from bert_packed.training.launch import cluster_of_this_task, make_strategy
 from bert_packed.training.objective import Answering, Classification, SpanPrediction
+from bert_packed.training.step_pool import StepPool, pool_or_own
 
 if TYPE_CHECKING:  # the loop and the compiled step import TensorFlow: imported when a run starts
     from bert_packed.training.loop import RunResult
-    from bert_packed.training.step_pool import StepPool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,12 +49,14 @@ class FineTuning:
       train_data: the training examples' rows (no files: evaluation only).
       eval_data: the dev examples' rows (no files: no evaluation).
       objective: the task's head (objective.Classification or SpanPrediction).
+      test_data: a classifier's test examples' rows (--do_predict; no files: none).
     """
 
     config: TrainConfig
     train_data: TrainData
     eval_data: EvalData
     objective: Classification | SpanPrediction
+    test_data: EvalData = dataclasses.field(default_factory=EvalData)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +71,9 @@ class FineTuningResult:
       figures: that evaluation in words ("accuracy 0.8603, f1 0.9010, loss 0.3512 over 408
         examples"), "" when none.
       at_chance: the warning that the run learned nothing (curves.at_chance_warning), else None.
-      num_predictions: the questions answered in predictions.json (run_squad's --do_predict).
+      predictions: --do_predict's file (run_squad's predictions.json, run_classifier's
+        test_results.tsv), None when none was written.
+      num_predictions: the questions it answers, the test examples it scores.
     """
 
     directory: RunDirectory
@@ -77,12 +81,15 @@ class FineTuningResult:
     evaluation: dict
     figures: str
     at_chance: str | None
+    predictions: str | None = None
     num_predictions: int = 0
 
 
-def run_classifier(settings: ClassifierSettings, steps: StepPool | None = None, flags_text: str = "") -> FineTuningResult:
-    """run_classifier.py as a function: fine-tunes (--do_train) and evaluates (--do_eval) as
-    google-research's run_classifier does, on packed or padded rows.
+def run_classifier(settings: ClassifierSettings, step_pool: StepPool | None = None,
+                   flags_text: str = "") -> FineTuningResult:
+    """run_classifier.py as a function: fine-tunes (--do_train), evaluates (--do_eval) and
+    predicts the test file (--do_predict: test_results.tsv) as google-research's run_classifier
+    does, on packed or padded rows.
 
         settings = ClassifierSettings(task_name="jsonl", data_dir="my_task", bert_config_file=...,
                                       init_checkpoint=..., output_dir="runs/my_task", do_train=True,
@@ -92,7 +99,7 @@ def run_classifier(settings: ClassifierSettings, steps: StepPool | None = None, 
 
     Args:
       settings: the command's settings (as its flags give them).
-      steps: compiled steps kept for reuse across commands (None: this call's own).
+      step_pool: compiled steps kept for reuse across runs (a StepPool; None: this call's own).
       flags_text: the command line as a flagfile, recorded in the run's flags.txt.
 
     Returns:
@@ -101,36 +108,36 @@ def run_classifier(settings: ClassifierSettings, steps: StepPool | None = None, 
     Raises:
       UserError: a setting, a file or a record that cannot make the run, in one line.
     """
+    step_pool = pool_or_own(step_pool)
     cluster = cluster_of_this_task(settings)  # first: under Slurm it picks this task's GPUs
-    return _fine_tune(classifier_run(settings, flags_text), settings, cluster, steps, settings.do_eval)
+    return _fine_tune(classifier_run(settings, flags_text), settings, cluster, step_pool, settings.do_eval)
 
 
-def run_squad(settings: SquadSettings, steps: StepPool | None = None, flags_text: str = "") -> FineTuningResult:
+def run_squad(settings: SquadSettings, step_pool: StepPool | None = None, flags_text: str = "") -> FineTuningResult:
     """run_squad.py as a function: fine-tunes on --train_file (--do_train) and answers
     --predict_file (--do_predict: predictions.json and nbest_predictions.json in the run's
     directory, scored where the file holds answers).
 
     Args, Returns, Raises: as run_classifier's.
     """
+    step_pool = pool_or_own(step_pool)
     cluster = cluster_of_this_task(settings)
-    return _fine_tune(squad_run(settings, flags_text), settings, cluster, steps, settings.do_predict)
+    return _fine_tune(squad_run(settings, flags_text), settings, cluster, step_pool, settings.do_predict)
 
 
-def _fine_tune(fine_tuning: FineTuning, settings: FineTuningSettings, cluster, steps: StepPool | None,
+def _fine_tune(fine_tuning: FineTuning, settings: FineTuningSettings, cluster, step_pool: StepPool,
                evaluates: bool) -> FineTuningResult:
-    """Trains (when settings.do_train) and evaluates the run `fine_tuning` under the strategy the
-    settings ask for, on a step of `steps`; a span objective's answers are written out."""
+    """Trains (when settings.do_train), evaluates and predicts the run `fine_tuning` under the
+    strategy the settings ask for, on a step of `step_pool`."""
     from bert_packed.reports.curves import at_chance_warning
-    from bert_packed.training.distribution import chief, leave_together
+    from bert_packed.training.distribution import leave_together
     from bert_packed.training.loop import evaluate_only, train_and_evaluate
-    from bert_packed.training.process import set_up_process
-    from bert_packed.training.step_pool import StepPool
+    from bert_packed.training.process import run_set_up
 
     config, objective = fine_tuning.config, fine_tuning.objective
-    set_up_process(config)
-    strategy = make_strategy(settings, cluster)
     directory = RunDirectory(config.run.output_dir)
-    with (steps or StepPool()).holding(config, fine_tuning.train_data, strategy, objective) as step:
+    with run_set_up(config), step_pool.holding(config, fine_tuning.train_data,
+                                                           make_strategy(settings, cluster), objective) as step:
         run, record = None, {}
         if settings.do_train:
             run = train_and_evaluate(config, fine_tuning.train_data, fine_tuning.eval_data, step)
@@ -142,13 +149,35 @@ def _fine_tune(fine_tuning: FineTuning, settings: FineTuningSettings, cluster, s
         answers_missing = isinstance(objective, SpanPrediction) and objective.answers is None
         if evaluates and (not settings.do_train or answers_missing):  # a run resumed finished answers again
             record = evaluate_only(config, fine_tuning.eval_data, step)
-        answered = 0
-        if isinstance(objective, SpanPrediction) and evaluates:
-            answered = len(objective.answers[0])
-            if chief(step.strategy)[0]:
-                directory.write_predictions(*objective.answers)
+        predictions, predicted = _predictions(fine_tuning, settings, step, directory)
     warning = at_chance_warning(directory) if settings.do_train and record else None
-    return FineTuningResult(directory, run, record, objective.describe(record) if record else "", warning, answered)
+    figures = objective.describe(record) if record else ""
+    return FineTuningResult(directory, run, record, figures, warning, predictions, predicted)
+
+
+def _predictions(fine_tuning: FineTuning, settings: FineTuningSettings, step, directory: RunDirectory
+                 ) -> tuple[str | None, int]:
+    """--do_predict's file, written by the chief, and how many it answers: a span objective's
+    answers of its evaluation (predictions.json), or a classifier's test examples each scored by
+    the newest checkpoint (test_results.tsv); (None, 0) without --do_predict."""
+    from bert_packed.training.distribution import chief
+    from bert_packed.training.loop import predict_only
+
+    objective, is_chief = fine_tuning.objective, chief(step.strategy)[0]
+    if isinstance(objective, SpanPrediction) and objective.answers is not None:
+        if is_chief:
+            directory.write_predictions(*objective.answers)
+        return directory.file(PREDICTIONS), len(objective.answers[0])
+    if not fine_tuning.test_data.files:
+        return None, 0
+    config = fine_tuning.config
+    predicting = dataclasses.replace(config, eval=dataclasses.replace(
+        config.eval, eval_batch_size=settings.predict_batch_size))
+    _, outputs = predict_only(predicting, fine_tuning.test_data, step)
+    results = objective.test_results(outputs)
+    if is_chief:
+        directory.write_test_results(results)
+    return directory.file(TEST_RESULTS), len(results)
 
 
 def classifier_run(settings: ClassifierSettings, flags_text: str = "") -> FineTuning:
@@ -181,9 +210,15 @@ def classifier_run(settings: ClassifierSettings, flags_text: str = "") -> FineTu
         encoded = encode_examples(read_examples(task, dev_path, labels), task, labels, tokenizer,
                                   settings.max_seq_length)
         eval_data = _rows_data(EvalData, encoded, dev_path, settings)
+    test_data = EvalData()
+    if settings.do_predict:
+        test_path = os.path.join(settings.data_dir, task.test_file)
+        encoded = encode_examples(read_examples(task, test_path, labels, test=True), task, labels, tokenizer,
+                                  settings.max_seq_length)
+        test_data = _rows_data(EvalData, encoded, test_path, settings)
     config = _config(settings, bert, len(train_examples), train_data, settings.eval_batch_size, flags_text)
     identity = {**_identity(settings, tokenizer), "task_name": task.name, "labels": list(labels)}
-    return FineTuning(config, train_data, eval_data, Classification(config, labels, task.metrics, identity))
+    return FineTuning(config, train_data, eval_data, Classification(config, labels, task.metrics, identity), test_data)
 
 
 def squad_run(settings: SquadSettings, flags_text: str = "") -> FineTuning:

@@ -18,7 +18,7 @@ from bert_packed.errors import SettingsError
 from bert_packed.finetuning.tasks import TASKS
 from bert_packed.packing.plan import ALGORITHMS, DEFAULT_ALGORITHM
 from bert_packed.pretraining_data.tokenization import DEFAULT_VOCAB_FILE
-from bert_packed.settings import setting
+from bert_packed.settings import check_settings, setting
 from bert_packed.training.config import ComputeSettings
 from bert_packed.training.launch import DISTRIBUTION_GROUP, DistributionSettings
 
@@ -74,8 +74,12 @@ class FineTuningSettings(ComputeSettings, DistributionSettings):
                                                        "BertForQuestionAnswering).", group=RUN_GROUP)
 
     def __post_init__(self):
+        check_settings(self)
         ComputeSettings.__post_init__(self)
         DistributionSettings.__post_init__(self)
+        for name in ("bert_config_file", "output_dir"):  # required flags: a caller from Python meets this
+            if not getattr(self, name):
+                raise SettingsError(f"--{name} is required")
         for name in ("train_batch_size", "max_sequences_per_pack", "save_checkpoints_steps", "iterations_per_loop"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"--{name}={getattr(self, name)}: must be at least 1")
@@ -101,12 +105,21 @@ class ClassifierSettings(FineTuningSettings):
     do_eval: bool = setting(False, "Evaluate on the dev file (at the end of training, or the newest checkpoint).",
                             group=TRAINING_GROUP)
     eval_batch_size: int = setting(8, "Rows an evaluation batch.", group=TRAINING_GROUP)
+    do_predict: bool = setting(False, "Write test_results.tsv in --output_dir: each example of the task's test file "
+                                      "(GLUE's test.tsv, MNLI's test_matched.tsv; jsonl: test.jsonl, labels not "
+                                      "read) and its class probabilities (a regression: its score), a line each, by "
+                                      "the newest checkpoint (after training, with --do_train).", group=TRAINING_GROUP)
+    predict_batch_size: int = setting(8, "Rows a prediction batch.", group=TRAINING_GROUP)
 
     def __post_init__(self):
-        if not (self.do_train or self.do_eval):
-            raise SettingsError("at least one of --do_train or --do_eval must be given")
-        if self.eval_batch_size < 1:
-            raise SettingsError(f"--eval_batch_size={self.eval_batch_size}: must be at least 1")
+        for name in ("task_name", "data_dir"):
+            if not getattr(self, name):
+                raise SettingsError(f"--{name} is required")
+        if not (self.do_train or self.do_eval or self.do_predict):
+            raise SettingsError("at least one of --do_train, --do_eval or --do_predict must be given")
+        for name in ("eval_batch_size", "predict_batch_size"):
+            if getattr(self, name) < 1:
+                raise SettingsError(f"--{name}={getattr(self, name)}: must be at least 1")
         super().__post_init__()
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from bert_packed.errors import SettingsError
-from bert_packed.settings import setting
+from bert_packed.settings import check_settings, given_or_changed, setting, settings_of
 
 # Where a multi-worker run's cluster comes from: TF_CONFIG, a Slurm job step, or whichever is there.
 CLUSTER_RESOLVERS = ("auto", "tf_config", "slurm")
@@ -26,8 +26,9 @@ STRATEGIES = ("default", "mirrored", "multi_worker_mirrored", "tpu")
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DistributionSettings:
     """The devices and hosts a run trains on, as the MLPerf reference's flags and tf.distribute's
-    strategies say it (docs/launch.md). `given`: the names of the settings given (a flag not
-    given is its default; some apply only when given)."""
+    strategies say it (docs/launch.md). `given`: the names of the settings the command line gave
+    (a flag not given is its default; some apply only when given); from Python, any value other
+    than its default counts as given too."""
 
     distribution_strategy: str = setting("default", "tf.distribute strategy (multi_worker_mirrored: the cluster from "
                                                     "--cluster_resolver).", group=DISTRIBUTION_GROUP, choices=STRATEGIES)
@@ -62,6 +63,7 @@ class DistributionSettings:
     given: frozenset[str] = frozenset()
 
     def __post_init__(self):
+        check_settings(self, DistributionSettings)
         if self.num_gpus < 0:
             raise SettingsError(f"--num_gpus={self.num_gpus}: expected 0 or more")
         if self.master and not self.use_tpu:
@@ -69,19 +71,24 @@ class DistributionSettings:
                                 f"of a TPU job; other jobs here use tf.distribute and TF_CONFIG)")
         if self.strategy_name() == "tpu" and not (self.tpu_address() or self.master):
             raise SettingsError("--use_tpu (--distribution_strategy=tpu) needs --tpu_name (or --tpu, or --master)")
-        name = self.strategy_name()
+        name, given = self.strategy_name(), self.given_settings()
         if name == "multi_worker_mirrored" and self.cluster_wait_seconds <= 0:
             raise SettingsError(f"--cluster_wait_seconds={self.cluster_wait_seconds:g}: expected a wait above 0")
-        if "cluster_resolver" in self.given and name != "multi_worker_mirrored":
+        if "cluster_resolver" in given and name != "multi_worker_mirrored":
             raise SettingsError(f"--cluster_resolver={self.cluster_resolver} applies to "
                                 f"--distribution_strategy=multi_worker_mirrored, not {name}")
-        if "all_reduce_alg" in self.given and name not in ("mirrored", "multi_worker_mirrored"):
+        if "all_reduce_alg" in given and name not in ("mirrored", "multi_worker_mirrored"):
             raise SettingsError(f"--all_reduce_alg={self.all_reduce_alg} applies to --distribution_strategy=mirrored "
                                 f"(--num_gpus) or multi_worker_mirrored, not {name}")
 
+    def given_settings(self) -> frozenset[str]:
+        """The distribution settings given (settings.given_or_changed)."""
+        return given_or_changed(self) & {field.name for field in settings_of(DistributionSettings)}
+
     def strategy_name(self) -> str:
         """--distribution_strategy, after the reference's --use_tpu and --num_gpus."""
-        name, explicit, gpus = self.distribution_strategy, "distribution_strategy" in self.given, self.num_gpus
+        name, gpus = self.distribution_strategy, self.num_gpus
+        explicit = "distribution_strategy" in self.given_settings()
         wanted = "tpu" if self.use_tpu else "mirrored" if gpus > 1 else None
         if wanted is None:
             return name
@@ -96,7 +103,7 @@ class DistributionSettings:
 
     def tpu_address(self) -> str | None:
         """--tpu or the reference's --tpu_name; both given must agree."""
-        if self.tpu and self.tpu_name and self.tpu != self.tpu_name and {"tpu", "tpu_name"} <= self.given:
+        if self.tpu and self.tpu_name and self.tpu != self.tpu_name:
             raise SettingsError(f"--tpu={self.tpu} and --tpu_name={self.tpu_name} disagree; give one of them")
         return self.tpu_name or self.tpu
 
@@ -148,7 +155,7 @@ def make_strategy(settings: DistributionSettings, cluster):
         tf.config.experimental_connect_to_cluster(resolver)
         tf.tpu.experimental.initialize_tpu_system(resolver)
         strategy = tf.distribute.TPUStrategy(resolver)
-        if "num_tpu_cores" in settings.given and strategy.num_replicas_in_sync != settings.num_tpu_cores:
+        if "num_tpu_cores" in settings.given_settings() and strategy.num_replicas_in_sync != settings.num_tpu_cores:
             raise SettingsError(f"--num_tpu_cores={settings.num_tpu_cores}, but the TPU has "
                                 f"{strategy.num_replicas_in_sync} cores")
         return strategy

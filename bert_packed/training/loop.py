@@ -139,6 +139,33 @@ def evaluate_only(config: TrainConfig, eval_data: EvalData, step: CompiledStep) 
     """Evaluates the newest checkpoint of output_dir, or else init_checkpoint; writes the result to
     eval_results.txt and returns it. A training run in output_dir is left alone (the reference
     evaluates beside a running training job)."""
+    directory, source = _restored(config, step)
+    metrics = _checked(step.evaluate(eval_pipeline(eval_data, config)), eval_data, config)
+    record = {"step": int(step.step.numpy()), "sequences": int(step.sequences.numpy()), "checkpoint": source, **metrics}
+    if chief(step.strategy)[0]:  # eval_results.txt only: a training run may be logging here meanwhile
+        files.makedirs(directory.path)
+        directory.write_eval_results(record)
+    logging.debug("eval of %s: %s", source, step.objective.describe(metrics))
+    return record
+
+
+def predict_only(config: TrainConfig, test_data: EvalData, step: CompiledStep) -> tuple[str, dict]:
+    """What the newest checkpoint of output_dir (or else init_checkpoint) outputs for each example
+    of `test_data` (unlabelled: --do_predict's), gathered from every replica; writes nothing.
+
+    Returns:
+      (the checkpoint, the objective's example outputs: {name: [N, ...]}).
+    """
+    _, source = _restored(config, step)
+    outputs = step.outputs(eval_pipeline(test_data, config))
+    if outputs is None:
+        raise TrainingError("stopped by a signal while predicting; the same command predicts again")
+    return source, outputs[1]
+
+
+def _restored(config: TrainConfig, step: CompiledStep) -> tuple[RunDirectory, str]:
+    """(where this process writes, the checkpoint) once `step` holds the weights an evaluation
+    reads: the newest checkpoint of output_dir, else init_checkpoint."""
     directory = run_directory(config, step)
     checkpoints = Checkpoints(directory.checkpoints, step.state, config.run.keep_checkpoint_max)
     require_divides("--eval_batch_size", config.eval.eval_batch_size, step.strategy.num_replicas_in_sync)
@@ -154,13 +181,7 @@ def evaluate_only(config: TrainConfig, eval_data: EvalData, step: CompiledStep) 
         source = config.model.init_checkpoint
         step.objective.load_initial_weights(step.model, source)
         step.step.assign(checkpoint_step(source))
-    metrics = _checked(step.evaluate(eval_pipeline(eval_data, config)), eval_data, config)
-    record = {"step": int(step.step.numpy()), "sequences": int(step.sequences.numpy()), "checkpoint": source, **metrics}
-    if chief(step.strategy)[0]:  # eval_results.txt only: a training run may be logging here meanwhile
-        files.makedirs(directory.path)
-        directory.write_eval_results(record)
-    logging.debug("eval of %s: %s", source, step.objective.describe(metrics))
-    return record
+    return directory, source
 
 
 class Stop:

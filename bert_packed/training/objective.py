@@ -189,12 +189,23 @@ class Classification(FineTuningObjective):
 
     def example_outputs(self, outputs: dict, features: dict) -> dict[str, tf.Tensor]:
         """Each slot's example, label and prediction (the class, or the score), and whether it holds
-        an example: [B * S] each."""
+        an example: [B * S] each; and its class probabilities (a regression: its score): [B * S, C]."""
         logits = tf.cast(outputs["logits"], tf.float32)
         predictions = logits[..., 0] if self.regression else tf.cast(tf.argmax(logits, -1), tf.float32)
-        return {name: tf.reshape(value, [-1]) for name, value in (
+        probabilities = logits if self.regression else tf.nn.softmax(logits, axis=-1)
+        return {**{name: tf.reshape(value, [-1]) for name, value in (
             ("example_ids", features["example_ids"]), ("labels", features["labels"]), ("predictions", predictions),
-            ("weights", features["label_weights"]))}
+            ("weights", features["label_weights"]))},
+            "probabilities": tf.reshape(probabilities, [-1, self.num_outputs])}
+
+    @staticmethod
+    def test_results(examples: dict) -> np.ndarray:
+        """Each example's class probabilities (a regression: its score), in its file's order, of an
+        evaluation's example_outputs (every batch's, gathered): [N, C], google-research's
+        test_results.tsv."""
+        held = examples["weights"] > 0
+        order = np.argsort(examples["example_ids"][held], kind="stable")
+        return examples["probabilities"][held][order]
 
     def metrics(self, sums: dict, examples: dict | None = None) -> dict[str, float]:
         """The loss and accuracy of summed sums, and with `examples` (example_outputs of every

@@ -21,10 +21,10 @@ from bert_packed.dataset_info import one_reading_per_file
 from bert_packed.run_directory import EVAL_LOG, RunDirectory
 from bert_packed.training.assemble import PretrainingSettings, assemble
 from bert_packed.training.launch import cluster_of_this_task, make_strategy
+from bert_packed.training.step_pool import StepPool, pool_or_own
 
 if TYPE_CHECKING:  # the loop and the compiled step import TensorFlow: imported when a run starts
     from bert_packed.training.loop import RunResult
-    from bert_packed.training.step_pool import StepPool
 
 __all__ = ["PretrainingResult", "PretrainingSettings", "run_pretraining"]
 
@@ -48,7 +48,7 @@ class PretrainingResult:
     summary: list[str]
 
 
-def run_pretraining(settings: PretrainingSettings, steps: StepPool | None = None,
+def run_pretraining(settings: PretrainingSettings, step_pool: StepPool | None = None,
                     flags_text: str = "") -> PretrainingResult:
     """Pre-trains (or, with do_train false, evaluates) as `python run_pretraining.py` with these
     settings does: every setting and file checked before any device is touched, then the run
@@ -56,7 +56,7 @@ def run_pretraining(settings: PretrainingSettings, steps: StepPool | None = None
 
     Args:
       settings: every setting by its flag's name (PretrainingSettings.of(...)).
-      steps: compiled steps kept for reuse across runs (None: this call's own).
+      step_pool: compiled steps kept for reuse across runs (a StepPool; None: this call's own).
       flags_text: the command line as a flagfile, recorded in the run's flags.txt.
 
     Returns:
@@ -68,25 +68,25 @@ def run_pretraining(settings: PretrainingSettings, steps: StepPool | None = None
     from bert_packed.training.distribution import leave_together
     from bert_packed.training.loop import evaluate_only, train_and_evaluate
     from bert_packed.training.memory import check_replica_memory
-    from bert_packed.training.process import set_up_process
+    from bert_packed.training.process import run_set_up
     from bert_packed.training.report import run_summary
-    from bert_packed.training.step_pool import StepPool
 
+    step_pool = pool_or_own(step_pool)
     distribution = settings.distribution()
     cluster = cluster_of_this_task(distribution)  # first: under Slurm it picks this task's GPUs
     with one_reading_per_file():  # each file's size and first 64 KiB read once: one request on a bucket
         config, train_data, eval_data = assemble(settings, flags_text)  # every check before any device
-    set_up_process(config)
-    strategy = make_strategy(distribution, cluster)
-    if settings["do_train"]:  # before anything compiles
-        check_replica_memory(config, train_data, strategy)
-    with (steps or StepPool()).holding(config, train_data, strategy) as step:
-        if not settings["do_train"]:
-            record = evaluate_only(config, eval_data, step)
-            leave_together(step.strategy)
-            return PretrainingResult(RunDirectory(config.run.output_dir), None, record, [])
-        result = train_and_evaluate(config, train_data, eval_data, step)
-        leave_together(step.strategy)  # the chief last: its process holds the workers' coordination service
+    with run_set_up(config):
+        strategy = make_strategy(distribution, cluster)
+        if settings["do_train"]:  # before anything compiles
+            check_replica_memory(config, train_data, strategy)
+        with step_pool.holding(config, train_data, strategy) as step:
+            if not settings["do_train"]:
+                record = evaluate_only(config, eval_data, step)
+                leave_together(step.strategy)
+                return PretrainingResult(RunDirectory(config.run.output_dir), None, record, [])
+            result = train_and_evaluate(config, train_data, eval_data, step)
+            leave_together(step.strategy)  # the chief last: its process holds the workers' coordination service
     evaluation = (result.directory.read_log(EVAL_LOG)[-1:] or [{}])[0]
     if result.stopped_by:
         return PretrainingResult(result.directory, result, evaluation, [])

@@ -1,9 +1,12 @@
 """Process-wide set-up for a run, in one function that entry points call before building a
 CompiledStep: Python logging, the seed and op determinism, and Keras' precision policy. Nothing else
-in the package changes process-wide state."""
+in the package changes process-wide state. The commands as functions (run_pretraining,
+run_classifier, run_squad) hold it for the run alone (run_set_up): a notebook's Keras computes
+as before once they return."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import keras
@@ -28,6 +31,26 @@ def set_up_process(config: TrainConfig) -> None:
         keras.utils.set_random_seed(config.run.seed)
         tf.config.experimental.enable_op_determinism()
     keras.mixed_precision.set_global_policy(PRECISIONS[config.model.precision])
+
+
+@contextlib.contextmanager
+def run_set_up(config: TrainConfig):
+    """set_up_process(config) for the `with` block; then Keras' precision policy and op
+    determinism as they were before it (a bf16 run would otherwise leave the caller's next layers
+    in bf16). The seeds it set stay: setting TensorFlow's again clears its kernel cache, and a
+    caller's own draws are its own to seed."""
+    from tensorflow.python.framework import config as framework_config
+
+    policy, determinism = keras.mixed_precision.global_policy().name, framework_config.is_op_determinism_enabled()
+    set_up_process(config)
+    try:
+        yield
+    finally:
+        if keras.mixed_precision.global_policy().name != policy:
+            keras.mixed_precision.set_global_policy(policy)
+        if framework_config.is_op_determinism_enabled() != determinism:
+            (tf.config.experimental.enable_op_determinism if determinism
+             else framework_config.disable_op_determinism)()
 
 
 def check_process_set_up(config: TrainConfig) -> None:

@@ -96,6 +96,16 @@ class CompiledStep:
         (a fine-tuning task's F1, say) is gathered from every replica first. Under multi-worker
         training each input pipeline evaluates its share of the records (input_pipeline).
         """
+        evaluated = self.outputs(pipeline)
+        if evaluated is None:
+            return None
+        totals, gathered = evaluated
+        return self.objective.metrics(totals, gathered) if totals else {}
+
+    def outputs(self, pipeline: PipelineConfig) -> tuple[dict, dict] | None:
+        """(the sums over the batches of `pipeline`, what the objective outputs example by example,
+        gathered from every replica and batch: {name: [N, ...]}); ({}, {}) for no batch; None when a
+        signal came meanwhile (as evaluate's)."""
         totals, examples = None, []
         with reading_errors_named(pipeline):
             batches = self.strategy.distribute_datasets_from_function(lambda context: make_dataset(pipeline, context))
@@ -108,9 +118,8 @@ class CompiledStep:
                 totals = sums if totals is None else {k: totals[k] + sums[k] for k in sums}
                 examples.append({name: value.numpy() for name, value in per_example.items()})
         if not totals:
-            return {}
-        gathered = {name: np.concatenate([batch[name] for batch in examples]) for name in examples[0]}
-        return self.objective.metrics(totals, gathered)
+            return {}, {}
+        return totals, {name: np.concatenate([batch[name] for batch in examples]) for name in examples[0]}
 
     def _evaluate_batch_fn(self, features):
         def replica(features):

@@ -125,6 +125,21 @@ class StepPool:
         return [step for _, step, _ in self._free]
 
 
+def pool_or_own(step_pool: StepPool | None) -> StepPool:
+    """The caller's pool, or a pool of the call's own (None); anything else refused before any work
+    (a step count given for the pool, say).
+
+    Raises:
+      TypeError: `step_pool` is not a StepPool.
+    """
+    if step_pool is None:
+        return StepPool()
+    if not isinstance(step_pool, StepPool):
+        raise TypeError(f"step_pool={step_pool!r}: expected a StepPool (compiled steps kept for reuse) or None; "
+                        f"the number of steps is a setting (num_train_steps, num_train_epochs)")
+    return step_pool
+
+
 def _kept_bytes(step: CompiledStep) -> int:
     """What keeping `step` takes: its variables, and their values as built."""
     import tensorflow as tf
