@@ -72,7 +72,7 @@ def main(argv, steps=None):
 
 
 def entry_point(steps=None):
-    """The command; `steps`: a StepPool its caller keeps (bert_packed.training.step)."""
+    """The command; `steps`: a StepPool its caller keeps (bert_packed.training.step_pool)."""
     run(lambda argv: main(argv, steps), PROGRAM, "output_dir",
         "The last complete checkpoint and the logs up to it are kept")
 
