@@ -35,7 +35,7 @@ from absl import flags
 
 from bert_packed.cli.common import run
 from bert_packed.features import Shapes, model_features
-from bert_packed.model import BertConfig, BertPretrainingModel
+from bert_packed.model import BertConfig, BertEncoder, BertPretrainingModel
 from bert_packed.model.modeling import attention_bias_from_mask, fold_seed
 from bert_packed.packing import packer
 from bert_packed.training import loss_from_sums, pretraining_sums
@@ -48,10 +48,10 @@ PROGRAM = "benchmark_model"
 SEED = tf.constant([1, 2])  # every step draws the same dropout masks: the variants differ in nothing else
 
 
-class PlainBert(BertPretrainingModel):
-    """BERT without the packing machinery, for timing only: one sequence a row assumed."""
+class PlainEncoder(BertEncoder):
+    """BERT's encoder without the packing machinery, for timing only: one sequence a row assumed."""
 
-    def encode(self, features, training=False, dropout_seed=None):
+    def call(self, features, training=False, dropout_seed=None):
         seed = (lambda index: fold_seed(dropout_seed, index)) if training else (lambda index: None)
         length = tf.shape(features["input_ids"])[1]
         positions = tf.broadcast_to(tf.range(length)[None, :], tf.shape(features["input_ids"]))
@@ -61,12 +61,18 @@ class PlainBert(BertPretrainingModel):
             hidden = layer(hidden, bias, seed(i + 1))
         return hidden
 
+
+class PlainBert(BertPretrainingModel):
+    """BertPretrainingModel on PlainEncoder, its next-sentence head on each row's first token."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        del self.encoder  # Keras forgets the packed encoder's weights
+        self.encoder = PlainEncoder(config, name="encoder")
+
     def call(self, features, training=False, dropout_seed=None):
-        sequence_output = self.encode(features, training=training, dropout_seed=dropout_seed)
         cls = tf.zeros_like(features["next_sentence_positions"])
-        return {"mlm_logits": self.masked_lm(sequence_output, features["masked_lm_positions"],
-                                             self.embeddings.word_embeddings),
-                "nsp_logits": self.next_sentence(sequence_output, cls)}
+        return super().call({**features, "next_sentence_positions": cls}, training, dropout_seed)
 
 
 def batches(batch_size: int, length: int, predictions: int, depth: int, seed: int = 0):

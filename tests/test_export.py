@@ -96,7 +96,7 @@ def test_transformers_and_keras_hub_read_the_export_and_compute_what_the_model_c
     model, _, _, directory = exported
     features = unpacked_inputs(model.config.vocab_size)
     ours = {name: value.numpy() for name, value in model(features).items()}
-    sequence_output = model.encode(features).numpy()
+    sequence_output = model.encoder(features).numpy()
     real = features["sequence_ids"][:, :, None]
 
     hugging_face = transformers.BertForPreTraining.from_pretrained(str(directory)).eval()
@@ -177,7 +177,7 @@ def test_the_export_holds_what_transformers_reads_and_every_format_round_trips(e
     tensors = load_file(str(directory / "model.safetensors"))
     assert tensors["bert.encoder.layer.0.attention.self.query.weight"].shape == (32, 32)
     np.testing.assert_array_equal(tensors["bert.encoder.layer.0.intermediate.dense.weight"],
-                                  model.encoder_layers[0].intermediate.kernel.numpy().T)  # [out, in]
+                                  model.encoder.encoder_layers[0].intermediate.kernel.numpy().T)  # [out, in]
     np.testing.assert_array_equal(tensors["cls.predictions.bias"], model.masked_lm.output_bias.numpy())
     # Hugging Face -> TF1 (google-research's layout) -> the model: every weight as it was.
     result = run_command("export_model", f"--checkpoint={directory}", f"--bert_config_file={bert_config}",
@@ -204,11 +204,11 @@ def assert_read_as_init_checkpoint(checkpoint, exported):
     expected = {name: weight.numpy() for name, weight, _ in google_variable_names(at_step)}
     classifier = BertClassifierModel(BertConfig(**TINY), 2)
     classifier.build()
-    for model, encoder_only in ((BertPretrainingModel(BertConfig(**TINY)), False), (classifier.bert, True)):
-        assert load_pretraining_checkpoint(model, str(checkpoint), encoder_only) == str(checkpoint)
+    for model in (BertPretrainingModel(BertConfig(**TINY)), classifier.encoder):
+        assert load_pretraining_checkpoint(model, str(checkpoint)) == str(checkpoint)
         for name, weight, _ in google_variable_names(model):
             np.testing.assert_array_equal(weight.numpy(), expected[name], err_msg=name)
-    assert load_pretraining_checkpoint(classifier.bert, str(exported), True) is None  # not a run's
+    assert load_pretraining_checkpoint(classifier.encoder, str(exported)) is None  # not a run's
 
 
 def test_a_run_directory_exports_its_newest_weights(packed_dir, bert_config_file, tmp_path, caplog):
@@ -414,14 +414,14 @@ def test_a_fine_tuned_model_s_weights_start_another_task_and_a_training_checkpoi
 
     classifier = BertClassifierModel(BertConfig(**TINY_512), 2)
     classifier.build()
-    classifier.bert.set_weights(random_model(seed=4).get_weights())
+    classifier.encoder.set_weights(random_model(seed=4).encoder.get_weights())
     tf1 = export_google_checkpoint(classifier, str(tmp_path / "tf1" / "model.ckpt-7"), 7)
     hf = export_huggingface(classifier, str(tmp_path / "hf"), VOCAB, True, labels=("a", "b"))
     for path in (tf1, hf):
         span = BertQuestionAnsweringModel(BertConfig(**TINY_512))
         span.build()
-        load_weights(span.bert, path, encoder_only=True)
-        for mine, theirs in zip(encoder(span.bert), encoder(classifier.bert)):
+        load_weights(span.encoder, path)
+        for mine, theirs in zip(encoder(span.encoder), encoder(classifier.encoder), strict=True):
             np.testing.assert_array_equal(mine, theirs, err_msg=path)
     with pytest.raises(CheckpointError, match="does not fit the model"):  # a pre-training model needs its heads
         load_weights(BertPretrainingModel(BertConfig(**TINY_512)), tf1)

@@ -186,8 +186,8 @@ def test_no_attention_crosses_sequences(model, data):
     changed = {k: v.numpy().copy() for k, v in packed.items()}
     second = mask == 2
     changed["input_ids"][pack][second] = (changed["input_ids"][pack][second] + 7) % CONFIG.vocab_size
-    before = model.encode(packed).numpy()[pack]
-    after = model.encode({k: tf.constant(v) for k, v in changed.items()}).numpy()[pack]
+    before = model.encoder(packed).numpy()[pack]
+    after = model.encoder({k: tf.constant(v) for k, v in changed.items()}).numpy()[pack]
     np.testing.assert_allclose(before[mask != 2], after[mask != 2], atol=1e-6)
     assert np.abs(before[second] - after[second]).max() > 1e-3
 
@@ -267,8 +267,8 @@ def test_mixed_precision_keeps_float32_where_it_matters(data, policy):
         for a, b in zip(half.weights, reference.weights):
             a.assign(b)
         outputs = half(packed)
-        assert half.encoder_layers[0].compute_dtype == policy.split("_")[1]
-        assert half.encoder_layers[0].output_layer_norm.compute_dtype == "float32"
+        assert half.encoder.encoder_layers[0].compute_dtype == policy.split("_")[1]
+        assert half.encoder.encoder_layers[0].output_layer_norm.compute_dtype == "float32"
         assert all(w.dtype == "float32" for w in half.weights)
     finally:
         keras.mixed_precision.set_global_policy("float32")
@@ -310,12 +310,12 @@ def test_a_google_research_checkpoint_loads_every_weight(tmp_path):
     by_name = {name: (w, t) for name, w, t in google_variable_names(model)}
     np.testing.assert_array_equal(by_name["bert/encoder/layer_1/intermediate/dense/kernel"][0].numpy(),
                                   values["bert/encoder/layer_1/intermediate/dense/kernel"])
-    fused = model.encoder_layers[1].query_key_value
+    fused = model.encoder.encoder_layers[1].query_key_value
     np.testing.assert_array_equal(fused.kernel.numpy(), np.concatenate(
         [values[f"bert/encoder/layer_1/attention/self/{name}/kernel"] for name in ("query", "key", "value")], axis=1))
     np.testing.assert_array_equal(fused.bias.numpy()[CONFIG.hidden_size:2 * CONFIG.hidden_size],
                                   values["bert/encoder/layer_1/attention/self/key/bias"])
-    np.testing.assert_array_equal(model.next_sentence.classifier.kernel.numpy(),
+    np.testing.assert_array_equal(model.next_sentence.kernel.numpy(),
                                   values["cls/seq_relationship/output_weights"].T)
 
 
@@ -373,3 +373,45 @@ def test_config_files(tmp_path):
     bad.write_text(json.dumps({"hidden_sizes": 3}))
     with pytest.raises(ConfigError, match=r"unknown keys \['hidden_sizes'\]"):
         BertConfig.from_json_file(str(bad))
+
+
+# Training checkpoints written by the code of 2c189b7, before the encoder became a model of its own:
+# a tiny model of each kind as a run saves it (the model, Adam, the step), each weight drawn from
+# its TF1 name, each Adam slot twice (momentum) and three times (velocity) its weight.
+BEFORE_THE_ENCODER = BertConfig(vocab_size=16, hidden_size=4, num_hidden_layers=2, num_attention_heads=1,
+                                intermediate_size=8, max_position_embeddings=8)
+
+
+@pytest.mark.parametrize("kind", ["pretraining", "pretraining_without_nsp", "classifier", "span"])
+def test_a_run_s_checkpoint_from_before_the_encoder_was_its_own_model_restores_every_weight_and_slot(kind, tmp_path):
+    """A training checkpoint holds most weights by their place in the optimizer's list: a model
+    that lists them in another order would resume with weights swapped where shapes agree (the
+    pooler and the masked-LM transform are both [H, H])."""
+    import shutil
+    import zlib
+
+    import keras
+
+    from bert_packed.model import BertClassifierModel, BertQuestionAnsweringModel
+    from bert_packed.training.checkpoints import Checkpoints, load_run_weights
+
+    run = shutil.copytree(f"{__file__.rsplit('/', 1)[0]}/data/checkpoints_of_2c189b7/{kind}", tmp_path / kind)
+    config = BEFORE_THE_ENCODER
+    model = {"pretraining": lambda: BertPretrainingModel(config),
+             "pretraining_without_nsp": lambda: BertPretrainingModel(config, next_sentence_prediction=False),
+             "classifier": lambda: BertClassifierModel(config, 3),
+             "span": lambda: BertQuestionAnsweringModel(config)}[kind]()
+    model.build()
+    assert load_run_weights(model, str(run)) == (str(run / "checkpoints" / "ckpt-1"), 1)
+    for name, weight, _ in google_variable_names(model):
+        expected = np.random.default_rng(zlib.crc32(name.encode())).normal(size=weight.shape).astype(np.float32)
+        np.testing.assert_array_equal(weight.numpy(), expected, err_msg=name)
+    resumed = keras.optimizers.Adam()  # as a run resumes: the model, its optimizer and the step
+    resumed.build(model.trainable_variables)
+    step = tf.Variable(0, dtype=tf.int64)
+    Checkpoints(str(run / "checkpoints"), tf.train.Checkpoint(model=model, optimizer=resumed, step=step), keep=1).restore()
+    assert int(step.numpy()) == 1
+    for variable in model.trainable_variables:
+        index = resumed._get_variable_index(variable)
+        np.testing.assert_array_equal(resumed._momentums[index].numpy(), 2 * variable.numpy(), err_msg=variable.path)
+        np.testing.assert_array_equal(resumed._velocities[index].numpy(), 3 * variable.numpy(), err_msg=variable.path)

@@ -161,9 +161,9 @@ def test_on_the_model_layernorm_and_biases_are_excluded_and_the_rest_decayed():
     optimizer = Lamb(1e-3)
     optimizer.build(model.trainable_variables)
     decayed = {v.path.split("/", 1)[1] for v, d in zip(model.trainable_variables, optimizer._decayed) if d}
-    assert decayed == {"embeddings/word_embeddings", "embeddings/position_embeddings",
-                       "embeddings/token_type_embeddings", "layer_0/query_key_value/kernel", "layer_0/attention_output/kernel",
-                       "layer_0/intermediate/kernel",
-                       "layer_0/output/kernel", "next_sentence/pooler/kernel", "next_sentence/seq_relationship/kernel",
+    assert decayed == {"encoder/embeddings/word_embeddings", "encoder/embeddings/position_embeddings",
+                       "encoder/embeddings/token_type_embeddings", "encoder/layer_0/query_key_value/kernel",
+                       "encoder/layer_0/attention_output/kernel", "encoder/layer_0/intermediate/kernel",
+                       "encoder/layer_0/output/kernel", "encoder/pooler/kernel", "seq_relationship/kernel",
                        "masked_lm/transform/kernel"}
     assert optimizer._adapted == optimizer._decayed

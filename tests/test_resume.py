@@ -405,8 +405,8 @@ def test_odd_characters_and_a_relative_output_dir_resume_without_a_word(packed_d
     assert f"resumed from {os.path.join('run', 'checkpoints', 'ckpt-1')} at step 1" in caplog.text
     assert "damaged" not in caplog.text and "cannot restore" not in caplog.text
     assert [r["step"] for r in json.loads("[" + ",".join(open("run/train_log.jsonl")) + "]")] == [1, 2, 3]
-    np.testing.assert_array_equal(resumed.model.embeddings.word_embeddings.numpy(),
-                                  initial.embeddings.word_embeddings.numpy())
+    np.testing.assert_array_equal(resumed.model.encoder.embeddings.word_embeddings.numpy(),
+                                  initial.encoder.embeddings.word_embeddings.numpy())
 
 
 def test_what_killed_writers_left_is_gone_once_the_same_command_completes(unpacked_dir, corpus, tmp_path):

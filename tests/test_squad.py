@@ -20,7 +20,7 @@ from bert_packed.finetuning.squad import (
 )
 from bert_packed.finetuning.tasks import TaskDataError
 from bert_packed.model import BertConfig, BertPretrainingModel, BertQuestionAnsweringModel, export_google_checkpoint
-from bert_packed.model.modeling import OUTSIDE_THE_SEQUENCE
+from bert_packed.model.task_models import OUTSIDE_THE_SEQUENCE
 from bert_packed.packing.assign import assign_to_packs
 from bert_packed.pretraining_data.tokenization import Tokenizer
 from bert_packed.training.losses import span_sums

@@ -218,7 +218,7 @@ def test_a_nan_loss_stops_and_keeps_the_last_good_checkpoint(packed_dir, tmp_pat
 
     def poison_after_step_1(iterator, num_updates):
         if int(trainer.step) == 1:
-            trainer.model.embeddings.word_embeddings.assign(np.full(trainer.model.embeddings.word_embeddings.shape,
+            trainer.model.encoder.embeddings.word_embeddings.assign(np.full(trainer.model.encoder.embeddings.word_embeddings.shape,
                                                                     np.nan, np.float32))
         return update(iterator, num_updates)
 
@@ -475,7 +475,7 @@ def test_half_precision_trains_with_finite_losses(packed_dir, tmp_path, precisio
     try:
         trainer = make_trainer(config(tmp_path, tfrecords(packed_dir), precision=precision, num_train_steps=2))
         trainer.train()
-        assert trainer.model.encoder_layers[0].compute_dtype == {"bf16": "bfloat16", "fp16": "float16"}[precision]
+        assert trainer.model.encoder.encoder_layers[0].compute_dtype == {"bf16": "bfloat16", "fp16": "float16"}[precision]
     finally:
         keras.mixed_precision.set_global_policy("float32")
     losses = [r["loss"] for r in read_log(tmp_path / "train_log.jsonl")]
@@ -506,8 +506,8 @@ def test_init_checkpoint_and_a_corrupt_checkpoint(packed_dir, tmp_path, caplog):
     trainer = make_trainer(config(tmp_path / "run", tfrecords(packed_dir), init_checkpoint=path, num_train_steps=1,
                              learning_rate=0.0))
     trainer.train()
-    np.testing.assert_array_equal(trainer.model.embeddings.word_embeddings.numpy(),
-                                  source.embeddings.word_embeddings.numpy())
+    np.testing.assert_array_equal(trainer.model.encoder.embeddings.word_embeddings.numpy(),
+                                  source.encoder.embeddings.word_embeddings.numpy())
     data_file = next(p for p in (tmp_path / "run" / "checkpoints").iterdir() if ".data-" in p.name)
     data_file.write_bytes(data_file.read_bytes()[:100])
     # The only checkpoint does not restore: the run stops, naming it, and leaves its logs as they are.
@@ -525,8 +525,8 @@ def test_init_checkpoint_and_a_corrupt_checkpoint(packed_dir, tmp_path, caplog):
     assert re.search(r"no checkpoint of \S+ restores \(ckpt-1 \(.+\)\): starting over from step 0, as "
                      r"--start_over_if_no_checkpoint_restores asks", caplog.text)
     assert [r["step"] for r in read_log(tmp_path / "run" / "train_log.jsonl")] == [1, 2]
-    np.testing.assert_array_equal(restarted.model.embeddings.word_embeddings.numpy(),
-                                  source.embeddings.word_embeddings.numpy())
+    np.testing.assert_array_equal(restarted.model.encoder.embeddings.word_embeddings.numpy(),
+                                  source.encoder.embeddings.word_embeddings.numpy())
     # Step 2's checkpoint damaged too: the run, asked to, starts over again and writes it anew, whole.
     from bert_packed.training.checkpoints import _unreadable
 

@@ -91,7 +91,7 @@ def test_the_export_holds_what_its_manifest_says(exported):
     assert weights == [p.name for p in padded_layout.parameters if p.role == "weight"]  # drawn alike
     _, classifier = export.read_program(exported, configurations["tiny_classifier_L128_fp32_packed"], "update")
     assert "classifier/kernel" in [p.name for p in classifier.parameters]  # another model built
-    assert "classifier/kernel" not in weights and "layer_0/output/kernel" in weights
+    assert "classifier/kernel" not in weights and "encoder/layer_0/output/kernel" in weights
     roles = [p.role for p in layout.parameters]
     assert roles.count("weight") == roles.count("slot") // 2 > 0 and roles.count("iteration") == 1
     assert all(p.output is not None for p in layout.parameters if p.role in ("weight", "slot", "iteration"))

@@ -21,7 +21,8 @@ import tensorflow as tf
 
 from bert_packed import files
 from bert_packed.errors import UserError
-from bert_packed.model.modeling import BertClassifierModel, BertPretrainingModel, BertQuestionAnsweringModel
+from bert_packed.model.modeling import BertEncoder, BertPretrainingModel
+from bert_packed.model.task_models import BertClassifierModel, BertQuestionAnsweringModel
 
 
 class CheckpointError(UserError, ValueError):
@@ -45,22 +46,20 @@ class Part:
         self.weight.assign(whole)
 
 
-def google_variable_names(model: BertPretrainingModel | BertClassifierModel | BertQuestionAnsweringModel
+def google_variable_names(model: BertEncoder | BertPretrainingModel | BertClassifierModel | BertQuestionAnsweringModel
                           ) -> list[tuple[str, object, bool]]:
-    """(TF1 name, model weight, stored transposed) for every weight of the model (a model without
-    the next-sentence head has no pooler and no seq_relationship). A classifier's are its
-    encoder's and pooler's, and its head's as google-research's run_classifier names them
-    (output_weights [C, H], output_bias), without the pre-training heads it does not train; a
-    question-answering model's, its encoder's and run_squad's cls/squad/output_weights [2, H] and
-    output_bias."""
+    """(TF1 name, model weight, stored transposed) for every weight of the model: its encoder's
+    (bert/..., bert/pooler where it has one), then its heads': pre-training's cls/predictions and
+    cls/seq_relationship, a classifier's as google-research's run_classifier names them
+    (output_weights [C, H], output_bias), a span model's as run_squad does
+    (cls/squad/output_weights [2, H], output_bias)."""
     if not model.built:
         model.build()
     if isinstance(model, BertClassifierModel):
-        return [entry for entry in google_variable_names(model.bert) if entry[0].startswith("bert/")] + [
+        return google_variable_names(model.encoder) + [
             ("output_weights", model.classifier.kernel, True), ("output_bias", model.classifier.bias, False)]
-    if isinstance(model, BertQuestionAnsweringModel):  # run_squad's head, on the encoder alone (no pooler)
-        return [entry for entry in google_variable_names(model.bert)
-                if entry[0].startswith("bert/") and not entry[0].startswith("bert/pooler/")] + [
+    if isinstance(model, BertQuestionAnsweringModel):
+        return google_variable_names(model.encoder) + [
             ("cls/squad/output_weights", model.qa_outputs.kernel, True),
             ("cls/squad/output_bias", model.qa_outputs.bias, False)]
     names = []
@@ -71,6 +70,15 @@ def google_variable_names(model: BertPretrainingModel | BertClassifierModel | Be
     def layer_norm(prefix, layer):
         names.extend([(f"{prefix}/gamma", layer.gamma, False), (f"{prefix}/beta", layer.beta, False)])
 
+    if isinstance(model, BertPretrainingModel):
+        names += google_variable_names(model.encoder)
+        dense("cls/predictions/transform/dense", model.masked_lm.transform)
+        layer_norm("cls/predictions/transform/LayerNorm", model.masked_lm.layer_norm)
+        names.append(("cls/predictions/output_bias", model.masked_lm.output_bias, False))
+        if model.next_sentence is not None:
+            names += [("cls/seq_relationship/output_weights", model.next_sentence.kernel, True),
+                      ("cls/seq_relationship/output_bias", model.next_sentence.bias, False)]
+        return names
     embeddings = model.embeddings
     names += [("bert/embeddings/word_embeddings", embeddings.word_embeddings, False),
               ("bert/embeddings/position_embeddings", embeddings.position_embeddings, False),
@@ -87,25 +95,19 @@ def google_variable_names(model: BertPretrainingModel | BertClassifierModel | Be
         dense(f"{prefix}/intermediate/dense", layer.intermediate)
         dense(f"{prefix}/output/dense", layer.output_dense)
         layer_norm(f"{prefix}/output/LayerNorm", layer.output_layer_norm)
-    if model.next_sentence is not None:
-        dense("bert/pooler/dense", model.next_sentence.pooler)
-    dense("cls/predictions/transform/dense", model.masked_lm.transform)
-    layer_norm("cls/predictions/transform/LayerNorm", model.masked_lm.layer_norm)
-    names.append(("cls/predictions/output_bias", model.masked_lm.output_bias, False))
-    if model.next_sentence is not None:
-        names += [("cls/seq_relationship/output_weights", model.next_sentence.classifier.kernel, True),
-                  ("cls/seq_relationship/output_bias", model.next_sentence.classifier.bias, False)]
+    if model.pooler is not None:
+        dense("bert/pooler/dense", model.pooler)
     return names
 
 
-def load_google_checkpoint(model: BertPretrainingModel, path: str, encoder_only: bool = False) -> int:
+def load_google_checkpoint(model: BertEncoder | BertPretrainingModel | BertClassifierModel | BertQuestionAnsweringModel,
+                           path: str) -> int:
     """Loads a google-research/bert or MLPerf TF1 checkpoint into the model.
 
     Args:
-      model: the model (built on first use).
+      model: the model (built on first use); into a BertEncoder (a fine-tuning model's) the
+        encoder's weights alone are read, whatever heads the checkpoint has.
       path: checkpoint prefix (".../model.ckpt-28252") or a directory with a `checkpoint` file.
-      encoder_only: the model is a fine-tuning model's encoder: its pre-training heads (kept, not
-        trained) are read where the checkpoint has them (a fine-tuned classifier's has none).
 
     Returns:
       The number of weights loaded.
@@ -124,7 +126,7 @@ def load_google_checkpoint(model: BertPretrainingModel, path: str, encoder_only:
                                   f"exported model.ckpt-N, which a finished run writes, and scripts/export_model.py "
                                   f"--checkpoint={path} --format=tf1 (with --bert_config_file and --output_dir) "
                                   f"writes from this one")
-        return _load(model, path, reader, encoder_only)
+        return _load(model, path, reader)
 
 
 def _prefix(path: str) -> str:
@@ -199,10 +201,8 @@ def does_not_fit(path: str, problems: list[str]) -> CheckpointError:
                            f"{shown}")
 
 
-def _load(model: BertPretrainingModel, path: str, reader, encoder_only: bool = False) -> int:
+def _load(model, path: str, reader) -> int:
     names = google_variable_names(model)
-    if encoder_only:
-        names = [entry for entry in names if not entry[0].startswith("cls/") or reader.has_tensor(entry[0])]
     problems = shape_problems(names, reader.get_variable_to_shape_map())
     if problems:
         raise does_not_fit(path, problems)

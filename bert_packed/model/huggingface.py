@@ -52,12 +52,8 @@ from bert_packed.model.checkpoint import (
     shape_problems,
 )
 from bert_packed.model.config import BertConfig
-from bert_packed.model.modeling import (
-    LAYER_NORM_EPSILON,
-    BertClassifierModel,
-    BertPretrainingModel,
-    BertQuestionAnsweringModel,
-)
+from bert_packed.model.modeling import LAYER_NORM_EPSILON, BertEncoder, BertPretrainingModel
+from bert_packed.model.task_models import BertClassifierModel, BertQuestionAnsweringModel
 from bert_packed.pretraining_data.tokenization import Tokenizer
 
 CONFIG_FILE = "config.json"
@@ -246,21 +242,20 @@ def require_same_model(directory: str, bert: BertConfig) -> None:
             raise CheckpointError(f"{path}: {name}={found!r}, but --bert_config_file says {name}={value!r}")
 
 
-def load_huggingface(model: BertPretrainingModel, directory: str, encoder_only: bool = False) -> int:
+def load_huggingface(model: BertEncoder | BertPretrainingModel | BertClassifierModel | BertQuestionAnsweringModel,
+                     directory: str) -> int:
     """Loads a Hugging Face BERT directory's weights into the model: a BertForPreTraining's
     (transformers' names, with or without the `bert.` prefix; LayerNorm's gamma and beta as older
-    files name them are read too).
+    files name them are read too). Into a BertEncoder (a fine-tuning model's), the encoder's
+    alone: heads in the file, pre-training's or another task's, are passed over (a fine-tuned
+    classifier's weights start a SQuAD run).
 
     Args:
       model: the model.
       directory: the Hugging Face directory.
-      encoder_only: the model is a fine-tuning model's encoder: its pre-training heads (kept, not
-        trained) are read where the file has them, and another task's head in the file is passed
-        over (a fine-tuned classifier's weights start a SQuAD run).
 
     Returns:
-      The number of weights loaded (all of the model's, but pre-training heads the file lacks with
-      encoder_only).
+      The number of weights loaded (all of the model's).
 
     Raises:
       CheckpointError: config.json differs from the model's config (require_same_model), no
@@ -283,14 +278,12 @@ def load_huggingface(model: BertPretrainingModel, directory: str, encoder_only: 
         raise CheckpointError(f"{path}: cannot read it as safetensors ({e}): cut short or damaged") from None
     tensors = {_canonical(name): value for name, value in stored.items()}
     names = huggingface_variable_names(model)
-    if encoder_only:
-        names = [entry for entry in names if not entry[0].startswith("cls.") or entry[0] in tensors]
-        tensors = {name: value for name, value in tensors.items() if not name.startswith(TASK_HEADS)}
+    if isinstance(model, BertEncoder):
+        tensors = {name: value for name, value in tensors.items() if not name.startswith(("cls.", *TASK_HEADS))}
     problems = shape_problems(names, {name: value.shape for name, value in tensors.items()})
     if problems:
         raise does_not_fit(path, problems)
-    unused = _unused_tensors(tensors, {name for name, _, _ in names},
-                             getattr(model, "next_sentence_prediction", True))
+    unused = _unused_tensors(tensors, {name for name, _, _ in names}, _next_sentence_prediction(model))
     if unused:
         originals = {_canonical(name): name for name in stored}
         raise CheckpointError(f"{path}: holds {len(unused)} tensor{'s' if len(unused) != 1 else ''} the model does not have ("
@@ -324,6 +317,13 @@ def _unused_tensors(tensors: dict[str, np.ndarray], wanted: set[str], next_sente
             continue
         unused.append(name)
     return unused
+
+
+def _next_sentence_prediction(model) -> bool:
+    """Whether the model reads the next-sentence head's weights (the pooler, for an encoder)."""
+    if isinstance(model, BertEncoder):
+        return model.pooler is not None
+    return getattr(model, "next_sentence_prediction", True)
 
 
 def _canonical(name: str) -> str:
@@ -372,11 +372,11 @@ def _architectures(directory: str) -> list | None:
         return None
 
 
-def load_weights(model: BertPretrainingModel, path: str, encoder_only: bool = False) -> int:
+def load_weights(model: BertEncoder | BertPretrainingModel | BertClassifierModel | BertQuestionAnsweringModel,
+                 path: str) -> int:
     """Loads weights from outside a run into the model: a Hugging Face BERT directory (checked
-    against the model's config) or a google-research/MLPerf TF1 checkpoint. With `encoder_only`
-    (a fine-tuning model's encoder), the pre-training heads are read where there, and another
-    task's head is passed over.
+    against the model's config) or a google-research/MLPerf TF1 checkpoint. Into a BertEncoder,
+    the encoder's alone, whatever heads the weights have.
 
     Returns:
       The number of weights loaded (all of the model's).
@@ -385,5 +385,5 @@ def load_weights(model: BertPretrainingModel, path: str, encoder_only: bool = Fa
       CheckpointError: naming what does not fit.
     """
     if is_huggingface_directory(path):
-        return load_huggingface(model, path, encoder_only)
-    return load_google_checkpoint(model, path, encoder_only)
+        return load_huggingface(model, path)
+    return load_google_checkpoint(model, path)

@@ -1,4 +1,5 @@
-"""BERT for pre-training on packed rows, in Keras 3 on TensorFlow.
+"""BERT for pre-training on packed rows, in Keras 3 on TensorFlow: the encoder (BertEncoder, the
+embeddings, the layers and the pooler as one model) and the pre-training heads on it.
 
 A row holds one or more sequences. Only four things differ from BERT on one sequence per row:
 positions restart at 0 for each sequence (gathered from `positions`), attention stays inside a
@@ -106,7 +107,7 @@ def recomputed(function, inputs: tuple, attention_bias: tf.Tensor, seed: tf.Tens
     return tf.recompute_grad(with_seed)(*inputs, tf.cast(seed, tf.float64))
 
 
-def _initializer(config_range: float):
+def initializer(config_range: float):
     return keras.initializers.TruncatedNormal(stddev=config_range)
 
 
@@ -125,7 +126,7 @@ class BertEmbeddings(keras.layers.Layer):
         self.layer_norm = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, dtype="float32", name="LayerNorm")
 
     def build(self, input_shape=None):
-        init = _initializer(self.initializer_range)
+        init = initializer(self.initializer_range)
         self.word_embeddings = self.add_weight(name="word_embeddings", shape=[self.vocab_size, self.hidden_size],
                                                initializer=init)
         self.position_embeddings = self.add_weight(
@@ -171,7 +172,7 @@ class TransformerLayer(keras.layers.Layer):
         self.hidden_dropout_prob = hidden_dropout_prob
         self.attention_probs_dropout_prob = attention_probs_dropout_prob
         self.recompute = recompute
-        init = _initializer(initializer_range)
+        init = initializer(initializer_range)
         self.query_key_value = keras.layers.Dense(3 * hidden_size, kernel_initializer=init, name="query_key_value")
         self.attention_output = keras.layers.Dense(hidden_size, kernel_initializer=init, name="attention_output")
         self.attention_layer_norm = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, dtype="float32",
@@ -251,7 +252,7 @@ class MaskedLMHead(keras.layers.Layer):
         self.hidden_size = hidden_size
         self.vocab_size = vocab_size
         self.initializer_range = initializer_range
-        self.transform = keras.layers.Dense(hidden_size, kernel_initializer=_initializer(initializer_range),
+        self.transform = keras.layers.Dense(hidden_size, kernel_initializer=initializer(initializer_range),
                                             name="transform")
         self.layer_norm = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, dtype="float32", name="LayerNorm")
 
@@ -273,47 +274,91 @@ class MaskedLMHead(keras.layers.Layer):
                 "initializer_range": self.initializer_range}
 
 
-class NextSentenceHead(keras.layers.Layer):
-    """Pooler (dense + tanh) on each sequence's own [CLS], then a 2-way classifier."""
-
-    def __init__(self, hidden_size, initializer_range, **kwargs):
-        super().__init__(**kwargs)
-        self.hidden_size = hidden_size
-        self.initializer_range = initializer_range
-        init = _initializer(initializer_range)
-        self.pooler = keras.layers.Dense(hidden_size, activation="tanh", kernel_initializer=init, name="pooler")
-        self.classifier = keras.layers.Dense(2, kernel_initializer=init, name="seq_relationship")
-
-    def build(self, input_shape=None):
-        self.pooler.build([None, None, self.hidden_size])
-        self.classifier.build([None, None, self.hidden_size])
-
-    def call(self, sequence_output, next_sentence_positions):
-        cls = tf.gather(sequence_output, next_sentence_positions, batch_dims=1)  # [B, S, H]
-        return tf.cast(self.classifier(self.pooler(cls)), tf.float32)           # [B, S, 2]
-
-    def get_config(self):
-        return {**super().get_config(), "hidden_size": self.hidden_size,
-                "initializer_range": self.initializer_range}
-
-
-class BertPretrainingModel(keras.Model):
-    """BERT with masked-LM and next-sentence heads, called on the packed feature dict.
+class BertEncoder(keras.Model):
+    """BERT's encoder on packed rows (keras-hub's backbone): the embeddings, the transformer layers
+    and, with `with_pooler`, google-research's bert/pooler (dense + tanh on a sequence's [CLS]).
+    The pre-training, classification and span models each wrap one, and own only their heads: a
+    fine-tuned model holds no masked-LM or next-sentence weights.
 
     Inputs (int32): input_ids, sequence_ids (sequence index per token, 1..S, 0 padding; the
-    records' input_mask), segment_ids, positions [B, L]; masked_lm_positions [B, P'];
-    next_sentence_positions [B, S]. Other keys (labels, prediction_sequence_ids, weights) are
-    ignored.
+    records' input_mask), segment_ids, positions [B, L]. Other keys are ignored.
 
     Args:
       config: the BERT hyper-parameters.
-      next_sentence_prediction: with the next-sentence head (pooler and classifier); without it
-        the model is masked-LM only (RoBERTa's objective), and no [CLS] output is gathered.
+      with_pooler: with the pooler (the next-sentence head's and the classifier's input); the
+        span model, like google-research's run_squad, reads the sequence output alone.
       recompute: one of RECOMPUTE: what the backward pass of training recomputes instead of
         keeping (the same gradients, less memory, more time: docs/launch.md).
 
-    Called as model(features, training=False, dropout_seed=None): in training, dropout draws its
-    masks from `dropout_seed` (int32 [2]; None: a random one), folded with each layer and site.
+    Called as encoder(features, training=False, dropout_seed=None): in training, dropout draws
+    its masks from `dropout_seed` (int32 [2]; None: a random one), folded with each layer and site
+    (the embeddings 0, layer i i + 1).
+
+    Returns:
+      The sequence output, [B, L, H] in the compute dtype.
+    """
+
+    def __init__(self, config: BertConfig, with_pooler: bool = True, recompute: str = "none", **kwargs):
+        super().__init__(**kwargs)
+        self.config = config
+        self.with_pooler = with_pooler
+        self.recompute = recompute
+        self.embeddings = BertEmbeddings(config.vocab_size, config.hidden_size, config.max_position_embeddings,
+                                         config.type_vocab_size, config.initializer_range,
+                                         config.hidden_dropout_prob, name="embeddings")
+        self.encoder_layers = [
+            TransformerLayer(config.hidden_size, config.num_attention_heads, config.intermediate_size,
+                             config.initializer_range, config.hidden_dropout_prob,
+                             config.attention_probs_dropout_prob, recompute, name=f"layer_{i}")
+            for i in range(config.num_hidden_layers)]
+        self.pooler = (keras.layers.Dense(config.hidden_size, activation="tanh",
+                                          kernel_initializer=initializer(config.initializer_range), name="pooler")
+                       if with_pooler else None)
+
+    def build(self, input_shape=None):
+        self.embeddings.build()
+        for layer in self.encoder_layers:
+            layer.build([None, None, self.config.hidden_size])
+        if self.pooler is not None:
+            self.pooler.build([None, None, self.config.hidden_size])
+        self.built = True
+
+    def call(self, features, training=False, dropout_seed=None):
+        if training and dropout_seed is None:
+            dropout_seed = tf.random.uniform([2], maxval=tf.int32.max, dtype=tf.int32)
+        seed = (lambda index: fold_seed(dropout_seed, index)) if training else (lambda index: None)
+        hidden = self.embeddings(features["input_ids"], features["segment_ids"], features["positions"], seed(0))
+        bias = attention_bias_from_mask(attention_mask_from_sequence_ids(features["sequence_ids"]))
+        for i, layer in enumerate(self.encoder_layers):
+            hidden = layer(hidden, bias, seed(i + 1))
+        return hidden                                                                       # [B, L, H]
+
+    def pool(self, sequence_output: tf.Tensor, cls_positions: tf.Tensor) -> tf.Tensor:
+        """The pooler's output at each sequence's own [CLS] (`cls_positions` [B, S]): [B, S, H]."""
+        return self.pooler(tf.gather(sequence_output, cls_positions, batch_dims=1))
+
+    def get_config(self):
+        return {"config": self.config.to_dict(), "with_pooler": self.with_pooler, "recompute": self.recompute}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(BertConfig(**config["config"]), config.get("with_pooler", True), config.get("recompute", "none"))
+
+
+class BertPretrainingModel(keras.Model):
+    """BERT with masked-LM and next-sentence heads on its encoder, called on the packed feature dict.
+
+    Inputs (int32): BertEncoder's, and masked_lm_positions [B, P']; next_sentence_positions
+    [B, S]. Other keys (labels, prediction_sequence_ids, weights) are ignored.
+
+    Args:
+      config: the BERT hyper-parameters.
+      next_sentence_prediction: with the next-sentence head (the encoder's pooler and a 2-way
+        classifier); without it the model is masked-LM only (RoBERTa's objective), its encoder
+        has no pooler, and no [CLS] output is gathered.
+      recompute: as BertEncoder's.
+
+    Called as model(features, training=False, dropout_seed=None), as BertEncoder.
 
     Returns:
       {"mlm_logits": float32 [B, P', V], "nsp_logits": float32 [B, S, 2]} ("nsp_logits" only
@@ -325,45 +370,44 @@ class BertPretrainingModel(keras.Model):
         self.config = config
         self.next_sentence_prediction = next_sentence_prediction
         self.recompute = recompute
-        self.embeddings = BertEmbeddings(config.vocab_size, config.hidden_size, config.max_position_embeddings,
-                                         config.type_vocab_size, config.initializer_range,
-                                         config.hidden_dropout_prob, name="embeddings")
-        self.encoder_layers = [
-            TransformerLayer(config.hidden_size, config.num_attention_heads, config.intermediate_size,
-                             config.initializer_range, config.hidden_dropout_prob,
-                             config.attention_probs_dropout_prob, recompute, name=f"layer_{i}")
-            for i in range(config.num_hidden_layers)]
+        self.encoder = BertEncoder(config, with_pooler=next_sentence_prediction, recompute=recompute, name="encoder")
         self.masked_lm = MaskedLMHead(config.hidden_size, config.vocab_size, config.initializer_range,
                                       name="masked_lm")
-        self.next_sentence = (NextSentenceHead(config.hidden_size, config.initializer_range, name="next_sentence")
+        self.next_sentence = (keras.layers.Dense(2, kernel_initializer=initializer(config.initializer_range),
+                                                 name="seq_relationship")
                               if next_sentence_prediction else None)
 
     def build(self, input_shape=None):
-        self.embeddings.build()
-        for layer in self.encoder_layers:
-            layer.build([None, None, self.config.hidden_size])
+        self.encoder.build()
         self.masked_lm.build()
         if self.next_sentence is not None:
-            self.next_sentence.build()
+            self.next_sentence.build([None, None, self.config.hidden_size])
         self.built = True
 
-    def encode(self, features, training=False, dropout_seed=None):
-        """The encoder's output for every token: [B, L, H] (compute dtype)."""
-        if training and dropout_seed is None:
-            dropout_seed = tf.random.uniform([2], maxval=tf.int32.max, dtype=tf.int32)
-        seed = (lambda index: fold_seed(dropout_seed, index)) if training else (lambda index: None)
-        hidden = self.embeddings(features["input_ids"], features["segment_ids"], features["positions"], seed(0))
-        bias = attention_bias_from_mask(attention_mask_from_sequence_ids(features["sequence_ids"]))
-        for i, layer in enumerate(self.encoder_layers):
-            hidden = layer(hidden, bias, seed(i + 1))
-        return hidden
+    # A training checkpoint holds the trainable weights by their place in this order (TensorFlow's
+    # object graph reaches them through the optimizer's list): the order of the model before the
+    # encoder was its own, the pooler after the masked-LM head. Kept, so that every run resumes.
+    @property
+    def variables(self):
+        return self._in_checkpoint_order(super().variables)
+
+    @property
+    def weights(self):
+        return self._in_checkpoint_order(super().weights)
+
+    def _in_checkpoint_order(self, variables: list) -> list:
+        if self.next_sentence is None:
+            return variables
+        last = {id(v) for v in self.encoder.pooler.weights + self.next_sentence.weights}
+        return [v for v in variables if id(v) not in last] + [v for v in variables if id(v) in last]
 
     def call(self, features, training=False, dropout_seed=None):
-        sequence_output = self.encode(features, training=training, dropout_seed=dropout_seed)
+        sequence_output = self.encoder(features, training=training, dropout_seed=dropout_seed)  # [B, L, H]
         outputs = {"mlm_logits": self.masked_lm(sequence_output, features["masked_lm_positions"],
-                                                self.embeddings.word_embeddings)}
+                                                self.encoder.embeddings.word_embeddings)}
         if self.next_sentence is not None:
-            outputs["nsp_logits"] = self.next_sentence(sequence_output, features["next_sentence_positions"])
+            pooled = self.encoder.pool(sequence_output, features["next_sentence_positions"])         # [B, S, H]
+            outputs["nsp_logits"] = tf.cast(self.next_sentence(pooled), tf.float32)                 # [B, S, 2]
         return outputs
 
     def get_config(self):
@@ -374,125 +418,3 @@ class BertPretrainingModel(keras.Model):
     def from_config(cls, config):
         return cls(BertConfig(**config["config"]), config.get("next_sentence_prediction", True),
                    config.get("recompute", "none"))
-
-
-class BertClassifierModel(keras.Model):
-    """BERT fine-tuned to classify (or score) each sequence of a row: google-research's
-    run_classifier head on each sequence's own [CLS].
-
-    The encoder and the pooler are a BertPretrainingModel's (`bert`, with the next-sentence head,
-    whose pooler is google-research's bert/pooler), so every weight format that model loads
-    (model.load_weights) starts a fine-tuning run; its masked-LM head and next-sentence
-    classifier are kept (a checkpoint of either model reads the other's weights) but not trained.
-    On the pooled [CLS]: dropout at hidden_dropout_prob, then `classifier` (google-research's
-    output_weights and output_bias).
-
-    Inputs (int32): input_ids, sequence_ids, segment_ids, positions [B, L]; cls_positions [B, S]
-    (bert_packed.features' fine-tuning rows). Other keys are ignored.
-
-    Args:
-      config: the BERT hyper-parameters.
-      num_outputs: the classes' logits, or 1 for a regression's score.
-      recompute: as BertPretrainingModel's.
-
-    Returns:
-      {"logits": float32 [B, S, num_outputs]}.
-    """
-
-    def __init__(self, config: BertConfig, num_outputs: int, recompute: str = "none", **kwargs):
-        super().__init__(**kwargs)
-        self.config = config
-        self.num_outputs = num_outputs
-        self.recompute = recompute
-        self.bert = BertPretrainingModel(config, next_sentence_prediction=True, recompute=recompute, name="bert")
-        self.classifier = keras.layers.Dense(num_outputs, kernel_initializer=_initializer(config.initializer_range),
-                                             name="classifier")
-
-    def build(self, input_shape=None):
-        self.bert.build()
-        self.bert.masked_lm.trainable = False
-        self.bert.next_sentence.classifier.trainable = False
-        self.classifier.build([None, None, self.config.hidden_size])
-        self.built = True
-
-    def call(self, features, training=False, dropout_seed=None):
-        if training and dropout_seed is None:
-            dropout_seed = tf.random.uniform([2], maxval=tf.int32.max, dtype=tf.int32)
-        sequence_output = self.bert.encode(features, training=training, dropout_seed=dropout_seed)   # [B, L, H]
-        cls = tf.gather(sequence_output, features["cls_positions"], batch_dims=1)                # [B, S, H]
-        pooled = self.bert.next_sentence.pooler(cls)
-        if training:  # the encoder's layers take seeds 0..num_hidden_layers
-            pooled = dropout(pooled, self.config.hidden_dropout_prob,
-                             fold_seed(dropout_seed, self.config.num_hidden_layers + 1))
-        return {"logits": tf.cast(self.classifier(pooled), tf.float32)}                          # [B, S, C]
-
-    def get_config(self):
-        return {"config": self.config.to_dict(), "num_outputs": self.num_outputs, "recompute": self.recompute}
-
-    @classmethod
-    def from_config(cls, config):
-        return cls(BertConfig(**config["config"]), config["num_outputs"], config.get("recompute", "none"))
-
-
-# A span logit at a position outside the sequence: its softmax there is 0 (exp underflows).
-OUTSIDE_THE_SEQUENCE = -1e9
-
-
-class BertQuestionAnsweringModel(keras.Model):
-    """BERT fine-tuned to find an answer's span in each sequence of a row: google-research's
-    run_squad head (a start and an end logit a token), read sequence by sequence.
-
-    Each sequence's logits are gathered from its own tokens, position 0 at its [CLS], and every
-    position past its end holds OUTSIDE_THE_SEQUENCE: a softmax over them is the sequence's alone,
-    so a sequence gets the same span probabilities wherever it sits in a pack, and alone in a
-    padded row. The encoder is a BertPretrainingModel's (`bert`, as BertClassifierModel's), its
-    heads kept but not trained; `qa_outputs` is google-research's cls/squad output_weights and
-    output_bias.
-
-    Inputs (int32): input_ids, sequence_ids, segment_ids, positions [B, L]; cls_positions [B, S].
-
-    Args:
-      config: the BERT hyper-parameters.
-      recompute: as BertPretrainingModel's.
-
-    Returns:
-      {"start_logits", "end_logits": float32 [B, S, L]}.
-    """
-
-    def __init__(self, config: BertConfig, recompute: str = "none", **kwargs):
-        super().__init__(**kwargs)
-        self.config = config
-        self.recompute = recompute
-        self.bert = BertPretrainingModel(config, next_sentence_prediction=True, recompute=recompute, name="bert")
-        self.qa_outputs = keras.layers.Dense(2, kernel_initializer=_initializer(config.initializer_range),
-                                             name="qa_outputs")
-
-    def build(self, input_shape=None):
-        self.bert.build()
-        self.bert.masked_lm.trainable = False
-        self.bert.next_sentence.trainable = False
-        self.qa_outputs.build([None, None, self.config.hidden_size])
-        self.built = True
-
-    def call(self, features, training=False, dropout_seed=None):
-        if training and dropout_seed is None:
-            dropout_seed = tf.random.uniform([2], maxval=tf.int32.max, dtype=tf.int32)
-        sequence_output = self.bert.encode(features, training=training, dropout_seed=dropout_seed)   # [B, L, H]
-        logits = tf.cast(self.qa_outputs(sequence_output), tf.float32)                           # [B, L, 2]
-        length = tf.shape(logits)[1]
-        slots = tf.shape(features["cls_positions"])[1]
-        row_positions = features["cls_positions"][:, :, None] + tf.range(length)[None, None, :]    # [B, S, L]
-        inside_the_row = row_positions < length
-        row_positions = tf.minimum(row_positions, length - 1)
-        owner = tf.gather(features["sequence_ids"], row_positions, batch_dims=1)                  # [B, S, L]
-        own = inside_the_row & (owner == tf.range(1, slots + 1)[None, :, None])
-        local = tf.gather(logits, row_positions, batch_dims=1)                                    # [B, S, L, 2]
-        local = tf.where(own[..., None], local, OUTSIDE_THE_SEQUENCE)
-        return {"start_logits": local[..., 0], "end_logits": local[..., 1]}
-
-    def get_config(self):
-        return {"config": self.config.to_dict(), "recompute": self.recompute}
-
-    @classmethod
-    def from_config(cls, config):
-        return cls(BertConfig(**config["config"]), config.get("recompute", "none"))

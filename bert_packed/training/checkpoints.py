@@ -30,7 +30,7 @@ import tensorflow as tf
 
 from bert_packed import files
 from bert_packed.errors import TrainingError
-from bert_packed.model import BertPretrainingModel, load_google_checkpoint
+from bert_packed.model import BertEncoder, BertPretrainingModel, load_google_checkpoint
 from bert_packed.model.checkpoint import CheckpointError, google_variable_names, newest_exported_step
 from bert_packed.model.huggingface import MODEL_SETTINGS
 from bert_packed.run_directory import RunDirectory, program_of
@@ -293,15 +293,14 @@ def run_and_step(checkpoint: str) -> tuple[str | None, int | None]:
     return None, None
 
 
-def load_pretraining_checkpoint(model: BertPretrainingModel, path: str, encoder_only: bool = False) -> str | None:
+def load_pretraining_checkpoint(model: BertEncoder | BertPretrainingModel, path: str) -> str | None:
     """Loads `path` into `model` when it names a pre-training run's training checkpoint
     (<run>/checkpoints/ckpt-N, or one of its files), as --init_checkpoint takes one: the run's
     weights at that step, read as its own model holds them, then copied weight by weight.
 
     Args:
-      model: the model to load (a fine-tuning model's encoder with `encoder_only`).
+      model: the model to load (a fine-tuning model's encoder: the run's heads are passed over).
       path: --init_checkpoint.
-      encoder_only: as load_weights's: the pre-training heads are read where the run has them.
 
     Returns:
       The checkpoint read; None when `path` names no run's training checkpoint.
@@ -322,7 +321,7 @@ def load_pretraining_checkpoint(model: BertPretrainingModel, path: str, encoder_
     read, _ = load_run_weights(run_model, run_dir, step)
     theirs = {name: weight for name, weight, _ in google_variable_names(run_model)}
     ours = google_variable_names(model)
-    missing = [name for name, _, _ in ours if name not in theirs and not (encoder_only and name.startswith("cls/"))]
+    missing = [name for name, _, _ in ours if name not in theirs]
     if missing:
         raise CheckpointError(f"{path}: the run's model has no {', '.join(missing[:3])}"
                               f"{', ...' if len(missing) > 3 else ''} (trained without the next-sentence head?)")

@@ -24,7 +24,7 @@ from bert_packed.finetuning.metrics import scores as glue_scores
 from bert_packed.finetuning.squad import SquadExample, Windows, predict_answers, squad_scores
 from bert_packed.model import BertClassifierModel, BertPretrainingModel, BertQuestionAnsweringModel, load_weights
 from bert_packed.model.huggingface import holds_classifier, holds_span_head
-from bert_packed.model.modeling import OUTSIDE_THE_SEQUENCE
+from bert_packed.model.task_models import OUTSIDE_THE_SEQUENCE
 from bert_packed.training.checkpoints import load_pretraining_checkpoint
 from bert_packed.training.config import TrainConfig
 from bert_packed.training.losses import (
@@ -168,12 +168,12 @@ class Classification(FineTuningObjective):
         google-research's, a BertForSequenceClassification directory); else pre-trained weights
         (in any format pre-training takes) for the encoder and pooler, the classifier starting
         from random weights, as google-research's does."""
-        if load_pretraining_checkpoint(model.bert, path, encoder_only=True) is not None:
+        if load_pretraining_checkpoint(model.encoder, path) is not None:
             return
         if holds_classifier(path):
             load_weights(model, path)
         else:
-            load_weights(model.bert, path, encoder_only=True)
+            load_weights(model.encoder, path)
 
     def describe(self, metrics: dict) -> str:
         figures = [f"{name} {metrics[name]:.4f}" for name in ("accuracy", *self.scores) if name in metrics]
@@ -271,12 +271,12 @@ class SpanPrediction(FineTuningObjective):
         """--init_checkpoint's weights: a span model's whole (a run's model.ckpt-N, google-research's
         run_squad output, a BertForQuestionAnswering directory); else pre-trained weights for the
         encoder, the span head starting from random weights."""
-        if load_pretraining_checkpoint(model.bert, path, encoder_only=True) is not None:
+        if load_pretraining_checkpoint(model.encoder, path) is not None:
             return
         if holds_span_head(path):
             load_weights(model, path)
         else:
-            load_weights(model.bert, path, encoder_only=True)
+            load_weights(model.encoder, path)
 
     @staticmethod
     def describe(metrics: dict) -> str:
