@@ -42,10 +42,10 @@ import os
 from collections.abc import Callable
 from typing import NamedTuple
 
-from bert_packed import files
 from bert_packed.errors import OutputDirectoryError, SettingsError, UserError
 from bert_packed.features import Shapes
 from bert_packed.run_directory import RunDirectory
+from bert_packed.storage import files
 
 METADATA_FILE = "metadata.json"
 # A dataset's length histogram, beside its records (packing/histogram.py reads and writes it).

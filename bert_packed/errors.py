@@ -5,7 +5,7 @@
   line, `<program>: error: <message>`, exit status 2. A message names the file, record or flag
   and what was expected.
 - `StorageError` (a UserError): the storage refused a path (read-only, no permission, gone, a
-  full disk), raised by bert_packed.files and the few places TensorFlow reads or writes itself;
+  full disk), raised by bert_packed.storage.files and the few places TensorFlow reads or writes itself;
   one line naming the path, exit status 2, or 75 when the same command again may go on (a
   request the storage still failed after retrying).
 - `InternalError`, and any other exception: a bug, with its traceback, exit status 1.

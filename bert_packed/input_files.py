@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import os
 
-from bert_packed import files
 from bert_packed.dataset_info import FileIdentity, file_sha256
 from bert_packed.errors import InputFilesError, StorageError
+from bert_packed.storage import files
 
 
 def expand_globs(patterns: str | list[str], what: str) -> list[str]:

@@ -28,8 +28,8 @@ import json
 import logging
 import os
 
-from bert_packed import files
 from bert_packed.errors import UserError
+from bert_packed.storage import files
 
 RUN_INFO = "run.json"
 FLAGS = "flags.txt"

@@ -22,8 +22,8 @@ import re
 
 from _sample_corpus import SAMPLE
 
-from bert_packed.files import write_text_atomically
 from bert_packed.pretraining_data.corpus import iter_documents
+from bert_packed.storage.files import write_text_atomically
 
 PRONOUN = re.compile(r"\b(he|she|his|her|him|they|their|them)\b", re.IGNORECASE)
 YEAR = re.compile(r"(?<![\w.,-])(1[0-9]{3}|20[0-2][0-9])(?![\w-]|[.,]\d)")

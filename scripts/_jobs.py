@@ -11,10 +11,10 @@ import sys
 
 from absl import flags
 
-from bert_packed import files
 from bert_packed.cli.in_process import command_in_this_process, run_in_process
 from bert_packed.errors import SettingsError
-from bert_packed.files import write_text_atomically
+from bert_packed.storage import files
+from bert_packed.storage.files import write_text_atomically
 from bert_packed.training.step_pool import StepPool
 
 

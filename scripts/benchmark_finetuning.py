@@ -32,7 +32,6 @@ from absl import flags
 
 from bert_packed.cli.common import run
 from bert_packed.errors import SettingsError
-from bert_packed.files import write_text_atomically
 from bert_packed.pretraining_data.tokenization import DEFAULT_VOCAB_FILE
 from bert_packed.reports.speedups import (
     TOKENS_PROMISE,
@@ -42,6 +41,7 @@ from bert_packed.reports.speedups import (
     summary,
     token_speedup,
 )
+from bert_packed.storage.files import write_text_atomically
 from bert_packed.training.finetune import classifier_run, squad_run
 from bert_packed.training.finetune_settings import ClassifierSettings, SquadSettings
 from bert_packed.training.process import set_up_process

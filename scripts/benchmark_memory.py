@@ -50,9 +50,9 @@ from absl import flags
 from bert_packed.cli.common import run
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
-from bert_packed.files import write_text_atomically
 from bert_packed.model import BertConfig
 from bert_packed.model.config import RECOMPUTE
+from bert_packed.storage.files import write_text_atomically
 from bert_packed.training.config import make_config
 from bert_packed.training.data import TrainData
 from bert_packed.training.memory import GIB, PLAN_FILE, Measured, largest_rows, model_sizes, read_plan, step_line

@@ -26,12 +26,10 @@ import_tensorflow(verbosity=0)  # first: TensorFlow's start-up notices stay out 
 
 from absl import flags
 
-from bert_packed import files
 from bert_packed.cli.common import run
 from bert_packed.dataset_info import read_dataset_info
 from bert_packed.errors import InputFilesError, SettingsError
 from bert_packed.features import PACK_MODES
-from bert_packed.files import write_text_atomically
 from bert_packed.model import BertConfig
 from bert_packed.packing import DEFAULT_ALGORITHM, plan
 from bert_packed.packing.stream import length_histogram
@@ -43,6 +41,8 @@ from bert_packed.reports.speedups import (
     summary,
     token_speedup,
 )
+from bert_packed.storage import files
+from bert_packed.storage.files import write_text_atomically
 from bert_packed.training.process import set_up_process
 from bert_packed.training.throughput import Measured, benchmark_run, measure_alternately
 

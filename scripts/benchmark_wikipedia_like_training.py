@@ -30,7 +30,6 @@ from absl import flags
 
 from bert_packed.cli.common import run
 from bert_packed.features import Shapes
-from bert_packed.files import write_text_atomically
 from bert_packed.model import BertConfig
 from bert_packed.reports.speedups import (
     TOKENS_PROMISE,
@@ -40,6 +39,7 @@ from bert_packed.reports.speedups import (
     summary,
     token_speedup,
 )
+from bert_packed.storage.files import write_text_atomically
 from bert_packed.training.process import set_up_process
 from bert_packed.training.throughput import Measured, benchmark_run, device_and_peak, measure_alternately
 

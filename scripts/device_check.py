@@ -42,13 +42,13 @@ import tensorflow as tf
 from _wikipedia_like_data import write_data
 from absl import flags
 
-from bert_packed import files
 from bert_packed.cli.common import run
 from bert_packed.cli.in_process import QuietRetracing
 from bert_packed.features import Shapes
-from bert_packed.files import write_text_atomically
 from bert_packed.model import BertConfig, BertPretrainingModel
 from bert_packed.reports.speedups import TOKENS_PROMISE, describe_speedup, summary, token_speedup
+from bert_packed.storage import files
+from bert_packed.storage.files import write_text_atomically
 from bert_packed.training import loss_from_sums, pretraining_sums
 from bert_packed.training.config import PRECISIONS, make_config
 from bert_packed.training.data import TrainData

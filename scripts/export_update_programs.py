@@ -41,7 +41,6 @@ import tensorflow as tf
 from _real_batches import DEPTH, FINETUNING_DEPTH, PREDICTIONS, Sequences
 from absl import flags
 
-from bert_packed import files
 from bert_packed.cli.common import run
 from bert_packed.dataset_info import file_sha256
 from bert_packed.errors import OutputDirectoryError, SettingsError
@@ -49,6 +48,7 @@ from bert_packed.features import Shapes
 from bert_packed.input_files import expand_globs
 from bert_packed.model import BertConfig
 from bert_packed.pretraining_data.tokenization import DEFAULT_VOCAB_FILE, Tokenizer
+from bert_packed.storage import files, locks
 from bert_packed.training.config import make_config
 from bert_packed.training.data import TrainData
 from bert_packed.training.export_update import export_configuration
@@ -194,7 +194,7 @@ def main(argv) -> None:
     paths = expand_globs(FLAGS.corpus, "--corpus")
     origin = made_by(paths)
     files.makedirs(FLAGS.output_dir)
-    with files.exclusive(os.path.join(FLAGS.output_dir, ".lock"), PROGRAM):
+    with locks.exclusive(os.path.join(FLAGS.output_dir, ".lock"), PROGRAM):
         if files.exists(os.path.join(FLAGS.output_dir, export.MANIFEST)):
             recorded, _ = export.read_manifest(FLAGS.output_dir, drop_broken=True)
             if recorded != origin:

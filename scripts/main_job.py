@@ -34,10 +34,10 @@ import shlex
 from _jobs import command, command_unless_done, flags_of, print_stage, read_text, seed_values
 from absl import flags
 
-from bert_packed import files
 from bert_packed.cli.common import run
 from bert_packed.errors import SettingsError
-from bert_packed.files import write_text_atomically
+from bert_packed.storage import files
+from bert_packed.storage.files import write_text_atomically
 from bert_packed.training.step_pool import StepPool
 
 PROGRAM = "main_job"

@@ -26,13 +26,13 @@ import re
 import numpy as np
 from absl import flags
 
-from bert_packed import files
 from bert_packed.cli.common import run
 from bert_packed.errors import OutputDirectoryError, SettingsError
 from bert_packed.input_files import expand_globs
 from bert_packed.pretraining_data.corpus import INPUT_FORMATS
 from bert_packed.pretraining_data.length_mix import corpus_text, write_once
 from bert_packed.pretraining_data.tokenization import DEFAULT_VOCAB_FILE, Tokenizer, vocabulary_path
+from bert_packed.storage import files, locks
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -72,7 +72,7 @@ def main(argv) -> None:
         for key, value in counts.items():
             totals[key] += value
     files.makedirs(FLAGS.output_dir)
-    with files.exclusive(os.path.join(FLAGS.output_dir, ".lock"), PROGRAM):
+    with locks.exclusive(os.path.join(FLAGS.output_dir, ".lock"), PROGRAM):
         files.remove_leftovers(FLAGS.output_dir)
         others = sorted(name for name in files.listdir(FLAGS.output_dir)
                         if (match := OUTPUT_FILE.match(name)) and int(match.group(1)) >= len(inputs))

@@ -32,7 +32,7 @@ import time
 
 from absl import app, flags
 
-from bert_packed.files import write_text_atomically
+from bert_packed.storage.files import write_text_atomically
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("hlo_dir", None, "What benchmark_memory.py --export_hlo wrote (manifest.json and the HLO files).")

@@ -123,7 +123,7 @@ def test_verbosity_1_shows_the_traceback_of_an_error_and_a_bug_is_never_taken_fo
         "plan_packing: internal error: KeyError: 'strategies' (a bug, not your input: please report it with the "
         "traceback above; exit status 1)")
     # TensorFlow's NotFoundError (also a missing kernel's) and an OSError that no storage request
-    # raised are bugs too: only the storage layer says what is the user's path (bert_packed.files).
+    # raised are bugs too: only the storage layer says what is the user's path (bert_packed.storage.files).
     import tensorflow as tf
 
     for error in (tf.errors.NotFoundError(None, None, "No registered 'Foo' OpKernel for 'CPU' devices"),

@@ -17,11 +17,11 @@ import apache_beam
 import pytest
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, VOCAB, run_command, tfrecords, write_corpus
 
-from bert_packed import files
 from bert_packed.beam import pipelines
 from bert_packed.cli import beam as cli_beam
 from bert_packed.dataset_info import read_dataset_info
 from bert_packed.pretraining_data import create_dataset as create_module
+from bert_packed.storage import files, locks
 
 SHAPES = [f"--max_seq_length={MAX_SEQ_LENGTH}", f"--max_predictions_per_seq={MAX_PREDICTIONS}"]
 TWO_PROCESSES = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
@@ -181,7 +181,7 @@ def test_a_pipelines_lock_names_the_beam_command(unpacked_dir, tmp_path, monkeyp
 
     def meanwhile(*args):
         if not refusals:
-            with pytest.raises(files.DirectoryLockedError) as refused:
+            with pytest.raises(locks.DirectoryLockedError) as refused:
                 pipelines.pack_pretraining_dataset(tfrecords(unpacked_dir), str(output), args[3])
             refusals.append(str(refused.value))
         return write_shard(*args)

@@ -27,12 +27,12 @@ from bert_packed.dataset_info import (
 )
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
-from bert_packed.output_job import InputsChangedError
 from bert_packed.packing import pack_dataset
 from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset
 from bert_packed.packing.verify import verify_packed_dataset
 from bert_packed.pretraining_data.create_dataset import create_pretraining_dataset
 from bert_packed.records import read_record_batches
+from bert_packed.storage.output_job import InputsChangedError
 
 SETTINGS = PackSettings(Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK), "lp", num_shards=2)
 
@@ -126,9 +126,9 @@ def test_a_finished_dataset_on_read_only_storage_packs_as_nothing_to_do_and_veri
     def refused(*args, **kwargs):
         raise OSError(30, "Read-only file system", str(args[0]) if args else "")
 
-    from bert_packed import files
+    from bert_packed.storage import files, locks
 
-    monkeypatch.setattr(files, "exclusive", refused)
+    monkeypatch.setattr(locks, "exclusive", refused)
     monkeypatch.setattr(files, "makedirs", refused)
     monkeypatch.setattr(files, "write_text_atomically", refused)
     again = pack_pretraining_dataset(tfrecords(unpacked_dir), packed_dir, SETTINGS, num_workers=1)

@@ -9,12 +9,12 @@ from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, VO
 from bert_packed.dataset_info import DatasetFilesError, FileIdentity, read_dataset_info
 from bert_packed.errors import OutputDirectoryError
 from bert_packed.features import Shapes
-from bert_packed.output_job import InputsChangedError
 from bert_packed.packing import pack_dataset as pack_module
 from bert_packed.packing import packer
 from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset
 from bert_packed.packing.verify import VerifyError, verify_packed_dataset
 from bert_packed.records import CorruptRecordError, RecordError, TFRecordWriter, read_packed, read_unpacked
+from bert_packed.storage.output_job import InputsChangedError
 
 PACKED = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK)
 UNPACKED = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS)

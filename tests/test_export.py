@@ -272,7 +272,7 @@ def test_a_run_directory_exports_its_newest_weights(packed_dir, bert_config_file
 
 def test_bad_input_to_the_export_is_one_line_and_nothing_half_written_looks_complete(exported, tmp_path,
                                                                                       monkeypatch):
-    from bert_packed import files
+    from bert_packed.storage import files
 
     _, bert_config, prefix, _ = exported
     common = [f"--checkpoint={prefix}", f"--bert_config_file={bert_config}"]

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_packed import files
 from bert_packed.errors import StorageError, UserError
+from bert_packed.storage import files
 
 ODD = "g [1]/ü *?{x}"
 

@@ -10,8 +10,8 @@ import time
 import pytest
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, VOCAB, tfrecords
 
-from bert_packed import files
 from bert_packed.dataset_info import read_dataset_info
+from bert_packed.storage import files, locks
 
 
 def hold(lock_path, log_path, barrier, rounds):
@@ -19,12 +19,12 @@ def hold(lock_path, log_path, barrier, rounds):
     for _ in range(rounds):
         barrier.wait()
         try:
-            with files.exclusive(lock_path, "test"):
+            with locks.exclusive(lock_path, "test"):
                 start = time.monotonic()
                 time.sleep(0.01)
                 end = time.monotonic()
             line = f"{start} {end}\n"
-        except files.DirectoryLockedError as e:
+        except locks.DirectoryLockedError as e:
             assert "in use by test (pid " in str(e)
             line = "refused\n"
         with open(log_path, "a") as f:
@@ -57,19 +57,19 @@ def test_a_lock_left_by_a_dead_process_is_taken_over_and_a_live_one_named(tmp_pa
     with open(lock, "w") as f:
         json.dump({"command": "pack_pretraining_data", "host": os.uname().nodename, "pid": int(dead.stdout),
                    "started": "2026-11-23 10:00:00"}, f)
-    with files.exclusive(lock, "create_pretraining_data"):
+    with locks.exclusive(lock, "create_pretraining_data"):
         holder = json.load(open(lock))
         assert holder["pid"] == os.getpid() and holder["command"] == "create_pretraining_data"
-        with pytest.raises(files.DirectoryLockedError, match=rf"{tmp_path}: in use by create_pretraining_data "
+        with pytest.raises(locks.DirectoryLockedError, match=rf"{tmp_path}: in use by create_pretraining_data "
                                                              rf"\(pid {os.getpid()} on .*, since .*\)"):
-            with files.exclusive(lock, "run_pretraining"):
+            with locks.exclusive(lock, "run_pretraining"):
                 pass
     assert sorted(os.listdir(tmp_path)) == []
     # A live pid that is another process now (a container's pid 1 after a restart): stale too.
     with open(lock, "w") as f:
         json.dump({"command": "run_pretraining", "host": os.uname().nodename, "pid": os.getppid(),
                    "started": "2026-11-23 10:00:00", "process_start": "another boot:12"}, f)
-    with files.exclusive(lock, "create_pretraining_data"):
+    with locks.exclusive(lock, "create_pretraining_data"):
         assert json.load(open(lock))["pid"] == os.getpid()
     # A process killed but not reaped (a zombie; for good under a pid 1 that reaps nothing): stale.
     zombie = subprocess.Popen(["sleep", "0.3"])
@@ -78,20 +78,20 @@ def test_a_lock_left_by_a_dead_process_is_taken_over_and_a_live_one_named(tmp_pa
     with open(lock, "w") as f:
         json.dump({"command": "run_pretraining", "host": os.uname().nodename, "pid": zombie.pid,
                    "started": "2026-11-23 10:00:00", "process_start": started}, f)
-    with files.exclusive(lock, "create_pretraining_data"):
+    with locks.exclusive(lock, "create_pretraining_data"):
         assert json.load(open(lock))["pid"] == os.getpid()
     zombie.wait()
     # Another machine's: it cannot be told, so it holds, and the message says how to take it back.
     with open(lock, "w") as f:
         json.dump({"command": "run_pretraining", "host": "node-7", "pid": 1, "started": "2026-11-23 10:00:00"}, f)
-    with pytest.raises(files.DirectoryLockedError, match=rf"pid 1 on node-7, .*if that process no longer runs, "
+    with pytest.raises(locks.DirectoryLockedError, match=rf"pid 1 on node-7, .*if that process no longer runs, "
                                                          rf".*remove {lock}\)$"):
-        with files.exclusive(lock, "run_pretraining"):
+        with locks.exclusive(lock, "run_pretraining"):
             pass
     os.remove(lock)
     (tmp_path / ".lock").write_text("{garbage")
-    with pytest.raises(files.DirectoryLockedError, match="cannot be read; remove it if no process uses"):
-        with files.exclusive(lock, "run_pretraining"):
+    with pytest.raises(locks.DirectoryLockedError, match="cannot be read; remove it if no process uses"):
+        with locks.exclusive(lock, "run_pretraining"):
             pass
 
 
@@ -104,21 +104,21 @@ def test_a_taker_of_a_stale_lock_leaves_alone_the_lock_another_took_meanwhile(tm
     taken = {"command": "run_pretraining", **files.this_process(), "started": "now", "claim": "first"}
     with open(lock, "w") as f:
         json.dump(taken, f)  # the first taker's, written after both read `dead`
-    files._remove_stale(lock, dead)
+    locks._remove_stale(lock, dead)
     assert json.load(open(lock)) == taken
     os.remove(lock)
     with open(lock, "w") as f:
         json.dump(dead, f)
-    files._remove_stale(lock, dead)
+    locks._remove_stale(lock, dead)
     assert not os.path.exists(lock)
     reads = [{}]  # released just after the link failed (then taken again): the next try is refused
-    real = files._lock_holder
-    monkeypatch.setattr(files, "_lock_holder", lambda path: reads.pop() if reads else real(path))
+    real = locks._lock_holder
+    monkeypatch.setattr(locks, "_lock_holder", lambda path: reads.pop() if reads else real(path))
     with open(lock, "w") as f:
         json.dump(taken, f)
-    monkeypatch.setattr(files, "_remove_stale", lambda *_: pytest.fail("a released lock was taken as stale"))
-    with pytest.raises(files.DirectoryLockedError, match="in use by run_pretraining"):
-        with files.exclusive(lock, "create_pretraining_data"):
+    monkeypatch.setattr(locks, "_remove_stale", lambda *_: pytest.fail("a released lock was taken as stale"))
+    with pytest.raises(locks.DirectoryLockedError, match="in use by run_pretraining"):
+        with locks.exclusive(lock, "create_pretraining_data"):
             pass
 
 

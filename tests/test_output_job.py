@@ -6,12 +6,12 @@ import os
 
 import pytest
 
-from bert_packed import files
 from bert_packed.dataset_info import DataFile, DatasetFilesError, DatasetInfo, FileIdentity
 from bert_packed.errors import OutputDirectoryError
 from bert_packed.features import Shapes
-from bert_packed.output_job import InputsChangedError, OutputJob
 from bert_packed.progress import Progress
+from bert_packed.storage import files
+from bert_packed.storage.output_job import InputsChangedError, OutputJob
 
 LOUD = {"shout": True, "voice": {"volume": 10}}
 

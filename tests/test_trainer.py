@@ -414,8 +414,8 @@ def test_the_checks_at_start_read_each_file_s_identity_once(packed_dir, other_te
     against its metadata.json share one reading of each file's size and first 64 KiB."""
     from absl import flags
 
-    from bert_packed import files
     from bert_packed.dataset_info import one_reading_per_file
+    from bert_packed.storage import files
     from bert_packed.training.assemble import assemble
 
     opened = []

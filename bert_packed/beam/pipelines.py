@@ -49,10 +49,8 @@ from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.runners.runner import PipelineRunner, create_runner
 from apache_beam.transforms.environments import SubprocessSDKEnvironment
 
-from bert_packed import files
 from bert_packed.beam import worker
 from bert_packed.errors import SettingsError, UserError
-from bert_packed.output_job import OutputJob, WorkUnits
 from bert_packed.packing import packer
 from bert_packed.packing.histogram import merge_histograms
 from bert_packed.packing.pack_dataset import (
@@ -74,6 +72,8 @@ from bert_packed.pretraining_data.create_dataset import (
     create_pretraining_dataset,
     make_file_shards,
 )
+from bert_packed.storage import files
+from bert_packed.storage.output_job import OutputJob, WorkUnits
 
 
 def pipeline_options(args: list[str]) -> PipelineOptions:

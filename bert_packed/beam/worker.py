@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 
-from bert_packed import files
+from bert_packed.storage import files
 
 DRIVER = "BERT_PACKED_BEAM_DRIVER"
 

@@ -32,11 +32,11 @@ import tempfile
 from absl import flags
 from absl import logging as absl_logging
 
-from bert_packed import files
 from bert_packed.cli.common import exit_with, exit_with_help, run
 from bert_packed.errors import SettingsError, UserError
 from bert_packed.input_files import expand_globs
 from bert_packed.packing.pack_dataset import verify_written
+from bert_packed.storage import files
 
 FLAGS = flags.FLAGS
 # Each command's flags are its single-machine command's, defined when that module is imported.

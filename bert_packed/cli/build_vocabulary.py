@@ -18,13 +18,13 @@ import re
 
 from absl import flags
 
-from bert_packed import files
 from bert_packed.cli.common import run
 from bert_packed.cli.settings_flags import define_flags, from_flags
 from bert_packed.errors import SettingsError
 from bert_packed.input_files import expand_globs
 from bert_packed.pretraining_data.vocabulary import VocabularySettings, build_vocabulary, reserved_tokens
 from bert_packed.settings import help_groups
+from bert_packed.storage import files
 
 FLAGS = flags.FLAGS
 SETTINGS = (VocabularySettings,)

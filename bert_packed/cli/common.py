@@ -8,7 +8,7 @@ warning repeated with other values is shown three times and then counted in one 
 end; and then
 - a bad flag, or a UserError raised anywhere below (bert_packed.errors), prints one line,
   `<program>: error: <message>`, and exits with status 2;
-- a StorageError (bert_packed.files: the storage refusing a path) is such a line naming the path;
+- a StorageError (bert_packed.storage.files: the storage refusing a path) is such a line naming the path;
   a full disk (or quota, or file-size limit) says what is kept; a request the storage still
   failed after retrying says that the same command goes on, status 75;
 - Ctrl-C (SIGINT) outside a loop that handles it prints one line saying what is kept, status 130,
@@ -36,8 +36,8 @@ from typing import NoReturn
 
 from absl import app, flags
 
-from bert_packed import files
 from bert_packed.errors import StorageError, UserError
+from bert_packed.storage import files
 
 # Interrupted by SIGINT (Ctrl-C): the shell's 128 + 2.
 EXIT_BUG = 1  # what Python gives an uncaught exception

@@ -15,7 +15,6 @@ import os
 
 from absl import flags
 
-from bert_packed import files
 from bert_packed.cli.common import run
 from bert_packed.cli.settings_flags import define_flags, from_flags
 from bert_packed.dataset_info import HISTOGRAM_FILE
@@ -25,6 +24,7 @@ from bert_packed.packing.plan import DEFAULT_ALGORITHM
 from bert_packed.pretraining_data.create_command import CreateSettings, create_pretraining_data
 from bert_packed.pretraining_data.create_dataset import DatasetSettings
 from bert_packed.settings import help_groups
+from bert_packed.storage import files
 
 FLAGS = flags.FLAGS
 SETTINGS = (CreateSettings,)

@@ -12,7 +12,6 @@ import os
 
 from absl import flags
 
-from bert_packed import files
 from bert_packed.cli.common import run
 from bert_packed.cli.settings_flags import define_flags, from_flags
 from bert_packed.dataset_info import read_dataset_info
@@ -20,6 +19,7 @@ from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
 from bert_packed.pretraining_data.eval_samples import PickSettings, pick_eval_samples
 from bert_packed.settings import help_groups
+from bert_packed.storage import files
 from bert_packed.training.provenance import origins
 
 FLAGS = flags.FLAGS

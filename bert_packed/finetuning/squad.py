@@ -25,9 +25,9 @@ import string
 
 import numpy as np
 
-from bert_packed import files
 from bert_packed.finetuning.encode import EncodedExamples
 from bert_packed.finetuning.tasks import TaskDataError
+from bert_packed.storage import files
 
 # [CLS] question [SEP] window [SEP]: the tokens a window adds to its question's and context's.
 SPECIAL_TOKENS = 3

@@ -21,8 +21,8 @@ import math
 import re
 import sys
 
-from bert_packed import files
 from bert_packed.errors import UserError
+from bert_packed.storage import files
 
 # GLUE's metrics (scored by finetuning.metrics).
 ACCURACY, F1, MATTHEWS, PEARSON, SPEARMAN = "accuracy", "f1", "matthews_corrcoef", "pearson", "spearman"

@@ -19,10 +19,10 @@ from collections.abc import Callable
 import numpy as np
 import tensorflow as tf
 
-from bert_packed import files
 from bert_packed.errors import UserError
 from bert_packed.model.modeling import BertEncoder, BertPretrainingModel
 from bert_packed.model.task_models import BertClassifierModel, BertQuestionAnsweringModel
+from bert_packed.storage import files, locks
 
 
 class CheckpointError(UserError, ValueError):
@@ -267,7 +267,7 @@ def refuse_other_content(output_dir: str, exported: Callable[[str], bool]) -> No
 @contextlib.contextmanager
 def export_directory(output_dir: str, exported: Callable[[str], bool]):
     """Holds `output_dir` for an export (created, locked, leftovers of a killed export removed);
-    yields files.exclusive's confirm. A directory of a previous export (only names `exported`
+    yields locks.exclusive's confirm. A directory of a previous export (only names `exported`
     accepts) is written over; one that holds anything else is refused.
 
     Raises:
@@ -276,7 +276,7 @@ def export_directory(output_dir: str, exported: Callable[[str], bool]):
 
     refuse_other_content(output_dir, exported)
     files.makedirs(output_dir)
-    with files.exclusive(os.path.join(output_dir, ".lock"), "export_model") as confirm:
+    with locks.exclusive(os.path.join(output_dir, ".lock"), "export_model") as confirm:
         refuse_other_content(output_dir, exported)
         files.remove_leftovers(output_dir)
         yield confirm

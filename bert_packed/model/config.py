@@ -6,10 +6,10 @@ import dataclasses
 import json
 import math
 
-from bert_packed import files
 from bert_packed.errors import UserError
 from bert_packed.pretraining_data.tokenization import DEFAULT_VOCAB_FILE
 from bert_packed.settings import check_settings, setting
+from bert_packed.storage import files
 
 # What export_model writes: a Hugging Face directory, or google-research's TF1 checkpoint.
 EXPORT_FORMATS = ("huggingface", "tf1")

@@ -39,7 +39,6 @@ import re
 
 import numpy as np
 
-from bert_packed import files
 from bert_packed.errors import InternalError, StorageError
 from bert_packed.model.checkpoint import (
     CheckpointError,
@@ -55,6 +54,7 @@ from bert_packed.model.config import BertConfig
 from bert_packed.model.modeling import LAYER_NORM_EPSILON, BertEncoder, BertPretrainingModel
 from bert_packed.model.task_models import BertClassifierModel, BertQuestionAnsweringModel
 from bert_packed.pretraining_data.tokenization import Tokenizer
+from bert_packed.storage import files
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"

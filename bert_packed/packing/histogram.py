@@ -17,10 +17,10 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from bert_packed import files
 from bert_packed.dataset_info import MAX_SEQ_LENGTH_LIMIT
 from bert_packed.errors import UserError
-from bert_packed.files import write_text_atomically
+from bert_packed.storage import files
+from bert_packed.storage.files import write_text_atomically
 
 
 class HistogramError(UserError, ValueError):

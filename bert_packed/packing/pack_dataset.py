@@ -31,7 +31,6 @@ import time
 
 import numpy as np
 
-from bert_packed import files
 from bert_packed.dataset_info import (
     HISTOGRAM_FILE,
     DataFile,
@@ -44,7 +43,6 @@ from bert_packed.dataset_info import (
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
 from bert_packed.input_files import expand_globs
-from bert_packed.output_job import OutputJob, WorkDamagedError, WorkUnits, in_parallel
 from bert_packed.packing import packer
 from bert_packed.packing.histogram import histogram_from_lengths, merge_histograms, save_histogram
 from bert_packed.packing.pack_settings import PackCommandSettings, PackSettings
@@ -52,6 +50,8 @@ from bert_packed.packing.plan import plan
 from bert_packed.packing.verify import PackingError, audit_packs, verify_packed_dataset
 from bert_packed.progress import Progress
 from bert_packed.records import TFRecordWriter, read_unpacked
+from bert_packed.storage import files
+from bert_packed.storage.output_job import OutputJob, WorkDamagedError, WorkUnits, in_parallel
 
 
 def pack_pretraining_data(settings: PackCommandSettings) -> dict:

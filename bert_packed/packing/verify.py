@@ -10,10 +10,10 @@ import numpy as np
 
 from bert_packed.dataset_info import DataFile, read_dataset_info
 from bert_packed.errors import InternalError, OutputDirectoryError, UserError
-from bert_packed.output_job import in_parallel
 from bert_packed.packing import packer
 from bert_packed.progress import Progress
 from bert_packed.records import read_packed
+from bert_packed.storage.output_job import in_parallel
 
 
 class PackingError(InternalError):

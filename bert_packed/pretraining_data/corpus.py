@@ -28,8 +28,8 @@ import lzma
 import re
 import zlib
 
-from bert_packed import files
 from bert_packed.errors import StorageError, UserError
+from bert_packed.storage import files
 
 _ABBREVIATIONS = frozenset("""
     mr mrs ms dr prof sr jr st mt ft vs etc al e.g i.e cf approx ca no nos vol vols fig figs

@@ -38,11 +38,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from bert_packed import files
 from bert_packed.dataset_info import HISTOGRAM_FILE, DataFile, DatasetInfo, FileIdentity, file_sha256
 from bert_packed.errors import SettingsError, UserError
 from bert_packed.features import Shapes
-from bert_packed.output_job import OutputJob, WorkUnits
 from bert_packed.packing.histogram import histogram_from_lengths, merge_histograms, save_histogram
 from bert_packed.pretraining_data.corpus import (
     INPUT_FORMATS,
@@ -55,6 +53,8 @@ from bert_packed.pretraining_data.instances import MaskingConfig, create_instanc
 from bert_packed.pretraining_data.tokenization import Tokenizer
 from bert_packed.progress import Progress
 from bert_packed.records import TFRecordWriter, read_record_batches
+from bert_packed.storage import files
+from bert_packed.storage.output_job import OutputJob, WorkUnits
 
 
 class WorkerLostError(UserError, RuntimeError):

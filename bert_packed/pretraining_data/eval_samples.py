@@ -11,11 +11,11 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from bert_packed import files
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
 from bert_packed.records import TFRecordWriter, read_record_batches, read_unpacked
 from bert_packed.settings import setting
+from bert_packed.storage import files
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

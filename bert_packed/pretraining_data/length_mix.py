@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from bert_packed import files
 from bert_packed.errors import OutputDirectoryError
-from bert_packed.files import write_text_atomically
 from bert_packed.pretraining_data.corpus import read_documents
 from bert_packed.pretraining_data.tokenization import Tokenizer
+from bert_packed.storage import files
+from bert_packed.storage.files import write_text_atomically
 
 
 def cut_article(sentence_lengths: list[int], targets) -> list[int]:

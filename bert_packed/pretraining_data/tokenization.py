@@ -6,8 +6,8 @@ import os
 
 import numpy as np
 
-from bert_packed import files
 from bert_packed.errors import UserError
+from bert_packed.storage import files
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 # The commands' default --vocab_file, a path in the checkout. Outside it (an installed wheel), the

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import numba
 import numpy as np
 
-from bert_packed import files
 from bert_packed.errors import UserError
+from bert_packed.storage import files
 
 
 class CorruptRecordError(UserError, ValueError):

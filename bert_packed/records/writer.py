@@ -6,9 +6,9 @@ import contextlib
 
 import numpy as np
 
-from bert_packed.files import atomic_open
 from bert_packed.records.example import encode_framed
 from bert_packed.records.tfrecord import _frame
+from bert_packed.storage.files import atomic_open
 
 
 class TFRecordWriter:

@@ -16,9 +16,7 @@ import logging
 import math
 import os
 
-from bert_packed import files
 from bert_packed.errors import SettingsError
-from bert_packed.files import atomic_open
 from bert_packed.reports.curves import (
     AT_CHANCE_ADVICE,
     METRICS,
@@ -48,6 +46,8 @@ from bert_packed.reports.speedups import (
 )
 from bert_packed.run_directory import RunError
 from bert_packed.settings import check_settings, given_or_changed, setting
+from bert_packed.storage import files, locks
+from bert_packed.storage.files import atomic_open
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -133,7 +133,7 @@ def compare_curves(settings: CompareSettings) -> Comparison:
         accuracy = None if unevaluated else automatic_accuracy(runs)  # none: the note says why
     else:
         accuracy = float(settings.accuracy)
-    with files.exclusive(f"{settings.output}.lock", "compare_curves"):
+    with locks.exclusive(f"{settings.output}.lock", "compare_curves"):
         files.remove_leftovers(os.path.dirname(settings.output) or ".", of=os.path.basename(settings.output))
         plot(runs, settings.output)
     rows = summary_table(runs, accuracy)

@@ -13,9 +13,9 @@ import dataclasses
 import os
 import re
 
-from bert_packed import files
 from bert_packed.reports.speedups import ABOVE_THE_FACTOR
 from bert_packed.run_directory import EVAL_LOG, TRAIN_LOG, RunDirectory, RunError
+from bert_packed.storage import files
 
 # What a run's curves follow, by the first key its logs hold: pre-training's MLM accuracy,
 # run_squad's F1, run_classifier's accuracy; and how tables and plots name it.

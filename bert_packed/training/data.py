@@ -20,7 +20,6 @@ import os
 
 import numpy as np
 
-from bert_packed import files
 from bert_packed.dataset_info import (
     HISTOGRAM_FILE,
     METADATA_FILE,
@@ -40,6 +39,7 @@ from bert_packed.packing.packer import unpack
 from bert_packed.packing.stream import length_histogram
 from bert_packed.records import read_packed, read_unpacked
 from bert_packed.run_directory import RunDirectory
+from bert_packed.storage import files
 from bert_packed.training.config import (
     Batching,
     TrainConfig,

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from bert_packed import files
 from bert_packed.errors import SettingsError
 from bert_packed.model.config import ExportSettings
 from bert_packed.pretraining_data.tokenization import vocabulary_path
 from bert_packed.run_directory import RunDirectory, program_of
+from bert_packed.storage import files
 
 
 @dataclasses.dataclass(frozen=True)

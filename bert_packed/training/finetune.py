@@ -17,7 +17,6 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
-from bert_packed import files
 from bert_packed.dataset_info import FileIdentity
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
@@ -29,6 +28,7 @@ from bert_packed.model.huggingface import is_huggingface_directory, require_expo
 from bert_packed.packing.assign import assign_to_packs
 from bert_packed.pretraining_data.tokenization import Tokenizer
 from bert_packed.run_directory import EVAL_LOG, PREDICTIONS, TEST_RESULTS, RunDirectory
+from bert_packed.storage import files
 from bert_packed.training.config import TrainConfig, make_config
 from bert_packed.training.data import EvalData, TrainData
 from bert_packed.training.finetune_settings import ClassifierSettings, FineTuningSettings, SquadSettings

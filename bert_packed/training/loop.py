@@ -32,7 +32,6 @@ import time
 
 import numpy as np
 
-from bert_packed import files
 from bert_packed.dataset_info import METADATA_FILE, DataChangedError, check_unchanged, refuse_other_output
 from bert_packed.errors import InternalError, TrainingError
 from bert_packed.input_pipeline import WATCHED_SINCE, reading_errors_named
@@ -40,6 +39,7 @@ from bert_packed.model import export_google_checkpoint, export_huggingface
 from bert_packed.model.checkpoint import checkpoint_step
 from bert_packed.model.huggingface import CONFIG_FILE
 from bert_packed.run_directory import RunDirectory
+from bert_packed.storage import files, locks
 from bert_packed.training.checkpoints import Checkpoints
 from bert_packed.training.config import TrainConfig, describe_run, eval_every_samples, require_divides
 from bert_packed.training.data import EvalData, TrainData, eval_pipeline, train_pipeline
@@ -78,7 +78,7 @@ def train_and_evaluate(config: TrainConfig, train_data: TrainData, eval_data: Ev
     directory = run_directory(config, step)
     checkpoints = Checkpoints(directory.checkpoints, step.state, config.run.keep_checkpoint_max)
     files.makedirs(directory.path)
-    with files.exclusive(os.path.join(directory.path, ".lock"), step.objective.program):
+    with locks.exclusive(os.path.join(directory.path, ".lock"), step.objective.program):
         previous = _claim(directory, config, train_data, eval_data, step)
         if _resume(directory, config, step, checkpoints, previous):
             if not _export_if_new(directory, config, step):

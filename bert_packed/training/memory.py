@@ -27,9 +27,9 @@ import json
 import logging
 import os
 
-from bert_packed import files
 from bert_packed.errors import SettingsError
 from bert_packed.model.config import BertConfig
+from bert_packed.storage import files
 from bert_packed.training.config import TrainConfig, batching
 
 PLAN_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "resources",

@@ -28,10 +28,10 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
-from bert_packed import files
 from bert_packed.dataset_info import DatasetFilesError, DatasetInfoError, read_dataset_info
 from bert_packed.errors import SettingsError
 from bert_packed.input_files import require_disjoint
+from bert_packed.storage import files
 
 
 class Origin(NamedTuple):

@@ -34,8 +34,8 @@ import zlib
 
 import numpy as np
 
-from bert_packed import files
 from bert_packed.errors import UserError
+from bert_packed.storage import files
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"

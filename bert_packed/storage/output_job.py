@@ -6,7 +6,7 @@ their Beam pipelines) goes through one OutputJob, so that each rule below exists
 - **Finished**: metadata.json names this run (its settings and inputs' paths: the run digest)
   and the inputs' content it was made from (the inputs digest), every file it lists is there,
   and no work is left: nothing to do, read only (a finished dataset on read-only storage is fine).
-- **Claim**: one exclusive lock (files.exclusive: local, or a claim on a bucket) for the whole run;
+- **Claim**: one exclusive lock (locks.exclusive: local, or a claim on a bucket) for the whole run;
   a directory holding another kind of output, another run's data or another run's unfinished work
   is refused in one line naming what differs.
 - **Leftovers**: temporary files are removed under the lock; an unfinished run whose inputs
@@ -37,7 +37,6 @@ import logging
 import os
 from collections.abc import Callable
 
-from bert_packed import files
 from bert_packed.dataset_info import (
     HISTOGRAM_FILE,
     METADATA_FILE,
@@ -51,6 +50,7 @@ from bert_packed.dataset_info import (
 )
 from bert_packed.errors import OutputDirectoryError, UserError
 from bert_packed.progress import Progress
+from bert_packed.storage import files, locks
 
 # The layout of the work directory; an unfinished run left by another layout starts over.
 WORK_FORMAT = 4
@@ -222,7 +222,7 @@ class OutputJob:
           OutputDirectoryError: it holds another kind of output, or another run's.
         """
         files.makedirs(self.output_dir)
-        with files.exclusive(os.path.join(self.output_dir, ".lock"), self.command) as confirm:
+        with locks.exclusive(os.path.join(self.output_dir, ".lock"), self.command) as confirm:
             refuse_other_output(self.output_dir, self.kind)
             files.remove_leftovers(self.output_dir)
             self._input_content = None  # read anew under the lock
@@ -312,7 +312,7 @@ class OutputJob:
         output, done under the same lock: no other run changes it meanwhile). The claim first says
         to start over, so that a kill midway leaves a run the same command makes again, not a
         half-removed dataset taken for another run's."""
-        with files.exclusive(os.path.join(self.output_dir, ".lock"), self.command):
+        with locks.exclusive(os.path.join(self.output_dir, ".lock"), self.command):
             before()
             self._start_over()
         files.rmtree(self.output_dir)
