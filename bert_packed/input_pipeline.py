@@ -38,10 +38,10 @@ import functools
 import numpy as np
 import tensorflow as tf
 
-from bert_packed.dataset_info import check_unchanged
 from bert_packed.errors import InternalError, SettingsError, TrainingError
 from bert_packed.features import INPUT_MODES, PACKED_RECORD_MODES, Shapes, float_features, model_features, tf_feature_spec
 from bert_packed.finetuning.encode import RepackedRows
+from bert_packed.inputs.file_identity import check_unchanged
 from bert_packed.packing.stream import StreamSettings, packed_batches
 from bert_packed.records import read_packed, read_unpacked
 from bert_packed.storage.files import storage_error

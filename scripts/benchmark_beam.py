@@ -33,7 +33,7 @@ import numpy as np
 from absl import flags
 
 from bert_packed.cli.common import run
-from bert_packed.dataset_info import METADATA_FILE, read_dataset_info
+from bert_packed.inputs.dataset_info import METADATA_FILE, read_dataset_info
 from bert_packed.packing import plan
 from bert_packed.packing.histogram import load_histogram
 

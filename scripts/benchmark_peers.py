@@ -40,7 +40,7 @@ from absl import flags
 from bert_packed.cli.common import run
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
-from bert_packed.input_files import expand_globs
+from bert_packed.inputs.input_files import expand_globs
 from bert_packed.model import BertConfig
 from bert_packed.pretraining_data.tokenization import DEFAULT_VOCAB_FILE, Tokenizer
 from bert_packed.storage.files import write_text_atomically

@@ -27,9 +27,9 @@ import_tensorflow(verbosity=0)  # first: TensorFlow's start-up notices stay out 
 from absl import flags
 
 from bert_packed.cli.common import run
-from bert_packed.dataset_info import read_dataset_info
 from bert_packed.errors import InputFilesError, SettingsError
 from bert_packed.features import PACK_MODES
+from bert_packed.inputs.dataset_info import read_dataset_info
 from bert_packed.model import BertConfig
 from bert_packed.packing import DEFAULT_ALGORITHM, plan
 from bert_packed.packing.stream import length_histogram

@@ -42,10 +42,10 @@ from _real_batches import DEPTH, FINETUNING_DEPTH, PREDICTIONS, Sequences
 from absl import flags
 
 from bert_packed.cli.common import run
-from bert_packed.dataset_info import file_sha256
 from bert_packed.errors import OutputDirectoryError, SettingsError
 from bert_packed.features import Shapes
-from bert_packed.input_files import expand_globs
+from bert_packed.inputs.file_identity import file_sha256
+from bert_packed.inputs.input_files import expand_globs
 from bert_packed.model import BertConfig
 from bert_packed.pretraining_data.tokenization import DEFAULT_VOCAB_FILE, Tokenizer
 from bert_packed.storage import files, locks

@@ -28,7 +28,7 @@ from absl import flags
 
 from bert_packed.cli.common import run
 from bert_packed.errors import OutputDirectoryError, SettingsError
-from bert_packed.input_files import expand_globs
+from bert_packed.inputs.input_files import expand_globs
 from bert_packed.pretraining_data.corpus import INPUT_FORMATS
 from bert_packed.pretraining_data.length_mix import corpus_text, write_once
 from bert_packed.pretraining_data.tokenization import DEFAULT_VOCAB_FILE, Tokenizer, vocabulary_path

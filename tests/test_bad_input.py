@@ -379,7 +379,7 @@ def test_a_set_of_files_tells_copies_from_files_that_only_begin_alike(tmp_path):
     """Size and the first 64 KiB only point at a copy: it is confirmed whole, against every file
     that begins alike; devices and directories are refused before any work."""
     from bert_packed.errors import InputFilesError
-    from bert_packed.input_files import expand_globs, require_disjoint
+    from bert_packed.inputs.input_files import expand_globs, require_disjoint
 
     a = np.random.default_rng(0).integers(0, 256, 100_000, dtype=np.uint8).tobytes()
     b = a[:-1] + bytes([a[-1] ^ 1])  # the same size and first 64 KiB, another last byte
@@ -416,7 +416,7 @@ def test_pick_refuses_training_records_and_the_planner_a_histogram_that_never_en
 def test_l_and_p_come_from_the_data_s_metadata_when_not_given(packed_dir, unpacked_dir, bert_config_file, tmp_path):
     from absl import flags
 
-    from bert_packed.dataset_info import read_dataset_info
+    from bert_packed.inputs.dataset_info import read_dataset_info
     from bert_packed.training.assemble import assemble
 
     packed = run_command("pack_pretraining_data", f"--input_files={unpacked_dir}/part-*.tfrecord",

@@ -19,7 +19,7 @@ from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, VOCAB, run_command, 
 
 from bert_packed.beam import pipelines
 from bert_packed.cli import beam as cli_beam
-from bert_packed.dataset_info import read_dataset_info
+from bert_packed.inputs.dataset_info import read_dataset_info
 from bert_packed.pretraining_data import create_dataset as create_module
 from bert_packed.storage import files, locks
 

@@ -21,10 +21,10 @@ from conftest import (
     write_corpus,
 )
 
-from bert_packed.dataset_info import DatasetFilesError, read_dataset_info
 from bert_packed.errors import OutputDirectoryError
 from bert_packed.features import Shapes
-from bert_packed.input_files import expand_globs
+from bert_packed.inputs.dataset_info import DatasetFilesError, read_dataset_info
+from bert_packed.inputs.input_files import expand_globs
 from bert_packed.packing import load_histogram
 from bert_packed.pretraining_data import create_dataset as create_module
 from bert_packed.pretraining_data.corpus import CorpusError, read_documents

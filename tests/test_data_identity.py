@@ -18,15 +18,10 @@ from conftest import (
     write_other_text,
 )
 
-from bert_packed.dataset_info import (
-    DatasetFilesError,
-    DatasetInfoError,
-    FileIdentity,
-    metadata_path,
-    read_dataset_info,
-)
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
+from bert_packed.inputs.dataset_info import DatasetFilesError, DatasetInfoError, metadata_path, read_dataset_info
+from bert_packed.inputs.file_identity import FileIdentity
 from bert_packed.packing import pack_dataset
 from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset
 from bert_packed.packing.verify import verify_packed_dataset

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, VOCAB_TOKENS, tfrecords
 
-from bert_packed.dataset_info import DatasetFilesError, FileIdentity, read_dataset_info
 from bert_packed.errors import OutputDirectoryError
 from bert_packed.features import Shapes
+from bert_packed.inputs.dataset_info import DatasetFilesError, read_dataset_info
+from bert_packed.inputs.file_identity import FileIdentity
 from bert_packed.packing import pack_dataset as pack_module
 from bert_packed.packing import packer
 from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset

@@ -3,10 +3,10 @@ import pytest
 import tensorflow as tf
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, tfrecords
 
-from bert_packed.dataset_info import DataChangedError, FileIdentity
 from bert_packed.errors import TrainingError
 from bert_packed.features import Shapes, record_features
 from bert_packed.input_pipeline import PipelineConfig, diagnose_input_error, make_dataset, reading_errors_named
+from bert_packed.inputs.file_identity import DataChangedError, FileIdentity
 from bert_packed.packing import packer
 from bert_packed.records import CorruptRecordError, read_packed, read_unpacked
 
@@ -152,7 +152,7 @@ def test_a_file_changed_under_a_running_pipeline_stops_it_when_opened_again(conf
 
 
 def test_a_file_changed_under_packing_on_the_fly_stops_the_stream_at_its_next_epoch(unpacked_dir, tmp_path):
-    from bert_packed.dataset_info import check_unchanged
+    from bert_packed.inputs.file_identity import check_unchanged
     from bert_packed.packing import plan
     from bert_packed.packing.stream import StreamSettings, length_histogram, packed_batches
 

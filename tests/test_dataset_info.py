@@ -7,7 +7,9 @@ import shutil
 import pytest
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, TINY, run_command, tfrecords
 
-from bert_packed.dataset_info import (
+from bert_packed.errors import SettingsError
+from bert_packed.features import Shapes
+from bert_packed.inputs.dataset_info import (
     DataFile,
     Dataset,
     DatasetInfo,
@@ -16,8 +18,6 @@ from bert_packed.dataset_info import (
     read_dataset_info,
     write_dataset_info,
 )
-from bert_packed.errors import SettingsError
-from bert_packed.features import Shapes
 from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset
 
 PACKED = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK)

@@ -14,7 +14,7 @@ import sys
 import pytest
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, VOCAB, tfrecords, write_corpus
 
-from bert_packed.dataset_info import read_dataset_info
+from bert_packed.inputs.dataset_info import read_dataset_info
 
 pytestmark = pytest.mark.slow  # every test here runs a command in a subprocess
 

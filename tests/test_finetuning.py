@@ -858,7 +858,7 @@ def test_a_run_that_stays_at_chance_says_so_at_its_end(tmp_path, bert_config_fil
 def test_a_task_file_s_identity_is_all_of_it(tmp_path):
     """A fine-tuning file is read whole: a label flipped past its first 64 KiB, the size the same,
     is another file (record files keep the size and first 64 KiB, read in parts)."""
-    from bert_packed.dataset_info import FileIdentity
+    from bert_packed.inputs.file_identity import FileIdentity
 
     path = tmp_path / "train.jsonl"
     lines = [json.dumps({"text": f"sentence number {i:05d}", "label": "pos" if i % 2 else "neg"}) for i in range(3000)]
@@ -875,7 +875,7 @@ def test_a_task_file_s_identity_is_all_of_it(tmp_path):
 def test_a_finished_fine_tuning_run_refuses_its_task_file_changed_past_its_first_64_kib(tmp_path, bert_config_file):
     from conftest import run_command
 
-    from bert_packed.dataset_info import FileIdentity
+    from bert_packed.inputs.file_identity import FileIdentity
 
     data = tmp_path / "task"
     data.mkdir()

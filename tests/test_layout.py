@@ -13,8 +13,8 @@ from bert_packed import errors
 
 # A module may import project modules of its own rank or below, never above.
 RANKS = {
-    "__init__": 0, "errors": 0, "features": 0, "storage": 0, "progress": 0, "dataset_info": 0, "run_directory": 0,
-    "tensorflow_loading": 0, "settings": 0, "input_files": 0, "cards": 0,
+    "__init__": 0, "errors": 0, "features": 0, "storage": 0, "progress": 0, "inputs": 0, "run_directory": 0,
+    "tensorflow_loading": 0, "settings": 0, "cards": 0,
     "records": 1, "update_program": 1,
     "packing": 2, "pretraining_data": 2, "finetuning": 2,
     "input_pipeline": 3, "model": 3, "beam": 3,
@@ -22,8 +22,8 @@ RANKS = {
     "cli": 5, "doctor": 5, "vocab": 5,
 }
 # Modules on the data path: they must not import TensorFlow when they are imported.
-WITHOUT_TENSORFLOW = ("errors", "features", "storage", "progress", "dataset_info", "run_directory",
-                      "tensorflow_loading", "settings", "input_files", "records", "packing", "pretraining_data",
+WITHOUT_TENSORFLOW = ("errors", "features", "storage", "progress", "inputs", "run_directory",
+                      "tensorflow_loading", "settings", "records", "packing", "pretraining_data",
                       "finetuning", "beam", "cards", "update_program")
 
 
@@ -100,7 +100,7 @@ def test_each_concept_has_one_owner():
     # The feature spec, metadata.json, the temp-then-rename writer and the error printer.
     assert places(uses_attribute("FixedLenFeature")) == {"bert_packed/features.py"}
     assert places(lambda tree: any(node.value == "metadata.json" for node in constants_outside_docstrings(tree))) == {
-        "bert_packed/dataset_info.py"}
+        "bert_packed/inputs/dataset_info.py"}
     assert places(lambda tree: any(isinstance(node, ast.Attribute) and node.attr == "replace"
                                    and isinstance(node.value, ast.Name) and node.value.id == "os"
                                    for node in ast.walk(tree))) == {"bert_packed/storage/files.py"}

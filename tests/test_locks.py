@@ -10,7 +10,7 @@ import time
 import pytest
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, VOCAB, tfrecords
 
-from bert_packed.dataset_info import read_dataset_info
+from bert_packed.inputs.dataset_info import read_dataset_info
 from bert_packed.storage import files, locks
 
 

@@ -27,7 +27,7 @@ import tempfile
 import pytest
 from conftest import REPO, STEPS, TINY, run_command, run_script
 
-from bert_packed.dataset_info import read_dataset_info
+from bert_packed.inputs.dataset_info import read_dataset_info
 from bert_packed.tensorflow_loading import STARTUP_NOTICES
 
 README = os.path.join(REPO, "README.md")

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, TINY, run_script, tfrecords
 
-from bert_packed.dataset_info import read_dataset_info
 from bert_packed.features import Shapes
+from bert_packed.inputs.dataset_info import read_dataset_info
 from bert_packed.model import BertConfig
 from bert_packed.training.process import set_up_process
 from bert_packed.training.throughput import Measured, benchmark_run, measure_alternately, training_flops

@@ -14,9 +14,10 @@ import pytest
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, TINY, VOCAB, command_in_this_process, run_command, tfrecords
 from training_runs import assert_same_evaluation, config, make_trainer, read_log, sigterm_in_the_loop_from, weights
 
-from bert_packed.dataset_info import DataChangedError, FileIdentity, read_dataset_info
 from bert_packed.errors import InputFilesError, InternalError, SettingsError, TrainingError
 from bert_packed.features import Shapes
+from bert_packed.inputs.dataset_info import read_dataset_info
+from bert_packed.inputs.file_identity import DataChangedError, FileIdentity
 from bert_packed.model import BertConfig
 from bert_packed.training.data import eval_pipeline
 from bert_packed.training.step import CompiledStep
@@ -414,7 +415,7 @@ def test_the_checks_at_start_read_each_file_s_identity_once(packed_dir, other_te
     against its metadata.json share one reading of each file's size and first 64 KiB."""
     from absl import flags
 
-    from bert_packed.dataset_info import one_reading_per_file
+    from bert_packed.inputs.file_identity import one_reading_per_file
     from bert_packed.storage import files
     from bert_packed.training.assemble import assemble
 

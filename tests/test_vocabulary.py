@@ -10,8 +10,8 @@ import pytest
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, TINY, dataset_settings, run_command, tfrecords
 from training_runs import config, make_trainer, read_log
 
-from bert_packed.dataset_info import read_dataset_info
 from bert_packed.features import Shapes
+from bert_packed.inputs.dataset_info import read_dataset_info
 from bert_packed.packing.pack_dataset import pack_pretraining_dataset
 from bert_packed.packing.pack_settings import PackSettings
 from bert_packed.pretraining_data.create_dataset import create_pretraining_dataset

@@ -34,7 +34,7 @@ from absl import logging as absl_logging
 
 from bert_packed.cli.common import exit_with, exit_with_help, run
 from bert_packed.errors import SettingsError, UserError
-from bert_packed.input_files import expand_globs
+from bert_packed.inputs.input_files import expand_globs
 from bert_packed.packing.pack_dataset import verify_written
 from bert_packed.storage import files
 

@@ -21,7 +21,7 @@ from absl import flags
 from bert_packed.cli.common import run
 from bert_packed.cli.settings_flags import define_flags, from_flags
 from bert_packed.errors import SettingsError
-from bert_packed.input_files import expand_globs
+from bert_packed.inputs.input_files import expand_globs
 from bert_packed.pretraining_data.vocabulary import VocabularySettings, build_vocabulary, reserved_tokens
 from bert_packed.settings import help_groups
 from bert_packed.storage import files

@@ -17,7 +17,7 @@ from absl import flags
 
 from bert_packed.cli.common import run
 from bert_packed.cli.settings_flags import define_flags, from_flags
-from bert_packed.dataset_info import HISTOGRAM_FILE
+from bert_packed.inputs.dataset_info import HISTOGRAM_FILE
 from bert_packed.packing import load_histogram, plan
 from bert_packed.packing.pack_settings import PackCommandSettings
 from bert_packed.packing.plan import DEFAULT_ALGORITHM

@@ -14,9 +14,9 @@ from absl import flags
 
 from bert_packed.cli.common import run
 from bert_packed.cli.settings_flags import define_flags, from_flags
-from bert_packed.dataset_info import read_dataset_info
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
+from bert_packed.inputs.dataset_info import read_dataset_info
 from bert_packed.pretraining_data.eval_samples import PickSettings, pick_eval_samples
 from bert_packed.settings import help_groups
 from bert_packed.storage import files

@@ -17,8 +17,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from bert_packed.dataset_info import MAX_SEQ_LENGTH_LIMIT
 from bert_packed.errors import UserError
+from bert_packed.inputs.dataset_info import MAX_SEQ_LENGTH_LIMIT
 from bert_packed.storage import files
 from bert_packed.storage.files import write_text_atomically
 

@@ -31,18 +31,11 @@ import time
 
 import numpy as np
 
-from bert_packed.dataset_info import (
-    HISTOGRAM_FILE,
-    DataFile,
-    Dataset,
-    DatasetFilesError,
-    DatasetInfo,
-    FileIdentity,
-    file_sha256,
-)
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
-from bert_packed.input_files import expand_globs
+from bert_packed.inputs.dataset_info import HISTOGRAM_FILE, DataFile, Dataset, DatasetFilesError, DatasetInfo
+from bert_packed.inputs.file_identity import FileIdentity, file_sha256
+from bert_packed.inputs.input_files import expand_globs
 from bert_packed.packing import packer
 from bert_packed.packing.histogram import histogram_from_lengths, merge_histograms, save_histogram
 from bert_packed.packing.pack_settings import PackCommandSettings, PackSettings

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from bert_packed.dataset_info import require_seq_length, shapes_given_or_recorded
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
+from bert_packed.inputs.dataset_info import require_seq_length
+from bert_packed.inputs.input_files import shapes_given_or_recorded
 from bert_packed.packing.plan import ALGORITHMS, DEFAULT_ALGORITHM
 from bert_packed.settings import check_settings, given_or_changed, setting
 

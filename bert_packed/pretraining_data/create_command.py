@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from bert_packed.dataset_info import require_seq_length
 from bert_packed.errors import SettingsError
-from bert_packed.input_files import expand_globs
+from bert_packed.inputs.dataset_info import require_seq_length
+from bert_packed.inputs.input_files import expand_globs
 from bert_packed.pretraining_data.corpus import INPUT_FORMATS
 from bert_packed.pretraining_data.create_dataset import (
     DatasetSettings,

@@ -38,9 +38,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from bert_packed.dataset_info import HISTOGRAM_FILE, DataFile, DatasetInfo, FileIdentity, file_sha256
 from bert_packed.errors import SettingsError, UserError
 from bert_packed.features import Shapes
+from bert_packed.inputs.dataset_info import HISTOGRAM_FILE, DataFile, DatasetInfo
+from bert_packed.inputs.file_identity import FileIdentity, file_sha256
 from bert_packed.packing.histogram import histogram_from_lengths, merge_histograms, save_histogram
 from bert_packed.pretraining_data.corpus import (
     INPUT_FORMATS,

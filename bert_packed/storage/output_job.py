@@ -37,19 +37,19 @@ import logging
 import os
 from collections.abc import Callable
 
-from bert_packed.dataset_info import (
+from bert_packed.errors import OutputDirectoryError, UserError
+from bert_packed.inputs.dataset_info import (
     HISTOGRAM_FILE,
     METADATA_FILE,
     DatasetInfo,
-    FileIdentity,
     check_size,
     read_dataset_info,
-    refuse_other_output,
     require_listed_files,
     write_dataset_info,
 )
-from bert_packed.errors import OutputDirectoryError, UserError
+from bert_packed.inputs.file_identity import FileIdentity
 from bert_packed.progress import Progress
+from bert_packed.run_directory import RunDirectory
 from bert_packed.storage import files, locks
 
 # The layout of the work directory; an unfinished run left by another layout starts over.
@@ -393,3 +393,22 @@ def in_parallel(function, jobs: list[tuple], num_workers: int, progress: Progres
                 future.cancel()
             raise
     progress.close()
+
+
+def refuse_other_output(directory: str, kind: str) -> None:
+    """Refuses `directory` when it holds output of another kind than `kind`.
+
+    Args:
+      directory: an output directory about to be written.
+      kind: what the command writes: "unpacked data", "packed data" or "a training run".
+
+    Raises:
+      OutputDirectoryError: naming what the directory holds.
+    """
+    info = read_dataset_info(directory)
+    found = None if info is None else "packed data" if info.packed else "unpacked data"
+    if found is None and RunDirectory(directory).holds_run():
+        found = "a training run"
+    if found is not None and found != kind:
+        raise OutputDirectoryError(f"{directory}: holds {found}; {kind} would be mixed into it. Use another "
+                                   f"directory")

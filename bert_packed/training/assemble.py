@@ -13,10 +13,9 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from bert_packed.dataset_info import shapes_given_or_recorded
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
-from bert_packed.input_files import expand_globs
+from bert_packed.inputs.input_files import expand_globs, shapes_given_or_recorded
 from bert_packed.run_directory import RunDirectory
 from bert_packed.settings import check_setting, settings_of
 from bert_packed.training.config import PARTS, LaunchSettings, TrainConfig, make_config, setting_names

@@ -5,7 +5,7 @@ work. They are facts, not settings: the command line makes them once, and the ru
 
 A dataset is what its metadata.json says: the files a run is given must be files of it (held-out
 eval files never train unless the user says so), every file it lists must be on disk, and each
-given file must have the size and beginning recorded (bert_packed.dataset_info.select). The
+given file must have the size and beginning recorded (bert_packed.inputs.dataset_info.select). The
 counts a run logs and corrects its batch with are those of the files it reads. The reference's
 own files (no metadata.json) are taken as the settings describe them. Every file's identity (size
 and the hash of its beginning) is recorded in run.json, so a resumed run notices data that was
@@ -20,19 +20,12 @@ import os
 
 import numpy as np
 
-from bert_packed.dataset_info import (
-    HISTOGRAM_FILE,
-    METADATA_FILE,
-    Dataset,
-    DatasetInfo,
-    FileIdentity,
-    file_sha256,
-    read_dataset_info,
-)
 from bert_packed.errors import SettingsError
 from bert_packed.features import PACKED_RECORD_MODES, Shapes
 from bert_packed.finetuning.encode import RepackedRows
 from bert_packed.input_pipeline import PipelineConfig
+from bert_packed.inputs.dataset_info import HISTOGRAM_FILE, METADATA_FILE, Dataset, DatasetInfo, read_dataset_info
+from bert_packed.inputs.file_identity import FileIdentity, file_sha256
 from bert_packed.packing import DEFAULT_ALGORITHM, plan
 from bert_packed.packing.histogram import HistogramError, load_histogram
 from bert_packed.packing.packer import unpack

@@ -17,12 +17,12 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
-from bert_packed.dataset_info import FileIdentity
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
 from bert_packed.finetuning.encode import EncodedExamples, RepackedRows, encode_examples, make_rows
 from bert_packed.finetuning.squad import make_windows, read_squad_examples
 from bert_packed.finetuning.tasks import get_task, read_examples, task_labels
+from bert_packed.inputs.file_identity import FileIdentity
 from bert_packed.model import BertConfig
 from bert_packed.model.huggingface import is_huggingface_directory, require_export_directory, require_same_model
 from bert_packed.packing.assign import assign_to_packs

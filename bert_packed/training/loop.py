@@ -32,14 +32,16 @@ import time
 
 import numpy as np
 
-from bert_packed.dataset_info import METADATA_FILE, DataChangedError, check_unchanged, refuse_other_output
 from bert_packed.errors import InternalError, TrainingError
 from bert_packed.input_pipeline import WATCHED_SINCE, reading_errors_named
+from bert_packed.inputs.dataset_info import METADATA_FILE
+from bert_packed.inputs.file_identity import DataChangedError, check_unchanged
 from bert_packed.model import export_google_checkpoint, export_huggingface
 from bert_packed.model.checkpoint import checkpoint_step
 from bert_packed.model.huggingface import CONFIG_FILE
 from bert_packed.run_directory import RunDirectory
 from bert_packed.storage import files, locks
+from bert_packed.storage.output_job import refuse_other_output
 from bert_packed.training.checkpoints import Checkpoints
 from bert_packed.training.config import TrainConfig, describe_run, eval_every_samples, require_divides
 from bert_packed.training.data import EvalData, TrainData, eval_pipeline, train_pipeline

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from bert_packed.dataset_info import one_reading_per_file
+from bert_packed.inputs.file_identity import one_reading_per_file
 from bert_packed.run_directory import EVAL_LOG, RunDirectory
 from bert_packed.training.assemble import PretrainingSettings, assemble
 from bert_packed.training.launch import cluster_of_this_task, make_strategy

@@ -10,7 +10,7 @@ shard of the same creating run (a copy of its directory included): its seeded sp
 document in one or the other. Another run over the same text (another seed, another
 --eval_fraction) splits the documents another way, so its training shards hold some of this
 run's held-out documents. Files without a metadata.json (the reference's own) have no origin:
-only their identity is compared (bert_packed.input_files.require_disjoint).
+only their identity is compared (bert_packed.inputs.input_files.require_disjoint).
 
 For example, with d1 made with --eval_fraction=0.1 and d2 made from the same text with another
 seed, and p1 packed from d1/part-*:
@@ -28,9 +28,9 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
-from bert_packed.dataset_info import DatasetFilesError, DatasetInfoError, read_dataset_info
 from bert_packed.errors import SettingsError
-from bert_packed.input_files import require_disjoint
+from bert_packed.inputs.dataset_info import DatasetFilesError, DatasetInfoError, read_dataset_info
+from bert_packed.inputs.input_files import require_disjoint
 from bert_packed.storage import files
 
 

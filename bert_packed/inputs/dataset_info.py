@@ -34,17 +34,15 @@ full read is --verify's).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
 import os
 from collections.abc import Callable
-from typing import NamedTuple
 
-from bert_packed.errors import OutputDirectoryError, SettingsError, UserError
+from bert_packed.errors import SettingsError, UserError
 from bert_packed.features import Shapes
-from bert_packed.run_directory import RunDirectory
+from bert_packed.inputs.file_identity import FileIdentity
 from bert_packed.storage import files
 
 METADATA_FILE = "metadata.json"
@@ -63,11 +61,6 @@ def require_seq_length(max_seq_length: int) -> None:
     if not MIN_SEQ_LENGTH <= max_seq_length <= MAX_SEQ_LENGTH_LIMIT:
         raise SettingsError(f"--max_seq_length={max_seq_length}: must be in [{MIN_SEQ_LENGTH}, "
                             f"{MAX_SEQ_LENGTH_LIMIT:,}] (BERT uses 512; the longest variants 4,096 to 8,192)")
-
-# What identifies a file cheaply: the hash of this much of its beginning, and its size.
-HEAD_BYTES = 1 << 16
-# Before the hash of a FileIdentity of all of a file.
-WHOLE = "all:"
 
 # The keys this module owns; every other key of the file is the producer's (DatasetInfo.details).
 _OWN_KEYS = ("format_version", "packed", "max_seq_length", "max_predictions_per_seq", "max_sequences_per_pack",
@@ -134,111 +127,6 @@ class DataFile:
             raise DatasetFilesError(f"{path}: holds {counted:,} sequences, but its {METADATA_FILE} counts "
                                     f"{self.sequences:,}: the file or the description was changed; make the dataset "
                                     f"again")
-
-
-class FileIdentity(NamedTuple):
-    """A file and what tells its content from another's: its size and the SHA-256 of its first
-    64 KiB, without reading it all (record files, read in parts); or of all of it, "all:" before
-    the hash, where a command reads the file whole anyway (a fine-tuning task's: a label flipped
-    past its first 64 KiB is another task). JSON writes it as [path, bytes, head] (run.json's data
-    files).
-
-    Attributes:
-      path: where it is.
-      bytes: its size.
-      head: SHA-256 of its first 64 KiB, or WHOLE and that of all of it (hex; None where a
-        description did not record it).
-    """
-
-    path: str
-    bytes: int
-    head: str | None
-
-    @classmethod
-    def of(cls, path: str, whole: bool = False) -> FileIdentity:
-        """The identity of the file at `path` now (its size, and its first 64 KiB read, or all of it
-        with `whole`); within one_reading_per_file, the one read first there."""
-        key = (path, whole)
-        if _READ is not None and key in _READ:
-            return _READ[key]
-        if whole:
-            head = WHOLE + file_sha256(path)
-        else:
-            with files.open_file(path, "rb") as f:
-                head = hashlib.sha256(f.read(HEAD_BYTES)).hexdigest()
-        identity = cls(path, files.size(path), head)
-        if _READ is not None:
-            _READ[key] = identity
-        return identity
-
-    @property
-    def content(self) -> dict:
-        """{"bytes", "head"}: the content's part, as metadata.json and the data tools' digests spell it."""
-        return {"bytes": self.bytes, "head": self.head}
-
-    def difference(self) -> str | None:
-        """How the file on disk differs from this identity now (None: it does not)."""
-        if not files.exists(self.path):
-            return "it is gone"
-        whole = self.head is not None and self.head.startswith(WHOLE)
-        now = FileIdentity.of(self.path, whole)
-        if now.bytes != self.bytes:
-            return f"{now.bytes:,} bytes, was {self.bytes:,}"
-        if self.head is not None and now.head != self.head:  # None: not recorded
-            return "its content is other (the SHA-256 of all of it)" if whole else \
-                f"its first {HEAD_BYTES // 1024} KiB are others"
-        return None
-
-    def as_recorded(self, recorded_head: str | None) -> FileIdentity:
-        """This identity in the form a run recorded it: of the first 64 KiB where `recorded_head`
-        is (a run begun before task files were hashed whole resumes on the check it began with)."""
-        if self.head is None or not self.head.startswith(WHOLE) or recorded_head is None or \
-                str(recorded_head).startswith(WHOLE):
-            return self
-        return FileIdentity.of(self.path)
-
-
-# The identities read within one_reading_per_file, by (path, whole) (None outside it).
-_READ: dict[tuple[str, bool], FileIdentity] | None = None
-
-
-@contextlib.contextmanager
-def one_reading_per_file():
-    """Within the block, each file's identity is read once: a command's checks at start (its set of
-    inputs, train against eval, each file against its metadata.json) cost one small read per
-    file, one request each on a bucket. Outside it every identity is read afresh, as the checks
-    of a running run must be."""
-    global _READ
-    outer = _READ
-    _READ = {} if outer is None else outer
-    try:
-        yield
-    finally:
-        _READ = outer
-
-
-class DataChangedError(UserError, ValueError):
-    """A file a run reads is not the one it started with."""
-
-
-def check_unchanged(identities, what: str) -> None:
-    """Raises DataChangedError naming the first of `identities` (FileIdentity) that differs on
-    disk from what it was; `what` says when it was recorded, for the message."""
-    for identity in identities:
-        difference = identity.difference()
-        if difference is not None:
-            raise DataChangedError(f"{identity.path}: changed since {what} ({difference}); the run stopped, and no "
-                                   f"checkpoint holds what was read from the new content: restore the file to resume "
-                                   f"with the same command, or start a new run in another --output_dir on the new data")
-
-
-def file_sha256(path: str) -> str:
-    """The SHA-256 of all of the file at `path` (hex): read in blocks of 1 MiB."""
-    digest = hashlib.sha256()
-    with files.open_file(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -604,43 +492,3 @@ def require_listed_files(directory: str, info: DatasetInfo, names: list[str]) ->
         raise DatasetFilesError(f"{os.path.join(directory, missing[0])}: gone ({len(missing):,} of the "
                                 f"{len(listed):,} files its {METADATA_FILE} lists): the dataset is no longer whole; "
                                 f"remove {directory} and run the same command again")
-
-
-def shapes_given_or_recorded(paths: list[str], max_seq_length: int | None,
-                             max_predictions_per_seq: int | None, defaults: tuple[int, int]) -> tuple[int, int]:
-    """L and P: each as given (a flag the user set), else as the first metadata.json describing
-    one of `paths` records it, else its default. Given and different from the record, the data's
-    own checks refuse it later, in one line.
-
-    Args:
-      paths: the input files.
-      max_seq_length, max_predictions_per_seq: the values given, None where not given.
-      defaults: (L, P) when neither is given nor recorded.
-    """
-    info = None
-    for directory in dict.fromkeys(os.path.dirname(path) for path in paths):
-        info = read_dataset_info(directory)
-        if info is not None:
-            break
-    recorded = (info.shapes.max_seq_length, info.shapes.max_predictions_per_seq) if info is not None else defaults
-    return (max_seq_length if max_seq_length is not None else recorded[0],
-            max_predictions_per_seq if max_predictions_per_seq is not None else recorded[1])
-
-
-def refuse_other_output(directory: str, kind: str) -> None:
-    """Refuses `directory` when it holds output of another kind than `kind`.
-
-    Args:
-      directory: an output directory about to be written.
-      kind: what the command writes: "unpacked data", "packed data" or "a training run".
-
-    Raises:
-      OutputDirectoryError: naming what the directory holds.
-    """
-    info = read_dataset_info(directory)
-    found = None if info is None else "packed data" if info.packed else "unpacked data"
-    if found is None and RunDirectory(directory).holds_run():
-        found = "a training run"
-    if found is not None and found != kind:
-        raise OutputDirectoryError(f"{directory}: holds {found}; {kind} would be mixed into it. Use another "
-                                   f"directory")

@@ -1,0 +1,1 @@
+"""What a command reads: datasets (metadata.json), what a file is, and the files it is given."""
