@@ -81,7 +81,7 @@ UNPACKED_FLOAT_FEATURES = ("masked_lm_weights",)
 MODEL_KEYS = {"input_mask": "sequence_ids", "masked_lm_weights": "prediction_sequence_ids"}
 
 
-# How training data is read (bert_packed.input_pipeline's modes): packs from packed records, unpacked
+# How training data is read (bert_packed.training.input_pipeline's modes): packs from packed records, unpacked
 # records one a row (padded), grouped by length (bucketed), packed as they are read, or packed
 # records' sequences one a row (packs_as_rows: the update composition of packs, without packing).
 INPUT_MODES = ("packed", "padded", "bucketed", "packed_online", "packs_as_rows")

@@ -28,13 +28,13 @@ from absl import flags
 
 from bert_packed.cli.common import run
 from bert_packed.features import Shapes
-from bert_packed.input_pipeline import PipelineConfig, make_dataset
 from bert_packed.packing import plan
 from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset
 from bert_packed.packing.stream import length_histogram
 from bert_packed.pretraining_data.create_dataset import DatasetSettings, create_pretraining_dataset
 from bert_packed.pretraining_data.instances import MaskingConfig
 from bert_packed.training.config import ONLINE_PACKING_WINDOW
+from bert_packed.training.input_pipeline import PipelineConfig, make_dataset
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("batch_size", 64, "Rows per batch.", lower_bound=1)

@@ -5,10 +5,10 @@ from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, tf
 
 from bert_packed.errors import TrainingError
 from bert_packed.features import Shapes, record_features
-from bert_packed.input_pipeline import PipelineConfig, diagnose_input_error, make_dataset, reading_errors_named
 from bert_packed.inputs.file_identity import DataChangedError, FileIdentity
 from bert_packed.packing import packer
 from bert_packed.records import CorruptRecordError, read_packed, read_unpacked
+from bert_packed.training.input_pipeline import PipelineConfig, diagnose_input_error, make_dataset, reading_errors_named
 
 PACKED = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK)
 UNPACKED = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS)
@@ -175,7 +175,7 @@ def test_a_file_changed_under_packing_on_the_fly_stops_the_stream_at_its_next_ep
 
 
 def test_only_errors_of_the_input_are_taken_for_bad_data(configs, monkeypatch):
-    from bert_packed import input_pipeline
+    from bert_packed.training import input_pipeline
 
     scanned = []
     monkeypatch.setattr(input_pipeline, "diagnose_input_error", scanned.append)

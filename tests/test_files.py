@@ -99,7 +99,7 @@ def test_an_input_error_that_is_not_the_storage_s_goes_on_as_it_is():
     as `raise None`: a TypeError)."""
     from types import SimpleNamespace
 
-    from bert_packed.input_pipeline import reading_errors_named
+    from bert_packed.training.input_pipeline import reading_errors_named
 
     with pytest.raises(tf.errors.ResourceExhaustedError, match="OOM"):
         with reading_errors_named(SimpleNamespace(identity=(), files=())):

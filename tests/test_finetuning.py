@@ -369,7 +369,7 @@ def test_the_compiled_step_trains_packed_rows_as_it_trains_one_example_a_row(tok
 
 def evaluation(step, rows, mode):
     from bert_packed.features import Shapes
-    from bert_packed.input_pipeline import PipelineConfig
+    from bert_packed.training.input_pipeline import PipelineConfig
 
     pipeline = PipelineConfig(("train.tsv",), Shapes(48, 0, rows["cls_positions"].shape[1]), mode, batch_size=2,
                               is_training=False, rows=rows)
@@ -377,7 +377,7 @@ def evaluation(step, rows, mode):
 
 
 def test_rows_are_read_each_epoch_whole_and_a_resumed_read_continues_the_same_batches():
-    from bert_packed.input_pipeline import rows_dataset
+    from bert_packed.training.rows_dataset import rows_dataset
 
     rows = {"example_ids": np.arange(7), "labels": np.arange(7) * 0.5}
     batches = [b["example_ids"].numpy().tolist() for b in rows_dataset(rows, 3, seed=5).take(14)]
@@ -397,7 +397,7 @@ def test_rows_packed_anew_each_epoch_hold_every_example_once_share_packs_otherwi
     """--input_mode=packed_online: one plan, every epoch each example once in a pack, the packs'
     company drawn again each epoch, and a read from batch b the uninterrupted read's."""
     from bert_packed.finetuning.encode import RepackedRows
-    from bert_packed.input_pipeline import rows_dataset
+    from bert_packed.training.rows_dataset import rows_dataset
 
     task = TASKS["sst-2"]
     examples = [read_one(task, SENTENCES[i % len(SENTENCES)] + " " + "a " * (i % 5), None, "1") for i in range(30)]
@@ -434,7 +434,7 @@ def write_mrpc(directory, train_examples=40, dev_examples=12):
 def test_xla_reaches_the_fine_tuning_run_s_model_and_optimizer(tmp_path, bert_config_file):
     """--xla, as run_pretraining's: the compiled passes and each weight's fused optimizer step
     (tested in tests/test_trainer.py and tests/test_optimizers.py)."""
-    from bert_packed.training.config import batching
+    from bert_packed.training.batching import batching
     from bert_packed.training.finetune import classifier_run
     from bert_packed.training.finetune_settings import ClassifierSettings
     from bert_packed.training.update import make_optimizer, make_schedule

@@ -17,7 +17,7 @@ RANKS = {
     "tensorflow_loading": 0, "settings": 0, "cards": 0,
     "records": 1, "update_program": 1,
     "packing": 2, "pretraining_data": 2, "finetuning": 2,
-    "input_pipeline": 3, "model": 3, "beam": 3,
+    "model": 3, "beam": 3,
     "training": 4, "reports": 4,
     "cli": 5, "doctor": 5, "vocab": 5,
 }
@@ -131,6 +131,12 @@ def test_every_error_a_user_can_cause_derives_from_user_error():
             "RunError", "SettingsError", "InputFilesError", "StorageError"} <= set(classes)
     assert {"PlanError", "PackingError"} == {name for name, kind in classes.items()
                                             if issubclass(kind, errors.InternalError) and name != "InternalError"}
+
+
+def test_no_module_over_500_lines():
+    too_long = [f"{path}: {lines} lines" for path in python_files("bert_packed")
+                if (lines := len(open(os.path.join(REPO, path), encoding="utf-8").read().splitlines())) > 500]
+    assert not too_long, "\n".join(too_long)
 
 
 def test_no_class_over_250_lines_and_no_function_over_60():

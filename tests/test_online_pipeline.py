@@ -105,7 +105,7 @@ def test_bad_input_is_one_line(stream, tmp_path):
 def test_the_input_pipeline_feeds_packs_on_the_fly_and_shares_files_among_pipelines(stream):
     import tensorflow as tf
 
-    from bert_packed.input_pipeline import PipelineConfig, make_dataset
+    from bert_packed.training.input_pipeline import PipelineConfig, make_dataset
 
     paths, _, p = stream
     config = PipelineConfig(tuple(paths), SHAPES, "packed_online", 4, True, seed=1, strategies=p.strategies,

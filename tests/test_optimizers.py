@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import pytest
 
-from bert_packed.training.config import adjusted_betas
+from bert_packed.training.batching import adjusted_betas
 from bert_packed.training.optimizers import AdamWeightDecay, Lamb, PolynomialWarmup
 
 NAMES = ("layer_0/query/kernel", "layer_0/query/bias", "embeddings/LayerNorm/gamma", "pooler/kernel")

@@ -315,7 +315,8 @@ def test_cli_trains_logs_and_records_its_flags(packed_dir, other_text_dir, bert_
 
 
 def test_batch_correction_divides_by_the_packing_factor_in_whole_replicas():
-    from bert_packed.training.config import batching, make_config
+    from bert_packed.training.batching import batching
+    from bert_packed.training.config import make_config
 
     def corrected_batch_size(rows, packing_factor, num_replicas=1):
         settings = make_config(bert=BertConfig(**TINY), output_dir="x", train_batch_size=rows,
@@ -329,7 +330,8 @@ def test_batch_correction_divides_by_the_packing_factor_in_whole_replicas():
 
 def test_bucket_boundaries_are_for_the_bucketed_mode_whatever_the_mode_comes_from():
     from bert_packed.errors import SettingsError
-    from bert_packed.training.config import batching, make_config
+    from bert_packed.training.batching import batching
+    from bert_packed.training.config import make_config
 
     for given in (None, "packed"):  # None: the data's metadata.json says packed
         settings = make_config(bert=BertConfig(**TINY), output_dir="x", input_mode=given, bucket_boundaries=(64,))
@@ -342,7 +344,8 @@ def test_bucket_boundaries_are_for_the_bucketed_mode_whatever_the_mode_comes_fro
 def test_the_online_packing_window_is_bounded_for_training_and_evaluation():
     from bert_packed.errors import SettingsError
     from bert_packed.training import data
-    from bert_packed.training.config import batching, make_config
+    from bert_packed.training.batching import batching
+    from bert_packed.training.config import make_config
 
     bert, shapes = BertConfig(**TINY), Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, 3)
 
@@ -704,8 +707,8 @@ def test_clipping_before_the_allreduce_averages_each_micro_batch_s_clipped_gradi
     before = make_trainer(config(tmp_path / "before", files, dropout=0.0, steps_per_update=2, num_train_steps=2,
                             learning_rate=1e-2))
     start = weights(before)
-    from bert_packed.input_pipeline import make_dataset
     from bert_packed.training.data import train_pipeline
+    from bert_packed.training.input_pipeline import make_dataset
 
     pipeline = train_pipeline(before.setup.train_data, before.config, before.compiled.batching)
     batches = list(make_dataset(pipeline).take(2))

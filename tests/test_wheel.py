@@ -71,7 +71,8 @@ def run(bin_dir, cwd, *args):
 def test_the_package_comes_from_the_wheel_with_every_subpackage(installed, tmp_path):
     result = run(installed, tmp_path, "python", "-c", "import bert_packed, bert_packed.records.reader, "
                  "bert_packed.pretraining_data.create_dataset, bert_packed.packing.pack_dataset, "
-                 "bert_packed.input_pipeline, bert_packed.training.loop; print(bert_packed.__file__)")
+                 "bert_packed.training.input_pipeline, bert_packed.training.loop, bert_packed.storage.locks, "
+                 "bert_packed.inputs.dataset_info; print(bert_packed.__file__)")
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().startswith(str(installed.parent)) and "site-packages" in result.stdout
 

@@ -26,7 +26,6 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import functools
-import itertools
 import logging
 import math
 import multiprocessing
@@ -47,9 +46,8 @@ from bert_packed.pretraining_data.corpus import (
     INPUT_FORMATS,
     CorpusError,
     detect_corpus_format,
-    iter_documents,
-    split_sentences,
 )
+from bert_packed.pretraining_data.documents import tokenize_file, unflatten
 from bert_packed.pretraining_data.instances import MaskingConfig, create_instances, instance_features
 from bert_packed.pretraining_data.tokenization import Tokenizer
 from bert_packed.progress import Progress
@@ -202,7 +200,7 @@ def _unwritten_shards(job: OutputJob, settings: DatasetSettings) -> list[ShardJo
 def make_file_shards(job: ShardJob, units: WorkUnits, output_dir: str, settings: DatasetSettings) -> int:
     """Reads and tokenizes one input file and writes its unwritten shards, one pass after another,
     each as the single-machine command writes it; returns the instances written."""
-    documents, held_out, empty = _tokenize_file(job.source, job.file_index, _worker_tokenizer(settings), settings)
+    documents, held_out, empty = tokenize_file(job.source, job.file_index, _worker_tokenizer(settings), settings)
     return sum(_run_pass(job.file_index, p, job.source, held_out if p == EVAL_PASS else documents, empty, units,
                          output_dir, settings) for p in job.passes)
 
@@ -225,7 +223,7 @@ def _make_shards_here(jobs: list[ShardJob], units: WorkUnits, output_dir: str, s
     in_flight: set = set()
     try:
         for job in jobs:
-            documents, held_out, empty = _tokenize_file(input_files[job.file_index], job.file_index, tokenizer,
+            documents, held_out, empty = tokenize_file(input_files[job.file_index], job.file_index, tokenizer,
                                                         settings)
             for p in job.passes:
                 args = (job.file_index, p, job.source, held_out if p == EVAL_PASS else documents, empty, units,
@@ -295,85 +293,6 @@ def _source_identity(path: str) -> dict:
         raise CorpusError(f"{path}: cannot read: {e.strerror or e}") from None
 
 
-def _tokenize_file(path: str, file_index: int, tokenizer: Tokenizer, settings: DatasetSettings):
-    """Reads and tokenizes one file, holding out a seeded share of its documents for evaluation.
-
-    The file is read a line at a time and tokenized a few thousand sentences at a time, so memory
-    holds the file's token ids (4 bytes a token), not its text and the tokenizer's objects.
-
-    Returns:
-      (training documents, held-out documents, sources of empty documents); documents as three
-      flat int arrays (tokens, sentence_lengths, sentences_per_document), cheap to send to a
-      worker once per pass.
-    """
-    draws = np.random.default_rng([settings.seed, file_index, 2**31 - 1])
-    parts = {False: _FlatDocuments(), True: _FlatDocuments()}  # held out or not
-    empty = []
-    documents = iter_documents(path, settings.input_format, settings.text_field)
-    while chunk := list(itertools.islice(documents, 256)):
-        for doc in chunk:
-            if not doc.sentences:
-                if settings.empty_documents == "error":
-                    raise CorpusError(f"{doc.source}: empty document (no text)")
-                logging.warning("%s: empty document skipped", doc.source)
-                empty.append(doc.source)
-        chunk = [doc for doc in chunk if doc.sentences]
-        held_out = draws.random(len(chunk)) < settings.eval_fraction
-        for side in (False, True):
-            parts[side].add([doc for doc, h in zip(chunk, held_out) if h == side], tokenizer,
-                            settings.config.max_seq_length - 3)
-    return parts[False].arrays(), parts[True].arrays(), empty
-
-
-class _FlatDocuments:
-    """Tokenized documents as flat arrays: every token, each sentence's length, each document's
-    number of sentences."""
-
-    def __init__(self):
-        self.tokens, self.sentence_lengths, self.sentences_per_document = [], [], []
-
-    def add(self, documents, tokenizer: Tokenizer, limit: int) -> None:
-        """Tokenizes `documents`. A sentence longer than `limit`, what an instance's pair holds, is
-        split into sentences (a paragraph or a document given as one line); one still longer is
-        named: all but `limit` of its tokens go unused."""
-        encoded = _encode(tokenizer, [s for doc in documents for s in doc.sentences])
-        sentences, counts, start = [], [], 0
-        for doc in documents:
-            ids = encoded[start:start + len(doc.sentences)]
-            start += len(doc.sentences)
-            if max(len(sentence) for sentence in ids) > limit:
-                ids = [piece for text, sentence in zip(doc.sentences, ids)
-                       for piece in (_encode(tokenizer, split_sentences(text)) if len(sentence) > limit else [sentence])]
-            longest = max(len(sentence) for sentence in ids)
-            if longest > limit:
-                logging.warning("%s: a sentence of %d tokens is longer than an instance (%d): all but %d of them go "
-                                "unused", doc.source, longest, limit, limit)
-            sentences.extend(ids)
-            counts.append(len(ids))
-        if sentences:
-            self.tokens.append(np.concatenate(sentences).astype(np.int32))
-        self.sentence_lengths.append(np.array([len(ids) for ids in sentences], dtype=np.int64))
-        self.sentences_per_document.append(np.array(counts, dtype=np.int64))
-
-    def arrays(self):
-        return (np.concatenate(self.tokens or [np.zeros(0, np.int32)]),
-                np.concatenate(self.sentence_lengths or [np.zeros(0, np.int64)]),
-                np.concatenate(self.sentences_per_document or [np.zeros(0, np.int64)]))
-
-
-def _encode(tokenizer: Tokenizer, texts: list[str]) -> list[np.ndarray]:
-    """Token ids of `texts`, in batches: the tokenizer's own objects cost about 100 bytes a token
-    until they are dropped."""
-    return [ids for start in range(0, len(texts), 4096) for ids in tokenizer.encode(texts[start:start + 4096])]
-
-
-def _unflatten(tokens: np.ndarray, sentence_lengths: np.ndarray, sentences_per_document: np.ndarray):
-    """The inverse of _tokenize_file's flattening: documents as lists of int32 arrays."""
-    sentences = np.split(tokens, np.cumsum(sentence_lengths)[:-1]) if len(sentence_lengths) else []
-    bounds = np.concatenate([[0], np.cumsum(sentences_per_document)])
-    return [sentences[start:end] for start, end in zip(bounds[:-1], bounds[1:])]
-
-
 def _run_pass(file_index: int, dupe_pass: int, source: str, documents, empty: list[str], units: WorkUnits,
               output_dir: str, settings: DatasetSettings) -> int:
     """One dupe pass (or the eval pass) over one file's documents -> one shard and its unit's
@@ -384,7 +303,7 @@ def _run_pass(file_index: int, dupe_pass: int, source: str, documents, empty: li
     """
     config = settings.config
     sentence_lengths = documents[1]
-    documents = _unflatten(*documents)
+    documents = unflatten(*documents)
     tokenizer = _worker_tokenizer(settings)
     continuation = None
     if config.do_whole_word_mask:

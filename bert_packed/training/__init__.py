@@ -9,7 +9,8 @@ loading TensorFlow (the command line's flags take their defaults from it).
 import importlib
 
 _EXPORTS = {
-    "bert_packed.training.config": ("LOSS_AVERAGING", "adjusted_betas"),
+    "bert_packed.training.batching": ("adjusted_betas",),
+    "bert_packed.training.config": ("LOSS_AVERAGING",),
     "bert_packed.training.losses": ("loss_from_sums", "metrics_from_sums", "pretraining_sums"),
     "bert_packed.training.optimizers": ("AdamWeightDecay", "Lamb", "PolynomialWarmup"),
 }

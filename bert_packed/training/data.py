@@ -23,7 +23,6 @@ import numpy as np
 from bert_packed.errors import SettingsError
 from bert_packed.features import PACKED_RECORD_MODES, Shapes
 from bert_packed.finetuning.encode import RepackedRows
-from bert_packed.input_pipeline import PipelineConfig
 from bert_packed.inputs.dataset_info import HISTOGRAM_FILE, METADATA_FILE, Dataset, DatasetInfo, read_dataset_info
 from bert_packed.inputs.file_identity import FileIdentity, file_sha256
 from bert_packed.packing import DEFAULT_ALGORITHM, plan
@@ -33,14 +32,9 @@ from bert_packed.packing.stream import length_histogram
 from bert_packed.records import read_packed, read_unpacked
 from bert_packed.run_directory import RunDirectory
 from bert_packed.storage import files
-from bert_packed.training.config import (
-    Batching,
-    TrainConfig,
-    require,
-    require_fits,
-    require_packed_for,
-    require_window,
-)
+from bert_packed.training.batching import Batching
+from bert_packed.training.config import TrainConfig, require, require_fits, require_packed_for, require_window
+from bert_packed.training.input_pipeline import PipelineConfig
 from bert_packed.training.provenance import require_no_held_out_packs
 
 
@@ -59,7 +53,7 @@ class TrainData:
       histogram: the files' length histogram, when the run needs it (packed on the fly, or no
         metadata.json counts the files): the run directory caches it.
       strategies: with "packed_online", the strategies of the plan the packer fills.
-      rows: a fine-tuning set's rows, made in memory from `files` (input_pipeline.rows_dataset),
+      rows: a fine-tuning set's rows, made in memory from `files` (rows_dataset.rows_dataset),
         read instead of records; RepackedRows when they are packed anew each epoch.
     """
 

@@ -33,7 +33,6 @@ import time
 import numpy as np
 
 from bert_packed.errors import InternalError, TrainingError
-from bert_packed.input_pipeline import WATCHED_SINCE, reading_errors_named
 from bert_packed.inputs.dataset_info import METADATA_FILE
 from bert_packed.inputs.file_identity import DataChangedError, check_unchanged
 from bert_packed.model import export_google_checkpoint, export_huggingface
@@ -42,10 +41,12 @@ from bert_packed.model.huggingface import CONFIG_FILE
 from bert_packed.run_directory import RunDirectory
 from bert_packed.storage import files, locks
 from bert_packed.storage.output_job import refuse_other_output
+from bert_packed.training.batching import describe_run, eval_every_samples
 from bert_packed.training.checkpoints import Checkpoints
-from bert_packed.training.config import TrainConfig, describe_run, eval_every_samples, require_divides
+from bert_packed.training.config import TrainConfig, require_divides
 from bert_packed.training.data import EvalData, TrainData, eval_pipeline, train_pipeline
 from bert_packed.training.distribution import chief, common_step, on_any_worker
+from bert_packed.training.input_pipeline import WATCHED_SINCE, reading_errors_named
 from bert_packed.training.logs import RunLogs
 from bert_packed.training.step import CompiledStep
 

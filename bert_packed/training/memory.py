@@ -30,7 +30,8 @@ import os
 from bert_packed.errors import SettingsError
 from bert_packed.model.config import BertConfig
 from bert_packed.storage import files
-from bert_packed.training.config import TrainConfig, batching
+from bert_packed.training.batching import batching
+from bert_packed.training.config import TrainConfig
 
 PLAN_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "resources",
                          "memory_plan.json")

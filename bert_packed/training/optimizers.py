@@ -15,7 +15,7 @@ path; by default LayerNorm weights and biases are excluded from both. docs/train
 schedule and the reference's semantics in full.
 
 For packed data, the betas raised to the power of the packing factor keep the momentum horizon
-of pf unpacked steps: bert_packed.training.config.adjusted_betas.
+of pf unpacked steps: bert_packed.training.batching.adjusted_betas.
 """
 
 from __future__ import annotations

@@ -18,10 +18,11 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from bert_packed.input_pipeline import PipelineConfig, make_dataset, reading_errors_named
 from bert_packed.run_directory import LOGS
-from bert_packed.training.config import TrainConfig, batching
+from bert_packed.training.batching import batching
+from bert_packed.training.config import TrainConfig
 from bert_packed.training.data import TrainData
+from bert_packed.training.input_pipeline import PipelineConfig, make_dataset, reading_errors_named
 from bert_packed.training.objective import Pretraining
 from bert_packed.training.process import check_process_set_up
 from bert_packed.training.update import Update, make_optimizer, make_schedule

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bert_packed.training.config import TrainConfig, batching
+from bert_packed.training.batching import batching
+from bert_packed.training.config import TrainConfig
 
 if TYPE_CHECKING:
     from bert_packed.training.data import TrainData

@@ -23,7 +23,8 @@ import tensorflow as tf
 
 from bert_packed.errors import InternalError
 from bert_packed.model.modeling import fold_seed
-from bert_packed.training.config import Batching, TrainConfig
+from bert_packed.training.batching import Batching
+from bert_packed.training.config import TrainConfig
 from bert_packed.training.optimizers import AdamWeightDecay, Lamb, PolynomialWarmup
 
 # What one update returns after its learning rate and its objective's sums (Update.sum_keys):
