@@ -61,5 +61,12 @@ class StorageError(UserError, OSError):
         return StorageError(path, self.reason, self.retry_may_help, self.disk_full, self.kind, self.errno)
 
 
+def raise_if_retryable(error: BaseException) -> None:
+    """Raises `error` again when it is a StorageError that a retry may get past: a handler that
+    words the storage's refusals as its own user error (exit 2) keeps exit 75 for those."""
+    if isinstance(error, StorageError) and error.retry_may_help:
+        raise error
+
+
 class InternalError(RuntimeError):
     """A check of the code's own state failed: a bug, not the user's input (traceback, exit 1)."""

@@ -400,6 +400,24 @@ def test_a_run_that_ends_with_an_export_refuses_at_start_what_the_export_would(t
     require_export_directory(str(tmp_path / "hf"), VOCAB, True, bert, str(run))  # a directory of its own: fine
 
 
+@pytest.mark.parametrize("retry_may_help", [True, False])
+def test_an_export_directory_out_of_reach_keeps_its_retryable_status(tmp_path, monkeypatch, retry_may_help):
+    """A bucket out of reach now is a StorageError the same command again gets past (exit 75);
+    a directory the storage refuses is the setting's problem (exit 2)."""
+    from bert_packed.errors import StorageError
+    from bert_packed.model.checkpoint import CheckpointError
+    from bert_packed.model.huggingface import require_export_directory
+    from bert_packed.storage import files
+
+    def out_of_reach(path):
+        raise StorageError(path, "deadline exceeded" if retry_may_help else "permission denied", retry_may_help)
+
+    monkeypatch.setattr(files, "makedirs", out_of_reach)
+    expected = StorageError if retry_may_help else CheckpointError
+    with pytest.raises(expected, match="deadline exceeded" if retry_may_help else "--export_huggingface_dir: .*permission"):
+        require_export_directory(str(tmp_path / "hf"), VOCAB, True, BertConfig(**TINY), str(tmp_path / "run"))
+
+
 def test_a_fine_tuned_model_s_weights_start_another_task_and_a_training_checkpoint_is_named(tmp_path):
     """A fine-tuned classifier's weights (TF1 or Hugging Face, without the pre-training heads) as
     run_squad's --init_checkpoint failed on heads the span model does not train; a run's

@@ -182,6 +182,35 @@ def test_a_file_a_reader_cannot_read_for_a_storage_that_still_fails_keeps_the_re
     assert f"the storage failed a request on {uri(os.path.join(unpacked_dir, 'histogram.json'))}, retried (" \
            "UnavailableError: Error executing an HTTP request: HTTP response code 503)" in result.stderr.strip().splitlines()[-1]
 
+
+@pytest.mark.parametrize("reader", ["bert_config", "histogram", "huggingface_config", "throughput"])
+def test_a_reader_called_from_python_raises_a_retryable_storage_failure_as_it_is(reader, tmp_path, monkeypatch):
+    """From Python (no command line to find it under the reader's own refusal) a failure that
+    retrying may get past comes out as the StorageError it is, retry_may_help set; a refusal of
+    the same file stays the reader's one-line error."""
+    from bert_packed.errors import StorageError
+    from bert_packed.model import BertConfig
+    from bert_packed.model.huggingface import require_same_model
+    from bert_packed.packing.histogram import load_histogram
+    from bert_packed.reports.comparison import throughput_lines
+
+    path = str(tmp_path / "config.json")
+    (tmp_path / "config.json").write_text("{}")
+    read = {"bert_config": lambda: BertConfig.from_json_file(path), "histogram": lambda: load_histogram(path),
+            "huggingface_config": lambda: require_same_model(str(tmp_path), BertConfig()),
+            "throughput": lambda: throughput_lines(path)}[reader]
+    for retry_may_help in (True, False):
+        def failing(name, *args, retry_may_help=retry_may_help, **kwargs):
+            raise StorageError(name, "the bucket answered 503" if retry_may_help else "permission denied",
+                               retry_may_help)
+
+        monkeypatch.setattr(files, "open_file", failing)
+        with pytest.raises(Exception) as raised:
+            read()
+        assert isinstance(raised.value, StorageError) == retry_may_help, raised.value
+        assert ("the bucket answered 503" if retry_may_help else "permission denied") in str(raised.value)
+
+
 def test_shards_the_local_work_says_are_written_but_the_bucket_lost_are_written_again(unpacked_dir, packed_dir,
                                                                                       tmp_path, monkeypatch):
     """A pack stopped after its first shard, its output prefix then emptied (as the messages

@@ -20,7 +20,7 @@ from absl import flags
 
 from bert_packed.cli.common import run
 from bert_packed.cli.settings_flags import define_flags, from_flags
-from bert_packed.errors import SettingsError
+from bert_packed.errors import SettingsError, raise_if_retryable
 from bert_packed.inputs.input_files import expand_globs
 from bert_packed.pretraining_data.vocabulary import VocabularySettings, build_vocabulary, reserved_tokens
 from bert_packed.settings import help_groups
@@ -76,6 +76,7 @@ def _bert_config(path: str) -> dict:
     try:
         config = files.read_json_object(path)
     except (OSError, ValueError) as e:
+        raise_if_retryable(e)
         raise SettingsError(f"--bert_config_file={path}: cannot read it as a BERT config ({e})") from None
     if "vocab_size" not in config or "hidden_size" not in config:
         raise SettingsError(f"--bert_config_file={path}: not a BERT config (no vocab_size and hidden_size)")

@@ -6,7 +6,7 @@ import dataclasses
 import json
 import math
 
-from bert_packed.errors import UserError
+from bert_packed.errors import UserError, raise_if_retryable
 from bert_packed.pretraining_data.tokenization import DEFAULT_VOCAB_FILE
 from bert_packed.settings import check_settings, setting
 from bert_packed.storage import files
@@ -106,6 +106,7 @@ class BertConfig:
             with files.open_file(path) as f:
                 values = json.load(f)
         except OSError as e:
+            raise_if_retryable(e)
             raise ConfigError(f"{path}: cannot read the BERT config: {e.strerror or e}") from None
         except json.JSONDecodeError as e:
             raise ConfigError(f"{path}: not valid JSON: {e}") from None

@@ -39,7 +39,7 @@ import re
 
 import numpy as np
 
-from bert_packed.errors import InternalError, StorageError
+from bert_packed.errors import InternalError, StorageError, raise_if_retryable
 from bert_packed.model.checkpoint import (
     CheckpointError,
     does_not_fit,
@@ -200,6 +200,7 @@ def require_export_directory(output_dir: str, vocab_file: str, do_lower_case: bo
         files.write_text_atomically(probe, "")
         files.remove(probe)
     except StorageError as e:
+        raise_if_retryable(e)
         raise CheckpointError(f"--export_huggingface_dir: {e}; give an --export_huggingface_dir this process may "
                               f"write to") from None
 
@@ -228,6 +229,7 @@ def require_same_model(directory: str, bert: BertConfig) -> None:
         with files.open_file(path) as f:
             config = json.load(f)
     except (OSError, ValueError) as e:
+        raise_if_retryable(e)
         raise CheckpointError(f"{path}: cannot read it as a Hugging Face config ({e})") from None
     if not isinstance(config, dict) or config.get("model_type") != "bert":
         model_type = config.get("model_type") if isinstance(config, dict) else None

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from bert_packed.errors import UserError
+from bert_packed.errors import UserError, raise_if_retryable
 from bert_packed.inputs.dataset_info import MAX_SEQ_LENGTH_LIMIT
 from bert_packed.storage import files
 from bert_packed.storage.files import write_text_atomically
@@ -139,6 +139,7 @@ def load_histogram(path: str, max_sequence_length: int | None = None) -> np.ndar
         with files.open_file(path) as f:
             payload = json.load(f)
     except OSError as e:
+        raise_if_retryable(e)
         raise HistogramError(f"{path}: cannot read the histogram file: {e.strerror or e}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise HistogramError(f"{path}: not valid JSON: {e}") from None

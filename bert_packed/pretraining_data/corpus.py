@@ -28,7 +28,7 @@ import lzma
 import re
 import zlib
 
-from bert_packed.errors import StorageError, UserError
+from bert_packed.errors import StorageError, UserError, raise_if_retryable
 from bert_packed.storage import files
 
 _ABBREVIATIONS = frozenset("""
@@ -255,8 +255,7 @@ def _numbered_lines(path: str):
         raise CorpusError(f"{path}: not UTF-8 text{compressed} (near line {number + 1}): expected "
                           f"{_FORMATS_TEXT}") from None
     except StorageError as e:
-        if e.retry_may_help:
-            raise
+        raise_if_retryable(e)
         reason = "no such input file" if e.errno == errno.ENOENT else f"cannot read: {e.reason}"
         raise CorpusError(f"{path}: {reason}") from None
     except (EOFError, OSError, lzma.LZMAError, zlib.error) as e:  # the decompressor's: the storage's are StorageErrors

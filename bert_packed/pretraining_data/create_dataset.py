@@ -37,7 +37,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from bert_packed.errors import SettingsError, UserError
+from bert_packed.errors import SettingsError, UserError, raise_if_retryable
 from bert_packed.features import Shapes
 from bert_packed.inputs.dataset_info import HISTOGRAM_FILE, DataFile, DatasetInfo
 from bert_packed.inputs.file_identity import FileIdentity, file_sha256
@@ -290,6 +290,7 @@ def _source_identity(path: str) -> dict:
             return FileIdentity.of(path).content
         return {**FileIdentity.of(path).content, "sha256": file_sha256(path)}
     except OSError as e:  # as reading it would say (a symlink loop, say)
+        raise_if_retryable(e)
         raise CorpusError(f"{path}: cannot read: {e.strerror or e}") from None
 
 

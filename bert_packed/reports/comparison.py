@@ -16,7 +16,7 @@ import logging
 import math
 import os
 
-from bert_packed.errors import SettingsError
+from bert_packed.errors import SettingsError, raise_if_retryable
 from bert_packed.reports.curves import (
     AT_CHANCE_ADVICE,
     METRICS,
@@ -257,14 +257,15 @@ def throughput_lines(path: str, metric: str = "mlm_accuracy") -> list[str]:
     """
     script = advice(metric)[0]
     what = "config" if metric == "mlm_accuracy" else "task"
+    lines, name = [], None
     try:
         with files.open_file(path) as f:
             measured = json.load(f)
-        lines, name = [], None
         for name, result in measured.items():
             lines.append(_throughput_line(result, f"{name} {what}", script))
         return lines
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise_if_retryable(e)
         raise RunError(f"{path}: not a {script} --output_json measurement ("
                        + (f"{str(name)[:40]}: " if name is not None else "") + f"{type(e).__name__}: {e})") from None
 
