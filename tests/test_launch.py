@@ -235,6 +235,22 @@ def test_a_worker_waits_for_its_peers_saying_which_and_stops_at_its_limit(packed
         result.stderr.strip().splitlines()[-1]), result.stderr[-3000:]
 
 
+def test_a_tpu_that_cannot_be_reached_is_one_line_naming_its_flag(packed_dir, bert_config_file, tmp_path):
+    """--use_tpu at an address nobody answers sat in TensorFlow's connect for good, and a TPU name
+    that does not resolve ended in a traceback: each is one line naming the flag."""
+    common = [f"--bert_config_file={bert_config_file}", f"--input_files={packed_dir}/packed-*.tfrecord", "--use_tpu"]
+    port = free_port()
+    cases = {(f"--tpu_name=grpc://127.0.0.1:{port}", "--cluster_wait_seconds=1"):
+             f"--tpu_name=grpc://127.0.0.1:{port}: the TPU did not answer within --cluster_wait_seconds=1: check the "
+             f"address and that its port is open from this host",
+             ("--master=grpc://no-such-host.invalid:8470",):
+             "--master=grpc://no-such-host.invalid:8470: its host does not resolve"}
+    for index, (flags, message) in enumerate(cases.items()):
+        result = run_command("run_pretraining", *common, *flags, f"--output_dir={tmp_path / str(index)}")
+        assert result.returncode == 2, result.stderr[-3000:]
+        assert result.stderr.strip().splitlines()[-1].startswith(f"run_pretraining: error: {message}"), result.stderr
+
+
 @pytest.mark.slow  # the process is the subject: a signal while it waits for its peers
 def test_sigterm_ends_a_worker_waiting_for_its_peers_at_once(packed_dir, bert_config_file, tmp_path):
     import signal

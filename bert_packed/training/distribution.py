@@ -145,6 +145,36 @@ def wait_for_the_cluster(resolver: tf.distribute.cluster_resolver.ClusterResolve
             listener.close()
 
 
+def wait_for_tpu(address: str, seconds: float, flag: str) -> None:
+    """Waits until the TPU at `address` (grpc://host:port) takes a connection: TensorFlow's own
+    connect waits without end for one that never answers.
+
+    Raises:
+      SettingsError: naming `flag` (--tpu_name, say), when its host does not resolve or it has not
+        answered within `seconds` (--cluster_wait_seconds).
+    """
+    host, _, port = address.removeprefix("grpc://").rpartition(":")
+    if not host or not port.isdigit():
+        raise SettingsError(f"{flag}={address}: expected grpc://host:port")
+    start = last_line = time.monotonic()
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=1.0).close()
+            return
+        except (socket.gaierror, UnicodeError) as e:
+            raise SettingsError(f"{flag}={address}: its host does not resolve ({e.strerror or e})") from None
+        except OSError:
+            pass
+        now = time.monotonic()
+        if now - start > seconds:
+            raise SettingsError(f"{flag}={address}: the TPU did not answer within --cluster_wait_seconds={seconds:g}: "
+                                f"check the address and that its port is open from this host")
+        if now - last_line > WAIT_LINE_SECONDS:
+            logging.info("still waiting for the TPU at %s (%.0f s)", address, now - start)
+            last_line = now
+        time.sleep(0.5)
+
+
 def _tasks_at(tasks: dict) -> str:
     return ", ".join(f"{job} {index} at {address}" for (job, index), address in sorted(tasks.items()))
 

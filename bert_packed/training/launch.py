@@ -45,7 +45,8 @@ class DistributionSettings:
         group=DISTRIBUTION_GROUP)
     cluster_wait_seconds: float = setting(
         900.0, "With multi_worker_mirrored, how long a worker waits for the cluster's other tasks to answer at their "
-               "addresses (it says which, every 30 s) before it stops, in one line naming them.",
+               "addresses (it says which, every 30 s) before it stops, in one line naming them; with --use_tpu and a "
+               "grpc:// address, how long it waits for the TPU.",
         group=DISTRIBUTION_GROUP)
     all_reduce_alg: str = setting(
         "auto", "What sums the gradients: nccl (give it on GPUs); ring (TensorFlow's own collectives over gRPC; on one "
@@ -150,10 +151,20 @@ def make_strategy(settings: DistributionSettings, cluster):
     if name == "multi_worker_mirrored":
         return distribution.multi_worker_mirrored(cluster, settings.all_reduce_alg, settings.cluster_wait_seconds)
     if name == "tpu":
-        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
-            tpu=settings.tpu_address() or settings.master, zone=settings.tpu_zone, project=settings.gcp_project)
-        tf.config.experimental_connect_to_cluster(resolver)
-        tf.tpu.experimental.initialize_tpu_system(resolver)
+        address = settings.tpu_address() or settings.master
+        flag = "--master" if address == settings.master and not settings.tpu_address() else "--tpu_name"
+        if address.startswith("grpc://"):
+            distribution.wait_for_tpu(address, settings.cluster_wait_seconds, flag)
+        try:  # a name is looked up through the cloud's metadata server, an address connected to
+            resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
+                tpu=address, zone=settings.tpu_zone, project=settings.gcp_project)
+            tf.config.experimental_connect_to_cluster(resolver)
+            tf.tpu.experimental.initialize_tpu_system(resolver)
+        except (OSError, ValueError, RuntimeError, tf.errors.OpError) as e:
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise SettingsError(f"{flag}={address}: no TPU reached ({reason}); give the TPU's name as `gcloud compute "
+                                f"tpus list` shows it (with --tpu_zone and --gcp_project off Google Cloud's VMs), or "
+                                f"its grpc:// address") from None
         strategy = tf.distribute.TPUStrategy(resolver)
         if "num_tpu_cores" in settings.given_settings() and strategy.num_replicas_in_sync != settings.num_tpu_cores:
             raise SettingsError(f"--num_tpu_cores={settings.num_tpu_cores}, but the TPU has "
