@@ -447,3 +447,22 @@ def test_a_fine_tuned_model_s_weights_start_another_task_and_a_training_checkpoi
     with pytest.raises(CheckpointError, match=r"ckpt-9: a run's training checkpoint \(it resumes that run\); give the "
                                               r"run's exported model.ckpt-N"):
         load_weights(BertPretrainingModel(BertConfig(**TINY_512)), str(tmp_path / "run" / "ckpt-9"))
+
+
+def test_an_encoder_alone_exports_as_a_bert_model_and_loads_back(tmp_path):
+    """A BertEncoder (the backbone a notebook builds alone) exports as transformers' BertModel,
+    with or without its pooler, and reads back weight for weight."""
+    import json
+
+    from bert_packed.model import BertEncoder, export_huggingface, load_weights
+
+    for with_pooler in (True, False):
+        encoder = BertEncoder(BertConfig(**TINY), with_pooler=with_pooler)
+        encoder.build()
+        directory = export_huggingface(encoder, str(tmp_path / str(with_pooler)), VOCAB, True)
+        assert json.loads((tmp_path / str(with_pooler) / "config.json").read_text())["architectures"] == ["BertModel"]
+        again = BertEncoder(BertConfig(**TINY), with_pooler=with_pooler)
+        again.build()
+        assert load_weights(again, directory) == len(encoder.weights) + 4 * TINY["num_hidden_layers"]  # q, k, v apart
+        for mine, theirs in zip(again.weights, encoder.weights, strict=True):
+            np.testing.assert_array_equal(mine.numpy(), theirs.numpy())

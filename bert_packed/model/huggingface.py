@@ -124,11 +124,12 @@ def is_huggingface_directory(path: str) -> bool:
     return files.isdir(path) and files.exists(os.path.join(path, CONFIG_FILE))
 
 
-def export_huggingface(model: BertPretrainingModel | BertClassifierModel | BertQuestionAnsweringModel, output_dir: str,
+def export_huggingface(model: BertEncoder | BertPretrainingModel | BertClassifierModel | BertQuestionAnsweringModel,
+                       output_dir: str,
                        vocab_file: str, do_lower_case: bool, labels: tuple[str, ...] = ()) -> str:
     """Writes the model as a Hugging Face BERT directory (module docstring); returns `output_dir`.
     A classifier is written as a BertForSequenceClassification of its `labels` (classifier_config),
-    a question-answering model as a BertForQuestionAnswering.
+    a question-answering model as a BertForQuestionAnswering, a BertEncoder alone as a BertModel.
 
     Each file is written under a temporary name, then renamed; config.json goes last and is
     removed first, so a directory cut short by a kill is never read as a model, and the same
@@ -162,6 +163,8 @@ def export_huggingface(model: BertPretrainingModel | BertClassifierModel | BertQ
             config = classifier_config(bert, labels)
         elif isinstance(model, BertQuestionAnsweringModel):
             config = {**huggingface_config(bert), "architectures": ["BertForQuestionAnswering"]}
+        elif isinstance(model, BertEncoder):  # the encoder alone: transformers' BertModel
+            config = {**huggingface_config(bert), "architectures": ["BertModel"]}
         else:
             config = huggingface_config(bert, model.next_sentence_prediction)
         files.write_text_atomically(os.path.join(output_dir, CONFIG_FILE), json.dumps(config, indent=2) + "\n")
