@@ -402,12 +402,20 @@ def test_a_set_of_files_tells_copies_from_files_that_only_begin_alike(tmp_path):
 
 
 def test_pick_refuses_training_records_and_the_planner_a_histogram_that_never_ends(unpacked_dir, tmp_path):
+    from bert_packed.errors import SettingsError
+    from bert_packed.pretraining_data.eval_samples import PickSettings, pick_eval_samples
+
     # The picked file has no metadata.json: no later command could tell that it was trained on.
     picked = run_command("pick_eval_samples", f"--input_tfrecord={tfrecords(unpacked_dir)[0]}",
                          f"--output_tfrecord={tmp_path}/picked", "--num_examples_to_pick=2",
                          f"--max_seq_length={MAX_SEQ_LENGTH}", f"--max_predictions_per_seq={MAX_PREDICTIONS}")
     assert_one_line(picked, f"--input_tfrecord={tfrecords(unpacked_dir)[0]}: a training shard of {unpacked_dir}")
     assert not os.path.exists(tmp_path / "picked")
+    # The function refuses as the command does (it holds the checks), and with no file named.
+    with pytest.raises(SettingsError, match="a training shard of"):
+        pick_eval_samples(PickSettings(input_tfrecord=tfrecords(unpacked_dir)[0], output_tfrecord=f"{tmp_path}/picked"))
+    with pytest.raises(SettingsError, match="--output_tfrecord: not given"):
+        pick_eval_samples(PickSettings(input_tfrecord=tfrecords(unpacked_dir)[0]))
     os.mkfifo(tmp_path / "fifo")  # read, it would block; /dev/zero never ends
     for path in ("/dev/zero", tmp_path / "fifo"):
         assert_one_line(run_command("plan_packing", f"--histogram={path}"), f"{path}: not a regular file")

@@ -267,7 +267,7 @@ def test_eval_files_are_counted_against_their_metadata_before_training(unpacked_
 
 
 def test_eval_records_are_never_trained_on_whatever_way_they_take(corpus, unpacked_dir, packed_dir, tmp_path):
-    from bert_packed.training.provenance import require_apart, require_no_held_out_packs
+    from bert_packed.inputs.provenance import require_apart, require_no_held_out_packs
 
     split = tmp_path / "split"  # the corpus under another seed, 30% held out
     create_pretraining_dataset(corpus, str(split), dataclasses.replace(dataset_settings(seed=7), eval_fraction=0.3),

@@ -77,3 +77,31 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, content, args, message):
 def test_missing_file_is_named(tmp_path):
     result = run_cli("--histogram", str(tmp_path / "missing.json"))
     assert result.returncode == 2 and "missing.json: cannot read" in result.stderr
+
+
+def test_the_planner_is_a_function_of_its_settings(histogram_file, tmp_path):
+    """plan_packing(PlanSettings(...)) returns the plans the command prints, the comparison with a
+    reference histogram of the same L included; the command's output is the report's text."""
+    from bert_packed.errors import SettingsError
+    from bert_packed.packing import HistogramError
+    from bert_packed.packing.pack_settings import PlanSettings
+    from bert_packed.packing.plan_command import plan_packing
+
+    reference = tmp_path / "reference.json"
+    reference.write_text(json.dumps([0, 0, 0, 0, 0, 0, 0, 8]))  # every sequence L long: no padding
+    report = plan_packing(PlanSettings(histogram=histogram_file, algorithm="all", reference_histogram=str(reference)))
+    assert [p.algorithm for p in report.plans] == ["spfhp", "lpfhp", "nnlshp", "lp"]
+    assert {p.algorithm: p.num_packs for p in report.plans} == {"spfhp": 4, "lpfhp": 4, "nnlshp": 4, "lp": 3}
+    assert report.stats.num_sequences == 8 and report.stats.num_tokens == 20
+    assert report.comparison["padding_fraction"] == [pytest.approx(1 - 20 / 64), 0.0]
+    assert report.comparison["full_length_fraction"] == [0.0, 1.0]
+    assert set(report.to_dict()) == {"spfhp", "lpfhp", "nnlshp", "lp", "reference"}
+    printed = run_cli("--histogram", histogram_file, "--algorithm", "all", f"--reference_histogram={reference}")
+    assert printed.returncode == 0, printed.stderr
+    assert printed.stdout.splitlines()[:3] == report.text().splitlines()[:3]
+    assert printed.stdout.splitlines()[-2:] == report.text().splitlines()[-2:]
+    with pytest.raises(SettingsError, match="--histogram: not given"):
+        plan_packing(PlanSettings())
+    reference.write_text(json.dumps([1, 1]))
+    with pytest.raises(HistogramError, match="its L is 2"):
+        plan_packing(PlanSettings(histogram=histogram_file, reference_histogram=str(reference)))

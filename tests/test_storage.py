@@ -281,6 +281,14 @@ def test_what_a_bucket_s_storage_refuses_is_one_line_as_on_a_plain_path(unpacked
                          f"--output_tfrecord={uri(tmp_path / 'o.tfrecord')}", "--num_examples_to_pick=2", *shapes)
     assert picked.returncode == 0, picked.stderr[-2000:]
     assert sorted(name for name in os.listdir(tmp_path) if ".tmp-" in name) == [".notes.txt.tmp-99999999"]
+    # From Python: the same records, byte for byte, and the count the command printed.
+    from bert_packed.pretraining_data.eval_samples import PickSettings, pick_eval_samples
+
+    total = pick_eval_samples(PickSettings(input_tfrecord=eval_file, output_tfrecord=str(tmp_path / "f.tfrecord"),
+                                           num_examples_to_pick=2, max_seq_length=MAX_SEQ_LENGTH,
+                                           max_predictions_per_seq=MAX_PREDICTIONS))
+    assert f"picked 2 of {total:,} records" in picked.stdout and total > 2
+    assert (tmp_path / "f.tfrecord").read_bytes() == (tmp_path / "o.tfrecord").read_bytes()
 
 
 def script(name, *args):

@@ -33,6 +33,9 @@ def test_the_layout_is_google_research_s_and_the_size_a_multiple_of_8(corpus):
     everything = build_vocabulary(corpus, 30_528)
     assert len(everything) % 8 == 0 and len(everything) < 30_528
     assert len(set(everything)) == len(everything)
+    # The trainer broke ties between equally frequent merges by hash-map order: each build of this
+    # corpus at 1,000 gave another set of tokens (huggingface/tokenizers#1794).
+    assert build_vocabulary(corpus, 1000) == uncased == build_vocabulary(corpus, 1000)
 
 
 @pytest.mark.slow  # builds a vocabulary, its data and trains on it (over 3.5 s here)
@@ -113,3 +116,25 @@ def test_an_output_that_is_one_of_its_inputs_is_refused_and_a_replaced_one_said(
                              f"--vocab_file={tmp_path}/out/v.txt", f"--bert_config_file={template}")
         assert result.returncode == 0 and ("(the vocabulary there replaced)" in result.stdout) == replaced
         assert ("(the config there replaced)" in result.stdout) == replaced
+
+
+def test_the_builder_is_a_function_of_its_settings(corpus, tmp_path):
+    """write_vocabulary(VocabularySettings(...)) writes what the command writes and returns its
+    figures: the tokens, the pieces learned, the config at the vocabulary's size, what it replaced."""
+    from bert_packed.errors import SettingsError
+    from bert_packed.pretraining_data.vocabulary import VocabularySettings, write_vocabulary
+
+    template = tmp_path / "template.json"
+    template.write_text(json.dumps({"vocab_size": 30522, "hidden_size": 128}))
+    settings = VocabularySettings(input_file=",".join(corpus), vocab_file=str(tmp_path / "out" / "vocab.txt"),
+                                  vocab_size=200, bert_config_file=str(template))
+    written = write_vocabulary(settings)
+    tokens = (tmp_path / "out" / "vocab.txt").read_text().splitlines()
+    assert tokens == build_vocabulary(corpus, 200) and written.num_tokens == len(tokens) == 200
+    assert written.num_learned == sum(not token.startswith("[") for token in tokens) > 0
+    assert written.num_input_files == len(corpus) and written.replaced == frozenset()
+    assert written.config_file == str(tmp_path / "out" / "bert_config.json")
+    assert json.loads((tmp_path / "out" / "bert_config.json").read_text()) == {"vocab_size": 200, "hidden_size": 128}
+    assert write_vocabulary(settings).replaced == {settings.vocab_file, written.config_file}
+    with pytest.raises(SettingsError, match="one of the files it is made from"):
+        write_vocabulary(dataclasses.replace(settings, vocab_file=corpus[0]))

@@ -1,6 +1,6 @@
 """The files a command reads: globs expanded to a set in which every datum is read once, and an
 eval set apart from the training files by path and by content (by origin too:
-bert_packed.training.provenance.require_eval_apart adds it)."""
+bert_packed.inputs.provenance.require_eval_apart adds it)."""
 
 from __future__ import annotations
 

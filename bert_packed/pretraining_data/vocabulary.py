@@ -7,18 +7,31 @@ pieces of a corpus (any input format create_pretraining_data reads) with the Hug
 `tokenizers` WordPiece trainer, normalised as the Tokenizer that will read them (lower-cased and
 accents stripped for an uncased vocabulary), and lays them out that way, its size a multiple of
 8 (tensor cores compute the output layer in tiles of 8): more [unused] tokens at the end where
-the pieces fall short.
+the pieces fall short. The same corpus gives the same vocabulary, whenever it is built.
+
+write_vocabulary is the command as a function of its settings (`python -m bert_packed.vocab`):
+
+    from bert_packed.pretraining_data.vocabulary import VocabularySettings, write_vocabulary
+
+    written = write_vocabulary(VocabularySettings(input_file="data/wikipedia_sample/wiki_*", vocab_file="runs/v/vocab.txt",
+                                                  vocab_size=8000, bert_config_file="configs/bert_config_tiny.json"))
+    written.num_tokens, written.config_file   # at most 8000 (a multiple of 8), 'runs/v/bert_config.json'
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import re
 
-from bert_packed.errors import SettingsError
+from bert_packed.errors import SettingsError, raise_if_retryable
+from bert_packed.inputs.input_files import expand_globs
 from bert_packed.pretraining_data.corpus import INPUT_FORMATS, CorpusError, detect_corpus_format, iter_documents
 from bert_packed.pretraining_data.create_command import CorpusSettings
 from bert_packed.pretraining_data.tokenization import SPECIAL_TOKENS
 from bert_packed.settings import setting
+from bert_packed.storage import files
 
 # google-research/bert's: [PAD], [unused0]-[unused98], then [UNK], [CLS], [SEP], [MASK].
 UNUSED_AT_THE_START = 99
@@ -51,6 +64,87 @@ class VocabularySettings(CorpusSettings):
                                 f"reserved tokens and some pieces) and --min_frequency at least 1")
 
 
+@dataclasses.dataclass(frozen=True)
+class WrittenVocabulary:
+    """What write_vocabulary wrote.
+
+    Attributes:
+      vocab_file: the vocabulary's path.
+      num_tokens: its tokens, the reserved ones included (a multiple of 8).
+      num_learned: the pieces learned from the corpus (neither reserved nor [unused]).
+      num_input_files: the corpus's files.
+      config_file: the BERT config written with the vocabulary's vocab_size (None: none asked for).
+      replaced: the paths of those two that held a file before, now replaced.
+    """
+
+    vocab_file: str
+    num_tokens: int
+    num_learned: int
+    num_input_files: int
+    config_file: str | None = None
+    replaced: frozenset[str] = frozenset()
+
+
+def write_vocabulary(settings: VocabularySettings) -> WrittenVocabulary:
+    """Learns the corpus's vocabulary (build_vocabulary) and writes it, each file atomically, with
+    --bert_config_file written again at its vocab_size when one is given.
+
+    Everything is checked before the corpus is read: the template config, and that no output is
+    one of the inputs or the other output.
+
+    Args:
+      settings: the command's settings.
+
+    Returns:
+      What was written (WrittenVocabulary).
+
+    Raises:
+      SettingsError: a bad template config, or an output that is an input or the other output.
+      CorpusError: bad input, naming the file.
+    """
+    paths = expand_globs(settings.input_file, "--input_file")
+    template = _bert_config(settings.bert_config_file) if settings.bert_config_file else None
+    config_path = (settings.output_bert_config_file or os.path.join(os.path.dirname(settings.vocab_file),
+                                                                    "bert_config.json")) if template else None
+    _refuse_writing_over_inputs(settings, paths, config_path)
+    replaced = frozenset(path for path in (settings.vocab_file, config_path) if path and files.exists(path))
+    tokens = build_vocabulary(paths, settings.vocab_size, settings.do_lower_case, settings.input_format,
+                              settings.text_field, settings.min_frequency)
+    files.makedirs(os.path.dirname(settings.vocab_file) or ".")
+    files.write_text_atomically(settings.vocab_file, "".join(f"{token}\n" for token in tokens))
+    if template is not None:
+        files.write_text_atomically(config_path, json.dumps({**template, "vocab_size": len(tokens)}, indent=2) + "\n")
+    return WrittenVocabulary(
+        vocab_file=settings.vocab_file, num_tokens=len(tokens),
+        num_learned=sum(not re.fullmatch(r"\[(PAD|UNK|CLS|SEP|MASK|unused\d+)\]", token) for token in tokens),
+        num_input_files=len(paths), config_file=config_path, replaced=replaced)
+
+
+def _refuse_writing_over_inputs(settings: VocabularySettings, inputs: list[str], config_path: str | None) -> None:
+    """Refuses an output that is one of the inputs (a corpus file, the template config) or the other output."""
+    read = {files.absolute(path): flag for path, flag in [*((p, "--input_file") for p in inputs),
+                                                          (settings.bert_config_file, "--bert_config_file")] if path}
+    written = [(settings.vocab_file, "--vocab_file"), (config_path, "--output_bert_config_file")]
+    for path, flag in written:
+        if path and files.absolute(path) in read:
+            raise SettingsError(f"{flag}={path}: one of the files it is made from ({read[files.absolute(path)]}); "
+                                f"give another path")
+    if config_path and files.absolute(config_path) == files.absolute(settings.vocab_file):
+        raise SettingsError(f"--output_bert_config_file={config_path}: the vocabulary's path too; give another")
+
+
+def _bert_config(path: str) -> dict:
+    """A google-research bert_config.json, as a dict."""
+    try:
+        config = files.read_json_object(path)
+    except (OSError, ValueError) as e:
+        raise_if_retryable(e)
+        raise SettingsError(f"--bert_config_file={path}: cannot read it as a BERT config ({e})") from None
+    if "vocab_size" not in config or "hidden_size" not in config:
+        raise SettingsError(f"--bert_config_file={path}: not a BERT config (no vocab_size and hidden_size)")
+    return config
+
+
 def reserved_tokens() -> list[str]:
     """[PAD], [unused0] ... [unused98], [UNK], [CLS], [SEP], [MASK]: ids 0-103, as google-research's."""
     pad, *rest = SPECIAL_TOKENS
@@ -62,8 +156,9 @@ def build_vocabulary(input_files: list[str], vocab_size: int, do_lower_case: boo
     """The vocabulary of a corpus: its tokens in order, the line number a token's id.
 
     For example, a corpus of "the cat sat" and "the cats sat" lines, vocab_size=112: the reserved
-    ids 0-103, then characters and pieces ("c", "s", "t", ..., "##s", "the", "cat", ...), then
-    [unused99] ... to a multiple of 8.
+    ids 0-103, then the characters that continue a word ("##a", "##s", "##t", ...), characters and
+    pieces ("c", "s", "t", ..., "the", "cat", ...), then [unused99] ... to a multiple of 8. The same
+    corpus and settings give the same vocabulary, token for token.
 
     Args:
       input_files: the corpus's text files (corpus.iter_documents reads them).
@@ -91,13 +186,21 @@ def build_vocabulary(input_files: list[str], vocab_size: int, do_lower_case: boo
             for document in iter_documents(path, input_format, text_field):
                 yield from document.sentences
 
-    tokenizer = BertWordPieceTokenizer(lowercase=do_lower_case, strip_accents=do_lower_case, clean_text=True,
-                                       handle_chinese_chars=True)
-    tokenizer.train_from_iterator(sentences(), vocab_size=vocab_size, min_frequency=min_frequency,
-                                  special_tokens=reserved, limit_alphabet=ALPHABET, wordpieces_prefix="##",
-                                  show_progress=False)
-    learned = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+    def trained(special_tokens: list[str]) -> list[str]:
+        tokenizer = BertWordPieceTokenizer(lowercase=do_lower_case, strip_accents=do_lower_case, clean_text=True,
+                                           handle_chinese_chars=True)
+        tokenizer.train_from_iterator(sentences(), vocab_size=vocab_size, min_frequency=min_frequency,
+                                      special_tokens=special_tokens, limit_alphabet=ALPHABET, wordpieces_prefix="##",
+                                      show_progress=False)
+        return [token for token, _ in sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])]
+
+    # The trainer numbers the continuing characters ("##s") in a hash map's order, and breaks ties
+    # between equally frequent merges by those numbers: the same corpus gave another vocabulary
+    # each time (huggingface/tokenizers#1794). Special tokens are numbered in the order given, so
+    # a first pass finds those characters and the second gives them in sorted order.
+    continuing = sorted(token for token in trained(reserved) if token.startswith("##") and len(token) == 3)
     known = set(reserved)
-    tokens = reserved + [token for token, _ in learned if token not in known][:vocab_size - len(reserved)]
+    learned = [token for token in trained(reserved + continuing) if token not in known]
+    tokens = reserved + learned[:vocab_size - len(reserved)]
     extra = -len(tokens) % 8
     return tokens + [f"[unused{UNUSED_AT_THE_START + i}]" for i in range(extra)]

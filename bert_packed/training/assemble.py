@@ -104,10 +104,11 @@ def assemble(line: PretrainingSettings, flags_text: str = "") -> tuple[TrainConf
       line: the command line's flags.
       flags_text: the command line as a flagfile, recorded in the run's flags.txt.
     """
+    from bert_packed.inputs import provenance
     from bert_packed.model import BertConfig
     from bert_packed.model.huggingface import is_huggingface_directory, require_export_directory, require_same_model
     from bert_packed.pretraining_data.tokenization import vocabulary_path
-    from bert_packed.training import data, provenance
+    from bert_packed.training import data
 
     check_reference_flags(line)
     if not line["bert_config_file"]:  # a required flag: a caller from Python meets this

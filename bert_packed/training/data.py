@@ -25,6 +25,7 @@ from bert_packed.features import PACKED_RECORD_MODES, Shapes
 from bert_packed.finetuning.encode import RepackedRows
 from bert_packed.inputs.dataset_info import HISTOGRAM_FILE, METADATA_FILE, Dataset, DatasetInfo, read_dataset_info
 from bert_packed.inputs.file_identity import FileIdentity, file_sha256
+from bert_packed.inputs.provenance import require_no_held_out_packs
 from bert_packed.packing import DEFAULT_ALGORITHM, plan
 from bert_packed.packing.histogram import HistogramError, load_histogram
 from bert_packed.packing.packer import unpack
@@ -35,7 +36,6 @@ from bert_packed.storage import files
 from bert_packed.training.batching import Batching
 from bert_packed.training.config import TrainConfig, require, require_fits, require_packed_for, require_window
 from bert_packed.training.input_pipeline import PipelineConfig
-from bert_packed.training.provenance import require_no_held_out_packs
 
 
 @dataclasses.dataclass(frozen=True)
