@@ -4,14 +4,16 @@ each skipped where its output is already there."""
 
 from __future__ import annotations
 
+import copy
 import gc
+import importlib
 import os
 import re
 import sys
 
 from absl import flags
 
-from bert_packed.cli.in_process import command_in_this_process, run_in_process
+from bert_packed.cli.in_process import run_in_process
 from bert_packed.errors import SettingsError
 from bert_packed.storage import files
 from bert_packed.storage.files import write_text_atomically
@@ -59,19 +61,19 @@ def read_text(path: str) -> str:
 def flags_of(module: str, name: str, words: list[str]) -> list[str]:
     """`words` (the job's flag `name`), each a flag that the command `module` takes with a value it
     takes: a typo is said before any stage, not when its stage comes minutes later."""
-    with command_in_this_process(module):
-        for word in words:
-            key, given, value = word.removeprefix("--").partition("=")
-            flag = flags.FLAGS[key] if key in flags.FLAGS else None
-            negated = key.startswith("no") and key[2:] in flags.FLAGS and flags.FLAGS[key[2:]].boolean
-            if not word.startswith("--") or (flag is None and not negated):
-                raise SettingsError(f"--{name}: {word!r}: {module.rsplit('.', 1)[-1]} has no such flag "
-                                    f"(--{name} holds flags, --name=value)")
-            try:
-                if given and flag is not None:
-                    flag.parse(value)
-            except (flags.Error, ValueError) as e:
-                raise SettingsError(f"--{name}: {word}: {e}") from None
+    command_flags = importlib.import_module(module).FLAGS
+    for word in words:
+        key, given, value = word.removeprefix("--").partition("=")
+        flag = command_flags[key] if key in command_flags else None
+        negated = key.startswith("no") and key[2:] in command_flags and command_flags[key[2:]].boolean
+        if not word.startswith("--") or (flag is None and not negated):
+            raise SettingsError(f"--{name}: {word!r}: {module.rsplit('.', 1)[-1]} has no such flag "
+                                f"(--{name} holds flags, --name=value)")
+        try:
+            if given and flag is not None:
+                copy.deepcopy(flag).parse(value)  # the command's own flag keeps its default
+        except (flags.Error, ValueError) as e:
+            raise SettingsError(f"--{name}: {word}: {e}") from None
     return words
 
 

@@ -37,12 +37,13 @@ from bert_packed.inputs.dataset_info import METADATA_FILE, read_dataset_info
 from bert_packed.packing import plan
 from bert_packed.packing.histogram import load_histogram
 
-FLAGS = flags.FLAGS
-flags.DEFINE_integer("copies", 4, "Cuts of the sample, each with its own seed (input files: 3 a cut).", lower_bound=1)
-flags.DEFINE_integer("dupe_factor", 2, "Passes over the text.", lower_bound=1)
+FLAGS = flags.FlagValues()
+flags.DEFINE_integer("copies", 4, "Cuts of the sample, each with its own seed (input files: 3 a cut).", lower_bound=1,
+                     flag_values=FLAGS)
+flags.DEFINE_integer("dupe_factor", 2, "Passes over the text.", lower_bound=1, flag_values=FLAGS)
 flags.DEFINE_integer("files", 20, "Input files of the per-file plans' simulation (MLPerf's Wikipedia: 500; each "
                                    "file's plan takes about 0.3 s).",
-                     lower_bound=1)
+                     lower_bound=1, flag_values=FLAGS)
 
 PROGRAM = "benchmark_beam"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -150,4 +151,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    run(main, PROGRAM, (), "Nothing is kept")
+    run(main, PROGRAM, (), "Nothing is kept", flag_values=FLAGS)

@@ -28,11 +28,11 @@ REFERENCE = {"num_instances": 2397, "padding_fraction": 0.30, "full_length_fract
              "predictions_per_instance": 53.0, "random_next_fraction": 0.50}
 REFERENCE_RATE = 480.0
 
-FLAGS = flags.FLAGS
-flags.DEFINE_integer("copies", 4, "Copies of the sample for the throughput run.", lower_bound=1)
+FLAGS = flags.FlagValues()
+flags.DEFINE_integer("copies", 4, "Copies of the sample for the throughput run.", lower_bound=1, flag_values=FLAGS)
 flags.DEFINE_integer("dupe_factor", 10, "Passes over the text, each masked anew (the MLPerf recipe uses 10).",
-                     lower_bound=1)
-flags.DEFINE_integer("num_workers", 0, "Worker processes (0: one per core).", lower_bound=0)
+                     lower_bound=1, flag_values=FLAGS)
+flags.DEFINE_integer("num_workers", 0, "Worker processes (0: one per core).", lower_bound=0, flag_values=FLAGS)
 
 PROGRAM = "benchmark_create_pretraining_data"
 
@@ -72,4 +72,4 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
-    run(main, PROGRAM, (), "Nothing is kept")
+    run(main, PROGRAM, (), "Nothing is kept", flag_values=FLAGS)

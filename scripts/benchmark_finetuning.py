@@ -50,25 +50,29 @@ from bert_packed.training.throughput import Measured, measure_alternately
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 TASKS = ("pronouns", "first_year")
 
-FLAGS = flags.FLAGS
-flags.DEFINE_string("bert_config_file", os.path.join(ROOT, "configs", "bert_config_tiny.json"), "The model measured.")
-flags.DEFINE_list("tasks", list(TASKS), f"Tasks to measure ({', '.join(TASKS)}).")
-flags.DEFINE_integer("sentences", 6000, "pronouns: training sentences.", lower_bound=20)
-flags.DEFINE_integer("passages", 2000, "first_year: training passages.", lower_bound=20)
-flags.DEFINE_integer("batch_size", 32, "Examples an update in every mode (google-research's default).", lower_bound=1)
-flags.DEFINE_integer("rounds", 6, "Measured rounds (after one warm-up round).", lower_bound=1)
-flags.DEFINE_integer("updates", 8, "Updates of each mode in a round.", lower_bound=1)
-flags.DEFINE_boolean("xla", False, "Both modes with --xla (the passes and each weight's optimizer step XLA-compiled).")
-flags.DEFINE_string("output_json", None, "Also write the measurements here.")
+FLAGS = flags.FlagValues()
+flags.DEFINE_string("bert_config_file", os.path.join(ROOT, "configs", "bert_config_tiny.json"), "The model measured.",
+                    flag_values=FLAGS)
+flags.DEFINE_list("tasks", list(TASKS), f"Tasks to measure ({', '.join(TASKS)}).", flag_values=FLAGS)
+flags.DEFINE_integer("sentences", 6000, "pronouns: training sentences.", lower_bound=20, flag_values=FLAGS)
+flags.DEFINE_integer("passages", 2000, "first_year: training passages.", lower_bound=20, flag_values=FLAGS)
+flags.DEFINE_integer("batch_size", 32, "Examples an update in every mode (google-research's default).", lower_bound=1,
+                     flag_values=FLAGS)
+flags.DEFINE_integer("rounds", 6, "Measured rounds (after one warm-up round).", lower_bound=1, flag_values=FLAGS)
+flags.DEFINE_integer("updates", 8, "Updates of each mode in a round.", lower_bound=1, flag_values=FLAGS)
+flags.DEFINE_boolean("xla", False, "Both modes with --xla (the passes and each weight's optimizer step XLA-compiled).",
+                     flag_values=FLAGS)
+flags.DEFINE_string("output_json", None, "Also write the measurements here.", flag_values=FLAGS)
 flags.DEFINE_string("task_name", None, "Your own classification task instead of the sample's: run_classifier's "
-                                       "--task_name (a GLUE task, or jsonl), with --data_dir.")
-flags.DEFINE_string("data_dir", None, "With --task_name: the task's files, as run_classifier reads them.")
-flags.DEFINE_string("train_file", None, "Your own SQuAD v1.1 training file instead of the sample's tasks (run_squad's).")
+                                       "--task_name (a GLUE task, or jsonl), with --data_dir.", flag_values=FLAGS)
+flags.DEFINE_string("data_dir", None, "With --task_name: the task's files, as run_classifier reads them.", flag_values=FLAGS)
+flags.DEFINE_string("train_file", None, "Your own SQuAD v1.1 training file instead of the sample's tasks (run_squad's).",
+                    flag_values=FLAGS)
 flags.DEFINE_integer("max_seq_length", None, "L of your own task (default: run_classifier's 128, run_squad's 384).",
-                     lower_bound=8)
-flags.DEFINE_string("vocab_file", DEFAULT_VOCAB_FILE, "Your own task's vocabulary (the model's).")
+                     lower_bound=8, flag_values=FLAGS)
+flags.DEFINE_string("vocab_file", DEFAULT_VOCAB_FILE, "Your own task's vocabulary (the model's).", flag_values=FLAGS)
 flags.DEFINE_float("target", 0.9, "Exit status 1 when packed's speed-up is below this share of the packing factor "
-                                  "(0: report only).")
+                                  "(0: report only).", flag_values=FLAGS)
 
 PROGRAM = "benchmark_finetuning"
 
@@ -153,7 +157,7 @@ def main(argv) -> int:
 
 
 def entry_point():
-    run(main, PROGRAM, "output_json", "Nothing is kept (--output_json is written at the end)")
+    run(main, PROGRAM, "output_json", "Nothing is kept (--output_json is written at the end)", flag_values=FLAGS)
 
 
 if __name__ == "__main__":

@@ -36,9 +36,9 @@ from bert_packed.pretraining_data.instances import MaskingConfig
 from bert_packed.training.config import ONLINE_PACKING_WINDOW
 from bert_packed.training.input_pipeline import PipelineConfig, make_dataset
 
-FLAGS = flags.FLAGS
-flags.DEFINE_integer("batch_size", 64, "Rows per batch.", lower_bound=1)
-flags.DEFINE_integer("batches", 200, "Batches read per input mode.", lower_bound=1)
+FLAGS = flags.FlagValues()
+flags.DEFINE_integer("batch_size", 64, "Rows per batch.", lower_bound=1, flag_values=FLAGS)
+flags.DEFINE_integer("batches", 200, "Batches read per input mode.", lower_bound=1, flag_values=FLAGS)
 
 PROGRAM = "benchmark_input_pipeline"
 
@@ -95,4 +95,4 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
-    run(main, PROGRAM, (), "Nothing is kept")
+    run(main, PROGRAM, (), "Nothing is kept", flag_values=FLAGS)

@@ -36,10 +36,10 @@ from bert_packed.training.step import CompiledStep
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # as laid out, not resolved
 SHAPES = Shapes(32, 5)  # small steps: what a call costs besides its compute shows
 
-FLAGS = flags.FLAGS
-flags.DEFINE_list("loops", ["1", "10", "50"], "Comma-separated --iterations_per_loop values to compare.")
-flags.DEFINE_integer("updates", 150, "Timed updates per run (after the first loop).", lower_bound=1)
-flags.DEFINE_integer("rounds", 3, "Alternating rounds of every setting.", lower_bound=1)
+FLAGS = flags.FlagValues()
+flags.DEFINE_list("loops", ["1", "10", "50"], "Comma-separated --iterations_per_loop values to compare.", flag_values=FLAGS)
+flags.DEFINE_integer("updates", 150, "Timed updates per run (after the first loop).", lower_bound=1, flag_values=FLAGS)
+flags.DEFINE_integer("rounds", 3, "Alternating rounds of every setting.", lower_bound=1, flag_values=FLAGS)
 
 PROGRAM = "benchmark_iterations_per_loop"
 
@@ -104,4 +104,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    run(main, PROGRAM, (), "Nothing is kept")
+    run(main, PROGRAM, (), "Nothing is kept", flag_values=FLAGS)

@@ -60,22 +60,25 @@ from bert_packed.training.process import set_up_process
 from bert_packed.training.step import CompiledStep
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-FLAGS = flags.FLAGS
-flags.DEFINE_list("bert_configs", ["large", "base", "tiny"], "tiny, mini, base or large (configs/bert_config_*.json).")
-flags.DEFINE_list("lengths", ["512", "128"], "max_seq_length of the packed rows (P: 76 at 512, 20 at 128; S: 3).")
-flags.DEFINE_list("precisions", ["bf16", "fp32"], "Compute precisions.")
-flags.DEFINE_list("recompute", list(RECOMPUTE), "Recompute modes.")
-flags.DEFINE_list("rows", ["1", "2", "4"], "Rows a replica, fitted to fixed + rows x per_row.")
-flags.DEFINE_string("export_hlo", None, "Write each step's HLO here (with manifest.json) instead of measuring.")
+FLAGS = flags.FlagValues()
+flags.DEFINE_list("bert_configs", ["large", "base", "tiny"], "tiny, mini, base or large (configs/bert_config_*.json).",
+                  flag_values=FLAGS)
+flags.DEFINE_list("lengths", ["512", "128"], "max_seq_length of the packed rows (P: 76 at 512, 20 at 128; S: 3).",
+                  flag_values=FLAGS)
+flags.DEFINE_list("precisions", ["bf16", "fp32"], "Compute precisions.", flag_values=FLAGS)
+flags.DEFINE_list("recompute", list(RECOMPUTE), "Recompute modes.", flag_values=FLAGS)
+flags.DEFINE_list("rows", ["1", "2", "4"], "Rows a replica, fitted to fixed + rows x per_row.", flag_values=FLAGS)
+flags.DEFINE_string("export_hlo", None, "Write each step's HLO here (with manifest.json) instead of measuring.",
+                    flag_values=FLAGS)
 flags.DEFINE_list("measurements", [], "Fit the figures of these files (--output_json of this script, or of "
                                      "scripts/measure_hlo_memory.py) instead of compiling here; a configuration is "
-                                     "taken from the first file that measured it.")
-flags.DEFINE_bool("write_plan", False, f"Write the fits to {os.path.relpath(PLAN_FILE, ROOT)}.")
-flags.DEFINE_bool("time", False, "Also time forward and backward of each recompute mode (part 3).")
-flags.DEFINE_string("time_config", "base", "The BERT config timed by --time.")
-flags.DEFINE_integer("time_rows", 2, "Rows of L=512 timed by --time.", lower_bound=1)
-flags.DEFINE_integer("rounds", 5, "Rounds of --time (one step of each mode a round).", lower_bound=1)
-flags.DEFINE_string("output_json", None, "Also write every measurement here.")
+                                     "taken from the first file that measured it.", flag_values=FLAGS)
+flags.DEFINE_bool("write_plan", False, f"Write the fits to {os.path.relpath(PLAN_FILE, ROOT)}.", flag_values=FLAGS)
+flags.DEFINE_bool("time", False, "Also time forward and backward of each recompute mode (part 3).", flag_values=FLAGS)
+flags.DEFINE_string("time_config", "base", "The BERT config timed by --time.", flag_values=FLAGS)
+flags.DEFINE_integer("time_rows", 2, "Rows of L=512 timed by --time.", lower_bound=1, flag_values=FLAGS)
+flags.DEFINE_integer("rounds", 5, "Rounds of --time (one step of each mode a round).", lower_bound=1, flag_values=FLAGS)
+flags.DEFINE_string("output_json", None, "Also write every measurement here.", flag_values=FLAGS)
 
 PROGRAM = "benchmark_memory"
 # Cards a cluster user plans for (GB as sold) and MLPerf's batch: 448 rows of 512 on 8 replicas.
@@ -370,7 +373,7 @@ def main(argv) -> None:
 
 
 def entry_point():
-    run(main, PROGRAM, ("export_hlo", "output_json"), "Nothing is kept but what was written")
+    run(main, PROGRAM, ("export_hlo", "output_json"), "Nothing is kept but what was written", flag_values=FLAGS)
 
 
 if __name__ == "__main__":

@@ -40,9 +40,10 @@ from bert_packed.model.modeling import attention_bias_from_mask, fold_seed
 from bert_packed.packing import packer
 from bert_packed.training import loss_from_sums, pretraining_sums
 
-FLAGS = flags.FLAGS
-flags.DEFINE_integer("rounds", 40, "Rounds of one timed step of each model in turn.", lower_bound=1)
-flags.DEFINE_string("export_hlo", None, "Only write the projections' HLO (part 3) here, for a GPU without TensorFlow.")
+FLAGS = flags.FlagValues()
+flags.DEFINE_integer("rounds", 40, "Rounds of one timed step of each model in turn.", lower_bound=1, flag_values=FLAGS)
+flags.DEFINE_string("export_hlo", None, "Only write the projections' HLO (part 3) here, for a GPU without TensorFlow.",
+                    flag_values=FLAGS)
 
 PROGRAM = "benchmark_model"
 SEED = tf.constant([1, 2])  # every step draws the same dropout masks: the variants differ in nothing else
@@ -223,4 +224,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    run(main, PROGRAM, (), "Nothing was written")
+    run(main, PROGRAM, (), "Nothing was written", flag_values=FLAGS)

@@ -41,16 +41,17 @@ DEFAULT_HISTOGRAM = os.path.join(ROOT, "data", "histograms", "wikipedia_512.json
 TARGET_POINTS_BELOW_LP = 0.005
 TARGET_SEQUENCES_PER_SECOND = 1_000_000
 
-FLAGS = flags.FLAGS
+FLAGS = flags.FlagValues()
 flags.DEFINE_string("histogram", DEFAULT_HISTOGRAM,
-                    "histogram.json in the planner's format (default: the real Wikipedia-512 one).")
-flags.DEFINE_integer("max_sequences_per_pack", 3, "S, the depth of every packing.", lower_bound=1)
+                    "histogram.json in the planner's format (default: the real Wikipedia-512 one).", flag_values=FLAGS)
+flags.DEFINE_integer("max_sequences_per_pack", 3, "S, the depth of every packing.", lower_bound=1, flag_values=FLAGS)
 flags.DEFINE_list("window", [str(ONLINE_PACKING_WINDOW)],
-                  "Sequences the online packer may hold; a comma-separated list prints the curve.")
-flags.DEFINE_integer("sequences", 2_000_000, "Sequences in the stream.", lower_bound=1)
-flags.DEFINE_integer("seed", 0, "Seed of the stream's random order.", lower_bound=0)
-flags.DEFINE_integer("chunk", 10_000, "Lengths per OnlinePacker.add call.", lower_bound=1)
-flags.DEFINE_bool("json", False, "Print one JSON line (the first window's figures at the top level, all in 'curve').")
+                  "Sequences the online packer may hold; a comma-separated list prints the curve.", flag_values=FLAGS)
+flags.DEFINE_integer("sequences", 2_000_000, "Sequences in the stream.", lower_bound=1, flag_values=FLAGS)
+flags.DEFINE_integer("seed", 0, "Seed of the stream's random order.", lower_bound=0, flag_values=FLAGS)
+flags.DEFINE_integer("chunk", 10_000, "Lengths per OnlinePacker.add call.", lower_bound=1, flag_values=FLAGS)
+flags.DEFINE_bool("json", False, "Print one JSON line (the first window's figures at the top level, all in 'curve').",
+                  flag_values=FLAGS)
 
 PROGRAM = "benchmark_online_packing"
 
@@ -203,7 +204,7 @@ def main(argv) -> int:
 
 
 def entry_point():
-    run(main, PROGRAM, (), "Nothing was written")
+    run(main, PROGRAM, (), "Nothing was written", flag_values=FLAGS)
 
 
 if __name__ == "__main__":

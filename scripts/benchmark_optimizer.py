@@ -33,10 +33,10 @@ from bert_packed.training.optimizers import AdamWeightDecay, Lamb
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-FLAGS = flags.FLAGS
+FLAGS = flags.FlagValues()
 flags.DEFINE_string("bert_config_file", os.path.join(ROOT, "configs", "bert_config_base.json"),
-                    "The model whose weights are stepped.")
-flags.DEFINE_integer("rounds", 10, "Rounds of one timed step of each variant in turn.", lower_bound=1)
+                    "The model whose weights are stepped.", flag_values=FLAGS)
+flags.DEFINE_integer("rounds", 10, "Rounds of one timed step of each variant in turn.", lower_bound=1, flag_values=FLAGS)
 
 PROGRAM = "benchmark_optimizer"
 
@@ -76,4 +76,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    run(main, PROGRAM, (), "Nothing is kept")
+    run(main, PROGRAM, (), "Nothing is kept", flag_values=FLAGS)

@@ -36,10 +36,10 @@ from bert_packed.tensorflow_loading import import_tensorflow
 
 SCRIPTS = os.path.dirname(os.path.abspath(__file__))
 
-FLAGS = flags.FLAGS
-flags.DEFINE_integer("copies", 16, "Copies of the sample in the unpacked data.", lower_bound=1)
-flags.DEFINE_integer("runs", 3, "Packing runs on the same data.", lower_bound=1)
-flags.DEFINE_integer("num_workers", 0, "Threads (0: one per core).", lower_bound=0)
+FLAGS = flags.FlagValues()
+flags.DEFINE_integer("copies", 16, "Copies of the sample in the unpacked data.", lower_bound=1, flag_values=FLAGS)
+flags.DEFINE_integer("runs", 3, "Packing runs on the same data.", lower_bound=1, flag_values=FLAGS)
+flags.DEFINE_integer("num_workers", 0, "Threads (0: one per core).", lower_bound=0, flag_values=FLAGS)
 
 PROGRAM = "benchmark_pack_pretraining_data"
 
@@ -112,4 +112,4 @@ def codec_figures(unpacked_files: list[str], packed_dir: str, work: str) -> None
 
 
 if __name__ == "__main__":
-    run(main, PROGRAM, (), "Nothing is kept")
+    run(main, PROGRAM, (), "Nothing is kept", flag_values=FLAGS)

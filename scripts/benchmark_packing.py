@@ -21,8 +21,8 @@ from bert_packed.cli.common import run
 from bert_packed.packing import histogram_stats, plan, solve_packing_lp, wikipedia_like_histogram
 from bert_packed.packing.exact_fill import exact_fill_columns
 
-FLAGS = flags.FLAGS
-flags.DEFINE_integer("repeats", 3, "Runs per fast algorithm (median reported).", lower_bound=1)
+FLAGS = flags.FlagValues()
+flags.DEFINE_integer("repeats", 3, "Runs per fast algorithm (median reported).", lower_bound=1, flag_values=FLAGS)
 
 PROGRAM = "benchmark_packing"
 
@@ -98,4 +98,4 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
-    run(main, PROGRAM, (), "Nothing was written")
+    run(main, PROGRAM, (), "Nothing was written", flag_values=FLAGS)

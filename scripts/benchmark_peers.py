@@ -52,13 +52,15 @@ from bert_packed.update_program.peer import PeerStep
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 PROGRAM = "benchmark_peers"
-FLAGS = flags.FLAGS
-flags.DEFINE_list("bert_configs", ["tiny", "mini", "base"], "BERT configs (configs/bert_config_*.json).")
-flags.DEFINE_list("packs", ["4", "4", "2"], "Packs of each config's micro-batch (one for all, or one a config).")
-flags.DEFINE_integer("rounds", 5, "Measured rounds, after one that compiles.", lower_bound=1)
-flags.DEFINE_integer("updates", 2, "Steps of each trainer a round.", lower_bound=1)
-flags.DEFINE_string("corpus", os.path.join(ROOT, "data", "wikipedia_sample", "wiki_*"), "The text of the sequences.")
-flags.DEFINE_string("output_json", None, "Also write every figure here.")
+FLAGS = flags.FlagValues()
+flags.DEFINE_list("bert_configs", ["tiny", "mini", "base"], "BERT configs (configs/bert_config_*.json).", flag_values=FLAGS)
+flags.DEFINE_list("packs", ["4", "4", "2"], "Packs of each config's micro-batch (one for all, or one a config).",
+                  flag_values=FLAGS)
+flags.DEFINE_integer("rounds", 5, "Measured rounds, after one that compiles.", lower_bound=1, flag_values=FLAGS)
+flags.DEFINE_integer("updates", 2, "Steps of each trainer a round.", lower_bound=1, flag_values=FLAGS)
+flags.DEFINE_string("corpus", os.path.join(ROOT, "data", "wikipedia_sample", "wiki_*"), "The text of the sequences.",
+                    flag_values=FLAGS)
+flags.DEFINE_string("output_json", None, "Also write every figure here.", flag_values=FLAGS)
 
 
 class Ours:
@@ -164,7 +166,7 @@ def main(argv) -> None:
 
 
 def entry_point():
-    run(main, PROGRAM, "output_json", "Nothing is kept (--output_json is written at the end)")
+    run(main, PROGRAM, "output_json", "Nothing is kept (--output_json is written at the end)", flag_values=FLAGS)
 
 
 if __name__ == "__main__":

@@ -27,8 +27,9 @@ ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 TARGET_SECONDS = 10.0
 PROGRAM = "benchmark_signal_at_evaluation"
 
-FLAGS = flags.FLAGS
-flags.DEFINE_integer("eval_dupe_factor", 5, "Dupe passes of the sample in the eval set (5: about 10,000 sequences).")
+FLAGS = flags.FlagValues()
+flags.DEFINE_integer("eval_dupe_factor", 5, "Dupe passes of the sample in the eval set (5: about 10,000 sequences).",
+                     flag_values=FLAGS)
 
 
 def command(*args: str) -> list[str]:
@@ -102,4 +103,4 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
-    run(main, PROGRAM, (), "Nothing is kept")
+    run(main, PROGRAM, (), "Nothing is kept", flag_values=FLAGS)

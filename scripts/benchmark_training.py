@@ -49,20 +49,20 @@ from bert_packed.training.throughput import Measured, benchmark_run, measure_alt
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # as laid out, not resolved
 MODES = ("padded", "bucketed", "packed", "packed_online")  # the input modes whose packing factor is known here
 
-FLAGS = flags.FLAGS
+FLAGS = flags.FlagValues()
 flags.DEFINE_string("sample_dir", os.path.join(ROOT, "runs", "wikipedia_like"),
-                    "Holds unpacked/ and packed/ at L=512, as `make run` builds them.")
-flags.DEFINE_list("configs", ["tiny", "mini"], "Comma-separated configs/bert_config_*.json names.")
+                    "Holds unpacked/ and packed/ at L=512, as `make run` builds them.", flag_values=FLAGS)
+flags.DEFINE_list("configs", ["tiny", "mini"], "Comma-separated configs/bert_config_*.json names.", flag_values=FLAGS)
 flags.DEFINE_string("bert_config_file", None, "A BERT config of your own, measured instead of --configs (one whose "
-                                              "vocab_size holds your data's vocabulary).")
-flags.DEFINE_integer("batch_size", 8, "Rows per update in every mode.", lower_bound=1)
+                                              "vocab_size holds your data's vocabulary).", flag_values=FLAGS)
+flags.DEFINE_integer("batch_size", 8, "Rows per update in every mode.", lower_bound=1, flag_values=FLAGS)
 flags.DEFINE_list("modes", ["padded", "bucketed", "packed"],
-                  f"Input modes to measure ({', '.join(MODES)}); the first is the baseline of the speed-ups.")
-flags.DEFINE_integer("rounds", 6, "Measured rounds (after one warm-up round).", lower_bound=1)
-flags.DEFINE_integer("updates", 8, "Updates of each mode in a round.", lower_bound=1)
-flags.DEFINE_string("output_json", None, "Also write the measurements here.")
+                  f"Input modes to measure ({', '.join(MODES)}); the first is the baseline of the speed-ups.", flag_values=FLAGS)
+flags.DEFINE_integer("rounds", 6, "Measured rounds (after one warm-up round).", lower_bound=1, flag_values=FLAGS)
+flags.DEFINE_integer("updates", 8, "Updates of each mode in a round.", lower_bound=1, flag_values=FLAGS)
+flags.DEFINE_string("output_json", None, "Also write the measurements here.", flag_values=FLAGS)
 flags.DEFINE_float("target", 0.95, "Exit status 1 when packed's speed-up is below this share of the packing factor "
-                                   "(0: report only, as `make run` does).")
+                                   "(0: report only, as `make run` does).", flag_values=FLAGS)
 
 PROGRAM = "benchmark_training"
 
@@ -142,7 +142,7 @@ def main(argv) -> int:
 
 
 def entry_point():
-    run(main, PROGRAM, "output_json", "Nothing is kept (--output_json is written at the end)")
+    run(main, PROGRAM, "output_json", "Nothing is kept (--output_json is written at the end)", flag_values=FLAGS)
 
 
 if __name__ == "__main__":

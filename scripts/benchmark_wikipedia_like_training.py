@@ -46,18 +46,19 @@ from bert_packed.training.throughput import Measured, benchmark_run, device_and_
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # as laid out, not resolved
 TARGET = 0.95
 
-FLAGS = flags.FLAGS
+FLAGS = flags.FlagValues()
 flags.DEFINE_string("bert_config", "tiny",
-                    "tiny, mini, base or large (configs/bert_config_*.json), or a bert_config.json path.")
-flags.DEFINE_enum("precision", "fp32", ["fp32", "bf16", "fp16"], "Compute precision (bf16 on a GPU for the MLPerf figure).")
-flags.DEFINE_bool("xla", False, "Compile the forward and backward pass with XLA.")
-flags.DEFINE_integer("batch_size", 8, "Rows per update, padded and packed alike.", lower_bound=1)
-flags.DEFINE_integer("sequences", 4000, "Synthetic unpacked sequences to write.", lower_bound=1)
-flags.DEFINE_integer("rounds", 6, "Measured rounds (after one warm-up round).", lower_bound=1)
-flags.DEFINE_integer("updates", 8, "Updates of each input mode in a round.", lower_bound=1)
+                    "tiny, mini, base or large (configs/bert_config_*.json), or a bert_config.json path.", flag_values=FLAGS)
+flags.DEFINE_enum("precision", "fp32", ["fp32", "bf16", "fp16"], "Compute precision (bf16 on a GPU for the MLPerf figure).",
+                  flag_values=FLAGS)
+flags.DEFINE_bool("xla", False, "Compile the forward and backward pass with XLA.", flag_values=FLAGS)
+flags.DEFINE_integer("batch_size", 8, "Rows per update, padded and packed alike.", lower_bound=1, flag_values=FLAGS)
+flags.DEFINE_integer("sequences", 4000, "Synthetic unpacked sequences to write.", lower_bound=1, flag_values=FLAGS)
+flags.DEFINE_integer("rounds", 6, "Measured rounds (after one warm-up round).", lower_bound=1, flag_values=FLAGS)
+flags.DEFINE_integer("updates", 8, "Updates of each input mode in a round.", lower_bound=1, flag_values=FLAGS)
 flags.DEFINE_float("peak_tflops", None, "The device's peak for MFU (default: known GPUs' bf16 dense peak; none on CPU).",
-                   lower_bound=0.001)
-flags.DEFINE_string("output_json", None, "Also write the measurements here.")
+                   lower_bound=0.001, flag_values=FLAGS)
+flags.DEFINE_string("output_json", None, "Also write the measurements here.", flag_values=FLAGS)
 
 PROGRAM = "benchmark_wikipedia_like_training"
 
@@ -104,7 +105,7 @@ def main(argv) -> int:
 
 
 def entry_point():
-    run(main, PROGRAM, "output_json", "Nothing is kept (--output_json is written at the end)")
+    run(main, PROGRAM, "output_json", "Nothing is kept (--output_json is written at the end)", flag_values=FLAGS)
 
 
 if __name__ == "__main__":

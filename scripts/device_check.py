@@ -59,20 +59,20 @@ from bert_packed.training.step import CompiledStep
 from bert_packed.training.throughput import Measured, benchmark_run, device_and_peak, measure_alternately
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-FLAGS = flags.FLAGS
+FLAGS = flags.FlagValues()
 flags.DEFINE_string("bert_config", None, "tiny, mini, base or large (configs/bert_config_*.json), or a bert_config.json "
-                                         "path (default: large on a GPU, tiny on a CPU).")
+                                         "path (default: large on a GPU, tiny on a CPU).", flag_values=FLAGS)
 flags.DEFINE_integer("check_layers", 2, "Layers of the config in the packed == unpacked and recompute checks.",
-                     lower_bound=1)
+                     lower_bound=1, flag_values=FLAGS)
 flags.DEFINE_integer("batch_size", None, "Rows a micro-batch in the throughput (default: the largest the plan fits "
-                                         "on a GPU, 4 on a CPU).", lower_bound=1)
+                                         "on a GPU, 4 on a CPU).", lower_bound=1, flag_values=FLAGS)
 flags.DEFINE_integer("sequences", None, "Wikipedia-like sequences written for the throughput (default: enough for "
-                                        "the rounds).", lower_bound=1)
-flags.DEFINE_integer("rounds", 4, "Measured rounds of the throughput, alternated.", lower_bound=1)
-flags.DEFINE_integer("updates", 5, "Updates of each input mode a round.", lower_bound=1)
+                                        "the rounds).", lower_bound=1, flag_values=FLAGS)
+flags.DEFINE_integer("rounds", 4, "Measured rounds of the throughput, alternated.", lower_bound=1, flag_values=FLAGS)
+flags.DEFINE_integer("updates", 5, "Updates of each input mode a round.", lower_bound=1, flag_values=FLAGS)
 flags.DEFINE_float("peak_tflops", None, "The device's bf16 peak for MFU (default: known cards').",
-                   lower_bound=0.001)
-flags.DEFINE_string("output_json", None, "Also write every figure here.")
+                   lower_bound=0.001, flag_values=FLAGS)
+flags.DEFINE_string("output_json", None, "Also write every figure here.", flag_values=FLAGS)
 
 PROGRAM = "device_check"
 L, P, S = 512, 76, 3
@@ -299,7 +299,7 @@ def entry_point():
     quiet = QuietRetracing()  # each check builds steps of its own
     tf.get_logger().addFilter(quiet)
     try:
-        run(main, PROGRAM, "output_json", "Nothing is kept (--output_json is written at the end)")
+        run(main, PROGRAM, "output_json", "Nothing is kept (--output_json is written at the end)", flag_values=FLAGS)
     finally:
         tf.get_logger().removeFilter(quiet)  # run in a process of other commands (run_script), it leaves none
 

@@ -51,21 +51,22 @@ from bert_packed.update_program import export
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 PROGRAM = "device_check_xla"
-FLAGS = flags.FLAGS
-flags.DEFINE_string("export_dir", None, "What scripts/export_update_programs.py wrote.")
-flags.DEFINE_string("output_json", None, "Where every figure goes.")
-flags.DEFINE_list("configurations", [], "Which to run (default: all; on a CPU, the checked ones).")
+FLAGS = flags.FlagValues()
+flags.DEFINE_string("export_dir", None, "What scripts/export_update_programs.py wrote.", flag_values=FLAGS)
+flags.DEFINE_string("output_json", None, "Where every figure goes.", flag_values=FLAGS)
+flags.DEFINE_list("configurations", [], "Which to run (default: all; on a CPU, the checked ones).", flag_values=FLAGS)
 flags.DEFINE_integer("workers", 4, "Processes compiling at once on an accelerator (autotuning, before any runs).",
-                     lower_bound=1)
-flags.DEFINE_integer("warmup", 3, "Untimed calls of each configuration.", lower_bound=0)
-flags.DEFINE_integer("calls", 20, "Timed calls of each configuration.", lower_bound=1)
+                     lower_bound=1, flag_values=FLAGS)
+flags.DEFINE_integer("warmup", 3, "Untimed calls of each configuration.", lower_bound=0, flag_values=FLAGS)
+flags.DEFINE_integer("calls", 20, "Timed calls of each configuration.", lower_bound=1, flag_values=FLAGS)
 flags.DEFINE_integer("seconds", 420, "Configurations still waiting after this many seconds are not started.",
-                     lower_bound=1)
-flags.DEFINE_bool("peer", True, "Also time transformers' BertForPreTraining (needs PyTorch and transformers).")
+                     lower_bound=1, flag_values=FLAGS)
+flags.DEFINE_bool("peer", True, "Also time transformers' BertForPreTraining (needs PyTorch and transformers).", flag_values=FLAGS)
 flags.DEFINE_float("peak_tflops", None, "The device's bf16 dense peak for MFU (default: the named card's).",
-                   lower_bound=0.001)
-flags.DEFINE_string("cache_dir", os.path.join(ROOT, ".cache", "xla_autotune"), "XLA's autotuning results, kept.")
-flags.mark_flags_as_required(["export_dir"])
+                   lower_bound=0.001, flag_values=FLAGS)
+flags.DEFINE_string("cache_dir", os.path.join(ROOT, ".cache", "xla_autotune"), "XLA's autotuning results, kept.",
+                    flag_values=FLAGS)
+flags.mark_flags_as_required(["export_dir"], flag_values=FLAGS)
 
 
 def card_readings() -> dict:
@@ -353,7 +354,7 @@ def print_table(report: dict, configurations: dict) -> None:
 
 
 def entry_point():
-    run(main, PROGRAM, "output_json", "What was measured is in --output_json")
+    run(main, PROGRAM, "output_json", "What was measured is in --output_json", flag_values=FLAGS)
 
 
 if __name__ == "__main__":

@@ -100,14 +100,15 @@ SPECS = _specs()
 DEFAULT = [name for name in SPECS if not name.startswith("tiny")]
 LABELS = ("none", "person")
 
-FLAGS = flags.FLAGS
-flags.DEFINE_string("output_dir", None, "Where the export goes (manifest.json, a folder a configuration).")
-flags.DEFINE_list("configurations", DEFAULT, f"Which to export, of: {', '.join(SPECS)}.")
+FLAGS = flags.FlagValues()
+flags.DEFINE_string("output_dir", None, "Where the export goes (manifest.json, a folder a configuration).", flag_values=FLAGS)
+flags.DEFINE_list("configurations", DEFAULT, f"Which to export, of: {', '.join(SPECS)}.", flag_values=FLAGS)
 flags.DEFINE_string("corpus", os.path.join(ROOT, "data", "wikipedia_sample", "wiki_*"),
-                    "The text the micro-batches are made of (create_pretraining_data's input formats).")
-flags.DEFINE_string("vocab_file", DEFAULT_VOCAB_FILE, "The WordPiece vocabulary.")
-flags.DEFINE_integer("seed", 1, "Seed of the sequences, the packs chosen and the starting weights.", lower_bound=0)
-flags.mark_flags_as_required(["output_dir"])
+                    "The text the micro-batches are made of (create_pretraining_data's input formats).", flag_values=FLAGS)
+flags.DEFINE_string("vocab_file", DEFAULT_VOCAB_FILE, "The WordPiece vocabulary.", flag_values=FLAGS)
+flags.DEFINE_integer("seed", 1, "Seed of the sequences, the packs chosen and the starting weights.", lower_bound=0,
+                     flag_values=FLAGS)
+flags.mark_flags_as_required(["output_dir"], flag_values=FLAGS)
 
 
 def bert_config(model: str) -> BertConfig:
@@ -229,7 +230,7 @@ def main(argv) -> None:
 
 
 def entry_point():
-    run(main, PROGRAM, "output_dir", "Every configuration exported is kept")
+    run(main, PROGRAM, "output_dir", "Every configuration exported is kept", flag_values=FLAGS)
 
 
 if __name__ == "__main__":

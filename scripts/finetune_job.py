@@ -35,17 +35,21 @@ MODES = ("padded", "packed")
 # What the job's runs in DIRECTORY were made with (another value is another job: refused).
 JOB_RECORD = "job.txt"
 
-FLAGS = flags.FLAGS
+FLAGS = flags.FlagValues()
 flags.DEFINE_string("init_checkpoint", None, f"The weights fine-tuning starts from (default: {WEIGHTS_RUN}'s last, "
-                                             f"which `make run` writes).")
-flags.DEFINE_integer("sentences", 6000, "pronouns: training sentences (a tenth as many dev ones).", lower_bound=20)
-flags.DEFINE_integer("passages", 2000, "first_year: training passages (a tenth as many dev ones).", lower_bound=20)
-flags.DEFINE_float("num_train_epochs", 3.0, "Epochs of each task (google-research's default).")
-flags.DEFINE_integer("evaluations", 8, "Dev evaluations along each run (its curve's points).", lower_bound=1)
+                                             f"which `make run` writes).", flag_values=FLAGS)
+flags.DEFINE_integer("sentences", 6000, "pronouns: training sentences (a tenth as many dev ones).", lower_bound=20,
+                     flag_values=FLAGS)
+flags.DEFINE_integer("passages", 2000, "first_year: training passages (a tenth as many dev ones).", lower_bound=20,
+                     flag_values=FLAGS)
+flags.DEFINE_float("num_train_epochs", 3.0, "Epochs of each task (google-research's default).", flag_values=FLAGS)
+flags.DEFINE_integer("evaluations", 8, "Dev evaluations along each run (its curve's points).", lower_bound=1, flag_values=FLAGS)
 flags.DEFINE_float("learning_rate", 1e-4, "AdamW's peak learning rate for the tiny model (at 1e-3 two of four pronoun "
-                                         "runs stayed at chance, at 3e-4 one of 14: docs/finetuning.md).")
-flags.DEFINE_list("seeds", ["1", "2"], "Seeds of each configuration (the curves' band: one seed's gap is noise).")
-flags.DEFINE_list("throughput_flags", [], "Flags added to scripts/benchmark_finetuning.py (--rounds=2,--updates=4).")
+                                         "runs stayed at chance, at 3e-4 one of 14: docs/finetuning.md).", flag_values=FLAGS)
+flags.DEFINE_list("seeds", ["1", "2"], "Seeds of each configuration (the curves' band: one seed's gap is noise).",
+                  flag_values=FLAGS)
+flags.DEFINE_list("throughput_flags", [], "Flags added to scripts/benchmark_finetuning.py (--rounds=2,--updates=4).",
+                  flag_values=FLAGS)
 
 
 def starting_weights() -> str:
@@ -140,7 +144,7 @@ def main(argv, steps: StepPool | None = None):
 
 def entry_point(steps: StepPool | None = None):
     """The job; `steps`: a StepPool its caller keeps (the tests'), else the job's own."""
-    run(lambda argv: main(argv, steps), PROGRAM, (), "Every finished stage is kept")
+    run(lambda argv: main(argv, steps), PROGRAM, (), "Every finished stage is kept", flag_values=FLAGS)
 
 
 if __name__ == "__main__":

@@ -56,27 +56,30 @@ JOB_DATA_FLAGS = ("input_file", "output_dir", "output_file", "max_seq_length", "
 # --phase2_flags on your text.
 MODEL_FLAGS = {"vocab_file": "VOCAB_FILE", "bert_config_file": "BERT_CONFIG_FILE", "init_checkpoint": "INIT_CHECKPOINT"}
 
-FLAGS = flags.FLAGS
+FLAGS = flags.FlagValues()
 flags.DEFINE_enum("job", "wikipedia_like", ["wikipedia_like", "sample", "corpus"],
-                  "The corpus (runs/JOB); corpus: your own text, --corpus.")
+                  "The corpus (runs/JOB); corpus: your own text, --corpus.", flag_values=FLAGS)
 flags.DEFINE_string("corpus", None, "Your own text (runs/corpus): a glob, or globs separated by commas, of files in any "
-                                    "input format, gzip, bzip2 or xz too.")
+                                    "input format, gzip, bzip2 or xz too.", flag_values=FLAGS)
 flags.DEFINE_string("vocab_file", None, "With --corpus: its vocabulary (BERT's uncased by default; python -m "
-                                        "bert_packed.vocab builds one of your own).")
+                                        "bert_packed.vocab builds one of your own).", flag_values=FLAGS)
 flags.DEFINE_string("bert_config_file", None, "With --corpus: the model (configs/bert_config_tiny.json by default; "
-                                              "its vocab_size holds the vocabulary's).")
+                                              "its vocab_size holds the vocabulary's).", flag_values=FLAGS)
 flags.DEFINE_string("init_checkpoint", None, "With --corpus: the weights phase 2 starts from (a run directory, a "
-                                             "checkpoint, a Hugging Face directory); without it, random weights.")
+                                             "checkpoint, a Hugging Face directory); without it, random weights.",
+                                             flag_values=FLAGS)
 flags.DEFINE_string("data_flags", "", "With --corpus: flags added to create_pretraining_data's command, split as "
-                                      "--phase1_flags (\"--input_format=jsonl --text_field=body --dupe_factor=5\").")
-flags.DEFINE_list("seeds", ["1"], "Phase 2's seeds (`make experiments`: 1,2,3).")
-flags.DEFINE_list("baseline_seeds", [], "More seeds of the unpacked baseline alone (`make experiments`: 4,5).")
-flags.DEFINE_string("curves", None, "The comparison's PNG (default runs/JOB/curves.png).")
+                                      "--phase1_flags (\"--input_format=jsonl --text_field=body --dupe_factor=5\").",
+                                      flag_values=FLAGS)
+flags.DEFINE_list("seeds", ["1"], "Phase 2's seeds (`make experiments`: 1,2,3).", flag_values=FLAGS)
+flags.DEFINE_list("baseline_seeds", [], "More seeds of the unpacked baseline alone (`make experiments`: 4,5).", flag_values=FLAGS)
+flags.DEFINE_string("curves", None, "The comparison's PNG (default runs/JOB/curves.png).", flag_values=FLAGS)
 flags.DEFINE_string("phase1_flags", "", "Flags added to phase 1's command, split as a shell splits a line "
-                                        "(--phase1_flags=\"--train_batch_size=2 --submission_org='My Org'\").")
+                                        "(--phase1_flags=\"--train_batch_size=2 --submission_org='My Org'\").", flag_values=FLAGS)
 flags.DEFINE_string("phase2_flags", "", "Flags added to every phase-2 command, the phase-1 weights' evaluation "
-                                        "at L=512 included, split as --phase1_flags.")
-flags.DEFINE_string("throughput_flags", "", "Flags added to the throughput measurement, split as --phase1_flags.")
+                                        "at L=512 included, split as --phase1_flags.", flag_values=FLAGS)
+flags.DEFINE_string("throughput_flags", "", "Flags added to the throughput measurement, split as --phase1_flags.",
+                    flag_values=FLAGS)
 
 
 def stage(number: int, what: str) -> None:
@@ -348,7 +351,7 @@ def main(argv, steps: StepPool | None = None):
 
 def entry_point(steps: StepPool | None = None):
     """The job; `steps`: a StepPool its caller keeps (the tests'), else the job's own."""
-    run(lambda argv: main(argv, steps), PROGRAM, (), "Every finished stage is kept")
+    run(lambda argv: main(argv, steps), PROGRAM, (), "Every finished stage is kept", flag_values=FLAGS)
 
 
 if __name__ == "__main__":

@@ -36,19 +36,19 @@ from bert_packed.storage import files, locks
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-FLAGS = flags.FLAGS
+FLAGS = flags.FlagValues()
 flags.DEFINE_string("input_file", os.path.join(ROOT, "data", "wikipedia_sample", "wiki_*"),
-                    "Comma-separated input files or globs (read as create_pretraining_data reads them).")
+                    "Comma-separated input files or globs (read as create_pretraining_data reads them).", flag_values=FLAGS)
 flags.DEFINE_enum("input_format", "auto", ["auto", *INPUT_FORMATS], "How the input files are read, as "
-                  "create_pretraining_data --input_format reads them (auto: detected from the first file).")
-flags.DEFINE_string("text_field", "text", "With --input_format=jsonl: the field that holds a record's text.")
-flags.DEFINE_string("output_dir", None, "Where the corpus files are written.")
-flags.DEFINE_string("vocab_file", DEFAULT_VOCAB_FILE, "WordPiece vocabulary the lengths are counted in.")
-flags.DEFINE_float("median_tokens", 150.0, "Median of the documents' token counts.", lower_bound=1.0)
+                  "create_pretraining_data --input_format reads them (auto: detected from the first file).", flag_values=FLAGS)
+flags.DEFINE_string("text_field", "text", "With --input_format=jsonl: the field that holds a record's text.", flag_values=FLAGS)
+flags.DEFINE_string("output_dir", None, "Where the corpus files are written.", flag_values=FLAGS)
+flags.DEFINE_string("vocab_file", DEFAULT_VOCAB_FILE, "WordPiece vocabulary the lengths are counted in.", flag_values=FLAGS)
+flags.DEFINE_float("median_tokens", 150.0, "Median of the documents' token counts.", lower_bound=1.0, flag_values=FLAGS)
 flags.DEFINE_float("sigma", 1.7, "Spread of the log-normal: the standard deviation of log(token count).",
-                   lower_bound=0.0)
-flags.DEFINE_integer("seed", 1, "Seed of the cuts; file i draws from (seed, i).", lower_bound=0)
-flags.mark_flags_as_required(["output_dir"])
+                   lower_bound=0.0, flag_values=FLAGS)
+flags.DEFINE_integer("seed", 1, "Seed of the cuts; file i draws from (seed, i).", lower_bound=0, flag_values=FLAGS)
+flags.mark_flags_as_required(["output_dir"], flag_values=FLAGS)
 
 PROGRAM = "make_wikipedia_like_corpus"
 
@@ -89,7 +89,7 @@ def main(argv) -> None:
 
 
 def entry_point():
-    run(main, PROGRAM, "output_dir", "Finished files are kept")
+    run(main, PROGRAM, "output_dir", "Finished files are kept", flag_values=FLAGS)
 
 
 if __name__ == "__main__":

@@ -34,14 +34,16 @@ from absl import app, flags
 
 from bert_packed.storage.files import write_text_atomically
 
-FLAGS = flags.FLAGS
-flags.DEFINE_string("hlo_dir", None, "What benchmark_memory.py --export_hlo wrote (manifest.json and the HLO files).")
-flags.DEFINE_string("output_json", None, "Where the figures go (benchmark_memory.py --measurements reads them).")
-flags.DEFINE_list("time", [], "Configurations (manifest keys) to run and time too.")
-flags.DEFINE_integer("calls", 10, "Timed calls of each --time configuration.", lower_bound=1)
-flags.DEFINE_integer("workers", 8, "Processes compiling at once.", lower_bound=1)
-flags.DEFINE_list("first", [], "Configurations whose names start so are compiled first, in this order.")
-flags.mark_flags_as_required(["hlo_dir", "output_json"])
+FLAGS = flags.FlagValues()
+flags.DEFINE_string("hlo_dir", None, "What benchmark_memory.py --export_hlo wrote (manifest.json and the HLO files).",
+                    flag_values=FLAGS)
+flags.DEFINE_string("output_json", None, "Where the figures go (benchmark_memory.py --measurements reads them).",
+                    flag_values=FLAGS)
+flags.DEFINE_list("time", [], "Configurations (manifest keys) to run and time too.", flag_values=FLAGS)
+flags.DEFINE_integer("calls", 10, "Timed calls of each --time configuration.", lower_bound=1, flag_values=FLAGS)
+flags.DEFINE_integer("workers", 8, "Processes compiling at once.", lower_bound=1, flag_values=FLAGS)
+flags.DEFINE_list("first", [], "Configurations whose names start so are compiled first, in this order.", flag_values=FLAGS)
+flags.mark_flags_as_required(["hlo_dir", "output_json"], flag_values=FLAGS)
 
 
 def compile_hlo(path: str):

@@ -257,7 +257,6 @@ CASES = ["--eval_batch_size=0", "--eval_batch_size=-3", "--learning_rate=-1", "-
 
 
 def test_train_checks_every_value_before_any_work(packed_dir, unpacked_dir, bert_config_file, tmp_path):
-    from absl import flags
 
     from bert_packed.errors import UserError
     from bert_packed.training.assemble import assemble
@@ -268,8 +267,8 @@ def test_train_checks_every_value_before_any_work(packed_dir, unpacked_dir, bert
     said = {}
     with command_in_this_process("run_pretraining") as run_pretraining:
         for case in CASES:
-            flags.FLAGS.unparse_flags()
-            flags.FLAGS(["run_pretraining", *base, case])
+            run_pretraining.FLAGS.unparse_flags()
+            run_pretraining.FLAGS(["run_pretraining", *base, case])
             try:
                 assemble(run_pretraining.settings_from_flags())
                 said[case] = "accepted"
@@ -422,7 +421,6 @@ def test_pick_refuses_training_records_and_the_planner_a_histogram_that_never_en
 
 
 def test_l_and_p_come_from_the_data_s_metadata_when_not_given(packed_dir, unpacked_dir, bert_config_file, tmp_path):
-    from absl import flags
 
     from bert_packed.inputs.dataset_info import read_dataset_info
     from bert_packed.training.assemble import assemble
@@ -432,8 +430,9 @@ def test_l_and_p_come_from_the_data_s_metadata_when_not_given(packed_dir, unpack
     assert packed.returncode == 0, packed.stderr[-3000:]
     assert read_dataset_info(str(tmp_path / "p")).shapes == read_dataset_info(packed_dir).shapes
     with command_in_this_process("run_pretraining") as run_pretraining:
-        flags.FLAGS(["run_pretraining", f"--bert_config_file={bert_config_file}",
-                     f"--input_files={packed_dir}/packed-*.tfrecord", f"--output_dir={tmp_path / 'run'}"])
+        run_pretraining.FLAGS.unparse_flags()  # an earlier run's values: each run parses from the defaults
+        run_pretraining.FLAGS(["run_pretraining", f"--bert_config_file={bert_config_file}",
+                               f"--input_files={packed_dir}/packed-*.tfrecord", f"--output_dir={tmp_path / 'run'}"])
         _, train_data, _ = assemble(run_pretraining.settings_from_flags())
     assert (train_data.shapes.max_seq_length, train_data.shapes.max_predictions_per_seq) == (MAX_SEQ_LENGTH,
                                                                                               MAX_PREDICTIONS)

@@ -104,13 +104,12 @@ def test_tensorflow_loads_quietly_but_its_errors_still_show(tmp_path):
 
 def flags_and_settings(command):
     """{flag name: flag} of a command, the setting fields of its SETTINGS, and its module."""
-    from absl import flags
-    from conftest import command_in_this_process
+    import importlib
 
     from bert_packed.settings import settings_of
 
-    with command_in_this_process(command) as module:
-        made = {flag.name: flag for flag in flags.FLAGS.get_flags_for_module(module.__name__)}
+    module = importlib.import_module(f"bert_packed.cli.{command}")
+    made = {flag.name: flag for flag in module.FLAGS.get_flags_for_module(module.__name__)}
     return made, settings_of(*module.SETTINGS), module
 
 

@@ -41,17 +41,18 @@ def test_a_deterministic_bf16_run_leaves_determinism_seeds_and_precision_as_they
         keras.mixed_precision.set_global_policy(found[2])
 
 
-def test_taking_a_command_s_flags_out_gives_the_root_logger_no_handler_of_its_own(monkeypatch):
-    """absl logs a line as it unparses the flags; with no handler on the root logger (a plain
-    Python process), Python would add one of its own, and the next command showed every line twice."""
+def test_unparsing_a_command_s_flags_gives_the_root_logger_no_handler_of_its_own(monkeypatch):
+    """absl logs a line as it unparses flags (each run of a command starts so); with no handler on
+    the root logger (a plain Python process), Python would add one of its own, and the next command
+    showed every line twice."""
     import logging
 
     from absl import flags
 
-    from bert_packed.cli import in_process
+    from bert_packed.cli import common
 
     monkeypatch.setattr(logging.getLogger(), "handlers", [])
-    in_process._unparse(flags.FlagValues())  # logs as the global flags do
+    common.unparse(flags.FlagValues())
     assert logging.getLogger().handlers == []
 
 
@@ -144,25 +145,24 @@ def test_each_command_draws_from_generators_seeded_afresh_and_leaves_the_caller_
     assert draws[0][0] != draws[1][0] and draws[0][1] != draws[1][1]
 
 
-def test_a_command_imported_before_runs_within_another_command(tmp_path, capsys):
-    """A job's command runs within the job's; a command module imported earlier in the process
-    (by another test, say) had its flags taken out by the job's, and said "Unknown command line
-    flag 'histogram'": it defines them again, and both are left as they were."""
+def test_a_command_run_within_another_leaves_its_flags_and_starts_from_its_own_defaults(tmp_path, capsys):
+    """A job's command runs within the job's: each keeps its flags in a FlagValues of its own, none
+    in absl's global one, and each run starts from its defaults (a flag given to one run is not
+    the next run's)."""
     import importlib
-    import sys
 
     from absl import flags
 
     from bert_packed.cli import in_process
 
-    plan_packing = importlib.import_module("bert_packed.cli.plan_packing")
-
     (tmp_path / "h.json").write_text("[0, 1, 1, 2]")
+    pick = importlib.import_module("bert_packed.cli.pick_eval_samples")
     with in_process.command_in_this_process("bert_packed.cli.pick_eval_samples"):
-        assert "histogram" not in flags.FLAGS
-        status = in_process.run_in_process("bert_packed.cli.plan_packing", [f"--histogram={tmp_path / 'h.json'}",
-                                                                             "--algorithm=lp"])
-        assert "histogram" not in flags.FLAGS
-    assert status == 0, capsys.readouterr().err[-2000:]
-    assert "packing factor" in capsys.readouterr().out
-    assert sys.modules["bert_packed.cli.plan_packing"] is plan_packing and "histogram" in flags.FLAGS
+        pick.FLAGS(["pick_eval_samples", "--input_tfrecord=a", "--output_tfrecord=b", "--num_examples_to_pick=7"])
+        statuses = [in_process.run_in_process("bert_packed.cli.plan_packing", [f"--histogram={tmp_path / 'h.json'}",
+                                                                                *json]) for json in (["--json"], [])]
+        assert (pick.FLAGS.input_tfrecord, pick.FLAGS.num_examples_to_pick) == ("a", 7)
+    assert statuses == [0, 0], capsys.readouterr().err[-2000:]
+    first, second = capsys.readouterr().out.split("\n", 1)
+    assert first.startswith("{") and "packing factor" in second  # the second run's output is the table again
+    assert "histogram" not in flags.FLAGS and "input_tfrecord" not in flags.FLAGS

@@ -416,7 +416,6 @@ def test_the_checks_at_start_read_each_file_s_identity_once(packed_dir, other_te
                                                            monkeypatch):
     """On a bucket each read is a request: the set of inputs, train against eval and each file
     against its metadata.json share one reading of each file's size and first 64 KiB."""
-    from absl import flags
 
     from bert_packed.inputs.file_identity import one_reading_per_file
     from bert_packed.storage import files
@@ -427,9 +426,10 @@ def test_the_checks_at_start_read_each_file_s_identity_once(packed_dir, other_te
     monkeypatch.setattr(files, "open_file", lambda path, mode="r": (opened.append((path, mode)), open_file(path, mode))[1])
     train, evaluation = tfrecords(packed_dir), tfrecords(other_text_dir)
     with command_in_this_process("run_pretraining") as module:
-        flags.FLAGS(["run_pretraining", f"--bert_config_file={bert_config_file}", f"--input_files={packed_dir}/packed-*.tfrecord",
-                     f"--eval_files={other_text_dir}/part-*.tfrecord", f"--output_dir={tmp_path}/run", "--max_seq_length=128",
-                     "--max_predictions_per_seq=20"])
+        module.FLAGS.unparse_flags()  # an earlier run's values: each run parses from the defaults
+        module.FLAGS(["run_pretraining", f"--bert_config_file={bert_config_file}",
+                      f"--input_files={packed_dir}/packed-*.tfrecord", f"--eval_files={other_text_dir}/part-*.tfrecord",
+                      f"--output_dir={tmp_path}/run", "--max_seq_length=128", "--max_predictions_per_seq=20"])
         assemble(module.settings_from_flags())
         without = {path: opened.count((path, "rb")) for path in train + evaluation}
         opened.clear()

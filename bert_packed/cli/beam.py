@@ -29,7 +29,6 @@ import re
 import sys
 import tempfile
 
-from absl import flags
 from absl import logging as absl_logging
 
 from bert_packed.cli.common import exit_with, exit_with_help, run
@@ -38,15 +37,15 @@ from bert_packed.inputs.input_files import expand_globs
 from bert_packed.packing.pack_dataset import verify_written
 from bert_packed.storage import files
 
-FLAGS = flags.FLAGS
-# Each command's flags are its single-machine command's, defined when that module is imported.
+# Each command's flags are its single-machine command's (that module's FLAGS).
 COMMANDS = {"create": "bert_packed.cli.create_pretraining_data", "pack": "bert_packed.cli.pack_pretraining_data"}
 
 
 def main(argv):
     name = PROGRAM.split()[-1]
-    command = sys.modules[COMMANDS[name]]
-    beam = _quiet_beam()
+    command = importlib.import_module(COMMANDS[name])
+    FLAGS = command.FLAGS  # noqa: N806 - the command's flags, by the name they have in its module
+    beam = _quiet_beam(FLAGS.verbosity)
     # --num_workers is also Dataflow's pipeline option (its first workers), which absl parsed as
     # the single-machine command's: it goes on to the runner, which alone decides the workers.
     workers = [f"--num_workers={FLAGS.num_workers}"] if FLAGS["num_workers"].present else []
@@ -60,12 +59,12 @@ def main(argv):
             raise SettingsError("--output_file: a pipeline writes a dataset directory; give --output_dir")
         settings = command.settings_from_flags()
         input_files = expand_globs(FLAGS.input_file, "--input_file")
-        with _workers_output_logged(beam):
+        with _workers_output_logged(beam, FLAGS.verbosity):
             metadata = beam.create_on_beam(input_files, FLAGS.output_dir, settings, options)
     else:
         input_files = expand_globs(FLAGS.input_files, "--input_files")
         settings = command.settings_from_flags(input_files)
-        with _workers_output_logged(beam):
+        with _workers_output_logged(beam, FLAGS.verbosity):
             metadata = beam.pack_on_beam(input_files, FLAGS.output_dir, settings, options)
         if FLAGS.verify:
             verify_written(FLAGS.output_dir, FLAGS.num_workers)
@@ -108,14 +107,14 @@ class _OwnLines(logging.Filter):
         return True
 
 
-def _quiet_beam():
+def _quiet_beam(verbosity: int):
     """Imports the pipelines (apache_beam, which logs as it is imported) with Beam's lines left out."""
     spec = importlib.util.find_spec("apache_beam")
     if spec is None:  # make run installs the main job's needs only
         raise UserError("Apache Beam is not installed: pip install -e '.[beam]' in a clone (make test installs it "
                         "too), or pip install 'bert-packed[beam]'")
     handler = absl_logging.get_absl_handler()
-    if FLAGS.verbosity < 1 and not any(isinstance(f, _OwnLines) for f in handler.filters):
+    if verbosity < 1 and not any(isinstance(f, _OwnLines) for f in handler.filters):
         # First, before the filter that counts repeated warnings: Beam's are not counted.
         handler.filters.insert(0, _OwnLines(os.path.dirname(spec.origin)))
     from bert_packed.beam import pipelines as beam
@@ -124,12 +123,12 @@ def _quiet_beam():
 
 
 @contextlib.contextmanager
-def _workers_output_logged(beam):
+def _workers_output_logged(beam, verbosity: int):
     """Sends what the runner's worker processes print (Beam's lines at INFO, a crash's traceback) to
     a log file, named at the end when the pipeline failed (not for bad input, which its error
     names): they write to this process's stderr, file descriptor 2, which it lends them for the
     pipeline's run. Their warnings reach the command's output through the runner (_OwnLines)."""
-    if FLAGS.verbosity >= 1:
+    if verbosity >= 1:
         yield
         return
     descriptor, log_path = tempfile.mkstemp(prefix="bert-packed-beam-", suffix=".log")
@@ -181,10 +180,10 @@ def entry_point():
                      f"pack first, as in `python -m bert_packed.beam pack --input_files=... --output_dir=...` "
                      f"(--help after it lists its flags)")
     del sys.argv[1]
-    importlib.import_module(COMMANDS[name])
+    command = importlib.import_module(COMMANDS[name])
     PROGRAM = f"bert_packed.beam {name}"
     try:
-        run(main, PROGRAM, "output_dir", "Finished shards are kept", pass_on=True)
+        run(main, PROGRAM, "output_dir", "Finished shards are kept", pass_on=True, flag_values=command.FLAGS)
     except SystemExit as done:
         pipelines = sys.modules.get("bert_packed.beam.pipelines")
         if pipelines is not None and pipelines.pipeline_left_running():

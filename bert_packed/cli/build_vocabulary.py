@@ -12,13 +12,16 @@ written config as --bert_config_file.
 
 from __future__ import annotations
 
+from absl import flags
+
 from bert_packed.cli.common import run
 from bert_packed.cli.settings_flags import define_flags, from_flags
 from bert_packed.pretraining_data.vocabulary import VocabularySettings, reserved_tokens, write_vocabulary
 from bert_packed.settings import help_groups
 
+FLAGS = flags.FlagValues()
 SETTINGS = (VocabularySettings,)
-define_flags(*SETTINGS, module_name=__name__)
+define_flags(FLAGS, *SETTINGS, module_name=__name__)
 HELP_GROUPS = help_groups(*SETTINGS)
 
 PROGRAM = "build_vocabulary"
@@ -26,7 +29,7 @@ PROGRAM = "build_vocabulary"
 
 def main(argv) -> None:
     del argv
-    settings = from_flags(VocabularySettings)
+    settings = from_flags(FLAGS, VocabularySettings)
     written = write_vocabulary(settings)
     files_read = f"{written.num_input_files:,} file{'' if written.num_input_files == 1 else 's'}"
     print(f"{PROGRAM}: {written.num_tokens:,} tokens, {written.num_learned:,} learned from {files_read} "
@@ -39,7 +42,8 @@ def main(argv) -> None:
 
 
 def entry_point():
-    run(main, PROGRAM, ("vocab_file", "output_bert_config_file"), "Nothing is kept until the vocabulary is written")
+    run(main, PROGRAM, ("vocab_file", "output_bert_config_file"), "Nothing is kept until the vocabulary is written",
+        flag_values=FLAGS)
 
 
 if __name__ == "__main__":

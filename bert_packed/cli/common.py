@@ -1,11 +1,12 @@
 """What every command shares: how it starts and how it fails.
 
 `run` is the one way a command runs: --help prints the command's own flags and exits 0 (--helpfull
-every flag, absl's and TensorFlow's too); absl
-parses the flags (flagfiles included); what the command logs is plain lines ("warning: " before
-a warning; absl's own format with --verbosity=1), TensorFlow's INFO chatter is left out, and a
-warning repeated with other values is shown three times and then counted in one line at the
-end; and then
+every flag, absl's and TensorFlow's too); absl parses the flags (flagfiles included) into the
+command's own FlagValues, which also holds absl's process-wide ones (--verbosity, --logtostderr,
+...), each run starting from the defaults; what the command logs is plain lines ("warning: "
+before a warning; absl's own format with --verbosity=1), TensorFlow's INFO chatter is left out,
+and a warning repeated with other values is shown three times and then counted in one line at
+the end; and then
 - a bad flag, or a UserError raised anywhere below (bert_packed.errors), prints one line,
   `<program>: error: <message>`, and exits with status 2;
 - a StorageError (bert_packed.storage.files: the storage refusing a path) is such a line naming the path;
@@ -35,6 +36,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from absl import app, flags
+from absl import logging as absl_logging
 
 from bert_packed.errors import StorageError, UserError
 from bert_packed.storage import files
@@ -54,14 +56,15 @@ class Terminated(BaseException):
 def _terminated(signum, frame) -> None:
     raise Terminated()
 
-def run(main: Callable[[list[str]], int | None], program: str, output_flag: str | tuple[str, ...], kept: str,
-        positional: bool = False, pass_on: bool = False) -> None:
+def run(main: Callable[[list[str]], int | None], program: str, output_flag: str | tuple[str, ...], kept: str, *,
+        flag_values: flags.FlagValues, positional: bool = False, pass_on: bool = False) -> None:
     """Parses the flags and runs main(argv) (argv: the program and its positional arguments).
 
     Args:
       main: the command's body; what it returns is the exit status (None: 0), as a benchmark's 1
         says that a target was missed.
       program: the command's name, for messages.
+      flag_values: the command's own flags (its module's FLAGS).
       output_flag: the flag naming where the command writes (the first given, of several), for the
         full-disk message; when none of them is given (or there are none, `()`), the command
         writes only temporary files (a benchmark's) and the message names the temporary directory.
@@ -74,11 +77,11 @@ def run(main: Callable[[list[str]], int | None], program: str, output_flag: str 
     """
 
     def guarded(argv: list[str]) -> int | None:
-        counter = _configure_output(flags.FLAGS.verbosity)
+        counter = _configure_output(flag_values.verbosity)
         signal.signal(signal.SIGTERM, _terminated)  # the trainer's loop sets its own, and puts this back
         try:
             try:
-                _check_output_files(output_flag)
+                _check_output_files(flag_values, output_flag)
                 return main(argv)  # app.run exits with it
             finally:  # before the last line, which says how the command ended
                 counter.say_what_was_held_back()
@@ -89,13 +92,13 @@ def run(main: Callable[[list[str]], int | None], program: str, output_flag: str 
             exit_with(EXIT_TERMINATED, f"{program}: stopped (SIGTERM). {kept}; run the same command again to "
                                        f"continue (exit status {EXIT_TERMINATED})")
         except StorageError as e:
-            _traceback_when_verbose()
-            _fail_on_storage(e, program, output_flag, kept)
+            _traceback_when_verbose(flag_values)
+            _fail_on_storage(e, program, flag_values, output_flag, kept)
         except UserError as e:
-            _traceback_when_verbose()
+            _traceback_when_verbose(flag_values)
             retryable = _retryable_storage_error(e)
             if retryable is not None:  # a reader's "cannot read" made of it: its status (75), not bad input's
-                _fail_on_storage(retryable, program, output_flag, kept)
+                _fail_on_storage(retryable, program, flag_values, output_flag, kept)
             fail(program, e)
         except Exception as e:  # noqa: BLE001 - a bug, said to be one
             traceback.print_exc()
@@ -104,7 +107,7 @@ def run(main: Callable[[list[str]], int | None], program: str, output_flag: str 
                                 f"input: please report it with the traceback above; exit status {EXIT_BUG})")
 
     try:
-        app.run(guarded, flags_parser=_flags_parser(main, program, positional, pass_on))
+        app.run(guarded, flags_parser=_flags_parser(main, program, flag_values, positional, pass_on))
     except BrokenPipeError:
         # The reader went away (`| head`): nothing more to say. Python would report the pipe once
         # more when it flushes stdout at exit, so stdout goes to /dev/null first.
@@ -117,11 +120,11 @@ def run(main: Callable[[list[str]], int | None], program: str, output_flag: str 
 OUTPUT_FILE_FLAGS = ("output_json",)
 
 
-def _check_output_files(output_flag: str | tuple[str, ...]) -> None:
+def _check_output_files(flag_values: flags.FlagValues, output_flag: str | tuple[str, ...]) -> None:
     """Refuses, before any work, an --output_json that is a directory or whose place cannot be
     written (a file written there and removed at once; its directory made)."""
     for name in (output_flag,) if isinstance(output_flag, str) else output_flag:
-        path = getattr(flags.FLAGS, name, None) if name in OUTPUT_FILE_FLAGS else None
+        path = getattr(flag_values, name, None) if name in OUTPUT_FILE_FLAGS else None
         if not path:
             continue
         if files.isdir(path):
@@ -149,7 +152,8 @@ def _retryable_storage_error(error: BaseException) -> StorageError | None:
         seen = seen.__context__
     return None
 
-def _fail_on_storage(error: StorageError, program: str, output_flag: str | tuple[str, ...], kept: str) -> NoReturn:
+def _fail_on_storage(error: StorageError, program: str, flag_values: flags.FlagValues,
+                     output_flag: str | tuple[str, ...], kept: str) -> NoReturn:
     """Exits with one line for what the storage refused or failed: a request to retry (status 75),
     a full disk, or a path refused (status 2)."""
     if error.retry_may_help:
@@ -159,7 +163,7 @@ def _fail_on_storage(error: StorageError, program: str, output_flag: str | tuple
                                   f"again to continue (exit status {EXIT_TRY_AGAIN})")
     names = (output_flag,) if isinstance(output_flag, str) else output_flag
     if not error.disk_full:
-        flag, output = _output_holding(error.path, names)
+        flag, output = _output_holding(error.path, flag_values, names)
         if flag is None:
             fail(program, error)
         if not _within(error.path, output):  # its work, <file>.parts: what the user gave is the file
@@ -167,7 +171,7 @@ def _fail_on_storage(error: StorageError, program: str, output_flag: str | tuple
         refused = error.errno in (errno.EROFS, errno.EACCES, errno.EPERM) or error.kind == "PermissionDeniedError"
         fail(program, f"--{flag}: {error}" + (f"; give an --{flag} this process may write to" if refused else ""))
     where = error.path or next(
-        (getattr(flags.FLAGS, name) for name in names if getattr(flags.FLAGS, name)), tempfile.gettempdir())
+        (getattr(flag_values, name) for name in names if getattr(flag_values, name)), tempfile.gettempdir())
     fail(program, f"{where}: the disk is full ({error.reason}). {kept}; partial files were removed. Free some "
                   f"space and run the same command again to continue")
 
@@ -221,12 +225,12 @@ def _flagfile_line(args: list[str], wanted) -> tuple[str, int, str] | None:
     return None
 
 
-def _output_holding(path: str | None, names: tuple[str, ...]) -> tuple[str | None, str]:
+def _output_holding(path: str | None, flag_values: flags.FlagValues, names: tuple[str, ...]) -> tuple[str | None, str]:
     """(the output flag, the output) whose value holds `path`: the output, in it, a parent it is
     made in, or its work (create_pretraining_files' `<file>.parts`); a value may list several
     outputs separated by commas. (None, "") when none does."""
     for name in names:
-        value = getattr(flags.FLAGS, name)
+        value = getattr(flag_values, name)
         if not isinstance(value, str):
             continue
         for output in [value, *(part.strip() for part in value.split(",") if "," in value and part.strip())]:
@@ -244,20 +248,25 @@ def _within(path: str | None, directory) -> bool:
     return path == directory or path.startswith(directory + "/") or directory.startswith(path + "/")
 
 
-def _flags_parser(main: Callable[[list[str]], None], program: str, positional: bool, pass_on: bool) -> Callable:
-    """absl's flags parser for a command: --help prints its own flags; a bad flag, or an argument
-    where the command takes none, is one line."""
+def _flags_parser(main: Callable[[list[str]], None], program: str, flag_values: flags.FlagValues, positional: bool,
+                  pass_on: bool) -> Callable:
+    """absl's flags parser for a command: the command's flags (`flag_values`) and absl's
+    process-wide ones parsed from their defaults; --help prints the command's own flags; a bad
+    flag, or an argument where the command takes none, is one line."""
 
     def parse(argv: list[str]) -> list[str]:
+        absl_logging.use_absl_handler()  # app.run's, done the first time in a process only
+        _take_process_flags(flag_values)
+        unparse(flag_values)  # a command run before in this process parsed them
         if any(arg in ("-h", "--help", "--helpshort") for arg in argv[1:]):
-            print_help(main)
+            print_help(main, flag_values)
             sys.exit(0)
         if "--helpfull" in argv[1:]:  # absl's own exits 1: asking for help is no error
-            print_help(main)
+            print_help(main, flag_values)
             print(flags.FLAGS.get_help())
             sys.exit(0)
         try:
-            rest = flags.FLAGS(argv, known_only=pass_on)
+            rest = flag_values(argv, known_only=pass_on)
         except flags.UnrecognizedFlagError as e:
             fail(program, _unknown_flag(e, argv[1:]))
         except UnicodeDecodeError:  # absl reads a flagfile as text
@@ -269,9 +278,35 @@ def _flags_parser(main: Callable[[list[str]], None], program: str, positional: b
         if len(rest) > 1 and not positional and not pass_on:
             fail(program, f"unexpected argument {rest[1]!r} ({len(rest) - 1} in all): this command takes flags only. "
                           f"A glob the shell expanded? Quote it, as in --input_files='DIR/part-*.tfrecord'")
+        if not flag_values["verbosity"].present:
+            flag_values.verbosity = 0  # INFO, as app.run sets it (the first time in a process only)
+        flags.FLAGS.mark_as_parsed()  # absl's own read theirs there: the same flags, just parsed
         return rest
 
     return parse
+
+
+def _take_process_flags(flag_values: flags.FlagValues) -> None:
+    """Puts in the command's `flag_values` the flags of absl's global FlagValues that the command
+    does not define (absl's --verbosity, --logtostderr, --flagfile's companions; TensorFlow's,
+    once imported): the same Flag objects, so that what a command line gives them is what absl
+    and TensorFlow read."""
+    for name in flags.FLAGS:
+        flag = flags.FLAGS[name]
+        if name == flag.name and name not in flag_values and (flag.short_name or name) not in flag_values:
+            flag_values[name] = flag  # its short name (absl's -v) with it
+
+
+def unparse(flag_values: flags.FlagValues) -> None:
+    """flag_values.unparse_flags() (every flag to its default, unparsed), which logs a line: with
+    no handler on the root logger, Python would give it one of its own for good (every later
+    line then shown twice)."""
+    root, quiet = logging.getLogger(), logging.NullHandler()
+    root.addHandler(quiet)
+    try:
+        flag_values.unparse_flags()
+    finally:
+        root.removeHandler(quiet)
 
 
 class _Plain(logging.Formatter):
@@ -312,8 +347,6 @@ def _configure_output(verbosity: int) -> _RepeatCounter:
     logging.getLogger().setLevel(logging.DEBUG if verbosity > 0 else logging.INFO)
     if verbosity > 0:
         return counter
-    from absl import logging as absl_logging
-
     handler = absl_logging.get_absl_handler()
     handler.setFormatter(_Plain())
     handler.addFilter(counter)
@@ -330,7 +363,7 @@ def _configure_output(verbosity: int) -> _RepeatCounter:
     return counter
 
 
-def print_help(main: Callable) -> None:
+def print_help(main: Callable, flag_values: flags.FlagValues) -> None:
     """The command's docstring, its flags by purpose when it groups them (HELP_GROUPS: {purpose:
     [flag, ...]}, with FIRST_RUN: the flags a first run sets), and all its own flags with their
     help and defaults (absl's flags left out: --helpfull lists those)."""
@@ -342,25 +375,20 @@ def print_help(main: Callable) -> None:
         for purpose, names in groups.items():
             print(textwrap.fill(", ".join(f"{'*' if name in first else ''}--{name}" for name in names), 100,
                                 initial_indent=f"  {purpose}: ", subsequent_indent="    "))
-    for module in _command_modules():
-        print(flags.FLAGS.module_help(module).replace(f"\n{module}:\n", "\nflags:\n", 1))
+    for module in flag_values.flags_by_module_dict():
+        print(flag_values.module_help(module).replace(f"\n{module}:\n", "\nflags:\n", 1))
 
 
-def _command_modules() -> list[str]:
-    """The modules that define the running command's flags (absl and TensorFlow define others)."""
-    return [module for module in flags.FLAGS.flags_by_module_dict()
-            if module.startswith("bert_packed.") or module == sys.argv[0]]
-
-
-def command_flags_text() -> str:
-    """The command's own flags as a flagfile (flags.txt), one a line, sorted."""
-    own = [flag for module in _command_modules() for flag in flags.FLAGS.get_flags_for_module(module)]
+def command_flags_text(flag_values: flags.FlagValues) -> str:
+    """The command's own flags (those it defined in `flag_values`, not absl's) as a flagfile
+    (flags.txt), one a line, sorted."""
+    own = [flag for module in flag_values.flags_by_module_dict() for flag in flag_values.get_flags_for_module(module)]
     return "".join(f"{text}\n" for text in sorted(flag.serialize() for flag in own) if text)
 
 
-def _traceback_when_verbose() -> None:
+def _traceback_when_verbose(flag_values: flags.FlagValues) -> None:
     """With --verbosity=1 (or more), the traceback of the error being handled, above its line."""
-    if flags.FLAGS.verbosity >= 1:
+    if flag_values.verbosity >= 1:
         traceback.print_exc()
 
 

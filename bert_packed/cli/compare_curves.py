@@ -19,21 +19,21 @@ from bert_packed.cli.settings_flags import define_flags, from_flags, given_flags
 from bert_packed.reports.comparison import CompareSettings, compare_curves
 from bert_packed.settings import help_groups
 
-FLAGS = flags.FLAGS
+FLAGS = flags.FlagValues()
 SETTINGS = (CompareSettings,)
-define_flags(*SETTINGS, module_name=__name__)
+define_flags(FLAGS, *SETTINGS, module_name=__name__)
 HELP_GROUPS = help_groups(*SETTINGS)
 
 PROGRAM = "compare_curves"
 
 
 def main(argv) -> None:
-    settings = from_flags(CompareSettings, runs=tuple(argv[1:]), given=given_flags(*SETTINGS))
+    settings = from_flags(FLAGS, CompareSettings, runs=tuple(argv[1:]), given=given_flags(FLAGS, *SETTINGS))
     print("\n".join(compare_curves(settings).lines))
 
 
 def entry_point():
-    run(main, PROGRAM, "output", "The runs are untouched", positional=True)
+    run(main, PROGRAM, "output", "The runs are untouched", positional=True, flag_values=FLAGS)
 
 
 if __name__ == "__main__":

@@ -26,10 +26,10 @@ from bert_packed.pretraining_data.create_dataset import DatasetSettings
 from bert_packed.settings import help_groups
 from bert_packed.storage import files
 
-FLAGS = flags.FLAGS
+FLAGS = flags.FlagValues()
 SETTINGS = (CreateSettings,)
-define_flags(*SETTINGS, module_name=__name__)
-flags.mark_flags_as_required(["input_file"])
+define_flags(FLAGS, *SETTINGS, module_name=__name__)
+flags.mark_flags_as_required(["input_file"], flag_values=FLAGS)
 HELP_GROUPS = help_groups(*SETTINGS)
 
 PROGRAM = "create_pretraining_data"
@@ -41,12 +41,12 @@ def settings_from_flags() -> DatasetSettings:
     Raises:
       SettingsError: a flag out of range, or flags that do not go together.
     """
-    return from_flags(CreateSettings).dataset_settings()
+    return from_flags(FLAGS, CreateSettings).dataset_settings()
 
 
 def main(argv):
     del argv
-    metadata = create_pretraining_data(from_flags(CreateSettings))
+    metadata = create_pretraining_data(from_flags(FLAGS, CreateSettings))
     report(PROGRAM, metadata, FLAGS.output_dir or FLAGS.output_file)
 
 
@@ -76,7 +76,7 @@ def packing_answer(histogram, max_seq_length: int) -> str:
 
 
 def entry_point():
-    run(main, PROGRAM, ("output_dir", "output_file"), "Finished shards are kept")
+    run(main, PROGRAM, ("output_dir", "output_file"), "Finished shards are kept", flag_values=FLAGS)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from absl import flags
 from bert_packed.cli.common import run
 from bert_packed.tensorflow_loading import import_tensorflow
 
-FLAGS = flags.FLAGS
+FLAGS = flags.FlagValues()
 PROGRAM = "bert-packed-doctor"
 
 
@@ -43,7 +43,7 @@ def main(argv) -> int:
 
 
 def entry_point():
-    run(main, PROGRAM, (), "Nothing was written")
+    run(main, PROGRAM, (), "Nothing was written", flag_values=FLAGS)
 
 
 if __name__ == "__main__":

@@ -21,18 +21,18 @@ from bert_packed.model.config import ExportSettings
 from bert_packed.settings import help_groups
 from bert_packed.tensorflow_loading import import_tensorflow
 
-FLAGS = flags.FLAGS
+FLAGS = flags.FlagValues()
 SETTINGS = (ExportSettings,)
-define_flags(*SETTINGS, module_name=__name__)
+define_flags(FLAGS, *SETTINGS, module_name=__name__)
 HELP_GROUPS = help_groups(*SETTINGS)
-flags.mark_flags_as_required(["checkpoint", "bert_config_file", "output_dir"])
+flags.mark_flags_as_required(["checkpoint", "bert_config_file", "output_dir"], flag_values=FLAGS)
 
 PROGRAM = "export_model"
 
 
 def main(argv) -> None:
     del argv
-    settings = from_flags(ExportSettings)
+    settings = from_flags(FLAGS, ExportSettings)
     import_tensorflow(FLAGS.verbosity)
     from bert_packed.training.export import export_model
 
@@ -41,7 +41,7 @@ def main(argv) -> None:
 
 
 def entry_point():
-    run(main, PROGRAM, "output_dir", "Nothing exported is taken for complete")
+    run(main, PROGRAM, "output_dir", "Nothing exported is taken for complete", flag_values=FLAGS)
 
 
 if __name__ == "__main__":

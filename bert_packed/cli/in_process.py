@@ -1,10 +1,10 @@
 """Commands run one after another in one process, each as it runs in a process of its own.
 
 A new process that imports TensorFlow costs seconds; the main job (scripts/main_job.py) runs a
-dozen commands, and the tests hundreds. Each command defines its flags when its module is
-imported and parses them once (absl's app.run), so running a second command in the same process
-needs the first one's flags out of the way and absl's one-time set-up undone. This module does
-that, and puts back everything a command changes in the process when it ends.
+dozen commands, and the tests hundreds. Each command keeps its flags in a FlagValues of its own
+and parses them from their defaults each time it runs (bert_packed.cli.common.run), so what is
+left to a runner is what a command changes of the whole process: this module puts that back when
+the command ends.
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ import random
 import signal
 import sys
 
-from absl import app, command_name, flags
+from absl import command_name
 from absl import logging as absl_logging
-from absl.testing import flagsaver
 
 
 class QuietRetracing(logging.Filter):
@@ -39,14 +38,12 @@ def command_in_this_process(module_name: str, cwd: str | None = None):
     and afterwards puts back everything a command changes in the process.
 
     Meanwhile TensorFlow's warning that a function was retraced is left out (QuietRetracing), and
-    absl's handler filters nothing, as in a new process.
+    absl's handler filters nothing, as in a new process, and the process keeps its name (absl's
+    app.run would give it the command's).
 
-    What is put back: absl's flags (their
-    values, parsed or not, and which are defined: commands define flags of the same names, which
-    cannot be defined twice, so every other command's are taken out meanwhile), absl's run-once
-    state, the logging set-up, the SIGINT and SIGTERM handlers, sys.argv, sys.stdout and
-    sys.stderr, the environment, the working directory, and what a training run sets of the whole
-    process (op determinism, the random seeds, the precision policy:
+    What is put back: the logging set-up, the SIGINT and SIGTERM handlers, sys.argv, sys.stdout
+    and sys.stderr, the environment, the working directory, and what a training run sets of the
+    whole process (op determinism, the random seeds, the precision policy:
     bert_packed.training.process.set_up_process).
 
     Args:
@@ -54,17 +51,8 @@ def command_in_this_process(module_name: str, cwd: str | None = None):
         module name when scripts/ is on sys.path); its entry_point() runs the command.
       cwd: the working directory meanwhile (None: the current one).
     """
-    app.define_help_flags()  # once per process: part of what is saved below, not defined by the command
     quiet = QuietRetracing()
-    # The flags last: restoring --verbosity sets a level.
-    with _process_state_kept(), _training_state_kept(), _only_its_flags(module_name):
-        was_imported = module_name in sys.modules
-        earlier = None
-        if was_imported and not any(flags.FLAGS.find_module_defining_flag(name, "") == module_name
-                                    for name in flags.FLAGS):
-            # Imported before, its flags since taken out by the command this one runs within (a
-            # job's): imported afresh, it defines them again; the earlier module is put back after.
-            earlier = sys.modules.pop(module_name)
+    with _process_state_kept(), _training_state_kept():
         process_name = command_name.make_process_name_useful
         try:
             command_name.make_process_name_useful = lambda: None  # the process keeps its name
@@ -76,58 +64,6 @@ def command_in_this_process(module_name: str, cwd: str | None = None):
         finally:
             logging.getLogger("tensorflow").removeFilter(quiet)
             command_name.make_process_name_useful = process_name
-            if earlier is not None:
-                sys.modules[module_name] = earlier
-            elif not was_imported:  # its flags are taken out: the next import defines them again
-                sys.modules.pop(module_name, None)
-
-
-@contextlib.contextmanager
-def _only_its_flags(module_name: str):
-    """Every flag but absl's own and `module_name`'s taken out, the rest at their defaults and
-    unparsed, and absl's one-time set-up (in app.run) to be done again, as in a new process; then
-    the flags put back as they were (the command's own taken out, unless defined before)."""
-    FLAGS = flags.FLAGS
-    registries = (FLAGS.flags_by_module_dict(), FLAGS.flags_by_module_id_dict(), FLAGS.key_flags_by_module_dict())
-    saved_flags = {name: FLAGS[name] for name in FLAGS}
-    saved_registries = [{key: list(value) for key, value in registry.items()} for registry in registries]
-    saved_values = flagsaver.save_flag_values(FLAGS)
-    was_parsed = FLAGS.is_parsed()
-    run_once = (app._run_init.done, app._register_and_parse_flags_with_usage.done)
-    try:
-        for name in list(FLAGS):
-            defined_by = FLAGS.find_module_defining_flag(name, "")
-            if defined_by != module_name and not defined_by.startswith("absl."):
-                delattr(FLAGS, name)
-        _unparse(FLAGS)
-        app._run_init.done = app._register_and_parse_flags_with_usage.done = False
-        yield
-    finally:
-        for name in list(FLAGS):
-            if saved_flags.get(name) is not FLAGS[name]:
-                delattr(FLAGS, name)
-        for name, flag in saved_flags.items():
-            if name not in FLAGS:
-                FLAGS[name] = flag
-        for registry, saved in zip(registries, saved_registries):
-            registry.clear()
-            registry.update(saved)
-        _unparse(FLAGS)
-        flagsaver.restore_flag_values(saved_values, FLAGS)
-        if was_parsed:
-            FLAGS.mark_as_parsed()
-        app._run_init.done, app._register_and_parse_flags_with_usage.done = run_once
-
-
-def _unparse(flag_values) -> None:
-    """flag_values.unparse_flags(), which logs a line: with no handler on the root logger, Python
-    would give it one of its own for good (every later line then shown twice)."""
-    root, quiet = logging.getLogger(), logging.NullHandler()
-    root.addHandler(quiet)
-    try:
-        flag_values.unparse_flags()
-    finally:
-        root.removeHandler(quiet)
 
 
 def run_in_process(module_name: str, args: list[str], program: str | None = None, cwd: str | None = None,

@@ -18,10 +18,10 @@ from bert_packed.packing.pack_dataset import pack_pretraining_data
 from bert_packed.packing.pack_settings import PackCommandSettings, PackSettings
 from bert_packed.settings import help_groups
 
-FLAGS = flags.FLAGS
+FLAGS = flags.FlagValues()
 SETTINGS = (PackCommandSettings,)
-define_flags(*SETTINGS, module_name=__name__)
-flags.mark_flags_as_required(["input_files", "output_dir"])
+define_flags(FLAGS, *SETTINGS, module_name=__name__)
+flags.mark_flags_as_required(["input_files", "output_dir"], flag_values=FLAGS)
 HELP_GROUPS = help_groups(*SETTINGS)
 
 PROGRAM = "pack_pretraining_data"
@@ -34,12 +34,12 @@ def settings_from_flags(files: list[str]) -> PackSettings:
     Raises:
       SettingsError: a flag out of range, or L or P other than the inputs'.
     """
-    return from_flags(PackCommandSettings, given=given_flags(*SETTINGS)).pack_settings(files)
+    return from_flags(FLAGS, PackCommandSettings, given=given_flags(FLAGS, *SETTINGS)).pack_settings(files)
 
 
 def main(argv):
     del argv
-    metadata = pack_pretraining_data(from_flags(PackCommandSettings, given=given_flags(*SETTINGS)))
+    metadata = pack_pretraining_data(from_flags(FLAGS, PackCommandSettings, given=given_flags(FLAGS, *SETTINGS)))
     report(PROGRAM, metadata, FLAGS.output_dir)
 
 
@@ -52,7 +52,7 @@ def report(program: str, metadata: dict, where: str) -> None:
 
 
 def entry_point():
-    run(main, PROGRAM, "output_dir", "Finished passes and shards are kept")
+    run(main, PROGRAM, "output_dir", "Finished passes and shards are kept", flag_values=FLAGS)
 
 
 if __name__ == "__main__":

@@ -20,17 +20,18 @@ from bert_packed.packing.pack_settings import PlanSettings
 from bert_packed.packing.plan_command import plan_packing
 from bert_packed.settings import help_groups
 
+FLAGS = flags.FlagValues()
 SETTINGS = (PlanSettings,)
-define_flags(*SETTINGS, module_name=__name__)
+define_flags(FLAGS, *SETTINGS, module_name=__name__)
 HELP_GROUPS = help_groups(*SETTINGS)
-flags.mark_flag_as_required("histogram")
+flags.mark_flag_as_required("histogram", flag_values=FLAGS)
 
 PROGRAM = "plan_packing"
 
 
 def main(argv) -> None:
     del argv
-    settings = from_flags(PlanSettings)
+    settings = from_flags(FLAGS, PlanSettings)
     report = plan_packing(settings)
     if settings.json:
         json.dump(report.to_dict(), sys.stdout)
@@ -40,7 +41,7 @@ def main(argv) -> None:
 
 
 def entry_point():
-    run(main, PROGRAM, "histogram", "Nothing was written")
+    run(main, PROGRAM, "histogram", "Nothing was written", flag_values=FLAGS)
 
 
 if __name__ == "__main__":

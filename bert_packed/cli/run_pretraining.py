@@ -33,12 +33,12 @@ from bert_packed.training.config import (
 )
 from bert_packed.training.launch import DISTRIBUTION_GROUP, DistributionSettings
 
-FLAGS = flags.FLAGS
+FLAGS = flags.FlagValues()
 # Every flag of the reference's run_pretraining.py and optimization.py, with the reference's
 # meaning, and this project's: one a setting (bert_packed.training.config), its default and help there.
 SETTINGS = (LaunchSettings, DistributionSettings, ModelConfig, BatchConfig, OptimizerConfig, EvalConfig, RunConfig)
-define_flags(*SETTINGS, module_name=__name__)
-flags.mark_flags_as_required(["bert_config_file", "output_dir"])
+define_flags(FLAGS, *SETTINGS, module_name=__name__)
+flags.mark_flags_as_required(["bert_config_file", "output_dir"], flag_values=FLAGS)
 
 # --help lists the flags by purpose (every flag is in one group), marking what a first run sets.
 _GROUPS = help_groups(*SETTINGS)
@@ -52,7 +52,7 @@ PROGRAM = "run_pretraining"
 def settings_from_flags() -> PretrainingSettings:
     """The flags, each by its name, and which of them were given."""
     return PretrainingSettings({field.name: FLAGS[field.name].value for field in settings_of(*SETTINGS)},
-                               given_flags(*SETTINGS))
+                               given_flags(FLAGS, *SETTINGS))
 
 
 def main(argv, steps=None):
@@ -60,7 +60,7 @@ def main(argv, steps=None):
     import_tensorflow(FLAGS.verbosity)
     from bert_packed.training.pretraining import run_pretraining
 
-    result = run_pretraining(settings_from_flags(), steps, command_flags_text())
+    result = run_pretraining(settings_from_flags(), steps, command_flags_text(FLAGS))
     if result.run is None:
         record = result.evaluation
         print(f"{PROGRAM}: evaluated {record['checkpoint']} (step {record['step']}): masked-LM accuracy "
@@ -74,7 +74,7 @@ def main(argv, steps=None):
 def entry_point(steps=None):
     """The command; `steps`: a StepPool its caller keeps (bert_packed.training.step_pool)."""
     run(lambda argv: main(argv, steps), PROGRAM, "output_dir",
-        "The last complete checkpoint and the logs up to it are kept")
+        "The last complete checkpoint and the logs up to it are kept", flag_values=FLAGS)
 
 
 if __name__ == "__main__":

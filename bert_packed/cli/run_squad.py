@@ -24,10 +24,10 @@ from bert_packed.settings import first_run_settings, help_groups
 from bert_packed.tensorflow_loading import import_tensorflow
 from bert_packed.training.finetune_settings import HELP_ORDER, SquadSettings
 
-FLAGS = flags.FLAGS
+FLAGS = flags.FlagValues()
 SETTINGS = (SquadSettings,)
-define_flags(*SETTINGS, module_name=__name__)
-flags.mark_flags_as_required(["bert_config_file", "output_dir"])
+define_flags(FLAGS, *SETTINGS, module_name=__name__)
+flags.mark_flags_as_required(["bert_config_file", "output_dir"], flag_values=FLAGS)
 _GROUPS = help_groups(*SETTINGS)
 HELP_GROUPS = {group: _GROUPS[group] for group in HELP_ORDER}
 FIRST_RUN = first_run_settings(*SETTINGS)
@@ -40,8 +40,8 @@ def main(argv, steps=None):
     import_tensorflow(FLAGS.verbosity)
     from bert_packed.training.finetune import run_squad
 
-    settings = from_flags(SquadSettings, given=given_flags(*SETTINGS))
-    result = run_squad(settings, steps, command_flags_text())  # every file read and checked first
+    settings = from_flags(FLAGS, SquadSettings, given=given_flags(FLAGS, *SETTINGS))
+    result = run_squad(settings, steps, command_flags_text(FLAGS))  # every file read and checked first
     if result.run is not None:
         exit_if_stopped(PROGRAM, result.run)
         print(f"{PROGRAM}: trained {result.run.step} updates in {settings.output_dir}")
@@ -55,7 +55,7 @@ def main(argv, steps=None):
 def entry_point(steps=None):
     """The command; `steps`: a StepPool its caller keeps (bert_packed.training.step_pool)."""
     run(lambda argv: main(argv, steps), PROGRAM, "output_dir",
-        "The last complete checkpoint and the logs up to it are kept")
+        "The last complete checkpoint and the logs up to it are kept", flag_values=FLAGS)
 
 
 if __name__ == "__main__":
