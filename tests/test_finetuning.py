@@ -21,12 +21,14 @@ from bert_packed.model import (
     BertClassifierModel,
     BertConfig,
     BertPretrainingModel,
+    CheckpointError,
     export_google_checkpoint,
     export_huggingface,
     load_weights,
 )
 from bert_packed.packing.assign import assign_to_packs
 from bert_packed.pretraining_data.tokenization import Tokenizer
+from bert_packed.training.checkpoints import load_run_weights
 from bert_packed.training.losses import classifier_sums
 
 SENTENCES = ["the cat sat on the mat .", "it was a sunny day", "paris is the capital of france .",
@@ -255,6 +257,52 @@ def test_the_classifier_starts_from_a_pretraining_model_s_weights(tmp_path):
     assert load_weights(classifier.encoder, path) == 23  # a google-research checkpoint's, query/key/value apart
     for a, b in zip(pretrained.encoder.weights, classifier.encoder.weights, strict=True):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_a_classifier_starts_from_weights_without_a_pooler_and_from_a_run_s_checkpoints_folder(tmp_path, caplog):
+    """A masked-LM-only run's weights (or a span model's) have no pooler: the classifier takes the
+    rest, its pooler starting from random weights as transformers' does, and says so (it was
+    refused with advice to give --nsp_loss=false, which run_classifier has no flag for). A run's
+    checkpoints/ folder is its newest training checkpoint (it was read as a TF1 checkpoint, and
+    refused)."""
+    import shutil
+
+    from bert_packed.training.objective import Classification
+
+    config = BertConfig(**TINY)
+    masked_lm_only = BertPretrainingModel(config, next_sentence_prediction=False)
+    masked_lm_only.build()
+    path = export_google_checkpoint(masked_lm_only, str(tmp_path / "masked_lm_only.ckpt"))
+    classifier = BertClassifierModel(config, num_outputs=3)
+    classifier.build()
+    pooler = classifier.encoder.pooler.kernel.numpy()
+    Classification(None, ("a", "b", "c")).load_initial_weights(classifier, path)
+    for a, b in zip(masked_lm_only.encoder.weights, classifier.encoder.weights[:-2], strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    np.testing.assert_array_equal(classifier.encoder.pooler.kernel.numpy(), pooler)
+    assert f"{path}: no pooler (weights trained with --nsp_loss=false, or a span model's)" in caplog.text
+    # The old code's masked-LM-only run (tests/test_model.py), given by its checkpoints/ folder.
+    old = BertConfig(vocab_size=16, hidden_size=4, num_hidden_layers=2, num_attention_heads=1, intermediate_size=8,
+                     max_position_embeddings=8)
+    run = shutil.copytree(os.path.join(os.path.dirname(__file__), "data", "checkpoints_of_2c189b7",
+                                       "pretraining_without_nsp"), tmp_path / "run")
+    (run / "run.json").write_text(json.dumps({"nsp_loss": False}))
+    classifier = BertClassifierModel(old, num_outputs=2)
+    classifier.build()
+    Classification(None, ("a", "b")).load_initial_weights(classifier, str(run / "checkpoints"))
+    reference = BertPretrainingModel(old, next_sentence_prediction=False)
+    reference.build()
+    load_run_weights(reference, str(run), 1)
+    for a, b in zip(reference.encoder.weights, classifier.encoder.weights[:-2], strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    # Weights that do not fit, the pooler aside, are refused as before, naming what does not fit.
+    wider = BertPretrainingModel(BertConfig(**{**TINY, "intermediate_size": 2 * TINY["intermediate_size"]}),
+                                 next_sentence_prediction=False)
+    wider.build()
+    path = export_google_checkpoint(wider, str(tmp_path / "wider.ckpt"))
+    with pytest.raises(CheckpointError, match=r"does not fit the model \(\d+ problems\): bert/encoder/layer_0/"
+                                              r"intermediate/dense/kernel has shape"):
+        Classification(None, ("a", "b")).load_initial_weights(BertClassifierModel(config, num_outputs=2), path)
 
 
 def test_scores_are_glue_s():

@@ -294,26 +294,31 @@ def run_and_step(checkpoint: str) -> tuple[str | None, int | None]:
 
 
 def load_pretraining_checkpoint(model: BertEncoder | BertPretrainingModel, path: str) -> str | None:
-    """Loads `path` into `model` when it names a pre-training run's training checkpoint
-    (<run>/checkpoints/ckpt-N, or one of its files), as --init_checkpoint takes one: the run's
-    weights at that step, read as its own model holds them, then copied weight by weight.
+    """Loads `path` into `model` when it names a pre-training run or one of its training
+    checkpoints, as --init_checkpoint takes them: the run's directory or its checkpoints/ folder
+    (its newest weights that read whole: load_run_weights), or checkpoints/ckpt-N (or one of its
+    files): the run's weights, read as its own model holds them, then copied weight by weight.
 
     Args:
       model: the model to load (a fine-tuning model's encoder: the run's heads are passed over).
       path: --init_checkpoint.
 
     Returns:
-      The checkpoint read; None when `path` names no run's training checkpoint.
+      The checkpoint read; None when `path` names no pre-training run (a fine-tuning run's
+      directory is read as the weights it exported, by the caller).
 
     Raises:
       CheckpointError: a fine-tuning run's training checkpoint, or one without a weight the model
         needs (a run without the next-sentence head, for a model with one).
+      TrainingError: the run holds no weights that read whole, or its model is not `model`'s.
     """
     run_dir, step = run_and_step(path)
-    if run_dir is None or step is None:
+    if run_dir is None:
         return None
     info = RunDirectory(run_dir).read_info()
     if program_of(info) != "run_pretraining":
+        if step is None:
+            return None
         raise CheckpointError(f"{path}: a {program_of(info)} run's training checkpoint (it resumes that run); give "
                               f"the run's directory, whose model.ckpt-N the run exported at its end")
     run_model = BertPretrainingModel(model.config, info.get("nsp_loss", True))

@@ -142,8 +142,9 @@ class ModelConfig(ComputeSettings):
 
     bert: BertConfig
     init_checkpoint: str | None = setting(
-        None, "Weights to start from: a google-research/MLPerf TF1 checkpoint, or a Hugging Face BERT directory "
-              "(config.json, model.safetensors).", group="model", changeable=True, first_run=True)
+        None, "Weights to start from: a google-research/MLPerf TF1 checkpoint, a pre-training run (its directory, "
+              "checkpoints/ or checkpoints/ckpt-N), or a Hugging Face BERT directory (config.json, model.safetensors).",
+        group="model", changeable=True, first_run=True)
     loss_averaging: str = setting("token", "MLM loss basis.", group="model", choices=LOSS_AVERAGING)
     nsp_loss: bool = setting(True, "Train the next-sentence head on its loss; --nsp_loss=false: masked-LM only, no "
                                    "NSP head (RoBERTa's objective; the MLPerf metric, MLM accuracy, is unchanged).",

@@ -39,7 +39,8 @@ class FineTuningSettings(ComputeSettings, DistributionSettings):
     bert_config_file: str | None = setting(None, "The BERT model's bert_config.json.", group=TRAINING_GROUP,
                                            first_run=True)
     init_checkpoint: str | None = setting(None, "Pre-trained weights: a TF1 checkpoint (google-research's, or a "
-                                                "run's exported weights) or a Hugging Face BERT directory.",
+                                                "run's exported weights), a pre-training run (its directory, "
+                                                "checkpoints/ or checkpoints/ckpt-N) or a Hugging Face BERT directory.",
                                           group=TRAINING_GROUP, first_run=True)
     output_dir: str | None = setting(None, "Where the run's checkpoints, logs and results go.", group=TRAINING_GROUP,
                                      first_run=True)

@@ -15,6 +15,7 @@ rows and one sequence a row give the same loss, gradients and metrics.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 
 import numpy as np
@@ -22,10 +23,18 @@ import tensorflow as tf
 
 from bert_packed.finetuning.metrics import scores as glue_scores
 from bert_packed.finetuning.squad import SquadExample, Windows, predict_answers, squad_scores
-from bert_packed.model import BertClassifierModel, BertPretrainingModel, BertQuestionAnsweringModel, load_weights
+from bert_packed.model import (
+    BertClassifierModel,
+    BertEncoder,
+    BertPretrainingModel,
+    BertQuestionAnsweringModel,
+    CheckpointError,
+    google_variable_names,
+    load_weights,
+)
 from bert_packed.model.huggingface import holds_classifier, holds_span_head
 from bert_packed.model.task_models import OUTSIDE_THE_SEQUENCE
-from bert_packed.training.checkpoints import load_pretraining_checkpoint
+from bert_packed.training.checkpoints import load_pretraining_checkpoint, run_and_step
 from bert_packed.training.config import TrainConfig
 from bert_packed.training.losses import (
     classifier_slot_losses,
@@ -167,13 +176,26 @@ class Classification(FineTuningObjective):
         """--init_checkpoint's weights: a fine-tuned classifier's whole (a run's model.ckpt-N,
         google-research's, a BertForSequenceClassification directory); else pre-trained weights
         (in any format pre-training takes) for the encoder and pooler, the classifier starting
-        from random weights, as google-research's does."""
-        if load_pretraining_checkpoint(model.encoder, path) is not None:
-            return
-        if holds_classifier(path):
+        from random weights, as google-research's does. Weights with no pooler (a masked-LM-only
+        run's, a span model's) load into the rest, the pooler starting from random weights too,
+        as transformers' BertForSequenceClassification starts from them; a warning says so."""
+        if run_and_step(path)[1] is None and holds_classifier(path):
             load_weights(model, path)
-        else:
-            load_weights(model.encoder, path)
+            return
+        try:
+            _load_encoder(model.encoder, path)
+        except CheckpointError as refused:
+            without_pooler = BertEncoder(model.encoder.config, with_pooler=False)
+            try:
+                _load_encoder(without_pooler, path)
+            except CheckpointError:
+                raise refused from None  # it names what does not fit, the pooler aside
+            theirs = {name: weight for name, weight, _ in google_variable_names(without_pooler)}
+            for name, weight, _ in google_variable_names(model.encoder):
+                if name in theirs:
+                    weight.assign(theirs[name].numpy())
+            logging.warning("%s: no pooler (weights trained with --nsp_loss=false, or a span model's): the "
+                            "classifier's pooler starts from random weights, as its output layer does", path)
 
     def describe(self, metrics: dict) -> str:
         figures = [f"{name} {metrics[name]:.4f}" for name in ("accuracy", *self.scores) if name in metrics]
@@ -224,6 +246,14 @@ class Classification(FineTuningObjective):
         return metrics
 
 
+def _load_encoder(encoder: BertEncoder, path: str) -> None:
+    """Pre-trained weights in any format pre-training takes (a run's training checkpoint, its
+    model.ckpt-N, google-research's, a Hugging Face directory) into `encoder`, whatever heads they
+    have."""
+    if load_pretraining_checkpoint(encoder, path) is None:
+        load_weights(encoder, path)
+
+
 @dataclasses.dataclass(frozen=True)
 class Answering:
     """What turns an evaluation's span logits into answers (finetuning.squad.predict_answers).
@@ -271,12 +301,10 @@ class SpanPrediction(FineTuningObjective):
         """--init_checkpoint's weights: a span model's whole (a run's model.ckpt-N, google-research's
         run_squad output, a BertForQuestionAnswering directory); else pre-trained weights for the
         encoder, the span head starting from random weights."""
-        if load_pretraining_checkpoint(model.encoder, path) is not None:
-            return
-        if holds_span_head(path):
+        if run_and_step(path)[1] is None and holds_span_head(path):
             load_weights(model, path)
         else:
-            load_weights(model.encoder, path)
+            _load_encoder(model.encoder, path)
 
     @staticmethod
     def describe(metrics: dict) -> str:
