@@ -2,6 +2,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 
@@ -270,6 +271,23 @@ def test_workers_exit_when_the_command_is_killed(tmp_path, name):
     while any(map(running, workers)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not [pid for pid in workers if running(pid)]  # none works on for nobody
+
+
+def test_a_script_that_makes_a_dataset_outside_its_main_guard_is_told_so(corpus, tmp_path, monkeypatch):
+    """Each spawned worker imports the script that started it again (multiprocessing marks the
+    process as _inheriting meanwhile): a script that called create_pretraining_data at its top
+    level called it again in every worker, which found the directory locked by its parent, and the
+    parent said a worker was killed, out of memory. By hand: such a script says this line in each
+    worker, and the parent's last line names both causes."""
+    import multiprocessing
+
+    monkeypatch.setattr(multiprocessing.current_process(), "_inheriting", True, raising=False)
+    with pytest.raises(create_module.WorkerLostError, match=re.escape(
+            "create_pretraining_data: called in a worker process as it started: each worker imports again the script "
+            "that started it, so a script of your own calls create_pretraining_data under `if __name__ == "
+            "\"__main__\":`")):
+        create_pretraining_dataset(corpus, str(tmp_path / "out"), dataset_settings())
+    assert not (tmp_path / "out").exists()
 
 
 def running(pid):

@@ -57,7 +57,8 @@ from bert_packed.storage.output_job import OutputJob, WorkUnits
 
 
 class WorkerLostError(UserError, RuntimeError):
-    """A worker process of the pool was killed (the kernel's out-of-memory killer, say)."""
+    """A worker process of the pool was killed (the kernel's out-of-memory killer, say), or a worker
+    process, as it started, ran a script that makes a dataset outside `if __name__ == "__main__":`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +124,10 @@ def create_pretraining_dataset(input_files: list[str], output_dir: str, settings
       DirectoryLockedError: another process is writing `output_dir` now.
       InputsChangedError: an input file changed during the run.
     """
+    if getattr(multiprocessing.current_process(), "_inheriting", False):  # multiprocessing's own test of it
+        raise WorkerLostError(f"{command}: called in a worker process as it started: each worker imports again the "
+                              f"script that started it, so a script of your own calls {command} under "
+                              f"`if __name__ == \"__main__\":`")
     if not input_files:
         raise CorpusError("no input files")
     tokenizer = Tokenizer(settings.vocab_file, settings.do_lower_case)  # fails early on a bad vocabulary
@@ -244,8 +249,10 @@ def _make_shards_here(jobs: list[ShardJob], units: WorkUnits, output_dir: str, s
             instances += future.result()
             progress.update(1, f", {instances:,} instances")
     except concurrent.futures.BrokenExecutor:
-        raise WorkerLostError("a worker process was killed (out of memory, or by a signal): the shards written are "
-                              "kept; run the same command again (fewer --num_workers use less memory)") from None
+        raise WorkerLostError("a worker process ended before its work was done: killed (out of memory, or by a "
+                              "signal), or, from a script of your own, one that does not call this under `if __name__ "
+                              "== \"__main__\":` (each worker imports it again). The shards written are kept; run the "
+                              "same command again (fewer --num_workers use less memory)") from None
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
