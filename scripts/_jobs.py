@@ -4,7 +4,6 @@ each skipped where its output is already there."""
 
 from __future__ import annotations
 
-import copy
 import gc
 import importlib
 import os
@@ -13,6 +12,7 @@ import sys
 
 from absl import flags
 
+from bert_packed.cli.common import process_flags
 from bert_packed.cli.in_process import run_in_process
 from bert_packed.errors import SettingsError
 from bert_packed.storage import files
@@ -61,7 +61,8 @@ def read_text(path: str) -> str:
 def flags_of(module: str, name: str, words: list[str]) -> list[str]:
     """`words` (the job's flag `name`), each a flag that the command `module` takes with a value it
     takes: a typo is said before any stage, not when its stage comes minutes later."""
-    command_flags = importlib.import_module(module).FLAGS
+    own = importlib.import_module(module).FLAGS
+    command_flags = {**process_flags(), **{flag: own[flag] for flag in own}}
     for word in words:
         key, given, value = word.removeprefix("--").partition("=")
         flag = command_flags[key] if key in command_flags else None
@@ -71,9 +72,9 @@ def flags_of(module: str, name: str, words: list[str]) -> list[str]:
                                 f"(--{name} holds flags, --name=value)")
         try:
             if given and flag is not None:
-                copy.deepcopy(flag).parse(value)  # the command's own flag keeps its default
+                flag.parser.parse(value)  # the value checked, not set
         except (flags.Error, ValueError) as e:
-            raise SettingsError(f"--{name}: {word}: {e}") from None
+            raise SettingsError(f"--{name}: {word}: flag --{flag.name}={value}: {e}") from None
     return words
 
 

@@ -30,10 +30,12 @@ import statistics
 import sys
 import time
 
-from absl import app, flags
+from absl import flags
 
+from bert_packed.cli.common import run
 from bert_packed.storage.files import write_text_atomically
 
+PROGRAM = "measure_hlo_memory"
 FLAGS = flags.FlagValues()
 flags.DEFINE_string("hlo_dir", None, "What benchmark_memory.py --export_hlo wrote (manifest.json and the HLO files).",
                     flag_values=FLAGS)
@@ -145,5 +147,9 @@ def write(result: dict) -> None:
     write_text_atomically(FLAGS.output_json, json.dumps(result, indent=1) + "\n")
 
 
+def entry_point():
+    run(main, PROGRAM, "output_json", "What was measured is in --output_json", flag_values=FLAGS)
+
+
 if __name__ == "__main__":
-    app.run(main)
+    entry_point()

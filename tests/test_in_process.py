@@ -166,3 +166,28 @@ def test_a_command_run_within_another_leaves_its_flags_and_starts_from_its_own_d
     first, second = capsys.readouterr().out.split("\n", 1)
     assert first.startswith("{") and "packing factor" in second  # the second run's output is the table again
     assert "histogram" not in flags.FLAGS and "input_tfrecord" not in flags.FLAGS
+
+
+def test_a_program_that_runs_a_command_keeps_its_own_flags_and_absl_s(tmp_path, capsys):
+    """A program of its own (a job, a user's absl program) that runs a command in its process:
+    the command neither takes that program's flags nor leaves absl's process-wide ones (--verbosity)
+    as it parsed them."""
+    from absl import flags
+    from absl.testing import flagsaver
+
+    from bert_packed.cli import in_process
+
+    (tmp_path / "h.json").write_text("[0, 1, 1, 2]")
+    flags.DEFINE_string("a_caller_s_flag", None, "The caller's own.")
+    saved = flagsaver.save_flag_values(flags.FLAGS)
+    try:
+        flags.FLAGS(["caller", "--a_caller_s_flag=results.json", "--verbosity=1"])
+        statuses = [in_process.run_in_process("bert_packed.cli.plan_packing", [f"--histogram={tmp_path / 'h.json'}",
+                                                                                *more])
+                    for more in ([], ["--a_caller_s_flag=oops"])]
+        assert (flags.FLAGS.a_caller_s_flag, flags.FLAGS.verbosity) == ("results.json", 1)
+    finally:
+        flagsaver.restore_flag_values(saved, flags.FLAGS)
+        delattr(flags.FLAGS, "a_caller_s_flag")
+    assert statuses == [0, 2]
+    assert "Unknown command line flag 'a_caller_s_flag'" in capsys.readouterr().err

@@ -376,6 +376,8 @@ def refused_at_once(root, vocab_size: int) -> None:
     (["--seeds="], "--seeds is empty: expected at least one seed (--seeds=1)"),
     (["--phase2_flags=--num_train_step=2"], "--phase2_flags: '--num_train_step=2': run_pretraining has no such flag "
                                             "(--phase2_flags holds flags, --name=value)"),
+    (["--phase1_flags=--verbosity=1 --logtostderr --x=1"], "--phase1_flags: '--x=1': run_pretraining has no such flag "
+                                                           "(--phase1_flags holds flags, --name=value)"),  # absl's, taken
     (["--phase1_flags=--train_batch_size=two"], "--phase1_flags: --train_batch_size=two: flag --train_batch_size=two: "
                                                 "invalid literal for int() with base 10: 'two'"),
     (["--throughput_flags=--rounds=1 --updates=x"], "--throughput_flags: --updates=x: flag --updates=x: invalid literal "

@@ -33,9 +33,20 @@ def test_the_layout_is_google_research_s_and_the_size_a_multiple_of_8(corpus):
     everything = build_vocabulary(corpus, 30_528)
     assert len(everything) % 8 == 0 and len(everything) < 30_528
     assert len(set(everything)) == len(everything)
-    # The trainer broke ties between equally frequent merges by hash-map order: each build of this
-    # corpus at 1,000 gave another set of tokens (huggingface/tokenizers#1794).
+    # The trainer broke ties by hash-map order, between equally frequent merges and characters at
+    # the alphabet's cut of 1,000: each build of this corpus at 1,000 gave another set of tokens,
+    # and so did one with more than 1,000 characters, however given (huggingface/tokenizers#1794).
     assert build_vocabulary(corpus, 1000) == uncased == build_vocabulary(corpus, 1000)
+    rare = os.path.join(os.path.dirname(corpus[0]), "rare.txt")
+    with open(rare, "w", encoding="utf-8") as f:  # 1,500 ideographs and as many letters, each once
+        f.write('<doc id="1" url="" title="Rare">\nRare\n\n'
+                + "".join(" ".join(chr(0x4E00 + i) + chr(0x100 + i) for i in range(j, j + 50)) + ".\n"
+                          for j in range(0, 1500, 50)) + "</doc>\n")
+    try:
+        builds = [build_vocabulary([*corpus, rare], 2000) for _ in range(3)]
+    finally:
+        os.remove(rare)
+    assert builds[0] == builds[1] == builds[2] and len(set(builds[0]) & {chr(0x4E00 + i) for i in range(1500)}) > 0
 
 
 @pytest.mark.slow  # builds a vocabulary, its data and trains on it (over 3.5 s here)
@@ -81,11 +92,16 @@ def test_a_built_vocabulary_makes_records_that_train(corpus, tmp_path):
 
 
 def test_bad_settings_are_one_line(corpus, tmp_path):
+    """Each before the corpus is read: an output that cannot be written was found after learning."""
+    (tmp_path / "a_file").write_text("x")
     for args, message in (
             ([f"--vocab_file={tmp_path}/v.txt", "--vocab_size=50"], "--vocab_size=50 must be at least 112"),
             ([], "--input_file and --vocab_file are required"),
             ([f"--vocab_file={tmp_path}/v.txt", f"--bert_config_file={tmp_path}/none.json"],
-             f"--bert_config_file={tmp_path}/none.json: cannot read it as a BERT config")):
+             f"--bert_config_file={tmp_path}/none.json: cannot read it as a BERT config"),
+            ([f"--vocab_file={tmp_path}/v.txt", f"--output_bert_config_file={tmp_path}/c.json"],
+             f"--output_bert_config_file={tmp_path}/c.json: given without --bert_config_file"),
+            ([f"--vocab_file={tmp_path}/a_file/v.txt"], f"{tmp_path}/a_file: exists and is not a directory")):
         result = run_command("build_vocabulary", f"--input_file={','.join(corpus)}" if args else "--vocab_size=1000",
                              *args)
         assert result.returncode == 2 and message in result.stderr.strip().splitlines()[-1], result.stderr

@@ -258,7 +258,8 @@ def _flags_parser(main: Callable[[list[str]], None], program: str, flag_values: 
         absl_logging.use_absl_handler()  # app.run's, done the first time in a process only
         _take_process_flags(flag_values)
         unparse(flag_values)  # a command run before in this process parsed them
-        if any(arg in ("-h", "--help", "--helpshort") for arg in argv[1:]):
+        if any(arg in ("-h", "-?", "--help", "--helpshort") or re.fullmatch(r"--?help(short)?=(true|1|t)", arg, re.I)
+               for arg in argv[1:]):
             print_help(main, flag_values)
             sys.exit(0)
         if "--helpfull" in argv[1:]:  # absl's own exits 1: asking for help is no error
@@ -273,7 +274,7 @@ def _flags_parser(main: Callable[[list[str]], None], program: str, flag_values: 
             fail(program, "--flagfile: not UTF-8 text (a compressed or binary file?); a flagfile holds one flag a line")
         except flags.CantOpenFlagFileError as e:
             fail(program, _unreadable_flagfile(e, argv[1:]))
-        except flags.Error as e:
+        except (flags.Error, ValueError) as e:  # absl's ValueError: --nojson=1 (a negated flag given a value)
             fail(program, e)
         if len(rest) > 1 and not positional and not pass_on:
             fail(program, f"unexpected argument {rest[1]!r} ({len(rest) - 1} in all): this command takes flags only. "
@@ -286,14 +287,25 @@ def _flags_parser(main: Callable[[list[str]], None], program: str, flag_values: 
     return parse
 
 
+# The modules whose flags every command takes: absl's logging (--verbosity, --logtostderr, ...)
+# and app (--only_check_args, --pdb, the help flags).
+PROCESS_FLAG_MODULES = ("absl.logging", "absl.app")
+
+
+def process_flags() -> dict[str, flags.Flag]:
+    """absl's process-wide flags, by name (PROCESS_FLAG_MODULES'), in absl's global FlagValues.
+    Not the flags a program that runs commands defined there itself, nor TensorFlow's."""
+    app.define_help_flags()  # once per process; app.run defines them too
+    return {name: flags.FLAGS[name] for name in flags.FLAGS
+            if flags.FLAGS.find_module_defining_flag(name) in PROCESS_FLAG_MODULES and flags.FLAGS[name].name == name}
+
+
 def _take_process_flags(flag_values: flags.FlagValues) -> None:
-    """Puts in the command's `flag_values` the flags of absl's global FlagValues that the command
-    does not define (absl's --verbosity, --logtostderr, --flagfile's companions; TensorFlow's,
-    once imported): the same Flag objects, so that what a command line gives them is what absl
-    and TensorFlow read."""
-    for name in flags.FLAGS:
-        flag = flags.FLAGS[name]
-        if name == flag.name and name not in flag_values and (flag.short_name or name) not in flag_values:
+    """Puts absl's process-wide flags (process_flags) in the command's `flag_values`, where it
+    does not define flags of their names: the same Flag objects, so that what a command line
+    gives them is what absl reads."""
+    for name, flag in process_flags().items():
+        if name not in flag_values and (flag.short_name or name) not in flag_values:
             flag_values[name] = flag  # its short name (absl's -v) with it
 
 

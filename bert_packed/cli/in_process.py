@@ -18,8 +18,11 @@ import random
 import signal
 import sys
 
-from absl import command_name
+from absl import command_name, flags
 from absl import logging as absl_logging
+from absl.testing import flagsaver
+
+from bert_packed.cli.common import process_flags, unparse
 
 
 class QuietRetracing(logging.Filter):
@@ -41,10 +44,10 @@ def command_in_this_process(module_name: str, cwd: str | None = None):
     absl's handler filters nothing, as in a new process, and the process keeps its name (absl's
     app.run would give it the command's).
 
-    What is put back: the logging set-up, the SIGINT and SIGTERM handlers, sys.argv, sys.stdout
-    and sys.stderr, the environment, the working directory, and what a training run sets of the
-    whole process (op determinism, the random seeds, the precision policy:
-    bert_packed.training.process.set_up_process).
+    What is put back: absl's global flags' values (its process-wide flags are every command's),
+    the logging set-up, the SIGINT and SIGTERM handlers, sys.argv, sys.stdout and sys.stderr, the
+    environment, the working directory, and what a training run sets of the whole process (op
+    determinism, the random seeds, the precision policy: bert_packed.training.process.set_up_process).
 
     Args:
       module_name: the command's module (`bert_packed.cli.pack_pretraining_data`, or a script's
@@ -52,7 +55,7 @@ def command_in_this_process(module_name: str, cwd: str | None = None):
       cwd: the working directory meanwhile (None: the current one).
     """
     quiet = QuietRetracing()
-    with _process_state_kept(), _training_state_kept():
+    with _process_state_kept(), _training_state_kept(), _process_flags_kept():
         process_name = command_name.make_process_name_useful
         try:
             command_name.make_process_name_useful = lambda: None  # the process keeps its name
@@ -101,6 +104,22 @@ def call_entry_point(module, argv: list[str], steps=None) -> int:
         print(e.code, file=sys.stderr)
         return 1
     return 0
+
+
+@contextlib.contextmanager
+def _process_flags_kept():
+    """Puts back the values of absl's global flags, and whether they were parsed: a command parses
+    absl's process-wide ones (--verbosity, ...) from their defaults, and those are its caller's
+    too (a job's, or a program's of its own that parsed them)."""
+    process_flags()  # the help flags defined, as a command's run defines them
+    saved, was_parsed = flagsaver.save_flag_values(flags.FLAGS), flags.FLAGS.is_parsed()
+    try:
+        yield
+    finally:
+        unparse(flags.FLAGS)
+        flagsaver.restore_flag_values(saved, flags.FLAGS)
+        if was_parsed:
+            flags.FLAGS.mark_as_parsed()
 
 
 @contextlib.contextmanager

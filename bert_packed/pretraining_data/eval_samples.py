@@ -17,7 +17,7 @@ import os
 
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
-from bert_packed.inputs.dataset_info import read_dataset_info
+from bert_packed.inputs.dataset_info import read_dataset_info, require_seq_length
 from bert_packed.inputs.provenance import origins
 from bert_packed.records import TFRecordWriter, read_record_batches, read_unpacked
 from bert_packed.settings import setting
@@ -38,6 +38,10 @@ class PickSettings:
     def __post_init__(self):
         if self.num_examples_to_pick < 1:
             raise SettingsError(f"--num_examples_to_pick={self.num_examples_to_pick}: must be >= 1")
+        require_seq_length(self.max_seq_length)
+        if not 1 <= self.max_predictions_per_seq <= self.max_seq_length:
+            raise SettingsError(f"--max_predictions_per_seq={self.max_predictions_per_seq}: must be from 1 to "
+                                f"--max_seq_length={self.max_seq_length}")
 
 
 def pick_eval_samples(settings: PickSettings) -> int:

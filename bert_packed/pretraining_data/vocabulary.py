@@ -20,12 +20,15 @@ write_vocabulary is the command as a function of its settings (`python -m bert_p
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
 import re
+import string
+import unicodedata
 
-from bert_packed.errors import SettingsError, raise_if_retryable
+from bert_packed.errors import SettingsError, StorageError, raise_if_retryable
 from bert_packed.inputs.input_files import expand_globs
 from bert_packed.pretraining_data.corpus import INPUT_FORMATS, CorpusError, detect_corpus_format, iter_documents
 from bert_packed.pretraining_data.create_command import CorpusSettings
@@ -102,15 +105,27 @@ def write_vocabulary(settings: VocabularySettings) -> WrittenVocabulary:
       SettingsError: a bad template config, or an output that is an input or the other output.
       CorpusError: bad input, naming the file.
     """
+    if settings.output_bert_config_file and not settings.bert_config_file:
+        raise SettingsError(f"--output_bert_config_file={settings.output_bert_config_file}: given without "
+                            f"--bert_config_file, the config it would write again with the vocabulary's size")
     paths = expand_globs(settings.input_file, "--input_file")
     template = _bert_config(settings.bert_config_file) if settings.bert_config_file else None
     config_path = (settings.output_bert_config_file or os.path.join(os.path.dirname(settings.vocab_file),
                                                                     "bert_config.json")) if template else None
     _refuse_writing_over_inputs(settings, paths, config_path)
     replaced = frozenset(path for path in (settings.vocab_file, config_path) if path and files.exists(path))
+    for path in (settings.vocab_file, config_path):  # a place that cannot be written, found before the corpus is read
+        if path:
+            probe = files.temporary_name(path)
+            try:
+                files.makedirs(os.path.dirname(path) or ".")
+                with files.storage(path), files.open_file(probe, "w"):
+                    pass
+            except StorageError as e:
+                raise e.at(path) from None  # the output's path, which its flag gives
+            files.remove(probe)
     tokens = build_vocabulary(paths, settings.vocab_size, settings.do_lower_case, settings.input_format,
                               settings.text_field, settings.min_frequency)
-    files.makedirs(os.path.dirname(settings.vocab_file) or ".")
     files.write_text_atomically(settings.vocab_file, "".join(f"{token}\n" for token in tokens))
     if template is not None:
         files.write_text_atomically(config_path, json.dumps({**template, "vocab_size": len(tokens)}, indent=2) + "\n")
@@ -143,6 +158,32 @@ def _bert_config(path: str) -> dict:
     if "vocab_size" not in config or "hidden_size" not in config:
         raise SettingsError(f"--bert_config_file={path}: not a BERT config (no vocab_size and hidden_size)")
     return config
+
+
+def _alphabet(sentences, normalizer) -> list[str]:
+    """The ALPHABET most frequent characters of the sentences as the tokenizer normalises them
+    (whitespace aside), the more frequent first, ties by code point."""
+    counts: collections.Counter = collections.Counter()
+    for sentence in sentences:
+        counts.update(normalizer.normalize_str(sentence))
+    found = [character for character in counts if not character.isspace()]
+    return sorted(found, key=lambda character: (-counts[character], character))[:ALPHABET]
+
+
+def _may_continue_a_word(character: str) -> bool:
+    """Whether the trainer may meet `character` inside a word: the pre-tokenizer makes a word of
+    each punctuation mark (ASCII's, and Unicode's P categories), and the normaliser one of each CJK
+    ideograph. A character said to continue one that never does costs a token and changes nothing
+    else."""
+    code = ord(character)
+    return not (character in string.punctuation or unicodedata.category(character).startswith("P")
+                or any(first <= code <= last for first, last in _CJK))
+
+
+# CJK ideographs, which the normaliser parts with spaces (google-research's ranges, which the
+# tokenizers library's normaliser holds too).
+_CJK = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
+        (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
 
 
 def reserved_tokens() -> list[str]:
@@ -186,21 +227,21 @@ def build_vocabulary(input_files: list[str], vocab_size: int, do_lower_case: boo
             for document in iter_documents(path, input_format, text_field):
                 yield from document.sentences
 
-    def trained(special_tokens: list[str]) -> list[str]:
-        tokenizer = BertWordPieceTokenizer(lowercase=do_lower_case, strip_accents=do_lower_case, clean_text=True,
-                                           handle_chinese_chars=True)
-        tokenizer.train_from_iterator(sentences(), vocab_size=vocab_size, min_frequency=min_frequency,
-                                      special_tokens=special_tokens, limit_alphabet=ALPHABET, wordpieces_prefix="##",
-                                      show_progress=False)
-        return [token for token, _ in sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])]
-
-    # The trainer numbers the continuing characters ("##s") in a hash map's order, and breaks ties
-    # between equally frequent merges by those numbers: the same corpus gave another vocabulary
-    # each time (huggingface/tokenizers#1794). Special tokens are numbered in the order given, so
-    # a first pass finds those characters and the second gives them in sorted order.
-    continuing = sorted(token for token in trained(reserved) if token.startswith("##") and len(token) == 3)
+    tokenizer = BertWordPieceTokenizer(lowercase=do_lower_case, strip_accents=do_lower_case, clean_text=True,
+                                       handle_chinese_chars=True)
+    # The trainer breaks ties in a hash map's order: between equally frequent characters at the
+    # alphabet's cut, and, by the numbers it gives the characters that continue a word in that
+    # order, between equally frequent merges; the same corpus gave another vocabulary each time
+    # (huggingface/tokenizers#1794). So the alphabet is chosen here, and every character of it that
+    # may continue a word is given first, in order, as a special token: numbered as given.
+    alphabet = _alphabet(sentences(), tokenizer.normalizer)
+    continuing = [f"##{character}" for character in sorted(alphabet) if _may_continue_a_word(character)]
+    tokenizer.train_from_iterator(sentences(), vocab_size=vocab_size, min_frequency=min_frequency,
+                                  special_tokens=reserved + continuing, initial_alphabet=alphabet,
+                                  limit_alphabet=len(alphabet), wordpieces_prefix="##", show_progress=False)
     known = set(reserved)
-    learned = [token for token in trained(reserved + continuing) if token not in known]
+    learned = [token for token, _ in sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+               if token not in known]
     tokens = reserved + learned[:vocab_size - len(reserved)]
     extra = -len(tokens) % 8
     return tokens + [f"[unused{UNUSED_AT_THE_START + i}]" for i in range(extra)]
