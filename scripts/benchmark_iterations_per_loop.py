@@ -27,7 +27,7 @@ from bert_packed.cli.common import run
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
 from bert_packed.records import TFRecordWriter
-from bert_packed.run_directory import TRAIN_LOG, RunDirectory
+from bert_packed.storage.run_directory import TRAIN_LOG, RunDirectory
 from bert_packed.training.assemble import PretrainingSettings, assemble
 from bert_packed.training.loop import train_and_evaluate
 from bert_packed.training.process import set_up_process

@@ -43,10 +43,10 @@ import time
 
 from absl import flags
 
-from bert_packed import cards
 from bert_packed.cli.common import run
 from bert_packed.errors import SettingsError
 from bert_packed.storage.files import write_text_atomically
+from bert_packed.training import cards
 from bert_packed.update_program import export
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))

@@ -350,7 +350,7 @@ def test_held_out_files_never_train_unless_the_user_says_so(corpus, tmp_path):
 def test_a_run_refuses_to_resume_on_data_made_again_since_it_started(packed_copy, tmp_path):
     from training_runs import config, make_trainer
 
-    from bert_packed.run_directory import RunError
+    from bert_packed.storage.run_directory import RunError
     from bert_packed.training import data
 
     shapes = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK)
@@ -385,7 +385,7 @@ def test_a_run_refuses_to_resume_on_data_made_again_since_it_started(packed_copy
 def test_data_made_again_is_named_before_the_settings_it_changes(tmp_path):
     """Data made again changes what follows from it (the packing factor of packing on the fly):
     the user gave the same flags, so the line names the data."""
-    from bert_packed.run_directory import RunDirectory, RunError
+    from bert_packed.storage.run_directory import RunDirectory, RunError
 
     run = RunDirectory(str(tmp_path))
     run.claim({"packing_factor": 1.9, "seed": 1}, {"train_files": [["/data/part-0.tfrecord", 100, "aa"]]})
@@ -406,7 +406,7 @@ def test_data_made_again_is_named_before_the_settings_it_changes(tmp_path):
 def test_a_hand_edited_record_of_the_data_is_damaged_in_one_line(tmp_path, entries):
     """Damaged for a resume, which compares the record; any other reader of run.json (a plot, an
     export) reads the rest of it."""
-    from bert_packed.run_directory import RunDirectory, RunError
+    from bert_packed.storage.run_directory import RunDirectory, RunError
 
     run = RunDirectory(str(tmp_path))
     (tmp_path / "run.json").write_text(json.dumps({"seed": 1, "train_files": entries}))
@@ -418,7 +418,7 @@ def test_a_hand_edited_record_of_the_data_is_damaged_in_one_line(tmp_path, entri
 
 
 def test_the_refusal_says_what_differs_in_data_of_the_same_size_or_given_twice(tmp_path):
-    from bert_packed.run_directory import RunDirectory, RunError
+    from bert_packed.storage.run_directory import RunDirectory, RunError
 
     run = RunDirectory(str(tmp_path))
     first, second = ["/data/part-0.tfrecord", 100, "aa"], ["/data/part-1.tfrecord", 9, "cc"]
@@ -452,7 +452,7 @@ def train_settings(input_mode):
 
 def test_a_run_directory_names_the_other_command_s_run(tmp_path):
     """run_squad onto a finished run_classifier directory named only what differed."""
-    from bert_packed.run_directory import RunDirectory, RunError
+    from bert_packed.storage.run_directory import RunDirectory, RunError
 
     (tmp_path / "run").mkdir()
     directory = RunDirectory(str(tmp_path / "run"))

@@ -147,7 +147,7 @@ def test_training_packed_on_the_fly_resumes_exactly_and_counts_the_plan_once(unp
 
     from training_runs import config, make_trainer, read_log, sigterm_in_the_loop_from
 
-    from bert_packed.run_directory import RunDirectory
+    from bert_packed.storage.run_directory import RunDirectory
     from bert_packed.training import data
 
     bare = tmp_path / "bare"
@@ -179,7 +179,7 @@ def test_training_packed_on_the_fly_resumes_exactly_and_counts_the_plan_once(unp
     assert [r["sequences"] for r in logs[0]] == [r["sequences"] for r in logs[1]]
     assert logs[0][-1]["sequences"] / (6 * 3) > 1.1  # several sequences a pack
     # Another window makes other packs: the run is not resumed with it.
-    from bert_packed.run_directory import RunError
+    from bert_packed.storage.run_directory import RunError
 
     with pytest.raises(RunError, match=r"holds another run \(online_packing_window: \d+ there, 100 here\)"):
         trainer(tmp_path / "resumed", window=100).train()

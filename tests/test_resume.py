@@ -13,8 +13,8 @@ import pytest
 from conftest import REPO, TINY, tfrecords
 from training_runs import config, make_trainer, read_log, weights
 
-from bert_packed.run_directory import MLLOG
 from bert_packed.storage import files
+from bert_packed.storage.run_directory import MLLOG
 from bert_packed.training import logs as run_logs
 from bert_packed.training import mlperf_log
 

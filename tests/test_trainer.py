@@ -661,7 +661,7 @@ def test_a_signal_during_the_evaluation_that_would_reach_the_target_stops_and_th
 def test_an_output_dir_holding_another_run_is_refused_and_left_intact(packed_dir, tmp_path):
     make_trainer(config(tmp_path, tfrecords(packed_dir), num_train_steps=1, flags_text="--seed=12345\n")).train()
     before = (tmp_path / "train_log.jsonl").read_text()
-    from bert_packed.run_directory import RunError
+    from bert_packed.storage.run_directory import RunError
 
     with pytest.raises(RunError, match=r"holds another run \(rows_per_micro_batch: 4 there, 2 here; seed: 12345 there, 7 here; "
                                         r"train_batch_size: 4 there, 2 here\); use a new --output_dir"):
@@ -790,7 +790,7 @@ def test_a_torn_last_log_line_is_dropped_and_a_damaged_one_named(packed_dir, tmp
     assert [r["step"] for r in resumed] == [1, 2, 3, 4] and resumed[:2] == first
     lines = (tmp_path / "train_log.jsonl").read_text().splitlines()
     (tmp_path / "train_log.jsonl").write_text("\n".join([lines[0], "{garbage", *lines[1:]]) + "\n")
-    from bert_packed.run_directory import RunError
+    from bert_packed.storage.run_directory import RunError
 
     with pytest.raises(RunError, match=r"train_log.jsonl: line 2 is not JSON"):
         make_trainer(config(tmp_path, files, num_train_steps=6, save_checkpoints_steps=2)).train()

@@ -44,10 +44,10 @@ from bert_packed.reports.speedups import (
     describe_speedup,
     token_speedup,
 )
-from bert_packed.run_directory import RunError
 from bert_packed.settings import check_settings, given_or_changed, setting
 from bert_packed.storage import files, locks
 from bert_packed.storage.files import atomic_open
+from bert_packed.storage.run_directory import RunError
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

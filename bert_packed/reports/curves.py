@@ -1,7 +1,7 @@
 """Comparing training runs: accuracy and loss curves, time to accuracy, realized speed-up.
 
 A run is an output_dir of run_pretraining.py (or of a fine-tuning command: run_classifier's
-accuracy, run_squad's F1 take the MLM accuracy's place), read through bert_packed.run_directory (so runs on
+accuracy, run_squad's F1 take the MLM accuracy's place), read through bert_packed.storage.run_directory (so runs on
 gs:// compare as local ones do): its train and eval logs and run.json. Runs whose names differ
 only in a trailing seed ("packed_seed1", "packed_seed2") are one configuration: drawn as the
 seeds' mean with their range as a band, tabled as mean and range.
@@ -14,8 +14,8 @@ import os
 import re
 
 from bert_packed.reports.speedups import ABOVE_THE_FACTOR
-from bert_packed.run_directory import EVAL_LOG, TRAIN_LOG, RunDirectory, RunError
 from bert_packed.storage import files
+from bert_packed.storage.run_directory import EVAL_LOG, TRAIN_LOG, RunDirectory, RunError
 
 # What a run's curves follow, by the first key its logs hold: pre-training's MLM accuracy,
 # run_squad's F1, run_classifier's accuracy; and how tables and plots name it.

@@ -49,8 +49,8 @@ from bert_packed.inputs.dataset_info import (
 )
 from bert_packed.inputs.file_identity import FileIdentity
 from bert_packed.progress import Progress
-from bert_packed.run_directory import RunDirectory
 from bert_packed.storage import files, locks
+from bert_packed.storage.run_directory import RunDirectory
 
 # The layout of the work directory; an unfinished run left by another layout starts over.
 WORK_FORMAT = 4

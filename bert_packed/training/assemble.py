@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
 from bert_packed.inputs.input_files import expand_globs, shapes_given_or_recorded
-from bert_packed.run_directory import RunDirectory
 from bert_packed.settings import check_setting, settings_of
+from bert_packed.storage.run_directory import RunDirectory
 from bert_packed.training.config import PARTS, LaunchSettings, TrainConfig, make_config, setting_names
 from bert_packed.training.launch import DistributionSettings
 

@@ -32,8 +32,8 @@ from bert_packed.errors import TrainingError
 from bert_packed.model import BertEncoder, BertPretrainingModel, load_google_checkpoint
 from bert_packed.model.checkpoint import CheckpointError, google_variable_names, newest_exported_step
 from bert_packed.model.huggingface import MODEL_SETTINGS
-from bert_packed.run_directory import RunDirectory, program_of
 from bert_packed.storage import files
+from bert_packed.storage.run_directory import RunDirectory, program_of
 
 _CHECKPOINT = re.compile(r"^ckpt-(\d+)\.index$")
 

@@ -31,8 +31,8 @@ from bert_packed.packing.histogram import HistogramError, load_histogram
 from bert_packed.packing.packer import unpack
 from bert_packed.packing.stream import length_histogram
 from bert_packed.records import read_packed, read_unpacked
-from bert_packed.run_directory import RunDirectory
 from bert_packed.storage import files
+from bert_packed.storage.run_directory import RunDirectory
 from bert_packed.training.batching import Batching
 from bert_packed.training.config import TrainConfig, require, require_fits, require_packed_for, require_window
 from bert_packed.training.input_pipeline import PipelineConfig

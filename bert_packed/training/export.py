@@ -18,8 +18,8 @@ import dataclasses
 from bert_packed.errors import SettingsError
 from bert_packed.model.config import ExportSettings
 from bert_packed.pretraining_data.tokenization import vocabulary_path
-from bert_packed.run_directory import RunDirectory, program_of
 from bert_packed.storage import files
+from bert_packed.storage.run_directory import RunDirectory, program_of
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,8 +27,8 @@ from bert_packed.model import BertConfig
 from bert_packed.model.huggingface import is_huggingface_directory, require_export_directory, require_same_model
 from bert_packed.packing.assign import assign_to_packs
 from bert_packed.pretraining_data.tokenization import Tokenizer
-from bert_packed.run_directory import EVAL_LOG, PREDICTIONS, TEST_RESULTS, RunDirectory
 from bert_packed.storage import files
+from bert_packed.storage.run_directory import EVAL_LOG, PREDICTIONS, TEST_RESULTS, RunDirectory
 from bert_packed.training.config import TrainConfig, make_config
 from bert_packed.training.data import EvalData, TrainData
 from bert_packed.training.finetune_settings import ClassifierSettings, FineTuningSettings, SquadSettings

@@ -16,7 +16,7 @@ run does, once (docs/reliability.md).
 
 What it uses: a CompiledStep (step.py: the model, optimizer and compiled update, built once per
 graph shape), the data's description (data.py), checkpoints, logs and mlperf_log (what is
-logged), and bert_packed.run_directory (the files).
+logged), and bert_packed.storage.run_directory (the files).
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ from bert_packed.inputs.file_identity import DataChangedError, check_unchanged
 from bert_packed.model import export_google_checkpoint, export_huggingface
 from bert_packed.model.checkpoint import checkpoint_step
 from bert_packed.model.huggingface import CONFIG_FILE
-from bert_packed.run_directory import RunDirectory
 from bert_packed.storage import files, locks
 from bert_packed.storage.output_job import refuse_other_output
+from bert_packed.storage.run_directory import RunDirectory
 from bert_packed.training.batching import describe_run, eval_every_samples
 from bert_packed.training.checkpoints import Checkpoints
 from bert_packed.training.config import TrainConfig, require_divides

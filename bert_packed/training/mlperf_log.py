@@ -18,7 +18,7 @@ import os
 
 from mlperf_logging.mllog import mllog
 
-from bert_packed.run_directory import MLLOG, RunDirectory
+from bert_packed.storage.run_directory import MLLOG, RunDirectory
 
 _PREFIX = ":::MLLOG "
 

@@ -18,7 +18,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from bert_packed.inputs.file_identity import one_reading_per_file
-from bert_packed.run_directory import EVAL_LOG, RunDirectory
+from bert_packed.storage.run_directory import EVAL_LOG, RunDirectory
 from bert_packed.training.assemble import PretrainingSettings, assemble
 from bert_packed.training.launch import cluster_of_this_task, make_strategy
 from bert_packed.training.step_pool import StepPool, pool_or_own

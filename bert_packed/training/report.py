@@ -7,8 +7,8 @@ import logging
 import os
 import tempfile
 
-from bert_packed.run_directory import EVAL_LOG, MLLOG, TRAIN_LOG, RunDirectory
 from bert_packed.storage import files
+from bert_packed.storage.run_directory import EVAL_LOG, MLLOG, TRAIN_LOG, RunDirectory
 
 # The MLPerf ruleset the logs follow (the newest with BERT) and the closed division's target.
 RULESET = "5.0.0"

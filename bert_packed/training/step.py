@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from bert_packed.run_directory import LOGS
+from bert_packed.storage.run_directory import LOGS
 from bert_packed.training.batching import batching
 from bert_packed.training.config import TrainConfig
 from bert_packed.training.data import TrainData

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import time
 
-from bert_packed.cards import bf16_peak_tflops
 from bert_packed.features import Shapes
 from bert_packed.model import BertConfig
+from bert_packed.training.cards import bf16_peak_tflops
 from bert_packed.training.config import TrainConfig, make_config
 from bert_packed.training.data import TrainData, train_pipeline
 from bert_packed.training.step import CompiledStep
