@@ -417,6 +417,8 @@ def test_pick_refuses_training_records_and_the_planner_a_histogram_that_never_en
         pick_eval_samples(PickSettings(input_tfrecord=tfrecords(unpacked_dir)[0]))
     with pytest.raises(SettingsError, match="--max_predictions_per_seq=-1: must be from 1 to --max_seq_length=512"):
         PickSettings(max_predictions_per_seq=-1)  # TensorFlow's shape error, a traceback
+    with pytest.raises(SettingsError, match=r"--num_examples_to_pick='5': a str; expected an integer"):
+        PickSettings(num_examples_to_pick="5")  # a TypeError
     os.mkfifo(tmp_path / "fifo")  # read, it would block; /dev/zero never ends
     for path in ("/dev/zero", tmp_path / "fifo"):
         assert_one_line(run_command("plan_packing", f"--histogram={path}"), f"{path}: not a regular file")

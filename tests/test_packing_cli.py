@@ -102,6 +102,9 @@ def test_the_planner_is_a_function_of_its_settings(histogram_file, tmp_path):
     assert printed.stdout.splitlines()[-2:] == report.text().splitlines()[-2:]
     with pytest.raises(SettingsError, match="--histogram: not given"):
         plan_packing(PlanSettings())
+    with pytest.raises(SettingsError, match="--algorithm=magic: expected one of spfhp, lpfhp, nnlshp, lp, all"):
+        PlanSettings(histogram=histogram_file, algorithm="magic")
+    assert PlanSettings(histogram=histogram_file, max_sequences_per_pack=2).depth == 2  # a number, as the flag's text
     reference.write_text(json.dumps([1, 1]))
     with pytest.raises(HistogramError, match="its L is 2"):
         plan_packing(PlanSettings(histogram=histogram_file, reference_histogram=str(reference)))

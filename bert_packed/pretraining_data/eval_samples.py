@@ -20,7 +20,7 @@ from bert_packed.features import Shapes
 from bert_packed.inputs.dataset_info import read_dataset_info, require_seq_length
 from bert_packed.inputs.provenance import origins
 from bert_packed.records import TFRecordWriter, read_record_batches, read_unpacked
-from bert_packed.settings import setting
+from bert_packed.settings import check_settings, setting
 from bert_packed.storage import files
 
 
@@ -36,6 +36,7 @@ class PickSettings:
     max_predictions_per_seq: int = setting(76, "P of the records.", group="records")
 
     def __post_init__(self):
+        check_settings(self)
         if self.num_examples_to_pick < 1:
             raise SettingsError(f"--num_examples_to_pick={self.num_examples_to_pick}: must be >= 1")
         require_seq_length(self.max_seq_length)

@@ -33,7 +33,7 @@ from bert_packed.inputs.input_files import expand_globs
 from bert_packed.pretraining_data.corpus import INPUT_FORMATS, CorpusError, detect_corpus_format, iter_documents
 from bert_packed.pretraining_data.create_command import CorpusSettings
 from bert_packed.pretraining_data.tokenization import SPECIAL_TOKENS
-from bert_packed.settings import setting
+from bert_packed.settings import check_settings, setting
 from bert_packed.storage import files
 
 # google-research/bert's: [PAD], [unused0]-[unused98], then [UNK], [CLS], [SEP], [MASK].
@@ -60,6 +60,7 @@ class VocabularySettings(CorpusSettings):
                                                         "--vocab_file).", group="output")
 
     def __post_init__(self):
+        check_settings(self)
         if not self.input_file or not self.vocab_file:
             raise SettingsError("--input_file and --vocab_file are required: the corpus, and where the vocabulary goes")
         if self.vocab_size < len(reserved_tokens()) + 8 or self.min_frequency < 1:
