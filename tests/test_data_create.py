@@ -290,6 +290,18 @@ def test_a_script_that_makes_a_dataset_outside_its_main_guard_is_told_so(corpus,
     assert not (tmp_path / "out").exists()
 
 
+def test_a_script_read_from_stdin_makes_its_shards_in_its_own_process(corpus, tmp_path, monkeypatch, caplog):
+    """`python - < script.py`: a spawned worker runs the script that started it again, and cannot
+    read `<stdin>` (FileNotFoundError in each worker, and the parent blamed memory)."""
+    import sys
+
+    monkeypatch.setattr(sys.modules["__main__"], "__file__", "<stdin>", raising=False)
+    monkeypatch.setattr(sys.modules["__main__"], "__spec__", None, raising=False)
+    metadata = create_pretraining_dataset(corpus, str(tmp_path / "out"), dataset_settings(), num_workers=2)
+    assert metadata == create_pretraining_dataset(corpus, str(tmp_path / "one"), dataset_settings(), num_workers=1)
+    assert "<stdin>: not a file, which worker processes could start from" in caplog.text
+
+
 def running(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:

@@ -263,8 +263,9 @@ def test_a_classifier_starts_from_weights_without_a_pooler_and_from_a_run_s_chec
     """A masked-LM-only run's weights (or a span model's) have no pooler: the classifier takes the
     rest, its pooler starting from random weights as transformers' does, and says so (it was
     refused with advice to give --nsp_loss=false, which run_classifier has no flag for). A run's
-    checkpoints/ folder is its newest training checkpoint (it was read as a TF1 checkpoint, and
-    refused)."""
+    directory or checkpoints/ folder is its newest weights that read whole, a run killed before it
+    exported any too (the folder was read as a TF1 checkpoint, and refused). Weights that have a
+    pooler never load without it: a damaged pooler is refused (helper-8's findings)."""
     import shutil
 
     from bert_packed.training.objective import Classification
@@ -272,7 +273,8 @@ def test_a_classifier_starts_from_weights_without_a_pooler_and_from_a_run_s_chec
     config = BertConfig(**TINY)
     masked_lm_only = BertPretrainingModel(config, next_sentence_prediction=False)
     masked_lm_only.build()
-    path = export_google_checkpoint(masked_lm_only, str(tmp_path / "masked_lm_only.ckpt"))
+    odd = tmp_path / "odd [1]"  # TensorFlow reads a checkpoint's path as a pattern
+    path = export_google_checkpoint(masked_lm_only, str(odd / "masked_lm_only.ckpt"))
     classifier = BertClassifierModel(config, num_outputs=3)
     classifier.build()
     pooler = classifier.encoder.pooler.kernel.numpy()
@@ -281,20 +283,30 @@ def test_a_classifier_starts_from_weights_without_a_pooler_and_from_a_run_s_chec
         np.testing.assert_array_equal(a.numpy(), b.numpy())
     np.testing.assert_array_equal(classifier.encoder.pooler.kernel.numpy(), pooler)
     assert f"{path}: no pooler (weights trained with --nsp_loss=false, or a span model's)" in caplog.text
-    # The old code's masked-LM-only run (tests/test_model.py), given by its checkpoints/ folder.
+    # The old code's masked-LM-only run (tests/test_model.py), killed before it exported: its
+    # directory and its checkpoints/ folder.
     old = BertConfig(vocab_size=16, hidden_size=4, num_hidden_layers=2, num_attention_heads=1, intermediate_size=8,
                      max_position_embeddings=8)
     run = shutil.copytree(os.path.join(os.path.dirname(__file__), "data", "checkpoints_of_2c189b7",
                                        "pretraining_without_nsp"), tmp_path / "run")
     (run / "run.json").write_text(json.dumps({"nsp_loss": False}))
-    classifier = BertClassifierModel(old, num_outputs=2)
-    classifier.build()
-    Classification(None, ("a", "b")).load_initial_weights(classifier, str(run / "checkpoints"))
     reference = BertPretrainingModel(old, next_sentence_prediction=False)
     reference.build()
     load_run_weights(reference, str(run), 1)
-    for a, b in zip(reference.encoder.weights, classifier.encoder.weights[:-2], strict=True):
-        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    for given in (run, run / "checkpoints"):
+        classifier = BertClassifierModel(old, num_outputs=2)
+        classifier.build()
+        Classification(None, ("a", "b")).load_initial_weights(classifier, str(given))
+        for a, b in zip(reference.encoder.weights, classifier.encoder.weights[:-2], strict=True):
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
+    # A pooler cut short (the file's last tensors) is refused, not taken for no pooler.
+    encoder = BertPretrainingModel(config).encoder
+    encoder.build()
+    path = export_google_checkpoint(encoder, str(tmp_path / "encoder.ckpt"))
+    data = tmp_path / "encoder.ckpt.data-00000-of-00001"
+    data.write_bytes(data.read_bytes()[:-2 * 4 * config.hidden_size])  # the bias, and the kernel's last row
+    with pytest.raises(CheckpointError, match=r"cannot read bert/pooler/dense/\w+ .*cut short or damaged"):
+        Classification(None, ("a", "b")).load_initial_weights(BertClassifierModel(config, num_outputs=2), path)
     # Weights that do not fit, the pooler aside, are refused as before, naming what does not fit.
     wider = BertPretrainingModel(BertConfig(**{**TINY, "intermediate_size": 2 * TINY["intermediate_size"]}),
                                  next_sentence_prediction=False)

@@ -49,6 +49,17 @@ def test_the_layout_is_google_research_s_and_the_size_a_multiple_of_8(corpus):
     assert builds[0] == builds[1] == builds[2] and len(set(builds[0]) & {chr(0x4E00 + i) for i in range(1500)}) > 0
 
 
+
+def test_a_vocabulary_too_small_for_the_corpus_s_characters_keeps_the_most_frequent_and_says_so(corpus, caplog):
+    """The characters that continue a word come first: at a size that cannot hold the alphabet, the
+    cut took base characters by code point, leaving a vocabulary of continuing pieces alone."""
+    tokens = build_vocabulary(corpus, 112)
+    characters = [token for token in tokens[104:] if len(token) == 1]
+    assert len(characters) == 4 and sorted(tokens[104:]) == sorted([*characters, *(f"##{c}" for c in characters)])
+    assert "e" in characters  # the most frequent letter of English text
+    assert "--vocab_size=112: room for the 4 most frequent of the corpus's 48 characters" in caplog.text
+
+
 @pytest.mark.slow  # builds a vocabulary, its data and trains on it (over 3.5 s here)
 def test_a_built_vocabulary_makes_records_that_train(corpus, tmp_path):
     """The command writes the vocabulary and the BERT config of its size; the data commands read

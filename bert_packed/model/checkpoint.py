@@ -151,7 +151,8 @@ def holds_weight(path: str, name: str, unreadable: bool = True) -> bool:
     """Whether the TF1 checkpoint at `path` (a prefix, or a directory) holds the weight `name`;
     `unreadable` when it cannot be read (True: loading it then names the problem)."""
     try:
-        return tf.train.load_checkpoint(_prefix(path)).has_tensor(name)
+        with files.unglobbed(_prefix(path)) as readable:  # a path holding [ or * is a pattern to TensorFlow
+            return tf.train.load_checkpoint(readable).has_tensor(name)
     except (CheckpointError, tf.errors.OpError, ValueError):
         return unreadable
 

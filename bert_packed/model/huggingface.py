@@ -358,6 +358,20 @@ def holds_span_head(path: str, unreadable: bool = True) -> bool:
     return "BertForQuestionAnswering" in (_architectures(path) or [])
 
 
+def holds_pooler(path: str) -> bool:
+    """Whether weights from outside a run (load_weights' `path`) include the pooler: a Hugging Face
+    directory's model.safetensors lists bert.pooler (its header read, not its tensors), a TF1
+    checkpoint holds bert/pooler. What cannot be read says True: loading it then names the problem."""
+    if not is_huggingface_directory(path):
+        return holds_weight(path, "bert/pooler/dense/kernel")
+    try:
+        with files.open_file(os.path.join(path, WEIGHTS_FILE), "rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    except (OSError, ValueError):
+        return True
+    return any(_canonical(name) == "bert.pooler.dense.weight" for name in header)
+
+
 def holds_next_sentence_head(path: str) -> bool:
     """Whether weights from outside a run (load_weights' `path`) include the next-sentence head:
     a Hugging Face directory's config.json names no BertForMaskedLM, a TF1 checkpoint holds

@@ -31,6 +31,7 @@ import math
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -220,6 +221,13 @@ def _make_shards_here(jobs: list[ShardJob], units: WorkUnits, output_dir: str, s
     progress = Progress("create_pretraining_data", total=done + todo, unit="shards")
     progress.done = done
     num_workers = num_workers or os.cpu_count() or 1
+    script = getattr(sys.modules.get("__main__"), "__file__", None)
+    if num_workers > 1 and script is not None and getattr(sys.modules["__main__"], "__spec__", None) is None \
+            and not files.isfile(script):
+        # A spawned worker runs the script that started it again: one read from stdin (`python -`) it cannot.
+        logging.warning("%s: not a file, which worker processes could start from (a script read from stdin?): "
+                        "the shards are made in this process", script)
+        num_workers = 1
     instances = 0
     # Fresh interpreters for the workers: no inherited TensorFlow or tokenizer thread pools.
     pool = (concurrent.futures.ProcessPoolExecutor(num_workers, mp_context=multiprocessing.get_context("spawn"),

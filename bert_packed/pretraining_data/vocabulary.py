@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import logging
 import os
 import re
 import string
@@ -161,14 +162,27 @@ def _bert_config(path: str) -> dict:
     return config
 
 
-def _alphabet(sentences, normalizer) -> list[str]:
+def _alphabet(sentences, normalizer, room: int) -> list[str]:
     """The ALPHABET most frequent characters of the sentences as the tokenizer normalises them
-    (whitespace aside), the more frequent first, ties by code point."""
+    (whitespace aside), the more frequent first, ties by code point: as many as `room` (the
+    tokens after the reserved ones) holds with the pieces that continue a word with them; a
+    warning says when it holds fewer."""
     counts: collections.Counter = collections.Counter()
     for sentence in sentences:
         counts.update(normalizer.normalize_str(sentence))
-    found = [character for character in counts if not character.isspace()]
-    return sorted(found, key=lambda character: (-counts[character], character))[:ALPHABET]
+    found = sorted((character for character in counts if not character.isspace()),
+                   key=lambda character: (-counts[character], character))
+    kept, used = [], 0
+    for character in found[:ALPHABET]:
+        used += 1 + _may_continue_a_word(character)
+        if used > room:
+            break
+        kept.append(character)
+    if len(kept) < min(len(found), ALPHABET):
+        logging.warning("--vocab_size=%d: room for the %d most frequent of the corpus's %d characters (with the "
+                        "pieces that continue a word), and no learned piece; the rest become [UNK]",
+                        room + len(reserved_tokens()), len(kept), len(found))
+    return kept
 
 
 def _may_continue_a_word(character: str) -> bool:
@@ -184,7 +198,7 @@ def _may_continue_a_word(character: str) -> bool:
 # CJK ideographs, which the normaliser parts with spaces (google-research's ranges, which the
 # tokenizers library's normaliser holds too).
 _CJK = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
-        (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
+        (0x2B920, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
 
 
 def reserved_tokens() -> list[str]:
@@ -235,7 +249,7 @@ def build_vocabulary(input_files: list[str], vocab_size: int, do_lower_case: boo
     # order, between equally frequent merges; the same corpus gave another vocabulary each time
     # (huggingface/tokenizers#1794). So the alphabet is chosen here, and every character of it that
     # may continue a word is given first, in order, as a special token: numbered as given.
-    alphabet = _alphabet(sentences(), tokenizer.normalizer)
+    alphabet = _alphabet(sentences(), tokenizer.normalizer, vocab_size - len(reserved))
     continuing = [f"##{character}" for character in sorted(alphabet) if _may_continue_a_word(character)]
     tokenizer.train_from_iterator(sentences(), vocab_size=vocab_size, min_frequency=min_frequency,
                                   special_tokens=reserved + continuing, initial_alphabet=alphabet,

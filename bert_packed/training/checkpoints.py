@@ -32,6 +32,7 @@ from bert_packed.errors import TrainingError
 from bert_packed.model import BertEncoder, BertPretrainingModel, load_google_checkpoint
 from bert_packed.model.checkpoint import CheckpointError, google_variable_names, newest_exported_step
 from bert_packed.model.huggingface import MODEL_SETTINGS
+from bert_packed.model.huggingface import holds_pooler as holds_pooler_outside_a_run
 from bert_packed.storage import files
 from bert_packed.storage.run_directory import RunDirectory, program_of
 
@@ -291,6 +292,22 @@ def run_and_step(checkpoint: str) -> tuple[str | None, int | None]:
         if directory.holds_run() or (step is None and run_dir == checkpoint and files.isdir(directory.checkpoints)):
             return run_dir, int(step) if step is not None else None
     return None, None
+
+
+def names_a_pretraining_run(path: str) -> bool:
+    """Whether `path` is a pre-training run's directory, its checkpoints/ folder or one of its
+    training checkpoints (load_pretraining_checkpoint's)."""
+    run_dir, _ = run_and_step(path)
+    return run_dir is not None and program_of(RunDirectory(run_dir).read_info()) == "run_pretraining"
+
+
+def holds_pooler(path: str) -> bool:
+    """Whether pre-trained weights include the pooler: a pre-training run's as its run.json says (a
+    run made with --nsp_loss=false has none), others' as huggingface.holds_pooler finds them (a
+    masked-LM export's and a span model's have none)."""
+    if names_a_pretraining_run(path):
+        return bool(RunDirectory(run_and_step(path)[0]).read_info().get("nsp_loss", True))
+    return holds_pooler_outside_a_run(path)
 
 
 def load_pretraining_checkpoint(model: BertEncoder | BertPretrainingModel, path: str) -> str | None:

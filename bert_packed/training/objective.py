@@ -28,13 +28,12 @@ from bert_packed.model import (
     BertEncoder,
     BertPretrainingModel,
     BertQuestionAnsweringModel,
-    CheckpointError,
     google_variable_names,
     load_weights,
 )
 from bert_packed.model.huggingface import holds_classifier, holds_span_head
 from bert_packed.model.task_models import OUTSIDE_THE_SEQUENCE
-from bert_packed.training.checkpoints import load_pretraining_checkpoint, run_and_step
+from bert_packed.training.checkpoints import holds_pooler, load_pretraining_checkpoint, names_a_pretraining_run
 from bert_packed.training.config import TrainConfig
 from bert_packed.training.losses import (
     classifier_slot_losses,
@@ -179,23 +178,20 @@ class Classification(FineTuningObjective):
         from random weights, as google-research's does. Weights with no pooler (a masked-LM-only
         run's, a span model's) load into the rest, the pooler starting from random weights too,
         as transformers' BertForSequenceClassification starts from them; a warning says so."""
-        if run_and_step(path)[1] is None and holds_classifier(path):
+        if not names_a_pretraining_run(path) and holds_classifier(path):
             load_weights(model, path)
             return
-        try:
+        if holds_pooler(path):
             _load_encoder(model.encoder, path)
-        except CheckpointError as refused:
-            without_pooler = BertEncoder(model.encoder.config, with_pooler=False)
-            try:
-                _load_encoder(without_pooler, path)
-            except CheckpointError:
-                raise refused from None  # it names what does not fit, the pooler aside
-            theirs = {name: weight for name, weight, _ in google_variable_names(without_pooler)}
-            for name, weight, _ in google_variable_names(model.encoder):
-                if name in theirs:
-                    weight.assign(theirs[name].numpy())
-            logging.warning("%s: no pooler (weights trained with --nsp_loss=false, or a span model's): the "
-                            "classifier's pooler starts from random weights, as its output layer does", path)
+            return
+        without_pooler = BertEncoder(model.encoder.config, with_pooler=False)
+        _load_encoder(without_pooler, path)
+        theirs = {name: weight for name, weight, _ in google_variable_names(without_pooler)}
+        for name, weight, _ in google_variable_names(model.encoder):
+            if name in theirs:
+                weight.assign(theirs[name].numpy())
+        logging.warning("%s: no pooler (weights trained with --nsp_loss=false, or a span model's): the classifier's "
+                        "pooler starts from random weights, as its output layer does", path)
 
     def describe(self, metrics: dict) -> str:
         figures = [f"{name} {metrics[name]:.4f}" for name in ("accuracy", *self.scores) if name in metrics]
@@ -301,7 +297,7 @@ class SpanPrediction(FineTuningObjective):
         """--init_checkpoint's weights: a span model's whole (a run's model.ckpt-N, google-research's
         run_squad output, a BertForQuestionAnswering directory); else pre-trained weights for the
         encoder, the span head starting from random weights."""
-        if run_and_step(path)[1] is None and holds_span_head(path):
+        if not names_a_pretraining_run(path) and holds_span_head(path):
             load_weights(model, path)
         else:
             _load_encoder(model.encoder, path)
