@@ -296,7 +296,8 @@ def test_a_classifier_starts_from_weights_without_a_pooler_and_from_a_run_s_chec
     for given in (run, run / "checkpoints"):
         classifier = BertClassifierModel(old, num_outputs=2)
         classifier.build()
-        Classification(None, ("a", "b")).load_initial_weights(classifier, str(given))
+        read = Classification(None, ("a", "b")).load_initial_weights(classifier, str(given))
+        assert read == str(run / "checkpoints" / "ckpt-1")  # what the run's log says it started from
         for a, b in zip(reference.encoder.weights, classifier.encoder.weights[:-2], strict=True):
             np.testing.assert_array_equal(a.numpy(), b.numpy())
     # A pooler cut short (the file's last tensors) is refused, not taken for no pooler.

@@ -338,6 +338,13 @@ def test_a_checkpoint_that_does_not_fit_names_its_first_problems_and_counts_them
                      str(info.value)) and len(str(info.value)) < 400
     with pytest.raises(CheckpointError, match="cannot read the checkpoint"):
         load_google_checkpoint(model, str(tmp_path / "nothing"))
+    # More layers than the model's: each of the model's loaded and the rest left unread, silently.
+    deeper = BertPretrainingModel(dataclasses.replace(CONFIG, num_hidden_layers=CONFIG.num_hidden_layers + 1))
+    path = write_tf1_checkpoint(str(tmp_path / "deeper.ckpt"), google_values(deeper))
+    with pytest.raises(CheckpointError, match=rf"does not fit the model \(1 problem\): it holds "
+                                              rf"{CONFIG.num_hidden_layers + 1} layers \(bert/encoder/layer_N\), the "
+                                              rf"model {CONFIG.num_hidden_layers} \(num_hidden_layers"):
+        load_google_checkpoint(model, path)
 
 
 def test_a_torn_checkpoint_is_one_line_and_changes_no_weight(tmp_path):

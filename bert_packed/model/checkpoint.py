@@ -204,7 +204,12 @@ def does_not_fit(path: str, problems: list[str]) -> CheckpointError:
 
 def _load(model, path: str, reader) -> int:
     names = google_variable_names(model)
-    problems = shape_problems(names, reader.get_variable_to_shape_map())
+    stored = reader.get_variable_to_shape_map()
+    problems = shape_problems(names, stored)
+    layers = {int(found[1]) for found in map(re.compile(r"^bert/encoder/layer_(\d+)/").match, stored) if found}
+    if len(layers) > model.config.num_hidden_layers:  # each of the model's would load, the rest left unread
+        problems.append(f"it holds {len(layers)} layers (bert/encoder/layer_N), the model "
+                        f"{model.config.num_hidden_layers} (num_hidden_layers of its BERT config)")
     if problems:
         raise does_not_fit(path, problems)
     values = []

@@ -280,8 +280,9 @@ def _resume(directory: RunDirectory, config: TrainConfig, step: CompiledStep, ch
                                   config.run.start_over_if_no_checkpoint_restores)
     current = int(step.step.numpy())
     if not resumed and config.model.init_checkpoint:
-        step.objective.load_initial_weights(step.model, config.model.init_checkpoint)
-        logging.info("initialised from %s", config.model.init_checkpoint)
+        read = step.objective.load_initial_weights(step.model, config.model.init_checkpoint)
+        logging.info("initialised from %s", read if read == config.model.init_checkpoint
+                     else f"{read} (--init_checkpoint={config.model.init_checkpoint})")
     elif not resumed:  # said: a run meant to start from given weights whose flag was lost looks the same
         logging.info("initialised from random weights (--seed=%d): no --init_checkpoint", config.run.seed)
     finished = previous.get("finished") or {}

@@ -78,11 +78,10 @@ class Pretraining:
         model = self.config.model
         return BertPretrainingModel(model.bert, model.nsp_loss, model.recompute)
 
-    def load_initial_weights(self, model: BertPretrainingModel, path: str) -> None:
+    def load_initial_weights(self, model: BertPretrainingModel, path: str) -> str:
         """--init_checkpoint's weights (a TF1 checkpoint, a Hugging Face directory, or a pre-training
-        run's training checkpoint), all of them."""
-        if load_pretraining_checkpoint(model, path) is None:
-            load_weights(model, path)
+        run or one of its training checkpoints), all of them; returns the checkpoint read."""
+        return _load_encoder(model, path)
 
     @staticmethod
     def reached(metrics: dict, config: TrainConfig) -> bool:
@@ -171,27 +170,28 @@ class Classification(FineTuningObjective):
     def build_model(self) -> BertClassifierModel:
         return BertClassifierModel(self.config.model.bert, self.num_outputs, self.config.model.recompute)
 
-    def load_initial_weights(self, model: BertClassifierModel, path: str) -> None:
+    def load_initial_weights(self, model: BertClassifierModel, path: str) -> str:
         """--init_checkpoint's weights: a fine-tuned classifier's whole (a run's model.ckpt-N,
         google-research's, a BertForSequenceClassification directory); else pre-trained weights
         (in any format pre-training takes) for the encoder and pooler, the classifier starting
         from random weights, as google-research's does. Weights with no pooler (a masked-LM-only
         run's, a span model's) load into the rest, the pooler starting from random weights too,
-        as transformers' BertForSequenceClassification starts from them; a warning says so."""
+        as transformers' BertForSequenceClassification starts from them; a warning says so. Returns
+        the checkpoint read."""
         if not names_a_pretraining_run(path) and holds_classifier(path):
             load_weights(model, path)
-            return
+            return path
         if holds_pooler(path):
-            _load_encoder(model.encoder, path)
-            return
+            return _load_encoder(model.encoder, path)
         without_pooler = BertEncoder(model.encoder.config, with_pooler=False)
-        _load_encoder(without_pooler, path)
+        read = _load_encoder(without_pooler, path)
         theirs = {name: weight for name, weight, _ in google_variable_names(without_pooler)}
         for name, weight, _ in google_variable_names(model.encoder):
             if name in theirs:
                 weight.assign(theirs[name].numpy())
         logging.warning("%s: no pooler (weights trained with --nsp_loss=false, or a span model's): the classifier's "
                         "pooler starts from random weights, as its output layer does", path)
+        return read
 
     def describe(self, metrics: dict) -> str:
         figures = [f"{name} {metrics[name]:.4f}" for name in ("accuracy", *self.scores) if name in metrics]
@@ -242,12 +242,14 @@ class Classification(FineTuningObjective):
         return metrics
 
 
-def _load_encoder(encoder: BertEncoder, path: str) -> None:
-    """Pre-trained weights in any format pre-training takes (a run's training checkpoint, its
-    model.ckpt-N, google-research's, a Hugging Face directory) into `encoder`, whatever heads they
-    have."""
-    if load_pretraining_checkpoint(encoder, path) is None:
-        load_weights(encoder, path)
+def _load_encoder(model: BertEncoder | BertPretrainingModel, path: str) -> str:
+    """Pre-trained weights in any format pre-training takes (a run, its training checkpoint or its
+    model.ckpt-N, google-research's, a Hugging Face directory) into `model` (an encoder: whatever
+    heads they have); returns the checkpoint read (a run's newest, for a run's directory)."""
+    read = load_pretraining_checkpoint(model, path)
+    if read is None:
+        load_weights(model, path)
+    return read or path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -293,14 +295,14 @@ class SpanPrediction(FineTuningObjective):
     def build_model(self) -> BertQuestionAnsweringModel:
         return BertQuestionAnsweringModel(self.config.model.bert, self.config.model.recompute)
 
-    def load_initial_weights(self, model: BertQuestionAnsweringModel, path: str) -> None:
+    def load_initial_weights(self, model: BertQuestionAnsweringModel, path: str) -> str:
         """--init_checkpoint's weights: a span model's whole (a run's model.ckpt-N, google-research's
         run_squad output, a BertForQuestionAnswering directory); else pre-trained weights for the
-        encoder, the span head starting from random weights."""
+        encoder, the span head starting from random weights. Returns the checkpoint read."""
         if not names_a_pretraining_run(path) and holds_span_head(path):
             load_weights(model, path)
-        else:
-            _load_encoder(model.encoder, path)
+            return path
+        return _load_encoder(model.encoder, path)
 
     @staticmethod
     def describe(metrics: dict) -> str:
