@@ -167,3 +167,26 @@ def test_the_builder_is_a_function_of_its_settings(corpus, tmp_path):
         write_vocabulary(dataclasses.replace(settings, vocab_file=corpus[0]))
     with pytest.raises(SettingsError, match=r"--vocab_size='500': a str; expected an integer"):
         dataclasses.replace(settings, vocab_size="500")  # a notebook's "500": the command line's parser refuses it too
+
+
+def test_a_corpus_file_changed_while_its_vocabulary_is_learned_is_refused(corpus, tmp_path, monkeypatch):
+    """The corpus is read twice (its alphabet, then the trainer's pass): a file that changed
+    between the two would give a vocabulary of neither text. Tried by hand on a real build too."""
+    from bert_packed.inputs.file_identity import DataChangedError
+    from bert_packed.pretraining_data import vocabulary
+
+    copy = tmp_path / "wiki_00"
+    copy.write_bytes(open(corpus[0], "rb").read())
+    counted = vocabulary._alphabet
+
+    def counted_then_changed(*args):
+        found = counted(*args)
+        with open(copy, "a", encoding="utf-8") as f:
+            f.write('<doc id="9" url="" title="New">\nNew\n\nA new article.\n</doc>\n')
+        return found
+
+    monkeypatch.setattr(vocabulary, "_alphabet", counted_then_changed)
+    with pytest.raises(DataChangedError, match=rf"{copy}: changed while its vocabulary was learned \(\d[\d,]* bytes, "
+                                               r"was [\d,]+\); nothing was written"):
+        build_vocabulary([str(copy)], 500)
+

@@ -130,16 +130,11 @@ def _check_output_files(flag_values: flags.FlagValues, output_flag: str | tuple[
         if files.isdir(path):
             raise UserError(f"--{name}={path}: a directory; expected a file's path")
         try:
-            files.makedirs(os.path.dirname(files.absolute(path)))
+            files.require_writable(path)
         except StorageError:
             raise
         except UserError as e:  # a file where its directory would be
             raise UserError(f"--{name}={path}: {e}") from None
-        probe = files.temporary_name(path)
-        with files.storage(path):
-            with files.open_file(probe, "w") as f:
-                f.write("")
-        files.remove(probe)
 
 
 def _retryable_storage_error(error: BaseException) -> StorageError | None:

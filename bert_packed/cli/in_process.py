@@ -18,11 +18,11 @@ import random
 import signal
 import sys
 
-from absl import command_name, flags
+from absl import app, command_name, flags
 from absl import logging as absl_logging
 from absl.testing import flagsaver
 
-from bert_packed.cli.common import process_flags, unparse
+from bert_packed.cli.common import unparse
 
 
 class QuietRetracing(logging.Filter):
@@ -111,7 +111,7 @@ def _process_flags_kept():
     """Puts back the values of absl's global flags, and whether they were parsed: a command parses
     absl's process-wide ones (--verbosity, ...) from their defaults, and those are its caller's
     too (a job's, or a program's of its own that parsed them)."""
-    process_flags()  # the help flags defined, as a command's run defines them
+    app.define_help_flags()  # once per process, as a command's run defines them: among what is saved
     saved, was_parsed = flagsaver.save_flag_values(flags.FLAGS), flags.FLAGS.is_parsed()
     try:
         yield

@@ -147,6 +147,15 @@ def _prefix(path: str) -> str:
     return named if os.path.isabs(named) or "://" in named else os.path.join(path, os.path.basename(named))
 
 
+def copy_weights(source, target) -> None:
+    """Gives each weight of the model `target` the value of `source`'s of the same google-research
+    name (google_variable_names): one `source` lacks keeps its value."""
+    theirs = {name: weight for name, weight, _ in google_variable_names(source)}
+    for name, weight, _ in google_variable_names(target):
+        if name in theirs:
+            weight.assign(theirs[name].numpy())
+
+
 def holds_weight(path: str, name: str, unreadable: bool = True) -> bool:
     """Whether the TF1 checkpoint at `path` (a prefix, or a directory) holds the weight `name`;
     `unreadable` when it cannot be read (True: loading it then names the problem)."""

@@ -11,7 +11,7 @@ from bert_packed.features import Shapes
 from bert_packed.inputs.dataset_info import require_seq_length
 from bert_packed.inputs.input_files import shapes_given_or_recorded
 from bert_packed.packing.plan import ALGORITHMS, DEFAULT_ALGORITHM
-from bert_packed.settings import check_setting, check_settings, given_or_changed, setting, settings_of
+from bert_packed.settings import check_settings, given_or_changed, setting
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,9 +112,9 @@ class PlanSettings:
     json: bool = setting(False, "Print one JSON object (with the strategies) instead of a table.", group="report")
 
     def __post_init__(self):
-        for field in settings_of(PlanSettings):  # the depth, a number or 'unlimited', is read by depth
-            if field.name != "max_sequences_per_pack":
-                check_setting(field, getattr(self, field.name))
+        if isinstance(self.max_sequences_per_pack, int) and not isinstance(self.max_sequences_per_pack, bool):
+            object.__setattr__(self, "max_sequences_per_pack", str(self.max_sequences_per_pack))  # as the flag gives it
+        check_settings(self)
         _ = self.depth  # a depth neither a number >= 1 nor 'unlimited' is refused here
 
     @property

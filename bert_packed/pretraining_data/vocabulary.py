@@ -29,7 +29,8 @@ import re
 import string
 import unicodedata
 
-from bert_packed.errors import SettingsError, StorageError, raise_if_retryable
+from bert_packed.errors import SettingsError, raise_if_retryable
+from bert_packed.inputs.file_identity import DataChangedError, FileIdentity
 from bert_packed.inputs.input_files import expand_globs
 from bert_packed.pretraining_data.corpus import INPUT_FORMATS, CorpusError, detect_corpus_format, iter_documents
 from bert_packed.pretraining_data.create_command import CorpusSettings
@@ -118,14 +119,7 @@ def write_vocabulary(settings: VocabularySettings) -> WrittenVocabulary:
     replaced = frozenset(path for path in (settings.vocab_file, config_path) if path and files.exists(path))
     for path in (settings.vocab_file, config_path):  # a place that cannot be written, found before the corpus is read
         if path:
-            probe = files.temporary_name(path)
-            try:
-                files.makedirs(os.path.dirname(path) or ".")
-                with files.storage(path), files.open_file(probe, "w"):
-                    pass
-            except StorageError as e:
-                raise e.at(path) from None  # the output's path, which its flag gives
-            files.remove(probe)
+            files.require_writable(path)
     tokens = build_vocabulary(paths, settings.vocab_size, settings.do_lower_case, settings.input_format,
                               settings.text_field, settings.min_frequency)
     files.write_text_atomically(settings.vocab_file, "".join(f"{token}\n" for token in tokens))
@@ -228,6 +222,7 @@ def build_vocabulary(input_files: list[str], vocab_size: int, do_lower_case: boo
 
     Raises:
       CorpusError: bad input, naming the file.
+      DataChangedError: a file changed while it was read.
     """
     from tokenizers import BertWordPieceTokenizer
 
@@ -249,11 +244,17 @@ def build_vocabulary(input_files: list[str], vocab_size: int, do_lower_case: boo
     # order, between equally frequent merges; the same corpus gave another vocabulary each time
     # (huggingface/tokenizers#1794). So the alphabet is chosen here, and every character of it that
     # may continue a word is given first, in order, as a special token: numbered as given.
+    read = [FileIdentity.of(path) for path in input_files]  # the corpus is read twice: the same text both times
     alphabet = _alphabet(sentences(), tokenizer.normalizer, vocab_size - len(reserved))
     continuing = [f"##{character}" for character in sorted(alphabet) if _may_continue_a_word(character)]
     tokenizer.train_from_iterator(sentences(), vocab_size=vocab_size, min_frequency=min_frequency,
                                   special_tokens=reserved + continuing, initial_alphabet=alphabet,
                                   limit_alphabet=len(alphabet), wordpieces_prefix="##", show_progress=False)
+    for identity in read:
+        difference = identity.difference()
+        if difference is not None:
+            raise DataChangedError(f"{identity.path}: changed while its vocabulary was learned ({difference}); nothing "
+                                   f"was written: run the same command again on the file as it is now")
     known = set(reserved)
     learned = [token for token, _ in sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
                if token not in known]

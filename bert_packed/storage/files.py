@@ -423,6 +423,20 @@ def read_json_object(path: str) -> dict:
     return value
 
 
+def require_writable(path: str) -> None:
+    """Refuses, before any work, a file's path that cannot be written: its directory made, then a
+    file written beside it and removed at once. Raises OutputDirectoryError (a file where its
+    directory would be), or the StorageError naming `path`, not the file beside it."""
+    makedirs(os.path.dirname(absolute(path)))
+    probe = temporary_name(path)
+    try:
+        with open_file(probe, "w") as f:
+            f.write("")  # a bucket's writer makes its file on the first write
+    except StorageError as e:
+        raise e.at(path) from None
+    remove(probe)
+
+
 def write_text_atomically(path: str, text: str) -> None:
     """Writes `text` to `path` through a temporary file and a rename."""
     with atomic_open(path) as f:

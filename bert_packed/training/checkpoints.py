@@ -30,9 +30,8 @@ import tensorflow as tf
 
 from bert_packed.errors import TrainingError
 from bert_packed.model import BertEncoder, BertPretrainingModel, load_google_checkpoint
-from bert_packed.model.checkpoint import CheckpointError, google_variable_names, newest_exported_step
+from bert_packed.model.checkpoint import CheckpointError, copy_weights, google_variable_names, newest_exported_step
 from bert_packed.model.huggingface import MODEL_SETTINGS
-from bert_packed.model.huggingface import holds_pooler as holds_pooler_outside_a_run
 from bert_packed.storage import files
 from bert_packed.storage.run_directory import RunDirectory, program_of
 
@@ -294,20 +293,12 @@ def run_and_step(checkpoint: str) -> tuple[str | None, int | None]:
     return None, None
 
 
-def names_a_pretraining_run(path: str) -> bool:
-    """Whether `path` is a pre-training run's directory, its checkpoints/ folder or one of its
-    training checkpoints (load_pretraining_checkpoint's)."""
+def pretraining_run_info(path: str) -> dict | None:
+    """The run.json of the pre-training run `path` names (its directory, its checkpoints/ folder or
+    one of its training checkpoints: load_pretraining_checkpoint's); None for any other path."""
     run_dir, _ = run_and_step(path)
-    return run_dir is not None and program_of(RunDirectory(run_dir).read_info()) == "run_pretraining"
-
-
-def holds_pooler(path: str) -> bool:
-    """Whether pre-trained weights include the pooler: a pre-training run's as its run.json says (a
-    run made with --nsp_loss=false has none), others' as huggingface.holds_pooler finds them (a
-    masked-LM export's and a span model's have none)."""
-    if names_a_pretraining_run(path):
-        return bool(RunDirectory(run_and_step(path)[0]).read_info().get("nsp_loss", True))
-    return holds_pooler_outside_a_run(path)
+    info = RunDirectory(run_dir).read_info() if run_dir is not None else None
+    return info if info is not None and program_of(info) == "run_pretraining" else None
 
 
 def load_pretraining_checkpoint(model: BertEncoder | BertPretrainingModel, path: str) -> str | None:
@@ -341,14 +332,11 @@ def load_pretraining_checkpoint(model: BertEncoder | BertPretrainingModel, path:
     run_model = BertPretrainingModel(model.config, info.get("nsp_loss", True))
     run_model.build()
     read, _ = load_run_weights(run_model, run_dir, step)
-    theirs = {name: weight for name, weight, _ in google_variable_names(run_model)}
-    ours = google_variable_names(model)
-    missing = [name for name, _, _ in ours if name not in theirs]
+    theirs = {name for name, _, _ in google_variable_names(run_model)}
+    missing = [name for name, _, _ in google_variable_names(model) if name not in theirs]
     if missing:
         raise CheckpointError(f"{path}: the run's model has no {', '.join(missing[:3])}"
                               f"{', ...' if len(missing) > 3 else ''} (trained without the next-sentence head?)")
-    for name, weight, _ in ours:
-        if name in theirs:
-            weight.assign(theirs[name].numpy())
+    copy_weights(run_model, model)
     return read
 

@@ -23,17 +23,11 @@ import tensorflow as tf
 
 from bert_packed.finetuning.metrics import scores as glue_scores
 from bert_packed.finetuning.squad import SquadExample, Windows, predict_answers, squad_scores
-from bert_packed.model import (
-    BertClassifierModel,
-    BertEncoder,
-    BertPretrainingModel,
-    BertQuestionAnsweringModel,
-    google_variable_names,
-    load_weights,
-)
-from bert_packed.model.huggingface import holds_classifier, holds_span_head
+from bert_packed.model import BertClassifierModel, BertEncoder, BertPretrainingModel, BertQuestionAnsweringModel, load_weights
+from bert_packed.model.checkpoint import copy_weights
+from bert_packed.model.huggingface import holds_classifier, holds_pooler, holds_span_head
 from bert_packed.model.task_models import OUTSIDE_THE_SEQUENCE
-from bert_packed.training.checkpoints import holds_pooler, load_pretraining_checkpoint, names_a_pretraining_run
+from bert_packed.training.checkpoints import load_pretraining_checkpoint, pretraining_run_info
 from bert_packed.training.config import TrainConfig
 from bert_packed.training.losses import (
     classifier_slot_losses,
@@ -178,17 +172,15 @@ class Classification(FineTuningObjective):
         run's, a span model's) load into the rest, the pooler starting from random weights too,
         as transformers' BertForSequenceClassification starts from them; a warning says so. Returns
         the checkpoint read."""
-        if not names_a_pretraining_run(path) and holds_classifier(path):
+        run = pretraining_run_info(path)
+        if run is None and holds_classifier(path):
             load_weights(model, path)
             return path
-        if holds_pooler(path):
+        if run.get("nsp_loss", True) if run is not None else holds_pooler(path):
             return _load_encoder(model.encoder, path)
         without_pooler = BertEncoder(model.encoder.config, with_pooler=False)
         read = _load_encoder(without_pooler, path)
-        theirs = {name: weight for name, weight, _ in google_variable_names(without_pooler)}
-        for name, weight, _ in google_variable_names(model.encoder):
-            if name in theirs:
-                weight.assign(theirs[name].numpy())
+        copy_weights(without_pooler, model.encoder)
         logging.warning("%s: no pooler (weights trained with --nsp_loss=false, or a span model's): the classifier's "
                         "pooler starts from random weights, as its output layer does", path)
         return read
@@ -299,7 +291,7 @@ class SpanPrediction(FineTuningObjective):
         """--init_checkpoint's weights: a span model's whole (a run's model.ckpt-N, google-research's
         run_squad output, a BertForQuestionAnswering directory); else pre-trained weights for the
         encoder, the span head starting from random weights. Returns the checkpoint read."""
-        if not names_a_pretraining_run(path) and holds_span_head(path):
+        if pretraining_run_info(path) is None and holds_span_head(path):
             load_weights(model, path)
             return path
         return _load_encoder(model.encoder, path)
