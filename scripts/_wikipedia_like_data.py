@@ -8,6 +8,7 @@ import os
 import numpy as np
 
 from bert_packed.features import Shapes
+from bert_packed.inputs.dataset import Dataset
 from bert_packed.packing import wikipedia_like_histogram
 from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset
 from bert_packed.pretraining_data.instances import Instance, instance_features
@@ -45,7 +46,7 @@ def write_data(directory: str, sequences: int, vocab_size: int = 30522) -> tuple
         files.append(os.path.join(unpacked, f"part-{shard:05d}.tfrecord"))
         with TFRecordWriter(files[-1]) as writer:
             writer.write_examples(instance_features(synthetic_instances(len(chunk), shard, vocab_size), Shapes(512, 76)))
-    metadata = pack_pretraining_dataset(files, os.path.join(directory, "packed"),
+    metadata = pack_pretraining_dataset(Dataset.open(files, "--input_files"), os.path.join(directory, "packed"),
                                         PackSettings(Shapes(512, 76, 3), "lp", num_shards=4))
     packed = sorted(os.path.join(directory, "packed", name) for name in os.listdir(os.path.join(directory, "packed"))
                     if name.endswith(".tfrecord"))

@@ -34,8 +34,8 @@ from absl import flags
 
 from bert_packed.cli.common import run
 from bert_packed.inputs.dataset_info import METADATA_FILE, read_dataset_info
+from bert_packed.inputs.histogram_file import load_histogram
 from bert_packed.packing import plan
-from bert_packed.packing.histogram import load_histogram
 
 FLAGS = flags.FlagValues()
 flags.DEFINE_integer("copies", 4, "Cuts of the sample, each with its own seed (input files: 3 a cut).", lower_bound=1,

@@ -28,6 +28,7 @@ from absl import flags
 
 from bert_packed.cli.common import run
 from bert_packed.features import Shapes
+from bert_packed.inputs.dataset import Dataset
 from bert_packed.packing import plan
 from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset
 from bert_packed.packing.stream import length_histogram
@@ -67,7 +68,8 @@ def main(argv) -> int:
         settings = DatasetSettings(VOCAB, True, MaskingConfig(512, 76), 2, 12345)
         create_pretraining_dataset(SAMPLE, unpacked, settings)
         unpacked_files = tuple(sorted(glob.glob(os.path.join(unpacked, "*.tfrecord"))))
-        pack_pretraining_dataset(list(unpacked_files), packed, PackSettings(Shapes(512, 76, 3), "lp", num_shards=4))
+        pack_pretraining_dataset(Dataset.open(list(unpacked_files), "--input_files"), packed,
+                                 PackSettings(Shapes(512, 76, 3), "lp", num_shards=4))
         packed_files = tuple(sorted(glob.glob(os.path.join(packed, "*.tfrecord"))))
         histogram = length_histogram(list(unpacked_files), Shapes(512, 76, 3))
         strategies = plan(histogram, 512, "lp", 3).strategies

@@ -95,7 +95,7 @@ def compiled_step(bert: BertConfig, length: int, precision: str, recompute: str,
     config = make_config(bert=bert, precision=precision, xla=True, recompute=recompute, input_mode="packed",
                          train_batch_size=1, output_dir=work)
     set_up_process(config)
-    data = TrainData(files=(), identity=(), shapes=packed_shapes(length), input_mode="packed",
+    data = TrainData(shapes=packed_shapes(length), input_mode="packed",
                      packing_factor=2.0)
     return CompiledStep(config, data)
 

@@ -29,6 +29,7 @@ from absl import flags
 
 from bert_packed.cli.common import run
 from bert_packed.features import Shapes, float_features, tf_feature_spec
+from bert_packed.inputs.dataset import Dataset
 from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset
 from bert_packed.packing.verify import verify_packed_dataset
 from bert_packed.records import TFRecordWriter, read_batches, read_packed, read_records
@@ -61,8 +62,8 @@ def main(argv) -> int:
             output = os.path.join(work, "packed")
             shutil.rmtree(output, ignore_errors=True)
             start = time.perf_counter()
-            metadata = pack_pretraining_dataset(files, output, PackSettings(Shapes(512, 76, 3), "lp", num_shards=8),
-                                                FLAGS.num_workers)
+            metadata = pack_pretraining_dataset(Dataset.open(files, "--input_files"), output,
+                                                PackSettings(Shapes(512, 76, 3), "lp", num_shards=8), FLAGS.num_workers)
             seconds = time.perf_counter() - start
             verify_start = time.perf_counter()
             verify_packed_dataset(output)

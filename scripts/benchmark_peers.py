@@ -72,7 +72,7 @@ class Ours:
                              num_train_steps=10**9, output_dir=tempfile.gettempdir())
         set_up_process(config)
         depth = DEPTH if layout == "packed" else 1
-        data = TrainData(files=(), identity=(), shapes=Shapes(512, PREDICTIONS, depth), input_mode=layout,
+        data = TrainData(shapes=Shapes(512, PREDICTIONS, depth), input_mode=layout,
                          packing_factor=1.0)
         self.step = CompiledStep(config, data)
         self.batches = iter(tf.data.Dataset.from_tensors({k: tf.constant(v) for k, v in features.items()}).repeat())

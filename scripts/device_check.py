@@ -243,7 +243,7 @@ def deterministic(bert: BertConfig, device: str, work: str) -> tuple[list[Row], 
                          xla=True, output_dir=work, learning_rate=1e-3)
     set_up_process(config)
     packed, _ = same_sequences_packed_or_not(Shapes(L, P, S), 2 * S * S, bert.vocab_size, min_length=32)
-    data = TrainData(files=(), identity=(), shapes=Shapes(L, P, S), input_mode="packed", packing_factor=3.0)
+    data = TrainData(shapes=Shapes(L, P, S), input_mode="packed", packing_factor=3.0)
     weights = []
     with tf.device(device):
         step = CompiledStep(config, data)

@@ -141,7 +141,7 @@ def compiled_step(spec: Spec, features: dict) -> CompiledStep:
     tf.config.experimental.enable_tensor_float_32_execution(not (spec.checked and spec.precision == "fp32"))
     set_up_process(config)
     predictions = 0 if fine_tuning else PREDICTIONS
-    data = TrainData(files=(), identity=(), shapes=Shapes(spec.max_seq_length, predictions, depth),
+    data = TrainData(shapes=Shapes(spec.max_seq_length, predictions, depth),
                      input_mode=spec.layout, packing_factor=1.0)
     objective = Classification(config, LABELS) if fine_tuning else None
     return CompiledStep(config, data, objective=objective)

@@ -14,12 +14,14 @@ from conftest import (
     MAX_SEQUENCES_PER_PACK,
     TINY,
     dataset_settings,
+    opened,
     tfrecords,
     write_other_text,
 )
 
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
+from bert_packed.inputs.dataset import Dataset
 from bert_packed.inputs.dataset_info import DatasetFilesError, DatasetInfoError, metadata_path, read_dataset_info
 from bert_packed.inputs.file_identity import FileIdentity
 from bert_packed.packing import pack_dataset
@@ -69,12 +71,12 @@ def test_a_pack_stopped_then_fed_another_shard_ends(unpacked_copy, corpus, tmp_p
     with monkeypatch.context() as patch:
         patch.setattr(pack_dataset, "_distribute", lambda *args: (_ for _ in ()).throw(OSError(28, "No space")))
         with pytest.raises(OSError):
-            pack_pretraining_dataset(tfrecords(str(unpacked_copy)), str(out), SETTINGS, num_workers=1)
+            pack_pretraining_dataset(opened(tfrecords(str(unpacked_copy))), str(out), SETTINGS, num_workers=1)
     assert (out / ".work" / "input-00000.json").exists()
     other = tmp_path / "other"
     create_pretraining_dataset(corpus, str(other), dataset_settings(seed=7), num_workers=1)
     shutil.copy(tfrecords(str(other))[0], tfrecords(str(unpacked_copy))[0])
-    metadata = pack_pretraining_dataset(tfrecords(str(unpacked_copy)), str(out), SETTINGS, num_workers=1)
+    metadata = pack_pretraining_dataset(opened(tfrecords(str(unpacked_copy))), str(out), SETTINGS, num_workers=1)
     held = sum(len(lengths) for path in tfrecords(str(unpacked_copy)) for *_, lengths in read_record_batches(path))
     assert metadata["num_sequences"] == verify_packed_dataset(str(out))["num_sequences"] == held != 122
 
@@ -85,7 +87,7 @@ def test_an_input_that_changes_between_the_packer_s_two_readings_is_one_line_and
     with monkeypatch.context() as patch:
         patch.setattr(pack_dataset, "_distribute", lambda *args: (_ for _ in ()).throw(OSError(28, "No space")))
         with pytest.raises(OSError):
-            pack_pretraining_dataset(tfrecords(str(unpacked_copy)), str(out), SETTINGS, num_workers=1)
+            pack_pretraining_dataset(opened(tfrecords(str(unpacked_copy))), str(out), SETTINGS, num_workers=1)
     first = out / ".work" / "input-00000.json"
     summary = json.loads(first.read_text())
     length = max(i for i, count in enumerate(summary["histogram"]) if count)
@@ -93,14 +95,14 @@ def test_an_input_that_changes_between_the_packer_s_two_readings_is_one_line_and
     summary["checksum"] = "0" * 16  # ...and other content
     first.write_text(json.dumps(summary))
     with pytest.raises(InputsChangedError, match=r"part-00000-000.tfrecord: changed while its output was being made"):
-        pack_pretraining_dataset(tfrecords(str(unpacked_copy)), str(out), SETTINGS, num_workers=1)
-    pack_pretraining_dataset(tfrecords(str(unpacked_copy)), str(out), SETTINGS, num_workers=1)
+        pack_pretraining_dataset(opened(tfrecords(str(unpacked_copy))), str(out), SETTINGS, num_workers=1)
+    pack_pretraining_dataset(opened(tfrecords(str(unpacked_copy))), str(out), SETTINGS, num_workers=1)
     assert verify_packed_dataset(str(out))["num_sequences"] == 122
 
 
 def test_packed_output_of_regenerated_inputs_is_made_again(unpacked_copy, corpus, tmp_path, caplog):
     out = tmp_path / "out"
-    pack_pretraining_dataset(tfrecords(str(unpacked_copy)), str(out), SETTINGS, num_workers=1)
+    pack_pretraining_dataset(opened(tfrecords(str(unpacked_copy))), str(out), SETTINGS, num_workers=1)
     before = read_dataset_info(str(out))
     regenerated = tmp_path / "regenerated"
     create_pretraining_dataset(corpus, str(regenerated), dataset_settings(seed=7), num_workers=1)
@@ -108,7 +110,7 @@ def test_packed_output_of_regenerated_inputs_is_made_again(unpacked_copy, corpus
         os.remove(path)
     for path in tfrecords(str(regenerated)) + [metadata_path(str(regenerated))]:
         shutil.copy(path, unpacked_copy)
-    again = pack_pretraining_dataset(tfrecords(str(unpacked_copy)), str(out), SETTINGS, num_workers=1)
+    again = pack_pretraining_dataset(opened(tfrecords(str(unpacked_copy))), str(out), SETTINGS, num_workers=1)
     assert "the input files changed since its packed data was made; making it again" in caplog.text
     expected = sum(read_dataset_info(str(regenerated)).files[i].sequences
                    for i in range(len(read_dataset_info(str(regenerated)).files)))
@@ -126,7 +128,7 @@ def test_a_finished_dataset_on_read_only_storage_packs_as_nothing_to_do_and_veri
     monkeypatch.setattr(locks, "exclusive", refused)
     monkeypatch.setattr(files, "makedirs", refused)
     monkeypatch.setattr(files, "write_text_atomically", refused)
-    again = pack_pretraining_dataset(tfrecords(unpacked_dir), packed_dir, SETTINGS, num_workers=1)
+    again = pack_pretraining_dataset(opened(tfrecords(unpacked_dir)), packed_dir, SETTINGS, num_workers=1)
     assert again["num_sequences"] == 122
     # The records it was packed from, made again with the same command: nothing to do either.
     assert create_pretraining_dataset(corpus, unpacked_dir, dataset_settings(), num_workers=1)["num_sequences"] == 122
@@ -148,7 +150,6 @@ def test_a_finished_dataset_on_read_only_storage_packs_as_nothing_to_do_and_veri
 ])
 def test_training_data_is_checked_against_its_metadata_before_any_work(packed_copy, unpacked_dir, tmp_path, damage,
                                                                        error, message):
-    from bert_packed.training import data
 
     shard = packed_copy / "packed-00001-of-00002.tfrecord"
     metadata = json.loads(open(metadata_path(str(packed_copy))).read())
@@ -174,22 +175,21 @@ def test_training_data_is_checked_against_its_metadata_before_any_work(packed_co
     open(metadata_path(str(packed_copy)), "w").write(json.dumps(metadata))
     shapes = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK)
     with pytest.raises(error, match=message):
-        data.train_data(tfrecords(str(packed_copy)), shapes, train_settings("packed"))
+        training_data(tfrecords(str(packed_copy)), shapes, "packed")
     if damage in ("delete", "cut", "foreign"):
         with pytest.raises(error, match=message):
             verify_packed_dataset(str(packed_copy))  # one line, no traceback, at the command line
 
 
 def test_a_side_histogram_that_is_not_the_dataset_s_is_recounted_with_one_line(unpacked_copy, packed_dir, caplog):
-    from bert_packed.packing.histogram import load_histogram, save_histogram
-    from bert_packed.training import data
+    from bert_packed.inputs.histogram_file import load_histogram, save_histogram
 
     shapes = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK)
     paths = tfrecords(str(unpacked_copy))
     own = load_histogram(str(unpacked_copy / "histogram.json"))
     info = read_dataset_info(str(unpacked_copy))
     assert len(info.histogram_sha256) == 64 and len(read_dataset_info(packed_dir).histogram_sha256) == 64
-    assert data.describe(paths, "--input_file", shapes, "packed_online")[1].tolist() == own.tolist()
+    assert Dataset.open(paths, "--input_file").histogram.tolist() == own.tolist()
     foreign = own.copy()
     foreign[:] = 0
     foreign[-1] = 1  # another dataset's: one full-length sequence (a packing factor of 1.0, train_samples 1)
@@ -207,9 +207,9 @@ def test_a_side_histogram_that_is_not_the_dataset_s_is_recounted_with_one_line(u
     for edit, line in edits:
         edit()
         caplog.clear()
-        assert data.describe(paths, "--input_file", shapes, "packed_online")[1] is None
+        assert Dataset.open(paths, "--input_file").histogram is None
         assert any(re.search(line, r.getMessage()) for r in caplog.records), [r.getMessage() for r in caplog.records]
-        counted = data.train_data(paths, shapes, train_settings("packed_online"))
+        counted = training_data(paths, shapes, "packed_online")
         assert counted.histogram == tuple(own.tolist()) and counted.num_sequences == 122
         assert counted.packing_factor > 1.2  # the foreign histogram gives 1.0
 
@@ -232,29 +232,28 @@ def test_the_packer_compares_its_inputs_with_their_metadata(unpacked_copy, packe
     open(metadata_path(str(unpacked_copy)), "w").write(json.dumps(metadata))
     with pytest.raises(DatasetFilesError, match=rf"{paths[0]}: holds (\d+) sequences, but its metadata.json counts "
                                                 rf"(\d+): the file or the description was changed"):
-        pack_pretraining_dataset(paths, str(tmp_path / "a"), SETTINGS, num_workers=1)
+        pack_pretraining_dataset(opened(paths), str(tmp_path / "a"), SETTINGS, num_workers=1)
+    with pytest.raises(DatasetFilesError, match=r"packed0/metadata.json describes packed data; the packer reads "
+                                                r"unpacked records"):
+        pack_pretraining_dataset(opened(tfrecords(packed_dir)), str(tmp_path / "c"), SETTINGS, num_workers=1)
+    wrong = PackSettings(Shapes(64, MAX_PREDICTIONS, 3))
+    with pytest.raises(SettingsError, match=r"unpacked/metadata.json says max_seq_length=128, but --max_seq_length=64"):
+        pack_pretraining_dataset(opened(paths), str(tmp_path / "d"), wrong, num_workers=1)
     shutil.copy(paths[1], paths[0])  # a shard replaced by another
     with pytest.raises(DatasetFilesError,
                        match=rf"{paths[0]}: not the file metadata.json describes \((.* bytes, was|its first 64 KiB)"):
-        pack_pretraining_dataset(paths, str(tmp_path / "b"), SETTINGS, num_workers=1)
-    with pytest.raises(DatasetFilesError, match=r"packed0/metadata.json describes packed data; the packer reads "
-                                                r"unpacked records"):
-        pack_pretraining_dataset(tfrecords(packed_dir), str(tmp_path / "c"), SETTINGS, num_workers=1)
-    wrong = PackSettings(Shapes(64, MAX_PREDICTIONS, 3))
-    with pytest.raises(SettingsError, match=r"unpacked/metadata.json says max_seq_length=128, but --max_seq_length=64"):
-        pack_pretraining_dataset(paths, str(tmp_path / "d"), wrong, num_workers=1)
+        pack_pretraining_dataset(opened(paths), str(tmp_path / "b"), SETTINGS, num_workers=1)
     assert not os.path.exists(tmp_path / "b" / ".work") and not os.path.exists(tmp_path / "d" / ".work")
 
 
 def test_eval_files_are_counted_against_their_metadata_before_training(unpacked_copy, packed_copy):
     """Counts moved between two files (the totals kept) were caught by the first evaluation, after
     training, and reported as a bug."""
-    from bert_packed.training import data
 
     for directory, shapes in ((unpacked_copy, Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS)),
                               (packed_copy, Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK))):
         paths = tfrecords(str(directory))
-        counted = data.eval_data(paths, "--eval_files", shapes, train_settings("padded"))
+        counted = evaluation_data(paths, shapes, "padded")
         metadata = json.loads(open(metadata_path(str(directory))).read())
         assert counted.num_sequences == metadata["num_sequences"] == sum(f["sequences"] for f in metadata["files"])
         first = metadata["files"][0]["sequences"]
@@ -263,11 +262,12 @@ def test_eval_files_are_counted_against_their_metadata_before_training(unpacked_
         open(metadata_path(str(directory)), "w").write(json.dumps(metadata))
         with pytest.raises(DatasetFilesError, match=rf"^{paths[0]}: holds {first} sequences, but its metadata.json "
                                                     rf"counts {first + 1}: the file or the description was changed"):
-            data.eval_data(paths, "--eval_files", shapes, train_settings("padded"))
+            evaluation_data(paths, shapes, "padded")
 
 
 def test_eval_records_are_never_trained_on_whatever_way_they_take(corpus, unpacked_dir, packed_dir, tmp_path):
-    from bert_packed.inputs.provenance import require_apart, require_no_held_out_packs
+    from bert_packed.inputs.provenance import origins, require_apart
+    from bert_packed.training import data
 
     split = tmp_path / "split"  # the corpus under another seed, 30% held out
     create_pretraining_dataset(corpus, str(split), dataclasses.replace(dataset_settings(seed=7), eval_fraction=0.3),
@@ -277,46 +277,45 @@ def test_eval_records_are_never_trained_on_whatever_way_they_take(corpus, unpack
     parts = sorted(str(p) for p in split.glob("part-*.tfrecord"))
     assert len(held_out) == 2 and len(parts) == 4
     packed_parts = tmp_path / "packed_parts"
-    pack_pretraining_dataset(parts, str(packed_parts), SETTINGS, num_workers=1)
+    pack_pretraining_dataset(opened(parts), str(packed_parts), SETTINGS, num_workers=1)
     copy = tmp_path / "copy"  # the same run's files elsewhere: the same split
     shutil.copytree(split, copy)
     for train in (parts, tfrecords(str(packed_parts)), [p for p in parts if "-000." in p]):
-        require_apart(train, held_out, "--eval_files")  # the run's own held-out documents, packed or not
-        require_apart(train, sorted(str(p) for p in copy.glob("eval-*.tfrecord")), "--eval_files")
+        require_apart(origins(train), origins(held_out), "--eval_files")  # its own held-out documents, packed or not
+        require_apart(origins(train), origins(sorted(str(p) for p in copy.glob("eval-*.tfrecord"))), "--eval_files")
     text = write_other_text(corpus[0], tmp_path / "other.txt")
     create_pretraining_dataset([str(text)], str(tmp_path / "other"), dataset_settings(), num_workers=1)
-    require_apart(tfrecords(unpacked_dir), tfrecords(str(tmp_path / "other")), "--eval_files")
+    require_apart(origins(tfrecords(unpacked_dir)), origins(tfrecords(str(tmp_path / "other"))), "--eval_files")
 
     another_split = (rf"^--eval_files: {held_out[0]} holds documents held out from {split}, but the training data "
                      rf"\(\S+\) was made from the same text by another run \(another seed or split\)")
     for train in (tfrecords(unpacked_dir), tfrecords(packed_dir), parts + tfrecords(unpacked_dir)):
         with pytest.raises(SettingsError, match=another_split):
-            require_apart(train, held_out, "--eval_files")
+            require_apart(origins(train), origins(held_out), "--eval_files")
     # Another dupe pass of the same documents, masked again: in the same directory too.
     with pytest.raises(SettingsError, match=rf"{parts[1]} holds training records \({parts[1]}\) of a text file the "
                                             rf"training data \({parts[0]}\) was made from too"):
-        require_apart(parts[:1], parts[1:2], "--eval_files")
+        require_apart(origins(parts[:1]), origins(parts[1:2]), "--eval_files")
     with pytest.raises(SettingsError, match=rf"{parts[0]} holds the records of {parts[0]}, which the training data "
                                             rf"holds too \({packed_parts}/\S+\)"):
-        require_apart(tfrecords(str(packed_parts)), parts[:1], "--eval_files")
+        require_apart(origins(tfrecords(str(packed_parts))), origins(parts[:1]), "--eval_files")
 
     # The held-out documents packed: not training data, unless the user says so; never beside the eval set.
     packed_held_out = tmp_path / "packed_held_out"
-    pack_pretraining_dataset(held_out, str(packed_held_out), SETTINGS, num_workers=1)
+    pack_pretraining_dataset(opened(held_out), str(packed_held_out), SETTINGS, num_workers=1)
     with pytest.raises(DatasetFilesError, match=rf"--input_file: {packed_held_out}/\S+ was packed from held-out "
                                                 rf"evaluation documents \({held_out[0]}\)"):
-        require_no_held_out_packs(tfrecords(str(packed_held_out)), held_out_allowed=False)
-    require_no_held_out_packs(tfrecords(str(packed_held_out)), held_out_allowed=True)
+        data.open_training_inputs(tfrecords(str(packed_held_out)))
+    data.open_training_inputs(tfrecords(str(packed_held_out)), held_out_allowed=True)
     with pytest.raises(SettingsError, match=rf"{held_out[0]} holds the records of {held_out[0]}, which the training "
                                             rf"data holds too"):
-        require_apart(tfrecords(str(packed_held_out)), held_out, "--eval_files")
+        require_apart(origins(tfrecords(str(packed_held_out))), origins(held_out), "--eval_files")
     with pytest.raises(DatasetFilesError, match=rf"--input_files: {held_out[0]} is a held-out file and {parts[0]} a "
                                                 rf"training shard: give one set or the other"):
-        pack_pretraining_dataset(held_out + parts, str(tmp_path / "mixed"), SETTINGS, num_workers=1)
+        pack_pretraining_dataset(opened(held_out + parts), str(tmp_path / "mixed"), SETTINGS, num_workers=1)
 
 
 def test_held_out_files_never_train_unless_the_user_says_so(corpus, tmp_path):
-    from bert_packed.training import data
 
     directory = tmp_path / "held_out"
     settings = dataclasses.replace(dataset_settings(), eval_fraction=0.3)
@@ -327,22 +326,22 @@ def test_held_out_files_never_train_unless_the_user_says_so(corpus, tmp_path):
     shapes = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS)
     with pytest.raises(DatasetFilesError, match=r"eval-00000.tfrecord holds the dataset's held-out evaluation "
                                                  r"documents; training reads .*part-\*.tfrecord"):
-        data.train_data(everything, shapes, train_settings("padded"))
-    allowed = data.train_data(everything, shapes, train_settings("padded"), held_out_allowed=True)
+        training_data(everything, shapes, "padded")
+    allowed = training_data(everything, shapes, "padded", held_out_allowed=True)
     assert allowed.num_sequences == info.num_sequences + sum(f.sequences for f in info.eval_files)
     parts = sorted(str(path) for path in directory.glob("part-*.tfrecord"))
-    assert data.train_data(parts, shapes, train_settings("padded")).num_sequences == info.num_sequences
-    part = data.train_data(parts[:1], shapes, train_settings("padded"))  # a subset: its own count
+    assert training_data(parts, shapes, "padded").num_sequences == info.num_sequences
+    part = training_data(parts[:1], shapes, "padded")  # a subset: its own count
     assert part.num_sequences == info.files[0].sequences < info.num_sequences
     held_out = sorted(str(p) for p in directory.glob("eval-*.tfrecord"))
-    evaluation = data.eval_data(held_out, "--eval_files", shapes, train_settings("padded"))
+    evaluation = evaluation_data(held_out, shapes, "padded")
     assert evaluation.files and evaluation.input_mode == "padded"
     packed = tmp_path / "packed"  # packs of them: the same documents, the same rule
-    pack_pretraining_dataset(held_out, str(packed), SETTINGS, num_workers=1)
+    pack_pretraining_dataset(opened(held_out), str(packed), SETTINGS, num_workers=1)
     packed_shapes = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK)
     with pytest.raises(DatasetFilesError, match=r"packed-\S+ was packed from held-out evaluation documents"):
-        data.train_data(tfrecords(str(packed)), packed_shapes, train_settings("packed"))
-    allowed = data.train_data(tfrecords(str(packed)), packed_shapes, train_settings("packed"), held_out_allowed=True)
+        training_data(tfrecords(str(packed)), packed_shapes, "packed")
+    allowed = training_data(tfrecords(str(packed)), packed_shapes, "packed", held_out_allowed=True)
     assert allowed.num_sequences == sum(f.sequences for f in info.eval_files)
 
 
@@ -353,12 +352,10 @@ def test_a_run_refuses_to_resume_on_data_made_again_since_it_started(packed_copy
     from bert_packed.storage.run_directory import RunError
     from bert_packed.training import data
 
-    shapes = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK)
-
     def run(steps, directory=packed_copy):
-        described, _ = data.describe(tfrecords(str(directory)), "--input_file", shapes, "packed", training=True)
+        inputs = data.open_training_inputs(tfrecords(str(directory)))
         return make_trainer(config(tmp_path / "run", tfrecords(str(directory)), num_train_steps=steps,
-                                   identity=described.identity)).train()
+                                   identity=inputs.identity)).train()
 
     run(1)
     recorded = json.loads((tmp_path / "run" / "run.json").read_text())["train_files"]
@@ -440,6 +437,20 @@ def test_the_refusal_says_what_differs_in_data_of_the_same_size_or_given_twice(t
                      ([books, wiki], "the order of the files")):
         with pytest.raises(RunError, match=re.escape(f"({why})")):
             two.claim({"seed": 1}, {"train_files": now})
+
+
+def training_data(paths, shapes, input_mode, held_out_allowed=False):
+    """The training data of `paths` as run_pretraining opens and checks them."""
+    from bert_packed.training import data
+
+    return data.train_data(data.open_training_inputs(paths, held_out_allowed), shapes, train_settings(input_mode))
+
+
+def evaluation_data(paths, shapes, input_mode):
+    """The eval data of `paths` (--eval_files) as run_pretraining opens and checks them."""
+    from bert_packed.training import data
+
+    return data.eval_data(Dataset.open(paths, "--eval_files"), "--eval_files", shapes, train_settings(input_mode))
 
 
 def train_settings(input_mode):

@@ -17,7 +17,7 @@ from bert_packed.training.data import TrainData
 LARGE = BertConfig.from_json_file(f"{REPO}/configs/bert_config_large.json")
 SIZES = {**memory.model_sizes(LARGE), "vocab_size": LARGE.vocab_size}
 GB = 10**9
-PACKS = TrainData(files=(), identity=(), shapes=Shapes(512, 76, 3), input_mode="packed", packing_factor=2.0)
+PACKS = TrainData(shapes=Shapes(512, 76, 3), input_mode="packed", packing_factor=2.0)
 # A plan of round numbers: at L=128, 2 GB fixed and 0.1 GB a row; at L=512, 2.2 GB and 1 GB a row.
 PLAN = (memory.Measured(SIZES, 128, "bf16", "none", 2 * GB, GB // 10, "test"),
         memory.Measured(SIZES, 512, "bf16", "none", 22 * GB // 10, GB, "test"),

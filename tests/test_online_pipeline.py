@@ -9,6 +9,7 @@ from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, tf
 
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
+from bert_packed.inputs.dataset import Dataset
 from bert_packed.packing import packer, plan
 from bert_packed.packing.stream import StreamSettings, length_histogram, packed_batches
 from bert_packed.records import RecordError, read_unpacked
@@ -124,7 +125,7 @@ def test_an_evaluation_packed_on_the_fly_gives_the_unpacked_figures(unpacked_dir
 
     from bert_packed.training import data
 
-    eval_files = tfrecords(unpacked_dir)
+    eval_files = Dataset.open(tfrecords(unpacked_dir), "--eval_files")
     online = data.eval_data(eval_files, "--eval_files", SHAPES, config("x", [], eval_input_mode="packed_online").config)
     padded = data.eval_data(eval_files, "--eval_files", SHAPES, config("x", []).config)
     assert (online.input_mode, padded.input_mode) == ("packed_online", "padded")
@@ -159,7 +160,7 @@ def test_training_packed_on_the_fly_resumes_exactly_and_counts_the_plan_once(unp
     def trainer(directory, window=200):
         setup = config(directory, paths, num_train_steps=6, input_mode="packed_online", adjust_batch_for_packing=True,
                        online_packing_window=window)
-        train = data.train_data(paths, SHAPES, setup.config, run=RunDirectory(str(directory)))
+        train = data.train_data(data.open_training_inputs(paths), SHAPES, setup.config, run=RunDirectory(str(directory)))
         return make_trainer(dataclass_replace(setup, train_data=train))
 
     straight = trainer(tmp_path / "straight")

@@ -83,10 +83,12 @@ assert not os.path.exists(sys.argv[1] + "/odd_eval/train_log.jsonl")
 # out: 121 of 122), and --max_eval_steps in whole batches of 8, not one replica's share of 4.
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH
 from bert_packed.features import Shapes
+from bert_packed.inputs.dataset import Dataset
 from bert_packed.training.data import eval_data, eval_pipeline
 for mode, steps, counted in (("packed_online", {}, 122), (None, {"max_eval_steps": 1}, 8)):
     settings = config(sys.argv[1] + f"/eval_{mode}", files, eval_input_mode=mode, **steps).config
-    evaluation = eval_data(sys.argv[4].split(","), "--eval_files", Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, 3), settings)
+    evaluation = eval_data(Dataset.open(sys.argv[4].split(","), "--eval_files"), "--eval_files",
+                           Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, 3), settings)
     assert mirrored.compiled.evaluate(eval_pipeline(evaluation, settings))["num_sequences"] == counted
 print(max(float(np.abs(a - b).max()) for a, b in zip(weights(single), weights(mirrored))))
 """
@@ -355,7 +357,7 @@ def test_the_online_packing_window_is_bounded_for_training_and_evaluation():
 
     def evaluate(window):
         settings = make_config(bert=bert, output_dir="x", eval_input_mode="packed_online", online_packing_window=window)
-        return data.eval_data(["x"], "--eval_files", shapes, settings)
+        return data.eval_data(data.NO_INPUTS, "--eval_files", shapes, settings)
 
     assert train(3).rows_per_micro_batch == 8
     for window, part in ((99_999_999_999, train), (2, train), (1_000_001, evaluate)):

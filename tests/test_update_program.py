@@ -40,7 +40,7 @@ def test_one_update_is_the_trainers_update_with_xla(optimizer, tmp_path):
     config = make_config(bert=BertConfig(**TINY), xla=True, input_mode="packed", train_batch_size=2, optimizer=optimizer,
                          learning_rate=1e-3, num_train_steps=100, output_dir=str(tmp_path))
     set_up_process(config)
-    step = CompiledStep(config, TrainData(files=(), identity=(), shapes=shapes, input_mode="packed", packing_factor=3.0))
+    step = CompiledStep(config, TrainData(shapes=shapes, input_mode="packed", packing_factor=3.0))
     packed, _ = same_sequences_packed_or_not(shapes, 6, TINY["vocab_size"])
     start = step.initial_state()
     trainer = step.run_updates(iter(tf.data.Dataset.from_tensors(packed).repeat()), 1)[0]

@@ -28,6 +28,7 @@ import tensorflow as tf
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, STEPS, TINY
 
 from bert_packed.features import Shapes
+from bert_packed.inputs.dataset import Dataset
 from bert_packed.model import BertConfig
 from bert_packed.training.checkpoints import Checkpoints
 from bert_packed.training.config import PRECISIONS, TrainConfig, make_config, setting_names
@@ -39,7 +40,7 @@ from bert_packed.training.step import CompiledStep
 # The values a test gives unless it says otherwise.
 DEFAULTS = dict(input_mode="packed", train_batch_size=4, num_train_steps=2, learning_rate=1e-3, deterministic=True,
                 log_every_steps=1, save_checkpoints_steps=1000)
-_DATA_FACTS = {field.name for field in dataclasses.fields(TrainData)} - {"files", "input_mode"}
+_DATA_FACTS = {field.name for field in dataclasses.fields(TrainData)} - {"inputs", "input_mode"} | {"identity"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,9 +73,9 @@ def config(output_dir, files, dropout=0.1, eval_files=(), eval_packed=False, voc
     assert not unknown, f"no setting or data fact is named {sorted(unknown)}"
     settings = make_config(bert=bert, output_dir=str(output_dir), **values)
     facts.setdefault("shapes", Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK))
-    facts.setdefault("identity", ())
-    train = TrainData(files=tuple(files), input_mode=settings.batch.input_mode, **facts)
-    evaluation = EvalData(files=tuple(eval_files), identity=(),
+    inputs = Dataset(tuple(files), facts.pop("identity", ()))
+    train = TrainData(input_mode=settings.batch.input_mode, inputs=inputs, **facts)
+    evaluation = EvalData(inputs=Dataset(tuple(eval_files), ()),
                           shapes=Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK if eval_packed else 1),
                           input_mode="packed" if eval_packed else "padded")
     return Setup(settings, train, evaluation)

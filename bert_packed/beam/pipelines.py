@@ -51,6 +51,7 @@ from apache_beam.transforms.environments import SubprocessSDKEnvironment
 
 from bert_packed.beam import worker
 from bert_packed.errors import SettingsError, UserError
+from bert_packed.inputs.dataset import Dataset
 from bert_packed.packing import packer
 from bert_packed.packing.histogram import merge_histograms
 from bert_packed.packing.pack_dataset import (
@@ -239,14 +240,14 @@ def create_on_beam(input_files: list[str], output_dir: str, settings: DatasetSet
                                       command="bert_packed.beam create")
 
 
-def pack_on_beam(input_files: list[str], output_dir: str, settings: PackSettings, options: PipelineOptions) -> dict:
+def pack_on_beam(inputs: Dataset, output_dir: str, settings: PackSettings, options: PipelineOptions) -> dict:
     """pack_pretraining_dataset with its passes run by a pipeline (BeamPasses).
 
     Returns:
       The metadata, also written to metadata.json: the same as pack_pretraining_dataset's but
       for its "seconds".
     """
-    return pack_pretraining_dataset(input_files, output_dir, settings, passes=BeamPasses(options))
+    return pack_pretraining_dataset(inputs, output_dir, settings, passes=BeamPasses(options))
 
 
 class BeamPasses:

@@ -33,6 +33,7 @@ from absl import logging as absl_logging
 
 from bert_packed.cli.common import exit_with, exit_with_help, run
 from bert_packed.errors import SettingsError, UserError
+from bert_packed.inputs.dataset import Dataset
 from bert_packed.inputs.input_files import expand_globs
 from bert_packed.packing.pack_dataset import verify_written
 from bert_packed.storage import files
@@ -62,10 +63,10 @@ def main(argv):
         with _workers_output_logged(beam, FLAGS.verbosity):
             metadata = beam.create_on_beam(input_files, FLAGS.output_dir, settings, options)
     else:
-        input_files = expand_globs(FLAGS.input_files, "--input_files")
-        settings = command.settings_from_flags(input_files)
+        inputs = Dataset.open(expand_globs(FLAGS.input_files, "--input_files"), "--input_files")
+        settings = command.settings_from_flags(inputs)
         with _workers_output_logged(beam, FLAGS.verbosity):
-            metadata = beam.pack_on_beam(input_files, FLAGS.output_dir, settings, options)
+            metadata = beam.pack_on_beam(inputs, FLAGS.output_dir, settings, options)
         if FLAGS.verify:
             verify_written(FLAGS.output_dir, FLAGS.num_workers)
     command.report(PROGRAM, metadata, FLAGS.output_dir)

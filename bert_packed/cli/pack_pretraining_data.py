@@ -14,6 +14,7 @@ from absl import flags
 
 from bert_packed.cli.common import run
 from bert_packed.cli.settings_flags import define_flags, from_flags, given_flags
+from bert_packed.inputs.dataset import Dataset
 from bert_packed.packing.pack_dataset import pack_pretraining_data
 from bert_packed.packing.pack_settings import PackCommandSettings, PackSettings
 from bert_packed.settings import help_groups
@@ -27,14 +28,14 @@ HELP_GROUPS = help_groups(*SETTINGS)
 PROGRAM = "pack_pretraining_data"
 
 
-def settings_from_flags(files: list[str]) -> PackSettings:
+def settings_from_flags(inputs: Dataset) -> PackSettings:
     """The flags, checked, as the job's settings (shared with `python -m bert_packed.beam pack`):
-    L and P as given, else as the inputs' metadata.json records.
+    L and P as given, else as the inputs (opened) record them.
 
     Raises:
       SettingsError: a flag out of range, or L or P other than the inputs'.
     """
-    return from_flags(FLAGS, PackCommandSettings, given=given_flags(FLAGS, *SETTINGS)).pack_settings(files)
+    return from_flags(FLAGS, PackCommandSettings, given=given_flags(FLAGS, *SETTINGS)).pack_settings(inputs)
 
 
 def main(argv):

@@ -38,7 +38,6 @@ import dataclasses
 import hashlib
 import json
 import os
-from collections.abc import Callable
 
 from bert_packed.errors import SettingsError, UserError
 from bert_packed.features import Shapes
@@ -330,123 +329,6 @@ def check_size(path: str, entry: DataFile) -> None:
         raise DatasetFilesError(f"{path}: {files.size(path):,} bytes, but {METADATA_FILE} records {entry.bytes:,}: "
                                 f"cut short or rewritten since the dataset was made; remove {os.path.dirname(path)} "
                                 f"and run the same command again")
-
-
-@dataclasses.dataclass(frozen=True)
-class Dataset:
-    """A set of data files as a command reads them: what their datasets' metadata.json say of
-    them, checked against the disk (Dataset.open). The reference's own files, with no
-    metadata.json, are known by their identity only.
-
-    Attributes:
-      files: the paths, in the order given.
-      identity: each file's FileIdentity: as its metadata.json records it, else read now.
-      packed: whether the records are packs; None without a metadata.json.
-      shapes: L, P and S of the records; None without a metadata.json.
-      num_sequences, num_records: in the files (0 when unknown: no counts for them).
-      entries: each file's entry in its metadata.json, in order; () without one.
-      directories: the directories whose metadata.json describe the files.
-      whole: (directory, description) of the one dataset whose training files these all are,
-        else None: its histogram.json is then the files' own.
-    """
-
-    files: tuple[str, ...]
-    identity: tuple[FileIdentity, ...]
-    packed: bool | None = None
-    shapes: Shapes | None = None
-    num_sequences: int = 0
-    num_records: int = 0
-    entries: tuple[DataFile, ...] = ()
-    directories: tuple[str, ...] = ()
-    whole: tuple[str, DatasetInfo] | None = None
-
-    @property
-    def packing_factor(self) -> float:
-        return self.num_sequences / self.num_records if self.num_records else 1.0
-
-    @classmethod
-    def open(cls, paths: list[str], flag: str, training: bool = False, held_out_allowed: bool = False,
-             require: Callable[[DatasetInfo, str], None] = lambda info, path: None) -> Dataset:
-        """The files `paths` as their metadata.json (one a directory) describe them, checked: each
-        listed there, of its recorded size and head (DatasetInfo.select), all of one kind and L, P,
-        S, all training shards or all held-out files (unless `held_out_allowed`).
-
-        Args:
-          paths: the data files.
-          flag: the flag that named them, for messages.
-          training: whether they are training input (held-out files are then refused).
-          held_out_allowed: the user said the held-out files are training input.
-          require: the command's check of each description and its metadata.json's path (its
-            settings against the data's), before any file is checked against the disk.
-
-        Raises:
-          DatasetFilesError / DatasetInfoError / SettingsError: naming the flag or file.
-        """
-        groups: dict[str, list[str]] = {}
-        for path in paths:
-            groups.setdefault(os.path.dirname(path), []).append(path)
-        described = _of_one_kind({directory: read_dataset_info(directory) for directory in groups}, flag)
-        if not described:
-            identity = tuple(FileIdentity.of(path) for path in paths)
-            compressed = next(((path, kind) for path in paths if (kind := files.compression(path))), None)
-            if compressed:  # found now, not when the first batch (or evaluation) reads it
-                raise DatasetFilesError(f"{flag}: {compressed[0]} is {compressed[1]}-compressed; TFRecord files are "
-                                        f"read uncompressed: decompress it first")
-            return cls(tuple(paths), identity)
-        first = next(iter(described.values()))
-        for directory, info in described.items():
-            require(info, metadata_path(directory))
-        chosen: dict[str, DataFile] = {}
-        sequences = records = 0
-        unknown, whole, held_out = False, None, {}
-        for directory, info in described.items():
-            entries = info.select(directory, groups[directory], flag, training, held_out_allowed)
-            chosen.update(zip(groups[directory], entries))
-            held_out_names = {f.name for f in info.eval_files}
-            held_out.update((path, os.path.basename(path) in held_out_names) for path in groups[directory])
-            all_of_it = len(entries) == len(info.files) and {f.name for f in entries} == set(info.file_names)
-            if all_of_it and len(described) == 1:
-                whole = (directory, info)
-            if all(f.sequences is not None and f.records is not None for f in entries):
-                sequences += sum(f.sequences for f in entries)
-                records += sum(f.records for f in entries)
-            elif all_of_it:
-                sequences, records = sequences + info.num_sequences, records + info.num_records
-            else:  # a part of a dataset whose metadata.json has no counts per file: unknown
-                unknown = True
-        if len(set(held_out.values())) > 1 and not held_out_allowed:
-            raise DatasetFilesError(f"{flag}: {next(p for p, h in held_out.items() if h)} is a held-out file and "
-                                    f"{next(p for p, h in held_out.items() if not h)} a training shard: give one set "
-                                    f"or the other (MLPerf never trains on the eval set, and an eval set of training "
-                                    f"records holds nothing out)")
-        entries = tuple(chosen[path] for path in paths)
-        return cls(tuple(paths), tuple(FileIdentity(path, f.bytes, f.head) for path, f in zip(paths, entries)),
-                   first.packed, first.shapes, 0 if unknown else sequences, 0 if unknown else records, entries,
-                   tuple(described), whole)
-
-
-def _of_one_kind(infos: dict[str, DatasetInfo | None], flag: str) -> dict[str, DatasetInfo]:
-    """The described directories of `infos` ({} if none is), refused unless all are and hold data of one
-    kind and shape: checked before a command's own checks, whose advice would fit one of them only."""
-    described = {directory: info for directory, info in infos.items() if info is not None}
-    if described and len(described) < len(infos):
-        bare = sorted(d for d, info in infos.items() if info is None)
-        raise SettingsError(f"{flag}: {bare[0]} has no metadata.json but the other files' directories do; give "
-                            f"one kind of data")
-    if described:
-        (first_directory, first), *others = described.items()
-        for directory, info in others:
-            if (info.packed, info.shapes) != (first.packed, first.shapes):
-                raise SettingsError(f"{flag}: the files mix datasets of other kinds or shapes: {first_directory} "
-                                    f"holds {_kind(first)}, {directory} {_kind(info)}; give one kind")
-    return described
-
-
-def _kind(info: DatasetInfo) -> str:
-    """"packed data of L=128, P=20, S=3", say."""
-    shapes = info.shapes
-    return (f"{'packed' if info.packed else 'unpacked'} data of L={shapes.max_seq_length}, "
-            f"P={shapes.max_predictions_per_seq}" + (f", S={shapes.max_sequences_per_pack}" if info.packed else ""))
 
 
 def metadata_path(directory: str) -> str:

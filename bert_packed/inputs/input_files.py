@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 
 from bert_packed.errors import InputFilesError, StorageError
-from bert_packed.inputs.dataset_info import read_dataset_info
 from bert_packed.inputs.file_identity import FileIdentity, file_sha256
 from bert_packed.storage import files
 
@@ -104,24 +103,3 @@ def _content_key(path: str) -> tuple[int, str]:
 def _same_bytes(first: str, second: str) -> bool:
     """Whether two files of one content key hold the same bytes (all of them read)."""
     return file_sha256(first) == file_sha256(second)
-
-
-def shapes_given_or_recorded(paths: list[str], max_seq_length: int | None,
-                             max_predictions_per_seq: int | None, defaults: tuple[int, int]) -> tuple[int, int]:
-    """L and P: each as given (a flag the user set), else as the first metadata.json describing
-    one of `paths` records it, else its default. Given and different from the record, the data's
-    own checks refuse it later, in one line.
-
-    Args:
-      paths: the input files.
-      max_seq_length, max_predictions_per_seq: the values given, None where not given.
-      defaults: (L, P) when neither is given nor recorded.
-    """
-    info = None
-    for directory in dict.fromkeys(os.path.dirname(path) for path in paths):
-        info = read_dataset_info(directory)
-        if info is not None:
-            break
-    recorded = (info.shapes.max_seq_length, info.shapes.max_predictions_per_seq) if info is not None else defaults
-    return (max_seq_length if max_seq_length is not None else recorded[0],
-            max_predictions_per_seq if max_predictions_per_seq is not None else recorded[1])

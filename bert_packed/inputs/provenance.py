@@ -26,12 +26,15 @@ seed, and p1 packed from d1/part-*:
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from bert_packed.errors import SettingsError
-from bert_packed.inputs.dataset_info import DatasetFilesError, DatasetInfoError, read_dataset_info
+from bert_packed.inputs.dataset_info import DatasetInfo, DatasetInfoError, read_dataset_info
 from bert_packed.inputs.input_files import require_disjoint
 from bert_packed.storage import files
+
+if TYPE_CHECKING:  # the opened inputs hold their origins (a Dataset is built from this module's)
+    from bert_packed.inputs.dataset import Dataset
 
 
 class Origin(NamedTuple):
@@ -50,10 +53,19 @@ class Origin(NamedTuple):
     texts: frozenset[str]
 
 
-def origins(paths: list[str]) -> dict[str, tuple[Origin, ...]]:
+def origins(paths: list[str], read: dict[str, DatasetInfo | None] | None = None) -> dict[str, tuple[Origin, ...]]:
     """The origins of each file, by path: one for a creating run's file, those of its sources for
-    packed data, none for a file without a metadata.json. Each directory's is read once."""
+    packed data, none for a file without a metadata.json. Each directory's is read once.
+
+    Args:
+      paths: the files.
+      read: descriptions already read (None for none), by directory as directory_of spells it:
+        not read again.
+    """
     known: dict[str, tuple | None] = {}
+    for directory, info in (read or {}).items():
+        known[directory] = None  # a cycle of descriptions ends here
+        known[directory] = None if info is None else _directory_origins(directory, known, info)
     return {path: _origins(path, known) for path in paths}
 
 
@@ -69,13 +81,15 @@ def _origins(path: str, known: dict) -> tuple[Origin, ...]:
     return (by_name[name],) if name in by_name else packed_from
 
 
-def _directory_origins(directory: str, known: dict) -> tuple[dict[str, Origin], tuple[Origin, ...]]:
+def _directory_origins(directory: str, known: dict,
+                       info: DatasetInfo | None = None) -> tuple[dict[str, Origin], tuple[Origin, ...]]:
     """(the origin of each file a creating run wrote, by name; the origins of the files packed data
-    was packed from)."""
-    try:
-        info = read_dataset_info(directory)
-    except DatasetInfoError:  # a damaged description of data this was made from: no origin known
-        return {}, ()
+    was packed from). `info`: the directory's description, when already read."""
+    if info is None:
+        try:
+            info = read_dataset_info(directory)
+        except DatasetInfoError:  # a damaged description of data this was made from: no origin known
+            return {}, ()
     if info is None:
         return {}, ()
     if info.creation is not None:
@@ -91,35 +105,27 @@ def directory_of(path: str) -> str:
     return os.path.dirname(files.absolute(path))
 
 
-def require_no_held_out_packs(paths: list[str], held_out_allowed: bool) -> None:
-    """Raises DatasetFilesError when training packs hold held-out documents, unless the user said
-    held-out files are training input (--train_on_held_out_files). Held-out files themselves are
-    refused as training input by DatasetInfo.select."""
-    if held_out_allowed:
-        return
-    for path, found in origins(paths).items():
-        held_out = next((origin.file for origin in found if origin.held_out), None)
-        if held_out is not None:
-            raise DatasetFilesError(f"--input_file: {path} was packed from held-out evaluation documents ({held_out}); "
-                                    f"train on packs of the training shards (part-*), or say "
-                                    f"--train_on_held_out_files")
-
-
-def require_eval_apart(train_paths: list[str], eval_paths: list[str], eval_flag: str) -> None:
+def require_eval_apart(train: Dataset, evaluation: Dataset, eval_flag: str) -> None:
     """Raises InputFilesError or SettingsError when an eval record may be trained on: a training
     file given again as eval file (its path or its bytes: input_files.require_disjoint), or one
     whose records come from what the training data holds (require_apart)."""
-    require_disjoint(train_paths, "--input_file", eval_paths, eval_flag)
-    require_apart(train_paths, eval_paths, eval_flag)
+    require_disjoint(list(train.files), "--input_file", list(evaluation.files), eval_flag)
+    require_apart(train.origins, evaluation.origins, eval_flag)
 
 
-def require_apart(train_paths: list[str], eval_paths: list[str], eval_flag: str) -> None:
+def require_apart(train_origins: dict[str, tuple[Origin, ...]], eval_origins: dict[str, tuple[Origin, ...]],
+                  eval_flag: str) -> None:
     """Raises SettingsError when an eval record may be trained on: it comes from a file the
     training data holds (directly or packed), or from a training shard of text the training data
-    was made from, or from a held-out file of another creating run over that text."""
-    train_origins = [(path, origin) for path, found in origins(train_paths).items() for origin in found]
+    was made from, or from a held-out file of another creating run over that text.
+
+    Args:
+      train_origins, eval_origins: each file's origins (origins()), by path.
+      eval_flag: the flag that named the eval files, for messages.
+    """
+    train_origins = [(path, origin) for path, found in train_origins.items() for origin in found]
     trained_files = {origin.file: path for path, origin in train_origins}
-    for path, found in origins(eval_paths).items():
+    for path, found in eval_origins.items():
         for origin in found:
             if origin.file in trained_files:
                 raise SettingsError(f"{eval_flag}: {path} holds the records of {origin.file}, which the training "

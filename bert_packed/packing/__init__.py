@@ -5,19 +5,16 @@
     p.num_packs, p.efficiency, p.strategies
 """
 
+from bert_packed.inputs.histogram_file import HistogramError, check_histogram, load_histogram, save_histogram
 from bert_packed.packing.exact_fill import lp_packing, nnlshp, solve_packing_lp
 from bert_packed.packing.greedy import lpfhp, spfhp
 from bert_packed.packing.histogram import (
-    HistogramError,
     HistogramStats,
-    check_histogram,
     histogram_from_lengths,
     histogram_stats,
-    load_histogram,
     lower_bound_packs,
     merge_histograms,
     sampling_total_variation,
-    save_histogram,
     total_variation,
 )
 from bert_packed.packing.online import OnlinePacker

@@ -33,11 +33,13 @@ import numpy as np
 
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
-from bert_packed.inputs.dataset_info import HISTOGRAM_FILE, DataFile, Dataset, DatasetFilesError, DatasetInfo
+from bert_packed.inputs.dataset import Dataset
+from bert_packed.inputs.dataset_info import HISTOGRAM_FILE, DataFile, DatasetFilesError, DatasetInfo
 from bert_packed.inputs.file_identity import FileIdentity, file_sha256
+from bert_packed.inputs.histogram_file import save_histogram
 from bert_packed.inputs.input_files import expand_globs
 from bert_packed.packing import packer
-from bert_packed.packing.histogram import histogram_from_lengths, merge_histograms, save_histogram
+from bert_packed.packing.histogram import histogram_from_lengths, merge_histograms
 from bert_packed.packing.pack_settings import PackCommandSettings, PackSettings
 from bert_packed.packing.plan import plan
 from bert_packed.packing.verify import PackingError, audit_packs, verify_packed_dataset
@@ -63,7 +65,7 @@ def pack_pretraining_data(settings: PackCommandSettings) -> dict:
       UserError: a setting, an input record or the output directory that cannot make packs, in
         one line (pack_pretraining_dataset's errors).
     """
-    inputs = expand_globs(settings.input_files, "--input_files")
+    inputs = Dataset.open(expand_globs(settings.input_files, "--input_files"), "--input_files")
     metadata = pack_pretraining_dataset(inputs, settings.output_dir, settings.pack_settings(inputs),
                                         settings.num_workers)
     if settings.verify:
@@ -79,12 +81,12 @@ def verify_written(output_dir: str, num_workers: int = 0) -> None:
                   found["num_sequences"], found["checksum"])
 
 
-def pack_pretraining_dataset(input_files: list[str], output_dir: str, settings: PackSettings,
+def pack_pretraining_dataset(inputs: Dataset, output_dir: str, settings: PackSettings,
                              num_workers: int = 0, passes=None) -> dict:
-    """Packs the sequences of `input_files` into `output_dir`; returns the metadata.
+    """Packs the sequences of `inputs` into `output_dir`; returns the metadata.
 
     Args:
-      input_files: unpacked TFRecord files, in a fixed order.
+      inputs: unpacked TFRecord files, in a fixed order, opened (Dataset.open).
       output_dir: created if missing; may hold an unfinished run with the same settings and inputs.
       settings: see PackSettings.
       num_workers: threads of the default passes (0: one per core).
@@ -102,13 +104,13 @@ def pack_pretraining_dataset(input_files: list[str], output_dir: str, settings: 
     passes = passes or LocalPasses(num_workers)
     # A run is its settings and inputs' paths (another is refused) and their content (when that
     # changed, the run is done again): each input's size and the hash of its beginning, cheap.
-    sources = [files.absolute(path) for path in input_files]
+    sources = [files.absolute(path) for path in inputs.files]
     job = OutputJob(output_dir, passes.command, "packed data", {"settings": settings.to_dict(), "sources": sources},
                     sources, outputs=("packed-",), shared_work=passes.shared_work)
     done = job.finished()
     if done is not None:
         return done
-    inputs, vocab_size = _described_inputs(input_files, settings.shapes)  # refused inputs: nothing claimed
+    _require_unpacked(inputs, settings.shapes)  # refused inputs: nothing claimed
     with job.writing() as done:
         if done is not None:
             return done
@@ -122,21 +124,13 @@ def pack_pretraining_dataset(input_files: list[str], output_dir: str, settings: 
         histogram_path = os.path.join(output_dir, HISTOGRAM_FILE)
         save_histogram(histogram_path, merge_histograms(*[s["histogram"] for s in summaries]))
         return job.commit(_description(settings, packing_plan, shards, sources, checksum_in, seconds,
-                                       file_sha256(histogram_path), vocab_size))
+                                       file_sha256(histogram_path), inputs.vocab_size))
 
 
-def _described_inputs(input_files: list[str], shapes: Shapes) -> tuple[Dataset, int | None]:
-    """The inputs as their metadata.json describe them (Dataset.open), when they do: unpacked
-    records of the packer's L and P; and the size of the vocabulary they were made with (the
-    largest, from inputs of several datasets), when their metadata.json say it.
-
-    Raises:
-      DatasetFilesError / SettingsError: naming the file or metadata.json and what differs.
-    """
-    vocab_sizes = []
-
-    def require(info: DatasetInfo, path: str) -> None:
-        vocab_sizes.append(info.vocab_size)
+def _require_unpacked(inputs: Dataset, shapes: Shapes) -> None:
+    """Raises DatasetFilesError or SettingsError unless the inputs are unpacked records of the
+    packer's L and P, where their metadata.json says it."""
+    for path, info in inputs.descriptions.items():
         if info.packed:
             raise DatasetFilesError(f"--input_files: {path} describes packed data; the packer reads unpacked records "
                                     f"(create_pretraining_data's)")
@@ -145,10 +139,6 @@ def _described_inputs(input_files: list[str], shapes: Shapes) -> tuple[Dataset, 
             name = differing[0]
             raise SettingsError(f"--input_files: {path} says {name}={getattr(info.shapes, name)}, but --{name}="
                                 f"{getattr(shapes, name)}")
-
-    inputs = Dataset.open(input_files, "--input_files", require=require)  # named as given
-    known = [size for size in vocab_sizes if size]
-    return inputs, max(known) if known else None
 
 
 # The names of the packer's work units and files (OutputJob keeps them in its work directory).

@@ -8,8 +8,8 @@ import dataclasses
 
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
+from bert_packed.inputs.dataset import Dataset
 from bert_packed.inputs.dataset_info import require_seq_length
-from bert_packed.inputs.input_files import shapes_given_or_recorded
 from bert_packed.packing.plan import ALGORITHMS, DEFAULT_ALGORITHM
 from bert_packed.settings import check_settings, given_or_changed, setting
 
@@ -75,17 +75,17 @@ class PackCommandSettings:
         if self.seed < 0 or self.num_workers < 0:
             raise SettingsError(f"--seed={self.seed} and --num_workers={self.num_workers} must be >= 0")
 
-    def pack_settings(self, files: list[str]) -> PackSettings:
-        """What decides the output of packing `files`: L and P as given, else as the inputs'
-        metadata.json records, else the defaults.
+    def pack_settings(self, inputs: Dataset) -> PackSettings:
+        """What decides the output of packing `inputs` (opened): L and P as given, else as the
+        inputs' metadata.json records, else the defaults.
 
         Raises:
           SettingsError: L out of range, or L or P other than the inputs'.
         """
         defaults = (PackCommandSettings.max_seq_length, PackCommandSettings.max_predictions_per_seq)
-        max_seq_length, max_predictions_per_seq = shapes_given_or_recorded(
-            files, *(getattr(self, name) if name in given_or_changed(self) else None
-                     for name in ("max_seq_length", "max_predictions_per_seq")), defaults=defaults)
+        max_seq_length, max_predictions_per_seq = inputs.lengths(
+            *(getattr(self, name) if name in given_or_changed(self) else None
+              for name in ("max_seq_length", "max_predictions_per_seq")), defaults=defaults)
         if max_predictions_per_seq < 1:
             raise SettingsError("--max_sequences_per_pack and --max_predictions_per_seq must be >= 1")
         require_seq_length(max_seq_length)

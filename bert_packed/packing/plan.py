@@ -8,9 +8,10 @@ import time
 import numpy as np
 
 from bert_packed.errors import InternalError, SettingsError
+from bert_packed.inputs.histogram_file import check_histogram
 from bert_packed.packing.exact_fill import lp_packing, nnlshp
 from bert_packed.packing.greedy import lpfhp, spfhp
-from bert_packed.packing.histogram import check_histogram, lower_bound_packs
+from bert_packed.packing.histogram import lower_bound_packs
 
 # name -> function(histogram, max_sequences_per_pack) -> [(lengths, count)]
 ALGORITHMS = {

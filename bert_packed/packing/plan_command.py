@@ -15,14 +15,8 @@ import dataclasses
 import logging
 
 from bert_packed.errors import SettingsError
-from bert_packed.packing.histogram import (
-    HistogramError,
-    HistogramStats,
-    histogram_stats,
-    load_histogram,
-    sampling_total_variation,
-    total_variation,
-)
+from bert_packed.inputs.histogram_file import HistogramError, load_histogram
+from bert_packed.packing.histogram import HistogramStats, histogram_stats, sampling_total_variation, total_variation
 from bert_packed.packing.pack_settings import PlanSettings
 from bert_packed.packing.plan import ALGORITHMS, PackingPlan, plan
 

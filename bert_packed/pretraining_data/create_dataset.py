@@ -42,7 +42,8 @@ from bert_packed.errors import SettingsError, UserError, raise_if_retryable
 from bert_packed.features import Shapes
 from bert_packed.inputs.dataset_info import HISTOGRAM_FILE, DataFile, DatasetInfo
 from bert_packed.inputs.file_identity import FileIdentity, file_sha256
-from bert_packed.packing.histogram import histogram_from_lengths, merge_histograms, save_histogram
+from bert_packed.inputs.histogram_file import save_histogram
+from bert_packed.packing.histogram import histogram_from_lengths, merge_histograms
 from bert_packed.pretraining_data.corpus import (
     INPUT_FORMATS,
     CorpusError,

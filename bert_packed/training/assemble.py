@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
-from bert_packed.inputs.input_files import expand_globs, shapes_given_or_recorded
+from bert_packed.inputs.dataset import Dataset
+from bert_packed.inputs.input_files import expand_globs
 from bert_packed.settings import check_setting, settings_of
 from bert_packed.storage.run_directory import RunDirectory
 from bert_packed.training.config import PARTS, LaunchSettings, TrainConfig, make_config, setting_names
@@ -128,24 +129,30 @@ def assemble(line: PretrainingSettings, flags_text: str = "") -> tuple[TrainConf
     if config.run.export_huggingface_dir:
         require_export_directory(config.run.export_huggingface_dir, config.run.vocab_file, config.run.do_lower_case,
                                  config.model.bert, config.run.output_dir)
-    given = [line[name] if name in line.given else None for name in ("max_seq_length", "max_predictions_per_seq")]
-    shapes = Shapes(*shapes_given_or_recorded(input_files, *given, defaults=(
-        LaunchSettings.max_seq_length, LaunchSettings.max_predictions_per_seq)), line["max_sequences_per_pack"])
     if line["do_train"]:
-        train_data = data.train_data(input_files, shapes, config, "max_sequences_per_pack" in line.given,
-                                     line["train_on_held_out_files"], RunDirectory(config.run.output_dir))
+        inputs = data.open_training_inputs(input_files, line["train_on_held_out_files"])
     else:  # evaluation alone: --input_file is the eval set, as in the reference
-        train_data = data.TrainData(files=tuple(input_files), identity=(), shapes=shapes.unpacked(),
-                                    input_mode="padded")
-    eval_pattern = line["eval_files"] or (input_pattern if line["do_eval"] else None)
+        inputs = Dataset.open(input_files, "--input_file")
+    given = [line[name] if name in line.given else None for name in ("max_seq_length", "max_predictions_per_seq")]
+    shapes = Shapes(*inputs.lengths(*given, defaults=(LaunchSettings.max_seq_length,
+                                                      LaunchSettings.max_predictions_per_seq)),
+                    line["max_sequences_per_pack"])
+    if line["do_train"]:
+        train_data = data.train_data(inputs, shapes, config, "max_sequences_per_pack" in line.given,
+                                     RunDirectory(config.run.output_dir))
+    else:
+        train_data = data.TrainData(shapes.unpacked(), "padded")
     if line["do_train"] and line["do_eval"] and not line["eval_files"]:
         logging.warning("--do_eval without --eval_files evaluates on the training files, as the reference does: "
                         "its accuracy is not a held-out one (MLPerf never evaluates on what it trains on); give "
                         "--eval_files")
-    if not eval_pattern:
+    if line["eval_files"]:
+        flag = "--eval_files"
+        evaluation = Dataset.open(expand_globs(line["eval_files"], flag), flag)
+        if line["do_train"]:
+            provenance.require_eval_apart(inputs, evaluation, flag)
+    elif line["do_eval"]:  # the files --input_file opened, as the reference evaluates
+        flag, evaluation = "--input_file", inputs
+    else:
         return config, train_data, data.EvalData()
-    flag = "--eval_files" if line["eval_files"] else "--input_file"
-    eval_files = expand_globs(eval_pattern, flag)
-    if line["do_train"] and line["eval_files"]:
-        provenance.require_eval_apart(input_files, eval_files, flag)
-    return config, train_data, data.eval_data(eval_files, flag, shapes, config)
+    return config, train_data, data.eval_data(evaluation, flag, shapes, config)

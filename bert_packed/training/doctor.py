@@ -185,7 +185,7 @@ def packed_updates(device: str, updates: int = 3) -> list[Finding]:
                 config = make_config(bert=bert, input_mode=mode, train_batch_size=int(features["input_ids"].shape[0]),
                                      num_train_steps=updates, learning_rate=1e-3, output_dir=work, seed=1)
                 set_up_process(config)
-                step = CompiledStep(config, TrainData(files=(), identity=(), shapes=shapes, input_mode=mode,
+                step = CompiledStep(config, TrainData(shapes=shapes, input_mode=mode,
                                                       packing_factor=3.0 if mode == "packed" else 1.0))
                 if start is None:
                     start = [w.numpy() for w in step.model.weights]

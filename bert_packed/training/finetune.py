@@ -22,6 +22,7 @@ from bert_packed.features import Shapes
 from bert_packed.finetuning.encode import EncodedExamples, RepackedRows, encode_examples, make_rows
 from bert_packed.finetuning.squad import make_windows, read_squad_examples
 from bert_packed.finetuning.tasks import get_task, read_examples, task_labels
+from bert_packed.inputs.dataset import Dataset
 from bert_packed.inputs.file_identity import FileIdentity
 from bert_packed.model import BertConfig
 from bert_packed.model.huggingface import is_huggingface_directory, require_export_directory, require_same_model
@@ -274,7 +275,7 @@ def _model_and_vocabulary(settings: FineTuningSettings) -> tuple[BertConfig, Tok
 
 def _no_training(settings: FineTuningSettings) -> TrainData:
     """The training data of a run that only evaluates: its rows' shapes, no rows."""
-    return TrainData(files=(), identity=(), shapes=Shapes(settings.max_seq_length, 0, _depth(settings)),
+    return TrainData(shapes=Shapes(settings.max_seq_length, 0, _depth(settings)),
                      input_mode=settings.input_mode)
 
 
@@ -343,8 +344,9 @@ def _rows_data(kind: type, encoded: EncodedExamples, path: str, settings: FineTu
                  assignment.num_packs, "row" if assignment.num_packs == 1 else "rows", settings.max_seq_length,
                  count / assignment.num_packs, noun,
                  100 * encoded.lengths.sum() / (assignment.num_packs * settings.max_seq_length))
-    facts = dict(files=(path,), identity=(FileIdentity.of(path, whole=True),), shapes=Shapes(settings.max_seq_length, 0, depth),
-                 input_mode=settings.input_mode, num_sequences=count, rows=rows)
+    facts = dict(inputs=Dataset((path,), (FileIdentity.of(path, whole=True),)),
+                 shapes=Shapes(settings.max_seq_length, 0, depth), input_mode=settings.input_mode, num_sequences=count,
+                 rows=rows)
     if kind is TrainData:
         facts["packing_factor"] = count / assignment.num_packs
     return kind(**facts)

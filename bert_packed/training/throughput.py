@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 
 from bert_packed.features import Shapes
+from bert_packed.inputs.dataset import Dataset
 from bert_packed.model import BertConfig
 from bert_packed.training.cards import bf16_peak_tflops
 from bert_packed.training.config import TrainConfig, make_config
@@ -61,7 +62,7 @@ def benchmark_run(bert: BertConfig, files: list[str], shapes: Shapes, input_mode
                          bucket_boundaries=bucket_boundaries, learning_rate=1e-4, num_train_steps=10**9,
                          output_dir=output_dir, save_checkpoints_steps=10**9, log_every_steps=10**9)
     online = dict(strategies=plan.strategies, packing_factor=plan.packing_factor) if plan is not None else {}
-    data = TrainData(files=tuple(files), identity=(), shapes=shapes, input_mode=input_mode, **online)
+    data = TrainData(shapes, input_mode, Dataset(tuple(files), ()), **online)
     return config, data
 
 
