@@ -143,7 +143,7 @@ def packed_dir(unpacked_dir, tmp_path_factory):
     directory = str(tmp_path_factory.mktemp("packed"))
     files = sorted(os.path.join(unpacked_dir, n) for n in os.listdir(unpacked_dir) if n.endswith(".tfrecord"))
     settings = PackSettings(Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK), "lp", num_shards=2)
-    pack_pretraining_dataset(opened(files), directory, settings, num_workers=1)
+    pack_pretraining_dataset(inputs_of(files), directory, settings, num_workers=1)
     return directory
 
 
@@ -202,11 +202,11 @@ def tfrecords(directory):
     return sorted(os.path.join(directory, n) for n in os.listdir(directory) if n.endswith(".tfrecord"))
 
 
-def opened(paths):
-    """The packer's input files, opened as its command opens them."""
+def inputs_of(paths):
+    """The packer's input files, described as its command describes them (it opens them itself)."""
     from bert_packed.inputs.dataset import Dataset
 
-    return Dataset.open(list(paths), "--input_files")
+    return Dataset.described(list(paths), "--input_files")
 
 
 @pytest.fixture

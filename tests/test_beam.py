@@ -15,7 +15,7 @@ import time
 
 import apache_beam
 import pytest
-from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, VOCAB, opened, run_command, tfrecords, write_corpus
+from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, VOCAB, inputs_of, run_command, tfrecords, write_corpus
 
 from bert_packed.beam import pipelines
 from bert_packed.cli import beam as cli_beam
@@ -182,7 +182,7 @@ def test_a_pipelines_lock_names_the_beam_command(unpacked_dir, tmp_path, monkeyp
     def meanwhile(*args):
         if not refusals:
             with pytest.raises(locks.DirectoryLockedError) as refused:
-                pipelines.pack_pretraining_dataset(opened(tfrecords(unpacked_dir)), str(output), args[3])
+                pipelines.pack_pretraining_dataset(inputs_of(tfrecords(unpacked_dir)), str(output), args[3])
             refusals.append(str(refused.value))
         return write_shard(*args)
 

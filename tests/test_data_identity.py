@@ -14,7 +14,7 @@ from conftest import (
     MAX_SEQUENCES_PER_PACK,
     TINY,
     dataset_settings,
-    opened,
+    inputs_of,
     tfrecords,
     write_other_text,
 )
@@ -24,6 +24,7 @@ from bert_packed.features import Shapes
 from bert_packed.inputs.dataset import Dataset
 from bert_packed.inputs.dataset_info import DatasetFilesError, DatasetInfoError, metadata_path, read_dataset_info
 from bert_packed.inputs.file_identity import FileIdentity
+from bert_packed.inputs.histogram_file import load_histogram, save_histogram
 from bert_packed.packing import pack_dataset
 from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset
 from bert_packed.packing.verify import verify_packed_dataset
@@ -71,12 +72,12 @@ def test_a_pack_stopped_then_fed_another_shard_ends(unpacked_copy, corpus, tmp_p
     with monkeypatch.context() as patch:
         patch.setattr(pack_dataset, "_distribute", lambda *args: (_ for _ in ()).throw(OSError(28, "No space")))
         with pytest.raises(OSError):
-            pack_pretraining_dataset(opened(tfrecords(str(unpacked_copy))), str(out), SETTINGS, num_workers=1)
+            pack_pretraining_dataset(inputs_of(tfrecords(str(unpacked_copy))), str(out), SETTINGS, num_workers=1)
     assert (out / ".work" / "input-00000.json").exists()
     other = tmp_path / "other"
     create_pretraining_dataset(corpus, str(other), dataset_settings(seed=7), num_workers=1)
     shutil.copy(tfrecords(str(other))[0], tfrecords(str(unpacked_copy))[0])
-    metadata = pack_pretraining_dataset(opened(tfrecords(str(unpacked_copy))), str(out), SETTINGS, num_workers=1)
+    metadata = pack_pretraining_dataset(inputs_of(tfrecords(str(unpacked_copy))), str(out), SETTINGS, num_workers=1)
     held = sum(len(lengths) for path in tfrecords(str(unpacked_copy)) for *_, lengths in read_record_batches(path))
     assert metadata["num_sequences"] == verify_packed_dataset(str(out))["num_sequences"] == held != 122
 
@@ -87,7 +88,7 @@ def test_an_input_that_changes_between_the_packer_s_two_readings_is_one_line_and
     with monkeypatch.context() as patch:
         patch.setattr(pack_dataset, "_distribute", lambda *args: (_ for _ in ()).throw(OSError(28, "No space")))
         with pytest.raises(OSError):
-            pack_pretraining_dataset(opened(tfrecords(str(unpacked_copy))), str(out), SETTINGS, num_workers=1)
+            pack_pretraining_dataset(inputs_of(tfrecords(str(unpacked_copy))), str(out), SETTINGS, num_workers=1)
     first = out / ".work" / "input-00000.json"
     summary = json.loads(first.read_text())
     length = max(i for i, count in enumerate(summary["histogram"]) if count)
@@ -95,14 +96,36 @@ def test_an_input_that_changes_between_the_packer_s_two_readings_is_one_line_and
     summary["checksum"] = "0" * 16  # ...and other content
     first.write_text(json.dumps(summary))
     with pytest.raises(InputsChangedError, match=r"part-00000-000.tfrecord: changed while its output was being made"):
-        pack_pretraining_dataset(opened(tfrecords(str(unpacked_copy))), str(out), SETTINGS, num_workers=1)
-    pack_pretraining_dataset(opened(tfrecords(str(unpacked_copy))), str(out), SETTINGS, num_workers=1)
+        pack_pretraining_dataset(inputs_of(tfrecords(str(unpacked_copy))), str(out), SETTINGS, num_workers=1)
+    pack_pretraining_dataset(inputs_of(tfrecords(str(unpacked_copy))), str(out), SETTINGS, num_workers=1)
     assert verify_packed_dataset(str(out))["num_sequences"] == 122
+
+
+def test_a_finished_packing_s_rerun_reads_only_what_it_must(unpacked_copy, packed_dir, tmp_path, caplog):
+    """A finished output's rerun opens no input against the disk (a shard of the input dataset
+    it did not pack, deleted since, is not its concern), nor the inputs' histogram.json or their
+    sources' metadata.json, which the packer never uses."""
+    parts = tfrecords(str(unpacked_copy))
+    out = str(tmp_path / "out")
+    pack_pretraining_dataset(inputs_of(parts[:1]), out, SETTINGS, num_workers=1)
+    os.remove(parts[-1])
+    save_histogram(str(unpacked_copy / "histogram.json"), [1])  # another dataset's
+    caplog.clear()
+    assert pack_pretraining_dataset(inputs_of(parts[:1]), out, SETTINGS, num_workers=1)["num_sequences"] == \
+        read_dataset_info(str(unpacked_copy)).files[0].sequences
+    assert "histogram" not in caplog.text
+    packed = tmp_path / "packed"  # packs whose sources are out of reach: refused as packs, not by the reach
+    shutil.copytree(packed_dir, packed)
+    metadata = json.loads(open(metadata_path(str(packed))).read())
+    metadata["sources"] = [f"s3://nowhere/{os.path.basename(path)}" for path in metadata["sources"]]
+    open(metadata_path(str(packed)), "w").write(json.dumps(metadata))
+    with pytest.raises(DatasetFilesError, match=r"packed/metadata.json describes packed data; the packer reads"):
+        pack_pretraining_dataset(inputs_of(tfrecords(str(packed))), str(tmp_path / "again"), SETTINGS, num_workers=1)
 
 
 def test_packed_output_of_regenerated_inputs_is_made_again(unpacked_copy, corpus, tmp_path, caplog):
     out = tmp_path / "out"
-    pack_pretraining_dataset(opened(tfrecords(str(unpacked_copy))), str(out), SETTINGS, num_workers=1)
+    pack_pretraining_dataset(inputs_of(tfrecords(str(unpacked_copy))), str(out), SETTINGS, num_workers=1)
     before = read_dataset_info(str(out))
     regenerated = tmp_path / "regenerated"
     create_pretraining_dataset(corpus, str(regenerated), dataset_settings(seed=7), num_workers=1)
@@ -110,7 +133,7 @@ def test_packed_output_of_regenerated_inputs_is_made_again(unpacked_copy, corpus
         os.remove(path)
     for path in tfrecords(str(regenerated)) + [metadata_path(str(regenerated))]:
         shutil.copy(path, unpacked_copy)
-    again = pack_pretraining_dataset(opened(tfrecords(str(unpacked_copy))), str(out), SETTINGS, num_workers=1)
+    again = pack_pretraining_dataset(inputs_of(tfrecords(str(unpacked_copy))), str(out), SETTINGS, num_workers=1)
     assert "the input files changed since its packed data was made; making it again" in caplog.text
     expected = sum(read_dataset_info(str(regenerated)).files[i].sequences
                    for i in range(len(read_dataset_info(str(regenerated)).files)))
@@ -128,7 +151,7 @@ def test_a_finished_dataset_on_read_only_storage_packs_as_nothing_to_do_and_veri
     monkeypatch.setattr(locks, "exclusive", refused)
     monkeypatch.setattr(files, "makedirs", refused)
     monkeypatch.setattr(files, "write_text_atomically", refused)
-    again = pack_pretraining_dataset(opened(tfrecords(unpacked_dir)), packed_dir, SETTINGS, num_workers=1)
+    again = pack_pretraining_dataset(inputs_of(tfrecords(unpacked_dir)), packed_dir, SETTINGS, num_workers=1)
     assert again["num_sequences"] == 122
     # The records it was packed from, made again with the same command: nothing to do either.
     assert create_pretraining_dataset(corpus, unpacked_dir, dataset_settings(), num_workers=1)["num_sequences"] == 122
@@ -182,7 +205,6 @@ def test_training_data_is_checked_against_its_metadata_before_any_work(packed_co
 
 
 def test_a_side_histogram_that_is_not_the_dataset_s_is_recounted_with_one_line(unpacked_copy, packed_dir, caplog):
-    from bert_packed.inputs.histogram_file import load_histogram, save_histogram
 
     shapes = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK)
     paths = tfrecords(str(unpacked_copy))
@@ -232,17 +254,17 @@ def test_the_packer_compares_its_inputs_with_their_metadata(unpacked_copy, packe
     open(metadata_path(str(unpacked_copy)), "w").write(json.dumps(metadata))
     with pytest.raises(DatasetFilesError, match=rf"{paths[0]}: holds (\d+) sequences, but its metadata.json counts "
                                                 rf"(\d+): the file or the description was changed"):
-        pack_pretraining_dataset(opened(paths), str(tmp_path / "a"), SETTINGS, num_workers=1)
-    with pytest.raises(DatasetFilesError, match=r"packed0/metadata.json describes packed data; the packer reads "
-                                                r"unpacked records"):
-        pack_pretraining_dataset(opened(tfrecords(packed_dir)), str(tmp_path / "c"), SETTINGS, num_workers=1)
-    wrong = PackSettings(Shapes(64, MAX_PREDICTIONS, 3))
-    with pytest.raises(SettingsError, match=r"unpacked/metadata.json says max_seq_length=128, but --max_seq_length=64"):
-        pack_pretraining_dataset(opened(paths), str(tmp_path / "d"), wrong, num_workers=1)
+        pack_pretraining_dataset(inputs_of(paths), str(tmp_path / "a"), SETTINGS, num_workers=1)
     shutil.copy(paths[1], paths[0])  # a shard replaced by another
     with pytest.raises(DatasetFilesError,
                        match=rf"{paths[0]}: not the file metadata.json describes \((.* bytes, was|its first 64 KiB)"):
-        pack_pretraining_dataset(opened(paths), str(tmp_path / "b"), SETTINGS, num_workers=1)
+        pack_pretraining_dataset(inputs_of(paths), str(tmp_path / "b"), SETTINGS, num_workers=1)
+    with pytest.raises(DatasetFilesError, match=r"packed0/metadata.json describes packed data; the packer reads "
+                                                r"unpacked records"):
+        pack_pretraining_dataset(inputs_of(tfrecords(packed_dir)), str(tmp_path / "c"), SETTINGS, num_workers=1)
+    wrong = PackSettings(Shapes(64, MAX_PREDICTIONS, 3))
+    with pytest.raises(SettingsError, match=r"unpacked/metadata.json says max_seq_length=128, but --max_seq_length=64"):
+        pack_pretraining_dataset(inputs_of(paths), str(tmp_path / "d"), wrong, num_workers=1)
     assert not os.path.exists(tmp_path / "b" / ".work") and not os.path.exists(tmp_path / "d" / ".work")
 
 
@@ -267,7 +289,6 @@ def test_eval_files_are_counted_against_their_metadata_before_training(unpacked_
 
 def test_eval_records_are_never_trained_on_whatever_way_they_take(corpus, unpacked_dir, packed_dir, tmp_path):
     from bert_packed.inputs.provenance import origins, require_apart
-    from bert_packed.training import data
 
     split = tmp_path / "split"  # the corpus under another seed, 30% held out
     create_pretraining_dataset(corpus, str(split), dataclasses.replace(dataset_settings(seed=7), eval_fraction=0.3),
@@ -277,7 +298,7 @@ def test_eval_records_are_never_trained_on_whatever_way_they_take(corpus, unpack
     parts = sorted(str(p) for p in split.glob("part-*.tfrecord"))
     assert len(held_out) == 2 and len(parts) == 4
     packed_parts = tmp_path / "packed_parts"
-    pack_pretraining_dataset(opened(parts), str(packed_parts), SETTINGS, num_workers=1)
+    pack_pretraining_dataset(inputs_of(parts), str(packed_parts), SETTINGS, num_workers=1)
     copy = tmp_path / "copy"  # the same run's files elsewhere: the same split
     shutil.copytree(split, copy)
     for train in (parts, tfrecords(str(packed_parts)), [p for p in parts if "-000." in p]):
@@ -302,17 +323,47 @@ def test_eval_records_are_never_trained_on_whatever_way_they_take(corpus, unpack
 
     # The held-out documents packed: not training data, unless the user says so; never beside the eval set.
     packed_held_out = tmp_path / "packed_held_out"
-    pack_pretraining_dataset(opened(held_out), str(packed_held_out), SETTINGS, num_workers=1)
+    pack_pretraining_dataset(inputs_of(held_out), str(packed_held_out), SETTINGS, num_workers=1)
     with pytest.raises(DatasetFilesError, match=rf"--input_file: {packed_held_out}/\S+ was packed from held-out "
                                                 rf"evaluation documents \({held_out[0]}\)"):
-        data.open_training_inputs(tfrecords(str(packed_held_out)))
-    data.open_training_inputs(tfrecords(str(packed_held_out)), held_out_allowed=True)
+        Dataset.open(tfrecords(str(packed_held_out)), "--input_file", training=True)
+    Dataset.open(tfrecords(str(packed_held_out)), "--input_file", training=True, held_out_allowed=True)
     with pytest.raises(SettingsError, match=rf"{held_out[0]} holds the records of {held_out[0]}, which the training "
                                             rf"data holds too"):
         require_apart(origins(tfrecords(str(packed_held_out))), origins(held_out), "--eval_files")
     with pytest.raises(DatasetFilesError, match=rf"--input_files: {held_out[0]} is a held-out file and {parts[0]} a "
                                                 rf"training shard: give one set or the other"):
-        pack_pretraining_dataset(opened(held_out + parts), str(tmp_path / "mixed"), SETTINGS, num_workers=1)
+        pack_pretraining_dataset(inputs_of(held_out + parts), str(tmp_path / "mixed"), SETTINGS, num_workers=1)
+
+
+def test_run_pretraining_checks_its_settings_before_the_disk_and_reads_only_the_files_it_uses(
+        unpacked_copy, packed_dir, corpus, bert_config_file, tmp_path):
+    """The settings are checked against what metadata.json says before a file is read; an
+    evaluation alone reads --input_file not at all when --eval_files names the eval set, and takes
+    L and P from it; the training files evaluated with --do_eval alone are an eval set there."""
+    from bert_packed.training.assemble import assemble
+    from bert_packed.training.pretraining import PretrainingSettings
+
+    parts = tfrecords(str(unpacked_copy))
+    os.remove(parts[-1])  # a shard deleted: the dataset is incomplete
+    common = dict(bert_config_file=bert_config_file, output_dir=str(tmp_path / "run"),
+                  input_file=str(unpacked_copy / "part-*.tfrecord"))
+    with pytest.raises(SettingsError, match=r"--max_seq_length=256 .*max_position_embeddings=128"):
+        assemble(PretrainingSettings.of(**common, max_seq_length=256))
+    with pytest.raises(DatasetFilesError, match=r"listed in metadata.json but missing"):
+        assemble(PretrainingSettings.of(**common))
+    evaluation = f"{packed_dir}/packed-*.tfrecord"
+    _, train, evaluated = assemble(PretrainingSettings.of(**common, do_train=False, do_eval=True,
+                                                          eval_files=evaluation))
+    assert train.files == () and evaluated.files == tuple(tfrecords(packed_dir)) and evaluated.input_mode == "packed"
+    assert evaluated.shapes == Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK)
+    held_out = tmp_path / "held_out"  # training shards and held-out files, trained on as the user says
+    create_pretraining_dataset(corpus, str(held_out),
+                               dataclasses.replace(dataset_settings(), eval_fraction=0.3), num_workers=1)
+    with pytest.raises(DatasetFilesError, match=r"is a held-out file and .* a training shard: give one set or the "
+                                                r"other"):
+        assemble(PretrainingSettings.of(**{**common, "input_file": str(held_out / "*.tfrecord")}, do_eval=True,
+                                        train_on_held_out_files=True))
 
 
 def test_held_out_files_never_train_unless_the_user_says_so(corpus, tmp_path):
@@ -337,7 +388,7 @@ def test_held_out_files_never_train_unless_the_user_says_so(corpus, tmp_path):
     evaluation = evaluation_data(held_out, shapes, "padded")
     assert evaluation.files and evaluation.input_mode == "padded"
     packed = tmp_path / "packed"  # packs of them: the same documents, the same rule
-    pack_pretraining_dataset(opened(held_out), str(packed), SETTINGS, num_workers=1)
+    pack_pretraining_dataset(inputs_of(held_out), str(packed), SETTINGS, num_workers=1)
     packed_shapes = Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK)
     with pytest.raises(DatasetFilesError, match=r"packed-\S+ was packed from held-out evaluation documents"):
         training_data(tfrecords(str(packed)), packed_shapes, "packed")
@@ -350,10 +401,9 @@ def test_a_run_refuses_to_resume_on_data_made_again_since_it_started(packed_copy
     from training_runs import config, make_trainer
 
     from bert_packed.storage.run_directory import RunError
-    from bert_packed.training import data
 
     def run(steps, directory=packed_copy):
-        inputs = data.open_training_inputs(tfrecords(str(directory)))
+        inputs = Dataset.open(tfrecords(str(directory)), "--input_file", training=True)
         return make_trainer(config(tmp_path / "run", tfrecords(str(directory)), num_train_steps=steps,
                                    identity=inputs.identity)).train()
 
@@ -443,14 +493,15 @@ def training_data(paths, shapes, input_mode, held_out_allowed=False):
     """The training data of `paths` as run_pretraining opens and checks them."""
     from bert_packed.training import data
 
-    return data.train_data(data.open_training_inputs(paths, held_out_allowed), shapes, train_settings(input_mode))
+    return data.train_data(Dataset.described(paths, "--input_file"), shapes, train_settings(input_mode),
+                           held_out_allowed=held_out_allowed)
 
 
 def evaluation_data(paths, shapes, input_mode):
     """The eval data of `paths` (--eval_files) as run_pretraining opens and checks them."""
     from bert_packed.training import data
 
-    return data.eval_data(Dataset.open(paths, "--eval_files"), "--eval_files", shapes, train_settings(input_mode))
+    return data.eval_data(Dataset.described(paths, "--eval_files"), shapes, train_settings(input_mode))
 
 
 def train_settings(input_mode):

@@ -4,7 +4,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, VOCAB_TOKENS, opened, tfrecords
+from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, VOCAB_TOKENS, inputs_of, tfrecords
 
 from bert_packed.errors import OutputDirectoryError
 from bert_packed.features import Shapes
@@ -161,7 +161,7 @@ def test_packed_layout_is_right_pack_by_pack(packed_dir):
 
 def test_packs_are_random_mixtures_and_seed_decides_them(unpacked_dir, packed_dir, tmp_path):
     settings = PackSettings(PACKED, "lp", seed=7, num_shards=2)
-    pack_pretraining_dataset(opened(tfrecords(unpacked_dir)), str(tmp_path), settings, num_workers=1)
+    pack_pretraining_dataset(inputs_of(tfrecords(unpacked_dir)), str(tmp_path), settings, num_workers=1)
     ours, theirs = packed_records(str(tmp_path)), packed_records(packed_dir)
     assert not np.array_equal(ours["input_ids"], theirs["input_ids"])
     assert content(packer.unpack(ours, UNPACKED)) == content(packer.unpack(theirs, UNPACKED))
@@ -178,12 +178,12 @@ def test_an_interrupted_run_resumes_to_the_same_output(unpacked_dir, packed_dir,
 
     monkeypatch.setattr(pack_module, "_write_bucket", fail_on_second_bucket)
     with pytest.raises(KeyboardInterrupt):
-        pack_pretraining_dataset(opened(tfrecords(unpacked_dir)), str(tmp_path), settings, num_workers=1)
+        pack_pretraining_dataset(inputs_of(tfrecords(unpacked_dir)), str(tmp_path), settings, num_workers=1)
     assert not os.path.exists(tmp_path / "metadata.json")  # nothing looks finished
     assert [n for n in os.listdir(tmp_path) if n.startswith("packed-")] == ["packed-00000-of-00002.tfrecord"]
     first_shard = os.path.getmtime(tmp_path / "packed-00000-of-00002.tfrecord")
     monkeypatch.setattr(pack_module, "_write_bucket", real)
-    pack_pretraining_dataset(opened(tfrecords(unpacked_dir)), str(tmp_path), settings, num_workers=1)
+    pack_pretraining_dataset(inputs_of(tfrecords(unpacked_dir)), str(tmp_path), settings, num_workers=1)
     assert os.path.getmtime(tmp_path / "packed-00000-of-00002.tfrecord") == first_shard  # not redone
     for a, b in zip(tfrecords(str(tmp_path)), tfrecords(packed_dir)):
         assert open(a, "rb").read() == open(b, "rb").read()
@@ -191,10 +191,10 @@ def test_an_interrupted_run_resumes_to_the_same_output(unpacked_dir, packed_dir,
 
 def test_a_directory_with_another_run_is_refused_and_a_finished_one_reused(unpacked_dir, packed_dir):
     with pytest.raises(OutputDirectoryError, match="already holds packed data made with other settings"):
-        pack_pretraining_dataset(opened(tfrecords(unpacked_dir)), packed_dir, PackSettings(PACKED), num_workers=1)
+        pack_pretraining_dataset(inputs_of(tfrecords(unpacked_dir)), packed_dir, PackSettings(PACKED), num_workers=1)
     before = {name: os.path.getmtime(os.path.join(packed_dir, name)) for name in os.listdir(packed_dir)}
     same = PackSettings(PACKED, "lp", num_shards=2)
-    metadata = pack_pretraining_dataset(opened(tfrecords(unpacked_dir)), packed_dir, same, num_workers=1)
+    metadata = pack_pretraining_dataset(inputs_of(tfrecords(unpacked_dir)), packed_dir, same, num_workers=1)
     assert metadata == read_dataset_info(packed_dir).to_dict()
     assert before == {name: os.path.getmtime(os.path.join(packed_dir, name)) for name in os.listdir(packed_dir)}
 
@@ -204,7 +204,7 @@ def test_truncated_input_is_named_with_its_record(unpacked_dir, tmp_path):
     broken = tmp_path / "broken.tfrecord"
     broken.write_bytes(open(source, "rb").read()[:-100])
     with pytest.raises(CorruptRecordError, match=rf"{broken}: record \d+: truncated data"):
-        pack_pretraining_dataset(opened([str(broken)]), str(tmp_path / "out"), PackSettings(PACKED), num_workers=1)
+        pack_pretraining_dataset(inputs_of([str(broken)]), str(tmp_path / "out"), PackSettings(PACKED), num_workers=1)
     assert not os.path.exists(tmp_path / "out" / "metadata.json")
 
 
@@ -218,7 +218,7 @@ def test_flags_that_disagree_with_the_data_are_named(unpacked_dir, tmp_path):
     wrong = PackSettings(Shapes(64, MAX_PREDICTIONS, 3))
     with pytest.raises(RecordError, match=r"record 0: feature 'input_ids' has 128 values, expected 64 "
                                           r"\(--max_seq_length=64"):
-        pack_pretraining_dataset(opened([bare_copy(unpacked_dir, tmp_path)]), str(tmp_path / "out"), wrong, num_workers=1)
+        pack_pretraining_dataset(inputs_of([bare_copy(unpacked_dir, tmp_path)]), str(tmp_path / "out"), wrong, num_workers=1)
 
 
 def test_cli_error_is_one_line_naming_the_record(unpacked_dir, tmp_path):
@@ -275,7 +275,7 @@ def test_token_ids_beyond_16_bits_pack_losslessly(tmp_path):
     rows["input_ids"][:, 1] += 100_000
     rows["masked_lm_ids"][:, 0] = 119_546
     write_unpacked(tmp_path / "in.tfrecord", rows)
-    pack_pretraining_dataset(opened([str(tmp_path / "in.tfrecord")]), str(tmp_path / "out"), PackSettings(PACKED, "lp"),
+    pack_pretraining_dataset(inputs_of([str(tmp_path / "in.tfrecord")]), str(tmp_path / "out"), PackSettings(PACKED, "lp"),
                              num_workers=2)
     assert content(packer.unpack(packed_records(str(tmp_path / "out")), UNPACKED)) == content(rows)
     assert verify_packed_dataset(str(tmp_path / "out"))["num_sequences"] == 40
@@ -286,7 +286,7 @@ def test_negative_token_ids_are_named(tmp_path):
     rows["masked_lm_ids"][3, 0] = -7
     write_unpacked(tmp_path / "in.tfrecord", rows)
     with pytest.raises(RecordError, match=r"in.tfrecord: record 3: .*token ids in \[0, 2\*\*31\)"):
-        pack_pretraining_dataset(opened([str(tmp_path / "in.tfrecord")]), str(tmp_path / "out"), PackSettings(PACKED))
+        pack_pretraining_dataset(inputs_of([str(tmp_path / "in.tfrecord")]), str(tmp_path / "out"), PackSettings(PACKED))
 
 
 @pytest.mark.parametrize("damage", [
@@ -302,7 +302,7 @@ def test_records_that_break_the_mlperf_layout_are_named(tmp_path, damage):
     with TFRecordWriter(str(tmp_path / "in.tfrecord")) as writer:
         writer.write_examples(features)
     with pytest.raises(RecordError, match=r"in.tfrecord: record 3: expected input_mask to be at least 2 ones"):
-        pack_pretraining_dataset(opened([str(tmp_path / "in.tfrecord")]), str(tmp_path / "out"), PackSettings(PACKED))
+        pack_pretraining_dataset(inputs_of([str(tmp_path / "in.tfrecord")]), str(tmp_path / "out"), PackSettings(PACKED))
 
 
 def test_verify_finds_a_changed_pack(packed_dir, tmp_path):
@@ -338,7 +338,7 @@ def test_an_input_changed_between_readings_stops_the_run(unpacked_dir, tmp_path,
 
     monkeypatch.setattr(pack_module, "plan", plan_then_change_the_input)
     with pytest.raises(InputsChangedError, match=rf"{source}: changed while its output was being made"):
-        pack_pretraining_dataset(opened([str(source)]), str(tmp_path / "out"), PackSettings(PACKED), num_workers=1)
+        pack_pretraining_dataset(inputs_of([str(source)]), str(tmp_path / "out"), PackSettings(PACKED), num_workers=1)
     assert not os.path.exists(tmp_path / "out" / "metadata.json")
 
 
@@ -346,12 +346,12 @@ def test_an_unfinished_run_of_an_older_packer_starts_over(unpacked_dir, packed_d
     settings = PackSettings(PACKED, "lp", num_shards=2)
     monkeypatch.setattr(pack_module, "_write_bucket", lambda *args: (_ for _ in ()).throw(KeyboardInterrupt))
     with pytest.raises(KeyboardInterrupt):
-        pack_pretraining_dataset(opened(tfrecords(unpacked_dir)), str(tmp_path), settings, num_workers=1)
+        pack_pretraining_dataset(inputs_of(tfrecords(unpacked_dir)), str(tmp_path), settings, num_workers=1)
     monkeypatch.undo()
     marker = tmp_path / ".work" / "run.json"
     marker.write_text(json.dumps({**json.loads(marker.read_text()), "work_format": 1}))
     (tmp_path / ".work" / "bucket-00000.bin").write_bytes(b"rows of another format")
-    pack_pretraining_dataset(opened(tfrecords(unpacked_dir)), str(tmp_path), settings, num_workers=1)
+    pack_pretraining_dataset(inputs_of(tfrecords(unpacked_dir)), str(tmp_path), settings, num_workers=1)
     for a, b in zip(tfrecords(str(tmp_path)), tfrecords(packed_dir), strict=True):
         assert open(a, "rb").read() == open(b, "rb").read()
 
@@ -374,5 +374,5 @@ def test_a_value_one_past_what_its_row_holds_is_refused_naming_it(tmp_path, feat
     with TFRecordWriter(str(tmp_path / "in.tfrecord")) as writer:
         writer.write_examples(features)
     with pytest.raises(RecordError, match=rf"in.tfrecord: record 2: expected .*\(here {problem}\)"):
-        pack_pretraining_dataset(opened([str(tmp_path / "in.tfrecord")]), str(tmp_path / "out"), PackSettings(PACKED))
+        pack_pretraining_dataset(inputs_of([str(tmp_path / "in.tfrecord")]), str(tmp_path / "out"), PackSettings(PACKED))
     assert not os.path.exists(tmp_path / "out" / "metadata.json")

@@ -5,7 +5,7 @@ import os
 import shutil
 
 import pytest
-from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, TINY, opened, run_command, tfrecords
+from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, MAX_SEQUENCES_PER_PACK, TINY, inputs_of, run_command, tfrecords
 
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
@@ -83,7 +83,7 @@ def test_a_packed_eval_set_of_one_sequence_per_pack_is_read_as_packed(unpacked_d
     # shard of the training data's own dataset would be refused as trained-on text.
     (tmp_path / "bare").mkdir()
     bare = shutil.copy(tfrecords(unpacked_dir)[0], tmp_path / "bare")
-    pack_pretraining_dataset(opened([str(bare)]), str(eval_dir),
+    pack_pretraining_dataset(inputs_of([str(bare)]), str(eval_dir),
                              PackSettings(Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, 1), "lpfhp"), num_workers=1)
     assert read_dataset_info(str(eval_dir)).packed and read_dataset_info(str(eval_dir)).packing_factor == 1.0
     out = tmp_path / "run"
@@ -107,9 +107,9 @@ def test_every_command_refuses_a_directory_of_another_kind(unpacked_dir, packed_
     (run / "train_log.jsonl").write_text('{"step": 1}\n')
     settings = PackSettings(PACKED, "lp", num_shards=2)
     with pytest.raises(OutputDirectoryError, match=rf"{unpacked}: holds unpacked data; packed data would be mixed"):
-        pack_pretraining_dataset(opened(tfrecords(unpacked_dir)), str(unpacked), settings, num_workers=1)
+        pack_pretraining_dataset(inputs_of(tfrecords(unpacked_dir)), str(unpacked), settings, num_workers=1)
     with pytest.raises(OutputDirectoryError, match=rf"{run}: holds a training run; packed data would be mixed"):
-        pack_pretraining_dataset(opened(tfrecords(unpacked_dir)), str(run), settings, num_workers=1)
+        pack_pretraining_dataset(inputs_of(tfrecords(unpacked_dir)), str(run), settings, num_workers=1)
     from conftest import dataset_settings, write_corpus
 
     corpus = write_corpus(str(tmp_path), num_files=1)
@@ -124,11 +124,11 @@ def test_every_command_refuses_a_directory_of_another_kind(unpacked_dir, packed_
     assert not (packed / "train_log.jsonl").exists() and not (packed / "run.json").exists()
 
 
-def test_files_of_two_kinds_are_refused_naming_both_when_opened(packed_dir, unpacked_dir):
-    # Before a command's own checks of the data against its settings, whose advice ("use
+def test_files_of_two_kinds_are_refused_naming_both_before_a_command_s_own_check(packed_dir, unpacked_dir):
+    # Described, before the settings are checked against the data: that advice ("use
     # --input_mode=packed") would fit one of them only.
     with pytest.raises(SettingsError, match=rf"^--input_file: the files mix datasets of other kinds or shapes: "
                                             rf"{unpacked_dir} holds unpacked data of L={MAX_SEQ_LENGTH}, "
                                             rf"P={MAX_PREDICTIONS}, {packed_dir} packed data of L={MAX_SEQ_LENGTH}, "
                                             rf"P={MAX_PREDICTIONS}, S={MAX_SEQUENCES_PER_PACK}; give one kind$"):
-        Dataset.open([tfrecords(unpacked_dir)[0], tfrecords(packed_dir)[0]], "--input_file")
+        Dataset.described([tfrecords(unpacked_dir)[0], tfrecords(packed_dir)[0]], "--input_file")

@@ -125,9 +125,9 @@ def test_an_evaluation_packed_on_the_fly_gives_the_unpacked_figures(unpacked_dir
 
     from bert_packed.training import data
 
-    eval_files = Dataset.open(tfrecords(unpacked_dir), "--eval_files")
-    online = data.eval_data(eval_files, "--eval_files", SHAPES, config("x", [], eval_input_mode="packed_online").config)
-    padded = data.eval_data(eval_files, "--eval_files", SHAPES, config("x", []).config)
+    eval_files = Dataset.described(tfrecords(unpacked_dir), "--eval_files")
+    online = data.eval_data(eval_files, SHAPES, config("x", [], eval_input_mode="packed_online").config)
+    padded = data.eval_data(eval_files, SHAPES, config("x", []).config)
     assert (online.input_mode, padded.input_mode) == ("packed_online", "padded")
     packed_trainer = make_trainer(dataclass_replace(config(tmp_path / "a", tfrecords(packed_dir)), eval_data=online))
     padded_trainer = make_trainer(dataclass_replace(config(tmp_path / "b", tfrecords(packed_dir)), eval_data=padded))
@@ -160,7 +160,8 @@ def test_training_packed_on_the_fly_resumes_exactly_and_counts_the_plan_once(unp
     def trainer(directory, window=200):
         setup = config(directory, paths, num_train_steps=6, input_mode="packed_online", adjust_batch_for_packing=True,
                        online_packing_window=window)
-        train = data.train_data(data.open_training_inputs(paths), SHAPES, setup.config, run=RunDirectory(str(directory)))
+        train = data.train_data(Dataset.described(paths, "--input_file"), SHAPES, setup.config,
+                                run=RunDirectory(str(directory)))
         return make_trainer(dataclass_replace(setup, train_data=train))
 
     straight = trainer(tmp_path / "straight")

@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import REPO, TINY, opened, tfrecords
+from conftest import REPO, TINY, inputs_of, tfrecords
 from training_runs import config, make_trainer, read_log, weights
 
 from bert_packed.storage import files
@@ -422,7 +422,7 @@ def test_what_killed_writers_left_is_gone_once_the_same_command_completes(unpack
     dead = 2**22 + 12345  # above any pid this machine gives out
     settings = PackSettings(Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, 3), "lp", num_shards=2)
     packed = tmp_path / "packed"
-    pack_pretraining_dataset(opened(tfrecords(unpacked_dir)), str(packed), settings, num_workers=1)
+    pack_pretraining_dataset(inputs_of(tfrecords(unpacked_dir)), str(packed), settings, num_workers=1)
     clean = sorted(os.listdir(packed))
     (packed / ".work").mkdir()
     (packed / ".work" / "input-00000.json").write_text("{}")
@@ -430,7 +430,7 @@ def test_what_killed_writers_left_is_gone_once_the_same_command_completes(unpack
                  f".metadata.json.tmp-{dead}"):
         (packed / name).write_bytes(b"half")
     (packed / f".histogram.json.tmp-{os.getpid()}").write_bytes(b"mine")  # a live writer's
-    pack_pretraining_dataset(opened(tfrecords(unpacked_dir)), str(packed), settings, num_workers=1)  # finished: nothing to do
+    pack_pretraining_dataset(inputs_of(tfrecords(unpacked_dir)), str(packed), settings, num_workers=1)  # finished: nothing to do
     assert sorted(os.listdir(packed)) == sorted(clean + [f".histogram.json.tmp-{os.getpid()}"])
 
     created = tmp_path / "created"

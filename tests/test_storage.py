@@ -15,7 +15,7 @@ from conftest import (
     REPO,
     VOCAB,
     dataset_settings,
-    opened,
+    inputs_of,
     run_command,
 )
 
@@ -48,7 +48,7 @@ def test_create_and_pack_through_tf_io_gfile_write_what_they_write_on_plain_path
     assert contents(unpacked) == contents(unpacked_dir)
     assert created["num_sequences"] == read_dataset_info(unpacked_dir).num_sequences
     parts = [uri(unpacked / name) for name in contents(unpacked)]
-    metadata = pack_pretraining_dataset(opened(parts), uri(packed), SETTINGS, num_workers=1)
+    metadata = pack_pretraining_dataset(inputs_of(parts), uri(packed), SETTINGS, num_workers=1)
     assert contents(packed) == contents(packed_dir)
     assert metadata["checksum"] == read_dataset_info(packed_dir).checksum
     assert verify_packed_dataset(uri(packed))["num_sequences"] == metadata["num_sequences"]
@@ -57,14 +57,14 @@ def test_create_and_pack_through_tf_io_gfile_write_what_they_write_on_plain_path
     caplog.set_level("INFO")
     assert create_pretraining_dataset([uri(path) for path in corpus], uri(unpacked), dataset_settings(),
                                       num_workers=1) == created
-    assert pack_pretraining_dataset(opened(parts), uri(packed), SETTINGS, num_workers=1) == metadata
+    assert pack_pretraining_dataset(inputs_of(parts), uri(packed), SETTINGS, num_workers=1) == metadata
     assert caplog.text.count("nothing to do") == 2
     # A bucket cannot lock: a local file named after the output stands in, so that two writers on
     # one host never interleave.
     (tmp_path / "again").mkdir()
     with locks.exclusive(uri(tmp_path / "again" / ".lock"), "another packer"):
         with pytest.raises(DirectoryLockedError, match=r"another packer"):
-            pack_pretraining_dataset(opened(parts), uri(tmp_path / "again"), SETTINGS, num_workers=1)
+            pack_pretraining_dataset(inputs_of(parts), uri(tmp_path / "again"), SETTINGS, num_workers=1)
     assert not os.listdir(tmp_path / "again")
 
 
@@ -86,7 +86,7 @@ def test_a_claim_on_a_bucket_keeps_other_hosts_out_and_a_replaced_claim_commits_
     (out / ".lock").write_text(claim_of("node-7", 1))  # another host's: it may still run
     with pytest.raises(DirectoryLockedError, match=rf"^file://{out}: in use by pack_pretraining_data \(pid 1 on node-7, "
                                                    rf"since 2026-11-24 09:00:00\).*remove file://{out}/.lock\)$"):
-        pack_pretraining_dataset(opened(parts), uri(out), SETTINGS, num_workers=1)
+        pack_pretraining_dataset(inputs_of(parts), uri(out), SETTINGS, num_workers=1)
     assert sorted(os.listdir(out)) == [".lock"]
     # This host's process that no longer runs left it: taken over, as a local lock is.
     ended = subprocess.Popen(["true"])
@@ -102,12 +102,12 @@ def test_a_claim_on_a_bucket_keeps_other_hosts_out_and_a_replaced_claim_commits_
     monkeypatch.setattr(pack_dataset, "_description", replaced_meanwhile)
     with pytest.raises(DirectoryLockedError, match=r"another process claimed it during this run \("
                                                    r"pack_pretraining_data \(pid 2 on node-8.*nothing was committed"):
-        pack_pretraining_dataset(opened(parts), uri(out), SETTINGS, num_workers=1)
+        pack_pretraining_dataset(inputs_of(parts), uri(out), SETTINGS, num_workers=1)
     assert read_dataset_info(out) is None
     assert json.loads((out / ".lock").read_text())["host"] == "node-8"  # its claim is left to it
     monkeypatch.setattr(pack_dataset, "_description", describe)
     (out / ".lock").unlink()  # what the message says to do once that run has ended
-    assert pack_pretraining_dataset(opened(parts), uri(out), SETTINGS, num_workers=1)["num_sequences"] == \
+    assert pack_pretraining_dataset(inputs_of(parts), uri(out), SETTINGS, num_workers=1)["num_sequences"] == \
         read_dataset_info(unpacked_dir).num_sequences
     assert not [name for name in os.listdir(out) if name.startswith(".")]
 
@@ -231,11 +231,11 @@ def test_shards_the_local_work_says_are_written_but_the_bucket_lost_are_written_
 
     monkeypatch.setattr(pack_dataset, "_write_bucket", stopped_at_the_second_shard)
     with pytest.raises(KeyboardInterrupt):
-        pack_pretraining_dataset(opened(parts), uri(out), SETTINGS, num_workers=1)
+        pack_pretraining_dataset(inputs_of(parts), uri(out), SETTINGS, num_workers=1)
     assert [name for name in os.listdir(out) if name.startswith("packed-")] == ["packed-00000-of-00002.tfrecord"]
     shutil.rmtree(out)
     monkeypatch.setattr(pack_dataset, "_write_bucket", write)
-    metadata = pack_pretraining_dataset(opened(parts), uri(out), SETTINGS, num_workers=1)
+    metadata = pack_pretraining_dataset(inputs_of(parts), uri(out), SETTINGS, num_workers=1)
     assert contents(out) == contents(packed_dir)
     assert verify_packed_dataset(uri(out))["num_sequences"] == metadata["num_sequences"]
 

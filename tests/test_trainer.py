@@ -87,7 +87,7 @@ from bert_packed.inputs.dataset import Dataset
 from bert_packed.training.data import eval_data, eval_pipeline
 for mode, steps, counted in (("packed_online", {}, 122), (None, {"max_eval_steps": 1}, 8)):
     settings = config(sys.argv[1] + f"/eval_{mode}", files, eval_input_mode=mode, **steps).config
-    evaluation = eval_data(Dataset.open(sys.argv[4].split(","), "--eval_files"), "--eval_files",
+    evaluation = eval_data(Dataset.described(sys.argv[4].split(","), "--eval_files"),
                            Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, 3), settings)
     assert mirrored.compiled.evaluate(eval_pipeline(evaluation, settings))["num_sequences"] == counted
 print(max(float(np.abs(a - b).max()) for a, b in zip(weights(single), weights(mirrored))))
@@ -357,7 +357,7 @@ def test_the_online_packing_window_is_bounded_for_training_and_evaluation():
 
     def evaluate(window):
         settings = make_config(bert=bert, output_dir="x", eval_input_mode="packed_online", online_packing_window=window)
-        return data.eval_data(data.NO_INPUTS, "--eval_files", shapes, settings)
+        return data.eval_data(data.NO_INPUTS, shapes, settings)
 
     assert train(3).rows_per_micro_batch == 8
     for window, part in ((99_999_999_999, train), (2, train), (1_000_001, evaluate)):

@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, TINY, dataset_settings, opened, run_command, tfrecords
+from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, TINY, dataset_settings, inputs_of, run_command, tfrecords
 from training_runs import config, make_trainer, read_log
 
 from bert_packed.features import Shapes
@@ -85,7 +85,7 @@ def test_a_built_vocabulary_makes_records_that_train(corpus, tmp_path):
     # The records, and their packs, say their vocabulary's size: a BERT config too small for it is
     # refused at start, not at the first batch that holds a token id it lacks.
     packed = tmp_path / "packed"
-    pack_pretraining_dataset(opened(tfrecords(str(tmp_path / "records"))), str(packed), PackSettings(
+    pack_pretraining_dataset(inputs_of(tfrecords(str(tmp_path / "records"))), str(packed), PackSettings(
         shapes=Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, 3)), num_workers=1)
     for records in ("records", "packed"):
         assert read_dataset_info(str(tmp_path / records)).details["vocab_size"] == len(tokens)

@@ -63,8 +63,9 @@ def main(argv):
         with _workers_output_logged(beam, FLAGS.verbosity):
             metadata = beam.create_on_beam(input_files, FLAGS.output_dir, settings, options)
     else:
-        inputs = Dataset.open(expand_globs(FLAGS.input_files, "--input_files"), "--input_files")
-        settings = command.settings_from_flags(inputs)
+        flagged = command.settings_from_flags()
+        inputs = Dataset.described(expand_globs(FLAGS.input_files, "--input_files"), "--input_files")
+        settings = flagged.pack_settings(inputs)
         with _workers_output_logged(beam, FLAGS.verbosity):
             metadata = beam.pack_on_beam(inputs, FLAGS.output_dir, settings, options)
         if FLAGS.verify:

@@ -14,9 +14,8 @@ from absl import flags
 
 from bert_packed.cli.common import run
 from bert_packed.cli.settings_flags import define_flags, from_flags, given_flags
-from bert_packed.inputs.dataset import Dataset
 from bert_packed.packing.pack_dataset import pack_pretraining_data
-from bert_packed.packing.pack_settings import PackCommandSettings, PackSettings
+from bert_packed.packing.pack_settings import PackCommandSettings
 from bert_packed.settings import help_groups
 
 FLAGS = flags.FlagValues()
@@ -28,19 +27,19 @@ HELP_GROUPS = help_groups(*SETTINGS)
 PROGRAM = "pack_pretraining_data"
 
 
-def settings_from_flags(inputs: Dataset) -> PackSettings:
-    """The flags, checked, as the job's settings (shared with `python -m bert_packed.beam pack`):
-    L and P as given, else as the inputs (opened) record them.
+def settings_from_flags() -> PackCommandSettings:
+    """The flags, checked, as the command's settings (shared with `python -m bert_packed.beam
+    pack`, which takes the job's from them: PackCommandSettings.pack_settings).
 
     Raises:
-      SettingsError: a flag out of range, or L or P other than the inputs'.
+      SettingsError: a flag out of range.
     """
-    return from_flags(FLAGS, PackCommandSettings, given=given_flags(FLAGS, *SETTINGS)).pack_settings(inputs)
+    return from_flags(FLAGS, PackCommandSettings, given=given_flags(FLAGS, *SETTINGS))
 
 
 def main(argv):
     del argv
-    metadata = pack_pretraining_data(from_flags(FLAGS, PackCommandSettings, given=given_flags(FLAGS, *SETTINGS)))
+    metadata = pack_pretraining_data(settings_from_flags())
     report(PROGRAM, metadata, FLAGS.output_dir)
 
 

@@ -34,7 +34,7 @@ import numpy as np
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
 from bert_packed.inputs.dataset import Dataset
-from bert_packed.inputs.dataset_info import HISTOGRAM_FILE, DataFile, DatasetFilesError, DatasetInfo
+from bert_packed.inputs.dataset_info import HISTOGRAM_FILE, DataFile, DatasetFilesError, DatasetInfo, metadata_path
 from bert_packed.inputs.file_identity import FileIdentity, file_sha256
 from bert_packed.inputs.histogram_file import save_histogram
 from bert_packed.inputs.input_files import expand_globs
@@ -65,7 +65,7 @@ def pack_pretraining_data(settings: PackCommandSettings) -> dict:
       UserError: a setting, an input record or the output directory that cannot make packs, in
         one line (pack_pretraining_dataset's errors).
     """
-    inputs = Dataset.open(expand_globs(settings.input_files, "--input_files"), "--input_files")
+    inputs = Dataset.described(expand_globs(settings.input_files, "--input_files"), "--input_files")
     metadata = pack_pretraining_dataset(inputs, settings.output_dir, settings.pack_settings(inputs),
                                         settings.num_workers)
     if settings.verify:
@@ -86,7 +86,8 @@ def pack_pretraining_dataset(inputs: Dataset, output_dir: str, settings: PackSet
     """Packs the sequences of `inputs` into `output_dir`; returns the metadata.
 
     Args:
-      inputs: unpacked TFRecord files, in a fixed order, opened (Dataset.open).
+      inputs: unpacked TFRecord files, in a fixed order, described (Dataset.described): opened
+        here once the output is known not to be finished (a finished one's rerun reads no more).
       output_dir: created if missing; may hold an unfinished run with the same settings and inputs.
       settings: see PackSettings.
       num_workers: threads of the default passes (0: one per core).
@@ -111,6 +112,7 @@ def pack_pretraining_dataset(inputs: Dataset, output_dir: str, settings: PackSet
     if done is not None:
         return done
     _require_unpacked(inputs, settings.shapes)  # refused inputs: nothing claimed
+    inputs = inputs.opened()
     with job.writing() as done:
         if done is not None:
             return done
@@ -130,7 +132,8 @@ def pack_pretraining_dataset(inputs: Dataset, output_dir: str, settings: PackSet
 def _require_unpacked(inputs: Dataset, shapes: Shapes) -> None:
     """Raises DatasetFilesError or SettingsError unless the inputs are unpacked records of the
     packer's L and P, where their metadata.json says it."""
-    for path, info in inputs.descriptions.items():
+    for directory, info in inputs.descriptions.items():
+        path = metadata_path(directory)
         if info.packed:
             raise DatasetFilesError(f"--input_files: {path} describes packed data; the packer reads unpacked records "
                                     f"(create_pretraining_data's)")

@@ -76,7 +76,7 @@ class PackCommandSettings:
             raise SettingsError(f"--seed={self.seed} and --num_workers={self.num_workers} must be >= 0")
 
     def pack_settings(self, inputs: Dataset) -> PackSettings:
-        """What decides the output of packing `inputs` (opened): L and P as given, else as the
+        """What decides the output of packing `inputs` (described): L and P as given, else as the
         inputs' metadata.json records, else the defaults.
 
         Raises:

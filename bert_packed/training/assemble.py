@@ -129,30 +129,27 @@ def assemble(line: PretrainingSettings, flags_text: str = "") -> tuple[TrainConf
     if config.run.export_huggingface_dir:
         require_export_directory(config.run.export_huggingface_dir, config.run.vocab_file, config.run.do_lower_case,
                                  config.model.bert, config.run.output_dir)
-    if line["do_train"]:
-        inputs = data.open_training_inputs(input_files, line["train_on_held_out_files"])
-    else:  # evaluation alone: --input_file is the eval set, as in the reference
-        inputs = Dataset.open(input_files, "--input_file")
+    # Each set of files read is described once: trained on, or evaluated (--input_file evaluated
+    # too with --do_eval alone, as in the reference: opened again there, as an eval set).
+    inputs = Dataset.described(input_files, "--input_file") if line["do_train"] or not line["eval_files"] else None
+    evaluation = inputs if line["do_eval"] else None
+    if line["eval_files"]:
+        evaluation = Dataset.described(expand_globs(line["eval_files"], "--eval_files"), "--eval_files")
     given = [line[name] if name in line.given else None for name in ("max_seq_length", "max_predictions_per_seq")]
-    shapes = Shapes(*inputs.lengths(*given, defaults=(LaunchSettings.max_seq_length,
-                                                      LaunchSettings.max_predictions_per_seq)),
-                    line["max_sequences_per_pack"])
+    recorded = (inputs if line["do_train"] else evaluation).lengths(*given, defaults=(
+        LaunchSettings.max_seq_length, LaunchSettings.max_predictions_per_seq))
+    shapes = Shapes(*recorded, line["max_sequences_per_pack"])
     if line["do_train"]:
         train_data = data.train_data(inputs, shapes, config, "max_sequences_per_pack" in line.given,
-                                     RunDirectory(config.run.output_dir))
-    else:
+                                     line["train_on_held_out_files"], RunDirectory(config.run.output_dir))
+    else:  # evaluation alone
         train_data = data.TrainData(shapes.unpacked(), "padded")
     if line["do_train"] and line["do_eval"] and not line["eval_files"]:
         logging.warning("--do_eval without --eval_files evaluates on the training files, as the reference does: "
                         "its accuracy is not a held-out one (MLPerf never evaluates on what it trains on); give "
                         "--eval_files")
-    if line["eval_files"]:
-        flag = "--eval_files"
-        evaluation = Dataset.open(expand_globs(line["eval_files"], flag), flag)
-        if line["do_train"]:
-            provenance.require_eval_apart(inputs, evaluation, flag)
-    elif line["do_eval"]:  # the files --input_file opened, as the reference evaluates
-        flag, evaluation = "--input_file", inputs
-    else:
+    if evaluation is None:
         return config, train_data, data.EvalData()
-    return config, train_data, data.eval_data(evaluation, flag, shapes, config)
+    if line["do_train"] and line["eval_files"]:
+        provenance.require_eval_apart(inputs, evaluation, "--eval_files")
+    return config, train_data, data.eval_data(evaluation, shapes, config)

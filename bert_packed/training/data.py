@@ -1,9 +1,9 @@
 """What a run reads: its training and eval data as values of their own (TrainData, EvalData: the
-inputs they hold, shapes, packing factor, histogram and the plan's strategies). Each holds its
-files as Dataset.open opened them (bert_packed.inputs.dataset: checked against the disk,
-held-out documents refused as training input), checked here against the run's settings before
-any work. They are facts, not settings: the command line makes them once, and the run is handed
-them.
+inputs they hold, shapes, packing factor, histogram and the plan's strategies). What the files'
+metadata.json say (Dataset.described) is checked here against the run's settings, then the
+files are opened (checked against the disk, held-out documents refused as training input: see
+bert_packed.inputs.dataset), and the data holds them. They are facts, not settings: the command
+line makes them once, and the run is handed them.
 
 The counts a run logs and corrects its batch with are those of the files it reads. The reference's
 own files (no metadata.json) are taken as the settings describe them. Every file's identity (size
@@ -22,6 +22,7 @@ from bert_packed.errors import SettingsError
 from bert_packed.features import PACKED_RECORD_MODES, Shapes
 from bert_packed.finetuning.encode import RepackedRows
 from bert_packed.inputs.dataset import Dataset
+from bert_packed.inputs.dataset_info import metadata_path
 from bert_packed.inputs.file_identity import FileIdentity
 from bert_packed.packing import DEFAULT_ALGORITHM, plan
 from bert_packed.packing.packer import unpack
@@ -35,8 +36,22 @@ from bert_packed.training.input_pipeline import PipelineConfig
 NO_INPUTS = Dataset(files=(), identity=())  # a run fed otherwise: rows, a measurement's batches
 
 
+class _HoldsInputs:
+    """The files a data value's opened inputs hold, and their identities, as its own."""
+
+    inputs: Dataset
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        return self.inputs.files
+
+    @property
+    def identity(self) -> tuple[FileIdentity, ...]:
+        return self.inputs.identity
+
+
 @dataclasses.dataclass(frozen=True)
-class TrainData:
+class TrainData(_HoldsInputs):
     """The training data as a run reads it: its files and what they hold (facts, not settings).
 
     Attributes:
@@ -63,14 +78,6 @@ class TrainData:
     strategies: tuple = ()
     rows: dict | RepackedRows | None = dataclasses.field(default=None, repr=False, compare=False)
 
-    @property
-    def files(self) -> tuple[str, ...]:
-        return self.inputs.files
-
-    @property
-    def identity(self) -> tuple[FileIdentity, ...]:
-        return self.inputs.identity
-
     def identity_settings(self) -> dict:
         """What the data makes of a run, for its identity in run.json (beside the files')."""
         return {"input_mode": self.input_mode, "packing_factor": self.packing_factor,
@@ -80,7 +87,7 @@ class TrainData:
 
 
 @dataclasses.dataclass(frozen=True)
-class EvalData:
+class EvalData(_HoldsInputs):
     """The eval data as a run reads it (packed or unpacked records give the same figures).
 
     Attributes:
@@ -100,31 +107,15 @@ class EvalData:
     num_sequences: int = 0
     rows: dict | RepackedRows | None = dataclasses.field(default=None, repr=False, compare=False)
 
-    @property
-    def files(self) -> tuple[str, ...]:
-        return self.inputs.files
 
-    @property
-    def identity(self) -> tuple[FileIdentity, ...]:
-        return self.inputs.identity
-
-
-def open_training_inputs(paths: list[str], held_out_allowed: bool = False) -> Dataset:
-    """The training files opened (Dataset.open): held-out documents refused unless
-    `held_out_allowed` (--train_on_held_out_files)."""
-    require(bool(paths), "--input_file: no training files")
-    return Dataset.open(paths, "--input_file", training=True, held_out_allowed=held_out_allowed)
-
-
-def _require_matches(inputs: Dataset, flag: str, shapes: Shapes, input_mode: str | None, depth_given: bool,
-                    vocab_size: int | None) -> None:
+def _require_matches(inputs: Dataset, shapes: Shapes, input_mode: str | None, depth_given: bool,
+                     vocab_size: int | None) -> None:
     """Raises SettingsError when the settings cannot read the data: a vocabulary smaller than the
     one it was made with, packed records read as unpacked (or the other way), another depth
     given, another L or P.
 
     Args:
-      inputs: the opened files.
-      flag: the flag that named them, for messages.
+      inputs: the files, described (Dataset.described).
       shapes: L, P and S as the settings give them.
       input_mode: how the run reads them (None: packed or not, as for eval data).
       depth_given: whether S was given (else it is taken from the data).
@@ -132,10 +123,10 @@ def _require_matches(inputs: Dataset, flag: str, shapes: Shapes, input_mode: str
     """
     if not inputs.descriptions:
         return
-    path, info = next(iter(inputs.descriptions.items()))  # of one kind and shape (Dataset.open)
+    flag, info = inputs.flag, next(iter(inputs.descriptions.values()))  # all of one kind and shape
     made_with = inputs.vocab_size
     if vocab_size and made_with and made_with > vocab_size:  # token ids the embeddings do not hold
-        path = next(p for p, i in inputs.descriptions.items() if i.vocab_size == made_with)
+        path = metadata_path(next(d for d, i in inputs.descriptions.items() if i.vocab_size == made_with))
         raise SettingsError(f"{flag}: made with a vocabulary of {made_with:,} tokens ({path}), but the BERT config "
                             f"has vocab_size={vocab_size:,}: give the --bert_config_file of that vocabulary (python -m "
                             f"bert_packed.vocab writes one with --bert_config_file)")
@@ -157,12 +148,12 @@ def _require_matches(inputs: Dataset, flag: str, shapes: Shapes, input_mode: str
                             f"{getattr(shapes, name)}")
 
 
-def _as_described(inputs: Dataset, flag: str, shapes: Shapes, input_mode: str | None) -> tuple[bool, Shapes]:
+def _as_described(inputs: Dataset, shapes: Shapes, input_mode: str | None) -> tuple[bool, Shapes]:
     """(packed or not, the shapes of the records): as their metadata.json says, else as the
     settings read them (after a warning: nothing can be checked)."""
     if inputs.packed is not None:
         return inputs.packed, inputs.shapes
-    logging.warning("%s: no metadata.json beside the files; cannot check them against the flags", flag)
+    logging.warning("%s: no metadata.json beside the files; cannot check them against the flags", inputs.flag)
     packed = input_mode in PACKED_RECORD_MODES
     return packed, shapes if packed else shapes.unpacked()
 
@@ -191,30 +182,34 @@ def histogram(inputs: Dataset, shapes: Shapes, run: RunDirectory | None = None) 
     return np.asarray(counted)
 
 
-def train_data(inputs: Dataset, shapes: Shapes, config: TrainConfig, depth_given: bool = False,
-               run: RunDirectory | None = None) -> TrainData:
+def train_data(described: Dataset, shapes: Shapes, config: TrainConfig, depth_given: bool = False,
+               held_out_allowed: bool = False, run: RunDirectory | None = None) -> TrainData:
     """The training data, checked against the settings; packed on the fly, with the plan of its
     histogram (online_plan), whose packing factor the batch correction and the betas use.
 
     Args:
-      inputs: the files (--input_file), opened (open_training_inputs).
+      described: the files (--input_file), described (Dataset.described): checked against the
+        settings, then opened as training input.
       shapes: L, P and S as the flags give them (checked against the data's).
       config: the run's settings (the input mode, when given; the bucket boundaries; the model,
         whose positions must hold L and whose vocabulary must hold the data's).
       depth_given: whether --max_sequences_per_pack was given (else it is the data's).
+      held_out_allowed: --train_on_held_out_files.
       run: the run's directory, where a histogram counted here is cached.
     """
     batch = config.batch
+    require(bool(described.files), "--input_file: no training files")
     require_fits(shapes.max_seq_length, config.model.bert)  # whatever the data holds, this cannot work
     # As given, else as the data's metadata.json says (padded without one, as the reference reads data).
-    input_mode = batch.input_mode or ("packed" if inputs.packed else "padded")
+    input_mode = batch.input_mode or ("packed" if described.packed else "padded")
     # These combinations first: they are what is wrong whatever the data holds.
     require_packed_for(input_mode, adjust_betas_for_packing=config.optimizer.adjust_betas_for_packing,
                        adjust_batch_for_packing=batch.adjust_batch_for_packing)
     require(all(1 <= b <= shapes.max_seq_length for b in batch.bucket_boundaries),
             f"--bucket_boundaries={','.join(map(str, batch.bucket_boundaries))}: each in [1, {shapes.max_seq_length}]")
-    _require_matches(inputs, "--input_file", shapes, input_mode, depth_given, config.model.bert.vocab_size)
-    packed, recorded_shapes = _as_described(inputs, "--input_file", shapes, input_mode)
+    _require_matches(described, shapes, input_mode, depth_given, config.model.bert.vocab_size)
+    packed, recorded_shapes = _as_described(described, shapes, input_mode)
+    inputs = described.opened(training=True, held_out_allowed=held_out_allowed)
     if input_mode != "packed_online" and inputs.num_sequences:
         return TrainData(recorded_shapes, input_mode, inputs, packing_factor=inputs.packing_factor,
                          num_sequences=inputs.num_sequences)
@@ -233,14 +228,14 @@ def train_data(inputs: Dataset, shapes: Shapes, config: TrainConfig, depth_given
                      strategies=packing_plan.strategies)
 
 
-def eval_data(inputs: Dataset, flag: str, shapes: Shapes, config: TrainConfig) -> EvalData:
+def eval_data(described: Dataset, shapes: Shapes, config: TrainConfig) -> EvalData:
     """The eval data, checked against the settings; read packed or not as its metadata.json says,
     or packed on the fly with --eval_input_mode=packed_online (in a window of
     --online_packing_window sequences).
 
     Args:
-      inputs: the files, opened (Dataset.open).
-      flag: the flag that named them, for messages.
+      described: the files, described (Dataset.described): checked against the settings, then
+        opened.
       shapes: L, P and S as the flags give them.
       config: the run's settings.
     """
@@ -248,8 +243,9 @@ def eval_data(inputs: Dataset, flag: str, shapes: Shapes, config: TrainConfig) -
     input_mode = config.eval.eval_input_mode
     if input_mode == "packed_online":
         require_window(config.batch.online_packing_window, shapes.max_sequences_per_pack)
-    _require_matches(inputs, flag, shapes, input_mode, False, config.model.bert.vocab_size)
-    packed, recorded_shapes = _as_described(inputs, flag, shapes, input_mode)
+    _require_matches(described, shapes, input_mode, False, config.model.bert.vocab_size)
+    packed, recorded_shapes = _as_described(described, shapes, input_mode)
+    inputs = described.opened()
     if input_mode != "packed_online":
         _require_counts(inputs, packed, recorded_shapes)
         return EvalData(inputs, recorded_shapes, "packed" if packed else "padded",
