@@ -357,6 +357,16 @@ def test_run_pretraining_checks_its_settings_before_the_disk_and_reads_only_the_
                                                           eval_files=evaluation))
     assert train.files == () and evaluated.files == tuple(tfrecords(packed_dir)) and evaluated.input_mode == "packed"
     assert evaluated.shapes == Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS, MAX_SEQUENCES_PER_PACK)
+    with pytest.raises(SettingsError, match=r"--eval_files: packed data \(metadata.json\), but --eval_input_mode=padded "
+                                            r"reads unpacked records; use --eval_input_mode=packed"):
+        assemble(PretrainingSettings.of(**common, do_train=False, do_eval=True, eval_files=evaluation,
+                                        eval_input_mode="padded"))
+    bare = tmp_path / "bare"  # the reference's eval set, no metadata.json: read at --input_file's L and P
+    bare.mkdir()
+    shutil.copy(parts[0], bare)
+    _, _, evaluated = assemble(PretrainingSettings.of(**common, do_train=False, do_eval=True,
+                                                      eval_files=str(bare / "*.tfrecord")))
+    assert evaluated.shapes == Shapes(MAX_SEQ_LENGTH, MAX_PREDICTIONS) and evaluated.input_mode == "padded"
     held_out = tmp_path / "held_out"  # training shards and held-out files, trained on as the user says
     create_pretraining_dataset(corpus, str(held_out),
                                dataclasses.replace(dataset_settings(), eval_fraction=0.3), num_workers=1)

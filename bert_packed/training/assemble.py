@@ -105,11 +105,9 @@ def assemble(line: PretrainingSettings, flags_text: str = "") -> tuple[TrainConf
       line: the command line's flags.
       flags_text: the command line as a flagfile, recorded in the run's flags.txt.
     """
-    from bert_packed.inputs import provenance
     from bert_packed.model import BertConfig
     from bert_packed.model.huggingface import is_huggingface_directory, require_export_directory, require_same_model
     from bert_packed.pretraining_data.tokenization import vocabulary_path
-    from bert_packed.training import data
 
     check_reference_flags(line)
     if not line["bert_config_file"]:  # a required flag: a caller from Python meets this
@@ -129,16 +127,30 @@ def assemble(line: PretrainingSettings, flags_text: str = "") -> tuple[TrainConf
     if config.run.export_huggingface_dir:
         require_export_directory(config.run.export_huggingface_dir, config.run.vocab_file, config.run.do_lower_case,
                                  config.model.bert, config.run.output_dir)
+    return (config, *_run_data(line, config, input_files))
+
+
+def _run_data(line: PretrainingSettings, config: TrainConfig, input_files: list[str]) -> tuple[TrainData, EvalData]:
+    """The training data and the eval data of a run, described, checked against its settings and
+    opened: what `line`'s files are (--input_file, --eval_files) and how they are read."""
+    from bert_packed.inputs import provenance
+    from bert_packed.training import data
+
     # Each set of files read is described once: trained on, or evaluated (--input_file evaluated
     # too with --do_eval alone, as in the reference: opened again there, as an eval set).
     inputs = Dataset.described(input_files, "--input_file") if line["do_train"] or not line["eval_files"] else None
     evaluation = inputs if line["do_eval"] else None
     if line["eval_files"]:
         evaluation = Dataset.described(expand_globs(line["eval_files"], "--eval_files"), "--eval_files")
+    # L and P as given, else as the data read records them; an eval set without a description of
+    # its own (the reference's) is read at --input_file's, as before the eval set could say.
+    described = inputs if line["do_train"] else evaluation
+    if described.shapes is None and inputs is None:
+        described = Dataset.described(input_files, "--input_file")
     given = [line[name] if name in line.given else None for name in ("max_seq_length", "max_predictions_per_seq")]
-    recorded = (inputs if line["do_train"] else evaluation).lengths(*given, defaults=(
-        LaunchSettings.max_seq_length, LaunchSettings.max_predictions_per_seq))
-    shapes = Shapes(*recorded, line["max_sequences_per_pack"])
+    shapes = Shapes(*described.lengths(*given, defaults=(LaunchSettings.max_seq_length,
+                                                         LaunchSettings.max_predictions_per_seq)),
+                    line["max_sequences_per_pack"])
     if line["do_train"]:
         train_data = data.train_data(inputs, shapes, config, "max_sequences_per_pack" in line.given,
                                      line["train_on_held_out_files"], RunDirectory(config.run.output_dir))
@@ -149,7 +161,7 @@ def assemble(line: PretrainingSettings, flags_text: str = "") -> tuple[TrainConf
                         "its accuracy is not a held-out one (MLPerf never evaluates on what it trains on); give "
                         "--eval_files")
     if evaluation is None:
-        return config, train_data, data.EvalData()
+        return train_data, data.EvalData()
     if line["do_train"] and line["eval_files"]:
         provenance.require_eval_apart(inputs, evaluation, "--eval_files")
-    return config, train_data, data.eval_data(evaluation, shapes, config)
+    return train_data, data.eval_data(evaluation, shapes, config)

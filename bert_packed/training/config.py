@@ -375,13 +375,15 @@ class LaunchSettings:
 
     bert_config_file: str | None = setting(None, "google-research bert_config.json.", group="model", first_run=True)
     input_file: str | None = setting(None, "Comma-separated globs of training TFRecords (the reference's name of "
-                                           "--input_files). With --do_eval alone: the eval set.", group="data")
+                                           "--input_files). With --do_eval alone: the eval set, unless --eval_files names it.",
+                                     group="data")
     input_files: str | None = setting(None, "Comma-separated globs of training TFRecords (= --input_file).",
                                       group="data", first_run=True)
     eval_files: str | None = setting(None, "Comma-separated globs of evaluation TFRecords (packed or unpacked).",
                                      group="data", first_run=True)
-    max_seq_length: int = setting(512, "L of the data (default: as the training data's metadata.json records, else "
-                                       "512).", group="data", reference_default=128, first_run=True)
+    max_seq_length: int = setting(512, "L of the data (default: as the training data's metadata.json records, the "
+                                       "eval set's with --do_train=false, else --input_file's, else 512).",
+                                  group="data", reference_default=128, first_run=True)
     max_predictions_per_seq: int = setting(76, "P of the data; packs hold P + S (default: as metadata.json records, "
                                                "else 76).", group="data", reference_default=20, first_run=True)
     max_sequences_per_pack: int = setting(3, "S of packed training data, checked against its metadata.json when given "

@@ -109,7 +109,7 @@ class EvalData(_HoldsInputs):
 
 
 def _require_matches(inputs: Dataset, shapes: Shapes, input_mode: str | None, depth_given: bool,
-                     vocab_size: int | None) -> None:
+                     vocab_size: int | None, mode_flag: str = "--input_mode") -> None:
     """Raises SettingsError when the settings cannot read the data: a vocabulary smaller than the
     one it was made with, packed records read as unpacked (or the other way), another depth
     given, another L or P.
@@ -120,6 +120,7 @@ def _require_matches(inputs: Dataset, shapes: Shapes, input_mode: str | None, de
       input_mode: how the run reads them (None: packed or not, as for eval data).
       depth_given: whether S was given (else it is taken from the data).
       vocab_size: the BERT config's.
+      mode_flag: the flag of `input_mode`, for messages.
     """
     if not inputs.descriptions:
         return
@@ -132,11 +133,11 @@ def _require_matches(inputs: Dataset, shapes: Shapes, input_mode: str | None, de
                             f"bert_packed.vocab writes one with --bert_config_file)")
     packed = None if input_mode is None else input_mode in PACKED_RECORD_MODES  # packed_online: unpacked
     if packed is False and info.packed:
-        raise SettingsError(f"{flag}: packed data (metadata.json), but --input_mode={input_mode} reads unpacked "
-                            f"records; use --input_mode=packed")
+        raise SettingsError(f"{flag}: packed data (metadata.json), but {mode_flag}={input_mode} reads unpacked "
+                            f"records; use {mode_flag}=packed")
     if packed and not info.packed:
-        raise SettingsError(f"{flag}: unpacked data, but --input_mode={input_mode} reads packed records; pack it "
-                            f"with scripts/pack_pretraining_data.py, or use --input_mode=padded or packed_online")
+        raise SettingsError(f"{flag}: unpacked data, but {mode_flag}={input_mode} reads packed records; pack it "
+                            f"with scripts/pack_pretraining_data.py, or use {mode_flag}=padded or packed_online")
     depth = info.shapes.max_sequences_per_pack
     if packed and depth_given and depth != shapes.max_sequences_per_pack:
         raise SettingsError(f"{flag}: packed with max_sequences_per_pack={depth}, but --max_sequences_per_pack="
@@ -243,7 +244,7 @@ def eval_data(described: Dataset, shapes: Shapes, config: TrainConfig) -> EvalDa
     input_mode = config.eval.eval_input_mode
     if input_mode == "packed_online":
         require_window(config.batch.online_packing_window, shapes.max_sequences_per_pack)
-    _require_matches(described, shapes, input_mode, False, config.model.bert.vocab_size)
+    _require_matches(described, shapes, input_mode, False, config.model.bert.vocab_size, "--eval_input_mode")
     packed, recorded_shapes = _as_described(described, shapes, input_mode)
     inputs = described.opened()
     if input_mode != "packed_online":
