@@ -33,7 +33,7 @@ from bert_packed.inputs.dataset_info import DatasetInfo, DatasetInfoError, read_
 from bert_packed.inputs.input_files import require_disjoint
 from bert_packed.storage import files
 
-if TYPE_CHECKING:  # the opened inputs hold their origins (a Dataset is built from this module's)
+if TYPE_CHECKING:  # for the annotations only: inputs.dataset imports this module
     from bert_packed.inputs.dataset import Dataset
 
 
