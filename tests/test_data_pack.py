@@ -232,6 +232,12 @@ def test_cli_error_is_one_line_naming_the_record(unpacked_dir, tmp_path):
         f"pack_pretraining_data: error: {bare}: record 0: feature 'input_ids' has 128 "
         f"values, expected 256 (--max_seq_length=256, --max_predictions_per_seq=76)")
     assert "Traceback" not in result.stderr and not os.path.exists(tmp_path / "out" / "metadata.json")
+    # Without a metadata.json, whose L and P these are is said first: P is the default here.
+    assert "no metadata.json beside the files: packing at L=256 and P=76 (the defaults where not given)" in \
+        result.stderr
+    described = run_command("pack_pretraining_data", f"--input_files={bare}", f"--output_dir={tmp_path}/given",
+                            f"--max_seq_length={MAX_SEQ_LENGTH}", f"--max_predictions_per_seq={MAX_PREDICTIONS}")
+    assert described.returncode == 0 and "no metadata.json" not in described.stderr, described.stderr
 
 
 def test_cli_says_what_it_made_and_the_planner_plans_the_same_packs(unpacked_dir, tmp_path):

@@ -5,6 +5,7 @@ plan_packing's (PlanSettings)."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
@@ -83,9 +84,13 @@ class PackCommandSettings:
           SettingsError: L out of range, or L or P other than the inputs'.
         """
         defaults = (PackCommandSettings.max_seq_length, PackCommandSettings.max_predictions_per_seq)
-        max_seq_length, max_predictions_per_seq = inputs.lengths(
-            *(getattr(self, name) if name in given_or_changed(self) else None
-              for name in ("max_seq_length", "max_predictions_per_seq")), defaults=defaults)
+        given = [getattr(self, name) if name in given_or_changed(self) else None
+                 for name in ("max_seq_length", "max_predictions_per_seq")]
+        max_seq_length, max_predictions_per_seq = inputs.lengths(*given, defaults=defaults)
+        if inputs.shapes is None and None in given:  # the records' own L and P are not known: say whose these are
+            logging.warning("--input_files: no metadata.json beside the files: packing at L=%d and P=%d (the "
+                            "defaults where not given); give --max_seq_length and --max_predictions_per_seq of the "
+                            "records if they were made otherwise", max_seq_length, max_predictions_per_seq)
         if max_predictions_per_seq < 1:
             raise SettingsError("--max_sequences_per_pack and --max_predictions_per_seq must be >= 1")
         require_seq_length(max_seq_length)
