@@ -120,7 +120,7 @@ def packed_equals_unpacked(bert: BertConfig, device: str) -> tuple[list[Row], di
             model = BertPretrainingModel(small)
             model.build()
 
-            @tf.function(jit_compile=True)
+            @tf.function(jit_compile=True, autograph=False)
             def forward_backward(features, model=model):
                 with tf.GradientTape() as tape:
                     outputs = model(features)
@@ -159,7 +159,7 @@ def recompute_equal(bert: BertConfig, device: str) -> tuple[list[Row], dict]:
                 for weight, value in zip(model.weights, start):
                     weight.assign(value)
 
-            @tf.function(jit_compile=True)
+            @tf.function(jit_compile=True, autograph=False)
             def backward(features, model=model):
                 with tf.GradientTape() as tape:
                     outputs = model(features, training=True, dropout_seed=tf.constant([5, 6]))

@@ -247,13 +247,14 @@ def on_any_worker(strategy: tf.distribute.Strategy, flag: bool) -> bool:
 @functools.cache
 def _compiled(strategy: tf.distribute.Strategy):
     """The strategy's collectives for deciding together, compiled once: a tf.function made anew
-    at every call is traced anew (and TensorFlow warns of it)."""
+    at every call is traced anew (and TensorFlow warns of it). No control flow on tensors: traced
+    as written, without AutoGraph's conversion of their source (as every compiled function here)."""
 
-    @tf.function
+    @tf.function(autograph=False)
     def gather(value):
         return strategy.gather(strategy.run(lambda: tf.reshape(tf.identity(value), [1])), axis=0)
 
-    @tf.function
+    @tf.function(autograph=False)
     def any_worker(value):
         return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.identity(value)), axis=None)
 

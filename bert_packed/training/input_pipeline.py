@@ -164,6 +164,7 @@ def _parsed(batches: tf.data.Dataset, config: PipelineConfig) -> tf.data.Dataset
     spec = tf_feature_spec(config.shapes.record_lengths(packed), float_features(packed))
     convert = {"packed": _cast, "packs_as_rows": _packs_as_rows}.get(config.mode, _as_single_packs)
 
+    @tf.autograph.experimental.do_not_convert  # no control flow on tensors: traced as written, at once
     def parse(serialized):
         return _checked_ids(model_features(convert(tf.io.parse_example(serialized, spec))), config)
 
@@ -250,7 +251,7 @@ def _packed_online(config: PipelineConfig, batch_size: int, skip: int,
             yield {name: np.zeros(spec.shape, np.int32) for name, spec in signature.items()}
 
     dataset = tf.data.Dataset.from_generator(batches, output_signature=signature)
-    dataset = dataset.map(lambda features: _checked_ids(features, config))
+    dataset = dataset.map(tf.autograph.experimental.do_not_convert(lambda features: _checked_ids(features, config)))
     return _finished(dataset, config, input_context)
 
 
@@ -344,6 +345,7 @@ def _bucketed(records, shapes: Shapes, batch_size: int, config: PipelineConfig, 
         bucket_batch_sizes=[batch_size] * len(boundaries),
         drop_remainder=config.is_training).skip(skip)
 
+    @tf.autograph.experimental.do_not_convert  # as parse's, in _parsed
     def trim(features):
         batch = _checked_ids(_as_single_packs(features), config)  # the record layout until renamed below
         longest = tf.reduce_max(tf.reduce_sum(batch["input_mask"], axis=1))

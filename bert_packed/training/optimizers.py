@@ -58,7 +58,7 @@ class _BertOptimizer(keras.optimizers.Optimizer):
         # memory instead of an operation a pass (AdamW's step over BERT-base's weights: 176 ms
         # instead of 364 ms on a 2-core CPU, scripts/benchmark_optimizer.py). Pure arithmetic, so
         # it compiles under any strategy.
-        self._step_of = tf.function(self._step_fn, jit_compile=True if fused else None)
+        self._step_of = tf.function(self._step_fn, jit_compile=True if fused else None, autograph=False)
 
     def build(self, var_list):
         if self.built:

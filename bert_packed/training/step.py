@@ -71,7 +71,7 @@ class CompiledStep:
             self.sequences = tf.Variable(0, dtype=tf.int64, trainable=False, name="sequences")
             self.log_sizes = tf.Variable([0] * len(LOGS), dtype=tf.int64, trainable=False, name="log_sizes")
         self.update = Update(config, self.batching, self.model, self.optimizer, strategy, self.step, self.objective)
-        self._evaluate_batch = tf.function(self._evaluate_batch_fn)
+        self._evaluate_batch = tf.function(self._evaluate_batch_fn, autograph=False)
         self.state = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.step,
                                          sequences=self.sequences, log_sizes=self.log_sizes)
 

@@ -87,14 +87,15 @@ class Update:
         self._seed = tf.constant([config.run.seed % 2**31, config.run.seed // 2**31 % 2**31], tf.int32)
         # A function of its own, called once a micro-batch: traced once however many micro-batches
         # an update holds (its forward and backward pass are most of the update's operations).
-        self._gradients = tf.function(self._gradients_fn, jit_compile=True if config.model.xla else None)
+        self._gradients = tf.function(self._gradients_fn, jit_compile=True if config.model.xla else None,
+                                      autograph=False)
         # Set (to 1) by a signal while a compiled loop runs (loop.Stop): the loop ends after the
         # update in hand, on every worker after the same update (each update sums the flags).
         self.stop_requested = tf.Variable(0, dtype=tf.int32, trainable=False, name="stop_requested")
         self.loop = tf.function(self._loop_fn)
         # One whole update as one XLA program, its variables updated in place: what another XLA
         # runs without TensorFlow (training/export_update.py). The loop does not call it.
-        self.one_update = tf.function(self._one_update_fn, jit_compile=True)
+        self.one_update = tf.function(self._one_update_fn, jit_compile=True, autograph=False)
 
     def _loop_fn(self, iterator, num_updates):
         results = tf.TensorArray(tf.float32, size=0, dynamic_size=True, element_shape=[1 + len(self.sum_keys)])
@@ -131,6 +132,7 @@ class Update:
         """The loss scale of fp16 (1 otherwise)."""
         return tf.cast(self.optimizer.dynamic_scale, tf.float32) if self._loss_scaled else 1.0
 
+    @tf.autograph.experimental.do_not_convert  # plain Python over lists: the loop's own converted code stops here
     def _replica_update(self, batches, first_micro_step):
         context = tf.distribute.get_replica_context()
         seeds = self.dropout_seeds(first_micro_step, len(batches), context.replica_id_in_sync_group)
