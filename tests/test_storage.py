@@ -350,3 +350,38 @@ def test_only_the_storage_room_touches_the_filesystem():
                             (path, called) not in ALLOWED:
                         found.append(f"{path}:{node.lineno} {called}")
     assert not found, "\n".join(found)
+
+
+def test_whether_outside_weights_hold_a_pooler_keeps_a_retryable_failure_as_it_is(tmp_path, monkeypatch):
+    """Asking whether --init_checkpoint's weights hold the pooler (which decides the next-sentence
+    loss) took any failure for "yes": one that retrying may get past is now raised as that
+    StorageError (status 75) before any work; a refusal still says "yes", for loading to name."""
+    import tensorflow as tf
+
+    from bert_packed.errors import StorageError
+    from bert_packed.model.huggingface import holds_pooler
+
+    (tmp_path / "config.json").write_text("{}")  # a Hugging Face directory
+    for retry_may_help in (True, False):
+        def failing(name, *args, retry_may_help=retry_may_help, **kwargs):
+            raise StorageError(name, "the bucket answered 503", retry_may_help)
+
+        monkeypatch.setattr(files, "open_file", failing)
+        if retry_may_help:
+            with pytest.raises(StorageError, match="the bucket answered 503") as raised:
+                holds_pooler(str(tmp_path))
+            assert raised.value.retry_may_help
+        else:
+            assert holds_pooler(str(tmp_path)) is True
+    checkpoint = str(tmp_path / "tf1" / "model.ckpt-5")  # a TF1 checkpoint's prefix
+    for error in (tf.errors.UnavailableError, tf.errors.PermissionDeniedError):
+        def unreadable(prefix, error=error):
+            raise error(None, None, f"{prefix}; the bucket answered 503")
+
+        monkeypatch.setattr(tf.train, "load_checkpoint", unreadable)
+        if error is tf.errors.UnavailableError:
+            with pytest.raises(StorageError, match="the bucket answered 503") as raised:
+                holds_pooler(checkpoint)
+            assert raised.value.retry_may_help and raised.value.path == checkpoint
+        else:
+            assert holds_pooler(checkpoint) is True

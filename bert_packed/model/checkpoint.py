@@ -19,7 +19,7 @@ from collections.abc import Callable
 import numpy as np
 import tensorflow as tf
 
-from bert_packed.errors import UserError
+from bert_packed.errors import UserError, raise_if_retryable
 from bert_packed.model.modeling import BertEncoder, BertPretrainingModel
 from bert_packed.model.task_models import BertClassifierModel, BertQuestionAnsweringModel
 from bert_packed.storage import files, locks
@@ -158,11 +158,13 @@ def copy_weights(source, target) -> None:
 
 def holds_weight(path: str, name: str, unreadable: bool = True) -> bool:
     """Whether the TF1 checkpoint at `path` (a prefix, or a directory) holds the weight `name`;
-    `unreadable` when it cannot be read (True: loading it then names the problem)."""
+    `unreadable` when it cannot be read (True: loading it then names the problem). A request the
+    storage still failed after retrying is raised as that StorageError (the command's status 75)."""
     try:
         with files.unglobbed(_prefix(path)) as readable:  # a path holding [ or * is a pattern to TensorFlow
             return tf.train.load_checkpoint(readable).has_tensor(name)
-    except (CheckpointError, tf.errors.OpError, ValueError):
+    except (CheckpointError, tf.errors.OpError, ValueError) as e:
+        raise_if_retryable(files.storage_error(e, path))
         return unreadable
 
 

@@ -361,13 +361,15 @@ def holds_span_head(path: str, unreadable: bool = True) -> bool:
 def holds_pooler(path: str) -> bool:
     """Whether weights from outside a run (load_weights' `path`) include the pooler: a Hugging Face
     directory's model.safetensors lists bert.pooler (its header read, not its tensors), a TF1
-    checkpoint holds bert/pooler. What cannot be read says True: loading it then names the problem."""
+    checkpoint holds bert/pooler. What cannot be read says True: loading it then names the problem;
+    a request the storage still failed after retrying is raised as it is (the command's status 75)."""
     if not is_huggingface_directory(path):
         return holds_weight(path, "bert/pooler/dense/kernel")
     try:
         with files.open_file(os.path.join(path, WEIGHTS_FILE), "rb") as f:
             header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
-    except (OSError, ValueError):
+    except (OSError, ValueError) as e:
+        raise_if_retryable(e)
         return True
     return any(_canonical(name) == "bert.pooler.dense.weight" for name in header)
 
