@@ -352,15 +352,21 @@ def test_only_the_storage_room_touches_the_filesystem():
     assert not found, "\n".join(found)
 
 
-def test_whether_outside_weights_hold_a_pooler_keeps_a_retryable_failure_as_it_is(tmp_path, monkeypatch):
+def test_reading_weights_or_a_run_s_checkpoint_keeps_a_retryable_failure_as_it_is(tmp_path, monkeypatch):
     """Asking whether --init_checkpoint's weights hold the pooler (which decides the next-sentence
     loss) took any failure for "yes": one that retrying may get past is now raised as that
-    StorageError (status 75) before any work; a refusal still says "yes", for loading to name."""
+    StorageError (status 75) before any work; a refusal still says "yes", for loading to name.
+    Reading a TF1 checkpoint's step or weights kept it under a CheckpointError (status 2)."""
     import tensorflow as tf
+    from conftest import TINY
 
-    from bert_packed.errors import StorageError
+    from bert_packed.errors import StorageError, TrainingError
+    from bert_packed.model import BertConfig, BertPretrainingModel, load_google_checkpoint
+    from bert_packed.model.checkpoint import CheckpointError, checkpoint_step
     from bert_packed.model.huggingface import holds_pooler
+    from bert_packed.training.checkpoints import Checkpoints
 
+    model = BertPretrainingModel(BertConfig(**TINY))
     (tmp_path / "config.json").write_text("{}")  # a Hugging Face directory
     for retry_may_help in (True, False):
         def failing(name, *args, retry_may_help=retry_may_help, **kwargs):
@@ -380,8 +386,20 @@ def test_whether_outside_weights_hold_a_pooler_keeps_a_retryable_failure_as_it_i
 
         monkeypatch.setattr(tf.train, "load_checkpoint", unreadable)
         if error is tf.errors.UnavailableError:
-            with pytest.raises(StorageError, match="the bucket answered 503") as raised:
-                holds_pooler(checkpoint)
-            assert raised.value.retry_may_help and raised.value.path == checkpoint
-        else:
-            assert holds_pooler(checkpoint) is True
+            for read in (holds_pooler, checkpoint_step, lambda path: load_google_checkpoint(model, path)):
+                with pytest.raises(StorageError, match="the bucket answered 503") as raised:
+                    read(checkpoint)
+                assert raised.value.retry_may_help and raised.value.path == checkpoint
+        else:  # a refusal: holds_pooler says yes, the step is the name's, loading names the checkpoint
+            assert holds_pooler(checkpoint) is True and checkpoint_step(checkpoint) == 5
+            with pytest.raises(CheckpointError, match="cannot read the checkpoint"):
+                load_google_checkpoint(model, checkpoint)
+    # A run's own checkpoint, read to resume or to evaluate: the same, under the run's refusal.
+    run = Checkpoints(str(tmp_path / "run"), tf.train.Checkpoint(model=model), keep=1)
+    for error, raised_as in ((tf.errors.UnavailableError, StorageError), (tf.errors.PermissionDeniedError, TrainingError)):
+        def unreadable(self, path, error=error):
+            raise error(None, None, f"{path}; the bucket answered 503")
+
+        monkeypatch.setattr(tf.train.Checkpoint, "read", unreadable)
+        with pytest.raises(raised_as, match="the bucket answered 503"):
+            run.read(checkpoint, "use a new --output_dir")

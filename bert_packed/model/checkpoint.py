@@ -120,6 +120,7 @@ def load_google_checkpoint(model: BertEncoder | BertPretrainingModel | BertClass
         try:
             reader = tf.train.load_checkpoint(readable)
         except (tf.errors.OpError, ValueError) as e:
+            raise_if_retryable(files.storage_error(e, path))
             raise CheckpointError(f"{path}: cannot read the checkpoint: {str(e).splitlines()[0]}") from None
         if reader.has_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"):  # TensorFlow's object-based names: a run's own
             raise CheckpointError(f"{path}: a run's training checkpoint (it resumes that run); give the run's "
@@ -183,8 +184,8 @@ def checkpoint_step(path: str) -> int:
             reader = tf.train.load_checkpoint(readable)
             if reader.has_tensor("global_step"):
                 return int(reader.get_tensor("global_step"))
-    except (tf.errors.OpError, ValueError, CheckpointError):
-        pass
+    except (tf.errors.OpError, ValueError, CheckpointError) as e:
+        raise_if_retryable(files.storage_error(e, path))
     match = re.search(r"-(\d+)$", path.rstrip("/"))
     return int(match.group(1)) if match else 0
 
@@ -228,6 +229,7 @@ def _load(model, path: str, reader) -> int:
         try:
             values.append(reader.get_tensor(name))
         except (tf.errors.OpError, IndexError) as e:  # TensorFlow's reader says "Read less bytes" by IndexError
+            raise_if_retryable(files.storage_error(e, path))
             raise CheckpointError(f"{path}: cannot read {name} ({str(e).splitlines()[0]}): the checkpoint is cut "
                                   f"short or damaged") from None
     for (_, weight, transposed), value in zip(names, values):

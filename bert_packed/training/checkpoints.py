@@ -28,7 +28,7 @@ import re
 import numpy as np
 import tensorflow as tf
 
-from bert_packed.errors import TrainingError
+from bert_packed.errors import TrainingError, raise_if_retryable
 from bert_packed.model import BertEncoder, BertPretrainingModel, load_google_checkpoint
 from bert_packed.model.checkpoint import CheckpointError, copy_weights, google_variable_names, newest_exported_step
 from bert_packed.model.huggingface import MODEL_SETTINGS
@@ -194,6 +194,7 @@ class Checkpoints:
             with files.unglobbed(path) as plain:
                 self._checkpoint.read(plain).assert_existing_objects_matched().expect_partial()
         except (AssertionError, ValueError, tf.errors.OpError) as e:
+            raise_if_retryable(files.storage_error(e, path))
             raise TrainingError(f"{path}: does not fit this run ({str(e).splitlines()[0]}); {remedy}") from None
 
     def _repair_state_file(self, step: int) -> None:
