@@ -12,9 +12,7 @@ import types
 
 import pytest
 import tensorflow as tf
-from conftest import REPO, run_command, tfrecords
-from test_resume import assert_the_workers_agree, coordination_errors
-from test_resume import run_command as run_pretraining_process
+from conftest import REPO, run_command
 
 from bert_packed.training import distribution
 
@@ -177,34 +175,6 @@ def free_port_pair():
                 continue
         return port
     raise RuntimeError("no two consecutive free ports")
-
-
-@pytest.mark.slow
-def test_two_slurm_tasks_on_one_host_train_together_and_leave_together(packed_dir, other_text_dir, bert_config_file,
-                                                                      tmp_path):
-    """Two tasks of a Slurm job step on one host, as srun starts them (SLURM_PROCID 0 and 1, the
-    host's 2 tasks in SLURM_STEP_TASKS_PER_NODE): SlurmClusterResolver gives them ports
-    slurm_port_base and slurm_port_base + 1; they train together to the same weights, evaluate
-    together to the single-process figure, and both exit 0 without a word from the coordination
-    service (the chief leaves last)."""
-    eval_file = tfrecords(other_text_dir)[0]
-    port = free_port_pair()
-    out = tmp_path / "run"
-    command = run_pretraining_process(out, f"--bert_config_file={bert_config_file}",
-                                      f"--input_files={packed_dir}/packed-*.tfrecord", MULTI_WORKER,
-                                      f"--slurm_port_base={port}", "--all_reduce_alg=ring", "--num_train_steps=20",
-                                      f"--eval_files={eval_file}", "--eval_every_samples=0", "--eval_batch_size=6")
-    own = {name: value for name, value in os.environ.items() if not name.startswith("SLURM") and name != "TF_CONFIG"}
-    tasks = [subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                              env={**own, **slurm_step(rank, "localhost", "2", 2, "localhost", SLURM_LOCALID=str(rank),
-                                                       SLURM_NODEID="0")})
-             for rank in range(2)]
-    for task in tasks:
-        _, stderr = task.communicate(timeout=300)
-        assert task.returncode == 0, stderr[-3000:]
-        assert not coordination_errors(stderr), stderr
-    assert (out / ".workers" / "worker-1" / "checkpoints").is_dir()  # task 1 is a worker of the chief's cluster
-    assert_the_workers_agree(out, packed_dir, eval_file, tmp_path)
 
 
 def free_port():

@@ -325,24 +325,34 @@ def test_two_local_workers_train_together_and_killed_together_resume_together(pa
     eval file together (each a share of its records) to the single-process figure. Both killed -9
     after their second checkpoint, one before its last save completed, and started again, they
     agree on a step both can restore, and the chief's logs and every worker's weights are the
-    uninterrupted pair's."""
+    uninterrupted pair's. The uninterrupted pair are two tasks of a Slurm job step on one host, as
+    srun starts them (SLURM_PROCID 0 and 1, the host's 2 tasks in SLURM_STEP_TASKS_PER_NODE), on
+    ports --slurm_port_base and the next; the killed pair take their cluster from TF_CONFIG."""
     import tensorflow as tf
+    from test_launch import free_port_pair, slurm_step
     from test_trainer import free_ports
 
     eval_file = tfrecords(other_text_dir)[0]
     # 20 micro-steps: the kill, at the second checkpoint, comes well before the end.
     data = [f"--bert_config_file={bert_config_file}", f"--input_files={packed_dir}/packed-*.tfrecord",
-            "--distribution_strategy=multi_worker_mirrored", "--num_train_steps=20", f"--eval_files={eval_file}",
-            "--eval_every_samples=0", "--eval_batch_size=6"]  # one evaluation, at the end
+            "--distribution_strategy=multi_worker_mirrored", "--all_reduce_alg=ring", "--num_train_steps=20",
+            f"--eval_files={eval_file}", "--eval_every_samples=0", "--eval_batch_size=6"]  # one evaluation, at the end
+    own = {name: value for name, value in os.environ.items() if not name.startswith("SLURM") and name != "TF_CONFIG"}
 
-    def workers(out):
-        cluster = {"worker": [f"127.0.0.1:{port}" for port in free_ports(2)]}
-        return [subprocess.Popen(run_command(out, *data), cwd=REPO, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.PIPE, text=True,
-                                 env=dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster,
-                                                                            "task": {"type": "worker",
-                                                                                     "index": index}})))
-                for index in range(2)]
+    def workers(out, slurm=False):
+        if slurm:
+            port = free_port_pair()
+            flags = [f"--slurm_port_base={port}"]
+            launched = [slurm_step(rank, "localhost", "2", 2, "localhost", SLURM_LOCALID=str(rank), SLURM_NODEID="0")
+                        for rank in range(2)]
+        else:
+            cluster = {"worker": [f"127.0.0.1:{port}" for port in free_ports(2)]}
+            flags = []
+            launched = [{"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})}
+                        for index in range(2)]
+        return [subprocess.Popen(run_command(out, *data, *flags), cwd=REPO, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, text=True, env={**own, **variables})
+                for variables in launched]
 
     def finish(processes):
         for process in processes:
@@ -355,7 +365,8 @@ def test_two_local_workers_train_together_and_killed_together_resume_together(pa
             assert len(stderr.splitlines()) <= 12, stderr
 
     straight = tmp_path / "straight"
-    finish(workers(straight))
+    finish(workers(straight, slurm=True))
+    assert (straight / ".workers" / "worker-1" / "checkpoints").is_dir()  # task 1 is a worker of the chief's cluster
     assert_the_workers_agree(straight, packed_dir, eval_file, tmp_path)
 
     killed = workers(tmp_path / "killed")
