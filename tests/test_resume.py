@@ -317,6 +317,38 @@ def assert_the_workers_agree(run, packed_dir, eval_file, tmp_path):
         assert together[key] == pytest.approx(alone[key], rel=1e-5), key
 
 
+def two_workers(out, flags, slurm=False):
+    """Two run_pretraining processes on this host, a cluster of two workers: two tasks of a Slurm
+    job step as srun starts them (ports --slurm_port_base and the next), or TF_CONFIG's."""
+    from test_launch import free_port_pair, slurm_step
+    from test_trainer import free_ports
+
+    own = {name: value for name, value in os.environ.items() if not name.startswith("SLURM") and name != "TF_CONFIG"}
+    if slurm:
+        flags = [*flags, f"--slurm_port_base={free_port_pair()}"]
+        launched = [slurm_step(rank, "localhost", "2", 2, "localhost", SLURM_LOCALID=str(rank), SLURM_NODEID="0")
+                    for rank in range(2)]
+    else:
+        cluster = {"worker": [f"127.0.0.1:{port}" for port in free_ports(2)]}
+        launched = [{"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})}
+                    for index in range(2)]
+    return [subprocess.Popen(run_command(out, *flags), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True, env={**own, **variables})
+            for variables in launched]
+
+
+def finish_quietly(processes):
+    """Waits for each worker: it exits 0 and says little."""
+    for process in processes:
+        _, stderr = process.communicate(timeout=600)
+        assert process.returncode == 0, stderr[-3000:]
+        assert not coordination_errors(stderr), stderr
+        # tf.distribute's own INFO lines ("Collective all_reduce tensors: ...", one an update) stay out.
+        assert not [line for line in stderr.splitlines() if "Collective" in line or "Strategy" in line], stderr
+        assert "retracing" not in stderr  # the workers' collectives for deciding together are compiled once
+        assert len(stderr.splitlines()) <= 12, stderr
+
+
 @pytest.mark.slow
 def test_two_local_workers_train_together_and_killed_together_resume_together(packed_dir, other_text_dir,
                                                                              bert_config_file, tmp_path):
@@ -329,47 +361,19 @@ def test_two_local_workers_train_together_and_killed_together_resume_together(pa
     srun starts them (SLURM_PROCID 0 and 1, the host's 2 tasks in SLURM_STEP_TASKS_PER_NODE), on
     ports --slurm_port_base and the next; the killed pair take their cluster from TF_CONFIG."""
     import tensorflow as tf
-    from test_launch import free_port_pair, slurm_step
-    from test_trainer import free_ports
 
     eval_file = tfrecords(other_text_dir)[0]
     # 20 micro-steps: the kill, at the second checkpoint, comes well before the end.
     data = [f"--bert_config_file={bert_config_file}", f"--input_files={packed_dir}/packed-*.tfrecord",
             "--distribution_strategy=multi_worker_mirrored", "--all_reduce_alg=ring", "--num_train_steps=20",
             f"--eval_files={eval_file}", "--eval_every_samples=0", "--eval_batch_size=6"]  # one evaluation, at the end
-    own = {name: value for name, value in os.environ.items() if not name.startswith("SLURM") and name != "TF_CONFIG"}
-
-    def workers(out, slurm=False):
-        if slurm:
-            port = free_port_pair()
-            flags = [f"--slurm_port_base={port}"]
-            launched = [slurm_step(rank, "localhost", "2", 2, "localhost", SLURM_LOCALID=str(rank), SLURM_NODEID="0")
-                        for rank in range(2)]
-        else:
-            cluster = {"worker": [f"127.0.0.1:{port}" for port in free_ports(2)]}
-            flags = []
-            launched = [{"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})}
-                        for index in range(2)]
-        return [subprocess.Popen(run_command(out, *data, *flags), cwd=REPO, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.PIPE, text=True, env={**own, **variables})
-                for variables in launched]
-
-    def finish(processes):
-        for process in processes:
-            _, stderr = process.communicate(timeout=600)
-            assert process.returncode == 0, stderr[-3000:]
-            assert not coordination_errors(stderr), stderr
-            # tf.distribute's own INFO lines ("Collective all_reduce tensors: ...", one an update) stay out.
-            assert not [line for line in stderr.splitlines() if "Collective" in line or "Strategy" in line], stderr
-            assert "retracing" not in stderr  # the workers' collectives for deciding together are compiled once
-            assert len(stderr.splitlines()) <= 12, stderr
 
     straight = tmp_path / "straight"
-    finish(workers(straight, slurm=True))
+    finish_quietly(two_workers(straight, data, slurm=True))
     assert (straight / ".workers" / "worker-1" / "checkpoints").is_dir()  # task 1 is a worker of the chief's cluster
     assert_the_workers_agree(straight, packed_dir, eval_file, tmp_path)
 
-    killed = workers(tmp_path / "killed")
+    killed = two_workers(tmp_path / "killed", data)
     other = tmp_path / "killed" / ".workers" / "worker-1" / "checkpoints"
     # Killed once worker 1 holds two checkpoints (however slow the machine), so an older one is left.
     kill_when(killed[1], other / "ckpt-8.index", 0, 0)
@@ -379,7 +383,7 @@ def test_two_local_workers_train_together_and_killed_together_resume_together(pa
     # Worker 1 was killed before its newest save completed: the workers must agree on an older step.
     newest = max(int(p.name[len("ckpt-"):-len(".index")]) for p in other.glob("ckpt-*.index"))
     (other / f"ckpt-{newest}.index").unlink()
-    finish(workers(tmp_path / "killed"))
+    finish_quietly(two_workers(tmp_path / "killed", data))
     left, expected = what_a_run_leaves(tmp_path / "killed"), what_a_run_leaves(straight)
     for part in ("train", "eval", "mllog", "files"):
         assert left[part] == expected[part], part
