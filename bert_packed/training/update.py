@@ -92,6 +92,8 @@ class Update:
         # Set (to 1) by a signal while a compiled loop runs (loop.Stop): the loop ends after the
         # update in hand, on every worker after the same update (each update sums the flags).
         self.stop_requested = tf.Variable(0, dtype=tf.int32, trainable=False, name="stop_requested")
+        # The one function AutoGraph converts (its `for` over tf.range, its `break`); the others are
+        # traced as written: converting their source cost a run about 2 s at its start.
         self.loop = tf.function(self._loop_fn)
         # One whole update as one XLA program, its variables updated in place: what another XLA
         # runs without TensorFlow (training/export_update.py). The loop does not call it.
