@@ -395,6 +395,37 @@ def test_two_local_workers_train_together_and_killed_together_resume_together(pa
                 np.testing.assert_array_equal(mine.get_tensor(name), theirs.get_tensor(name))
 
 
+@pytest.mark.slow
+def test_a_signal_to_one_worker_stops_every_worker_after_the_same_update(packed_dir, bert_config_file, tmp_path):
+    """A preemption (SIGTERM) of one host of a cluster: the other worker went on into the next
+    compiled loop and failed there once its peer had left (exit 1, an internal error). Now every
+    worker stops after the same update and saves it: the signalled one says so (75), the other
+    that a signal to another worker stopped it (75, the same command resumes)."""
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    data = [f"--bert_config_file={bert_config_file}", f"--input_files={packed_dir}/packed-*.tfrecord",
+            "--distribution_strategy=multi_worker_mirrored", "--num_train_steps=400", "--save_checkpoints_steps=400",
+            "--eval_every_samples=0", "--log_every_steps=1000"]
+    workers = two_workers(out, data)
+    deadline = time.time() + 300
+    while not (out / "train_log.jsonl").exists() or len(read_log(out / "train_log.jsonl")) < 2:
+        assert time.time() < deadline and all(worker.poll() is None for worker in workers)
+        time.sleep(0.1)
+    workers[1].send_signal(signal.SIGTERM)
+    ended = [worker.communicate(timeout=300)[1] for worker in workers]
+    assert [worker.returncode for worker in workers] == [75, 75], ended[0][-3000:] + ended[1][-3000:]
+    step = read_log(out / "train_log.jsonl")[-1]["step"]
+    assert ended[0].strip().splitlines()[-1] == (f"run_pretraining: stopped by a signal to another worker after saving "
+                                                 f"step {step}; the same command resumes (exit status 75)")
+    assert ended[1].strip().splitlines()[-1] == (f"run_pretraining: stopped by SIGTERM after saving step {step}; the "
+                                                 f"same command resumes (exit status 75)")
+    for worker in ("", ".workers/worker-1/"):
+        assert (out / f"{worker}checkpoints" / f"ckpt-{step}.index").exists(), worker
+    assert not any(coordination_errors(stderr) for stderr in ended)
+
+
 def test_odd_characters_and_a_relative_output_dir_resume_without_a_word(packed_dir, tmp_path, monkeypatch, caplog):
     """A run under `g [1]/ü *?{x}` (its init_checkpoint too), given as a relative path: killed after
     a checkpoint and resumed, it continues from that checkpoint, says nothing is damaged, and a

@@ -426,7 +426,9 @@ def exit_if_stopped(program: str, result) -> None:
     the signal's status and says what the same command does; returns otherwise."""
     if not result.stopped_by:
         return
-    status = SIGNAL_EXIT_STATUS[result.stopped_by]
+    # Else a signal to another worker of its cluster (training.loop.BY_ANOTHER_WORKER) stopped it:
+    # the same command goes on, as after a preemption.
+    status = SIGNAL_EXIT_STATUS.get(result.stopped_by, EXIT_TRY_AGAIN)
     if not result.step:
         exit_with(status, f"{program}: stopped by {result.stopped_by} before the first step; the same command "
                           f"starts the run (exit status {status})")

@@ -50,6 +50,9 @@ from bert_packed.training.input_pipeline import WATCHED_SINCE, reading_errors_na
 from bert_packed.training.logs import RunLogs
 from bert_packed.training.step import CompiledStep
 
+# What stopped a worker that no signal reached: a signal to another worker of its cluster.
+BY_ANOTHER_WORKER = "a signal to another worker"
+
 
 @dataclasses.dataclass
 class RunResult:
@@ -59,7 +62,8 @@ class RunResult:
       record: the last train record ({} when none).
       step: the micro-step it ended at.
       stopped_by: "SIGTERM" or "SIGINT" when a signal stopped it after a save (the same command
-        resumes), else None.
+        resumes), BY_ANOTHER_WORKER when a signal stopped another worker of its cluster (and so
+        this one, after the same update), else None.
       directory: where this process wrote (the chief: output_dir).
     """
 
@@ -101,7 +105,10 @@ def train_and_evaluate(config: TrainConfig, train_data: TrainData, eval_data: Ev
                 if training and logs.mlperf:
                     logs.mlperf.block_start(sequences)
                 iterator = step.train_iterator(pipeline) if training else None
-                while training and current < config.last_step and not stop.by:
+                # Every worker stops after the same update: one that a signal reached alone would
+                # leave the others waiting in the next loop's collectives, then failing.
+                stopping = on_any_worker(step.strategy, stop.by is not None)
+                while training and current < config.last_step and not stopping:
                     if current == first_step:
                         logging.debug("compiling the training step and running the first %d micro-steps",
                                       min(config.loop_steps, config.last_step - current))
@@ -110,26 +117,22 @@ def train_and_evaluate(config: TrainConfig, train_data: TrainData, eval_data: Ev
                     seconds = logs.seconds_before + time.perf_counter() - start
                     if current == first_step:
                         logging.debug("compiled and ran the first loop in %.1f s", seconds - logs.seconds_before)
-                    for row in results:
-                        current += n
-                        logs.train(_train_record(row, current, sequences, seconds, logs, step, checkpoints))
-                        sequences = logs.last_record["sequences"]
-                    if len(results):
-                        logs.say_progress(config, first_step, len(results), seconds)
-                    step.step.assign(current)
-                    step.sequences.assign(sequences)
-                    if next_eval is not None and sequences >= next_eval and eval_data.files and not stop.by:
+                    current, sequences = _log_updates(results, current, sequences, seconds, first_step, config, logs,
+                                                      step, checkpoints)
+                    stopping = on_any_worker(step.strategy, stop.by is not None)
+                    if next_eval is not None and sequences >= next_eval and eval_data.files and not stopping:
                         next_eval = (sequences // every + 1) * every
                         reached = bool(_evaluate_and_log(logs, config, eval_data, step, seconds))
                         if reached:
                             break
+                        stopping = on_any_worker(step.strategy, stop.by is not None)  # a signal abandoned it?
                         if current < config.last_step and logs.mlperf:
                             logs.mlperf.block_start(sequences)
-                    if current and (current % config.save_steps == 0 or stop.by):  # step 0 is the start: nothing to keep
+                    if current and (current % config.save_steps == 0 or stopping):  # step 0 is the start: nothing to keep
                         _save(directory, checkpoints, step, train_data)
-            if stop.by and not reached:
-                logging.debug("%s: saved step %d", stop.by, current)  # the command says so, with its status
-                return RunResult(logs.last_record, current, stop.by, directory)
+            if stopping and not reached:
+                logging.debug("%s: saved step %d", stop.by or BY_ANOTHER_WORKER, current)  # the command says so
+                return RunResult(logs.last_record, current, stop.by or BY_ANOTHER_WORKER, directory)
             _finish(directory, logs, config, train_data, eval_data, step, checkpoints, reached)
             if stop.by:  # it came during the evaluation that reached the target: nothing to resume
                 logging.info("%s came as the run finished; it is complete", stop.by)
@@ -309,6 +312,21 @@ def _start(logs: RunLogs, config: TrainConfig, train_data: TrainData, eval_data:
     if not eval_data.files and logs.mlperf:
         logging.warning("this run does not evaluate (no eval files): its mllog.txt cannot pass the MLPerf "
                         "compliance checker, which requires an evaluation (eval_accuracy)")
+
+
+def _log_updates(results: np.ndarray, current: int, sequences: int, seconds: float, first_step: int,
+                 config: TrainConfig, logs: RunLogs, step: CompiledStep, checkpoints: Checkpoints) -> tuple[int, int]:
+    """Logs a compiled loop's updates (`results`, a row each), says the progress and sets the
+    step's counters; returns the micro-step and the sequences trained after them."""
+    for row in results:
+        current += config.batch.steps_per_update
+        logs.train(_train_record(row, current, sequences, seconds, logs, step, checkpoints))
+        sequences = logs.last_record["sequences"]
+    if len(results):
+        logs.say_progress(config, first_step, len(results), seconds)
+    step.step.assign(current)
+    step.sequences.assign(sequences)
+    return current, sequences
 
 
 def _train_record(row: np.ndarray, step: int, sequences_before: int, seconds: float, logs: RunLogs,
