@@ -105,9 +105,7 @@ def train_and_evaluate(config: TrainConfig, train_data: TrainData, eval_data: Ev
                 if training and logs.mlperf:
                     logs.mlperf.block_start(sequences)
                 iterator = step.train_iterator(pipeline) if training else None
-                # Every worker stops after the same update: one that a signal reached alone would
-                # leave the others waiting in the next loop's collectives, then failing.
-                stopping = on_any_worker(step.strategy, stop.by is not None)
+                stopping = stop.agreed(step.strategy)
                 while training and current < config.last_step and not stopping:
                     if current == first_step:
                         logging.debug("compiling the training step and running the first %d micro-steps",
@@ -119,20 +117,20 @@ def train_and_evaluate(config: TrainConfig, train_data: TrainData, eval_data: Ev
                         logging.debug("compiled and ran the first loop in %.1f s", seconds - logs.seconds_before)
                     current, sequences = _log_updates(results, current, sequences, seconds, first_step, config, logs,
                                                       step, checkpoints)
-                    stopping = on_any_worker(step.strategy, stop.by is not None)
+                    stopping = stop.agreed(step.strategy)
                     if next_eval is not None and sequences >= next_eval and eval_data.files and not stopping:
                         next_eval = (sequences // every + 1) * every
                         reached = bool(_evaluate_and_log(logs, config, eval_data, step, seconds))
                         if reached:
                             break
-                        stopping = on_any_worker(step.strategy, stop.by is not None)  # a signal abandoned it?
+                        stopping = stop.agreed(step.strategy)  # a signal abandoned it?
                         if current < config.last_step and logs.mlperf:
                             logs.mlperf.block_start(sequences)
                     if current and (current % config.save_steps == 0 or stopping):  # step 0 is the start: nothing to keep
                         _save(directory, checkpoints, step, train_data)
             if stopping and not reached:
-                logging.debug("%s: saved step %d", stop.by or BY_ANOTHER_WORKER, current)  # the command says so
-                return RunResult(logs.last_record, current, stop.by or BY_ANOTHER_WORKER, directory)
+                logging.debug("%s: saved step %d", stop.by, current)  # the command says so, with its status
+                return RunResult(logs.last_record, current, stop.by, directory)
             _finish(directory, logs, config, train_data, eval_data, step, checkpoints, reached)
             if stop.by:  # it came during the evaluation that reached the target: nothing to resume
                 logging.info("%s came as the run finished; it is complete", stop.by)
@@ -200,7 +198,8 @@ class Stop:
     update (Update.stop_requested).
 
     Attributes:
-      by: "SIGTERM" or "SIGINT" once one came, else None.
+      by: "SIGTERM" or "SIGINT" once one came, BY_ANOTHER_WORKER once agreed() found another
+        worker's, else None.
     """
 
     def __init__(self, flag):
@@ -215,6 +214,17 @@ class Stop:
             self.by = signal.Signals(signum).name
         self._flag.assign(1)
         logging.info("%s: stopping after the update in hand, then saving a checkpoint", self.by)
+
+    def agreed(self, strategy) -> bool:
+        """Whether a signal reached any worker of `strategy`'s cluster; every worker asks after the
+        same update, so that all stop there (one that a signal reached alone would leave the others
+        waiting in the next loop's collectives, then failing). A worker stopped by another's signal
+        says so in `by` (BY_ANOTHER_WORKER)."""
+        if not on_any_worker(strategy, self.by is not None):
+            return False
+        with self._lock:
+            self.by = self.by or BY_ANOTHER_WORKER
+        return True
 
     @contextlib.contextmanager
     def on_signals(self):
