@@ -117,10 +117,10 @@ def test_every_command_refuses_a_directory_of_another_kind(unpacked_dir, packed_
         create_pretraining_dataset(corpus, str(run), dataset_settings(), num_workers=1)
     assert sorted(os.listdir(unpacked)) == sorted(os.listdir(unpacked_dir))
     assert sorted(os.listdir(packed)) == sorted(os.listdir(packed_dir))
-    from training_runs import config, make_trainer
+    from training_runs import config, trained
 
     with pytest.raises(OutputDirectoryError, match=rf"{packed}: holds packed data; a training run would be mixed"):
-        make_trainer(config(packed, tfrecords(packed_dir))).train()
+        trained(config(packed, tfrecords(packed_dir)))
     assert not (packed / "train_log.jsonl").exists() and not (packed / "run.json").exists()
 
 

@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 from conftest import MAX_SEQ_LENGTH, TINY, VOCAB, run_command, tfrecords
-from training_runs import config, make_trainer
+from training_runs import config, make_trainer, trained
 
 from bert_packed.model import (
     BertConfig,
@@ -219,8 +219,8 @@ def test_a_run_directory_exports_its_newest_weights(packed_dir, bert_config_file
     for expected in ("exporting its weights to the new --export_huggingface_dir", "nothing to do"):
         caplog.clear()
         with caplog.at_level(logging.INFO):
-            make_trainer(config(tmp_path / "run", tfrecords(packed_dir), num_train_steps=2, save_checkpoints_steps=1,
-                                export_huggingface_dir=str(tmp_path / "later"), vocab_file=VOCAB)).train()
+            trained(config(tmp_path / "run", tfrecords(packed_dir), num_train_steps=2, save_checkpoints_steps=1,
+                                export_huggingface_dir=str(tmp_path / "later"), vocab_file=VOCAB))
         assert f"{tmp_path / 'run'}: finished at step 2; {expected}" in caplog.text
     result = run_command("export_model", f"--checkpoint={tmp_path / 'run'}", f"--bert_config_file={bert_config_file}",
                          f"--vocab_file={VOCAB}", f"--output_dir={tmp_path / 'hf'}")
@@ -378,7 +378,7 @@ def test_init_checkpoint_takes_a_hugging_face_directory(packed_dir, unpacked_dir
     _, _, _, wide = exported
     with pytest.raises(UserError, match=rf"^{wide}/config.json: max_position_embeddings=512, but "
                                         rf"--bert_config_file says max_position_embeddings={MAX_SEQ_LENGTH}$"):
-        make_trainer(config(tmp_path / "wide", tfrecords(packed_dir), init_checkpoint=str(wide))).train()
+        trained(config(tmp_path / "wide", tfrecords(packed_dir), init_checkpoint=str(wide)))
 
 
 def test_a_run_that_ends_with_an_export_refuses_at_start_what_the_export_would(tmp_path):

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 from conftest import REPO, TINY, inputs_of, tfrecords
-from training_runs import config, make_trainer, read_log, weights
+from training_runs import config, make_trainer, read_log, trained, weights
 
 from bert_packed.storage import files
 from bert_packed.storage.run_directory import MLLOG
@@ -133,7 +133,7 @@ def test_a_kill_at_any_write_and_the_same_command_end_as_the_uninterrupted_run(p
     event = events[nth - 1] if nth > 0 else events[nth]
     settings = dict(eval_files=tuple(tfrecords(unpacked_dir)), **SETTINGS)
     with pytest.MonkeyPatch.context() as patch, killed_at(event, patch), pytest.raises(Killed):
-        make_trainer(config(tmp_path, tfrecords(packed_dir), **settings)).train()
+        trained(config(tmp_path, tfrecords(packed_dir), **settings))
     resumed = make_trainer(config(tmp_path, tfrecords(packed_dir), **settings))
     resumed.train()
     again = what_a_run_leaves(tmp_path)
@@ -442,7 +442,7 @@ def test_odd_characters_and_a_relative_output_dir_resume_without_a_word(packed_d
     monkeypatch.chdir(odd)
     settings = dict(num_train_steps=3, save_checkpoints_steps=1, init_checkpoint=init, learning_rate=0.0)
     with pytest.MonkeyPatch.context() as patch, killed_at(2, patch, "log line") as seen, pytest.raises(Killed):
-        make_trainer(config("run", tfrecords(packed_dir), **settings)).train()
+        trained(config("run", tfrecords(packed_dir), **settings))
     assert seen[-1] == "log line"  # step 2's line, torn, after ckpt-1
     assert files.glob(str(odd / "run" / "checkpoints" / "ckpt-*.index")) == [str(odd / "run/checkpoints/ckpt-1.index")]
     caplog.clear()

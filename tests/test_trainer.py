@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, TINY, VOCAB, command_in_this_process, run_command, tfrecords
-from training_runs import assert_same_evaluation, config, make_trainer, read_log, sigterm_in_the_loop_from, weights
+from training_runs import assert_same_evaluation, config, make_trainer, read_log, sigterm_in_the_loop_from, trained, weights
 
 from bert_packed.errors import InputFilesError, InternalError, SettingsError, TrainingError
 from bert_packed.features import Shapes
@@ -106,12 +106,12 @@ def test_mirrored_over_two_devices_gives_the_same_update(packed_dir, unpacked_di
 @pytest.mark.slow  # trains a run, stops it and resumes it (over 3.5 s here)
 def test_an_interrupted_run_resumes_with_exactly_the_same_losses(packed_dir, tmp_path):
     files = tfrecords(packed_dir)
-    make_trainer(config(tmp_path / "straight", files, num_train_steps=4)).train()
+    trained(config(tmp_path / "straight", files, num_train_steps=4))
     interrupted = make_trainer(config(tmp_path / "resumed", files, num_train_steps=4))
     sigterm_in_the_loop_from(interrupted, 1)  # during step 2
     interrupted.train()
     assert [r["step"] for r in read_log(tmp_path / "resumed" / "train_log.jsonl")] == [1, 2]
-    make_trainer(config(tmp_path / "resumed", files, num_train_steps=4)).train()
+    trained(config(tmp_path / "resumed", files, num_train_steps=4))
     straight = read_log(tmp_path / "straight" / "train_log.jsonl")
     resumed = read_log(tmp_path / "resumed" / "train_log.jsonl")
     assert [r["step"] for r in resumed] == [1, 2, 3, 4]
@@ -135,7 +135,7 @@ def test_a_signal_before_the_first_step_saves_nothing_and_the_same_command_start
     stopped.train()
     assert (stopped.stopped_by, int(stopped.step)) == ("SIGTERM", 0)
     assert not (tmp_path / "checkpoints").exists() or not os.listdir(tmp_path / "checkpoints")
-    make_trainer(config(tmp_path, files, num_train_steps=2)).train()
+    trained(config(tmp_path, files, num_train_steps=2))
     assert [r["step"] for r in read_log(tmp_path / "train_log.jsonl")] == [1, 2]
 
 
@@ -145,12 +145,12 @@ def test_recompute_trains_the_same_run_and_a_run_stopped_with_it_resumes_exactly
     --recompute=attention and resumed with --recompute=layer (a setting a resumed run may change)
     logs the losses of the run without recompute (its backward passes redraw the same masks)."""
     files = tfrecords(packed_dir)
-    make_trainer(config(tmp_path / "straight", files, num_train_steps=4)).train()
+    trained(config(tmp_path / "straight", files, num_train_steps=4))
     interrupted = make_trainer(config(tmp_path / "resumed", files, num_train_steps=4, recompute="attention"))
     sigterm_in_the_loop_from(interrupted, 1)
     interrupted.train()
     assert [r["step"] for r in read_log(tmp_path / "resumed" / "train_log.jsonl")] == [1, 2]
-    make_trainer(config(tmp_path / "resumed", files, num_train_steps=4, recompute="layer")).train()
+    trained(config(tmp_path / "resumed", files, num_train_steps=4, recompute="layer"))
     straight = read_log(tmp_path / "straight" / "train_log.jsonl")
     resumed = read_log(tmp_path / "resumed" / "train_log.jsonl")
     assert [r["step"] for r in resumed] == [1, 2, 3, 4]
@@ -174,7 +174,7 @@ def test_a_crash_after_the_checkpoint_resumes_without_repeated_log_lines(packed_
     with pytest.raises(RuntimeError, match="killed"):
         crashing.train()
     assert [r["step"] for r in read_log(tmp_path / "resumed" / "train_log.jsonl")] == [1, 2, 3]
-    make_trainer(config(tmp_path / "resumed", files, num_train_steps=4, save_checkpoints_steps=2)).train()
+    trained(config(tmp_path / "resumed", files, num_train_steps=4, save_checkpoints_steps=2))
     resumed = read_log(tmp_path / "resumed" / "train_log.jsonl")
     assert [r["step"] for r in resumed] == [1, 2, 3, 4]
     assert [r["loss"] for r in resumed] == [r["loss"] for r in read_log(tmp_path / "straight" / "train_log.jsonl")]
@@ -252,10 +252,10 @@ def test_an_evaluation_that_does_not_count_every_eval_sequence_once_is_not_logge
     miscounted = dataclasses.replace(setup, eval_data=dataclasses.replace(setup.eval_data, num_sequences=121))
     with pytest.raises(InternalError, match=r"^the evaluation counted 122 sequences, but the eval files hold 121 "
                                             r"\(their metadata.json\): each must count once; nothing of it was logged"):
-        make_trainer(miscounted).train()
+        trained(miscounted)
     assert read_log(tmp_path / "eval_log.jsonl") == [] and "eval_accuracy" not in open(tmp_path / "mllog.txt").read()
     counted = dataclasses.replace(setup, eval_data=dataclasses.replace(setup.eval_data, num_sequences=122))
-    make_trainer(counted).train()
+    trained(counted)
     assert [r["num_sequences"] for r in read_log(tmp_path / "eval_log.jsonl")] == [122]
 
 
@@ -520,8 +520,8 @@ def test_init_checkpoint_and_a_corrupt_checkpoint(packed_dir, tmp_path, caplog):
     with pytest.raises(TrainingError, match=rf"^{tmp_path}/run/checkpoints: no checkpoint restores: ckpt-1 \(.+\)\. "
                                             r"Stopped rather than start over .* give "
                                             r"--start_over_if_no_checkpoint_restores to train from step 0$"):
-        make_trainer(config(tmp_path / "run", tfrecords(packed_dir), init_checkpoint=path, num_train_steps=2,
-                            learning_rate=0.0)).train()
+        trained(config(tmp_path / "run", tfrecords(packed_dir), init_checkpoint=path, num_train_steps=2,
+                       learning_rate=0.0))
     assert re.search(r"checkpoints/ckpt-1: cannot restore this checkpoint \(.*\); trying an older one", caplog.text)
     assert [r["step"] for r in read_log(tmp_path / "run" / "train_log.jsonl")] == [1]
     # Asked to, it starts over (from init_checkpoint), saying so.
@@ -540,8 +540,8 @@ def test_init_checkpoint_and_a_corrupt_checkpoint(packed_dir, tmp_path, caplog):
     data_file = next(p for p in newest.parent.iterdir() if p.name.startswith("ckpt-2.data-"))
     data_file.write_bytes(data_file.read_bytes()[:100])
     assert _unreadable(str(newest)) is not None
-    make_trainer(config(tmp_path / "run", tfrecords(packed_dir), init_checkpoint=path, num_train_steps=2,
-                        learning_rate=0.0, start_over_if_no_checkpoint_restores=True)).train()
+    trained(config(tmp_path / "run", tfrecords(packed_dir), init_checkpoint=path, num_train_steps=2,
+                   learning_rate=0.0, start_over_if_no_checkpoint_restores=True))
     assert _unreadable(str(newest)) is None
     assert [r["step"] for r in read_log(tmp_path / "run" / "train_log.jsonl")] == [1, 2]
     # Every .index gone: the state file says a checkpoint was whole once, so the run stops too.
@@ -549,8 +549,8 @@ def test_init_checkpoint_and_a_corrupt_checkpoint(packed_dir, tmp_path, caplog):
         index.unlink()
     with pytest.raises(TrainingError, match=r"no checkpoint restores: the state file `checkpoint` is there, but no "
                                             r"ckpt-N.index beside it\. Stopped"):
-        make_trainer(config(tmp_path / "run", tfrecords(packed_dir), init_checkpoint=path, num_train_steps=2,
-                            learning_rate=0.0)).train()
+        trained(config(tmp_path / "run", tfrecords(packed_dir), init_checkpoint=path, num_train_steps=2,
+                       learning_rate=0.0))
     assert [r["step"] for r in read_log(tmp_path / "run" / "train_log.jsonl")] == [1, 2]
 
 
@@ -590,14 +590,14 @@ def test_a_kill_before_the_end_of_a_run_is_completed_by_the_next_start(packed_di
 
     monkeypatch.setattr(loop, "_finish", killed)
     with pytest.raises(RuntimeError, match="killed"):
-        make_trainer(config(tmp_path, files, **settings)).train()  # saved step 2, then killed: no evaluation, no export
+        trained(config(tmp_path, files, **settings))  # saved step 2, then killed: no evaluation, no export
     monkeypatch.undo()
     evaluated = (tmp_path / "eval_log.jsonl").exists() and (tmp_path / "eval_log.jsonl").read_text()
     assert not evaluated and not (tmp_path / "model.ckpt-2.index").exists()
-    make_trainer(config(tmp_path, files, **settings)).train()
+    trained(config(tmp_path, files, **settings))
     assert [r["step"] for r in read_log(tmp_path / "eval_log.jsonl")] == [2]
     assert (tmp_path / "model.ckpt-2.index").exists()
-    make_trainer(config(tmp_path, files, **settings)).train()  # finished: nothing more
+    trained(config(tmp_path, files, **settings))  # finished: nothing more
     assert [r["step"] for r in read_log(tmp_path / "eval_log.jsonl")] == [2]
     assert [r["step"] for r in read_log(tmp_path / "train_log.jsonl")] == [1, 2]
     assert [entry["metadata"]["status"] for entry in mllog(tmp_path) if entry["key"] == "run_stop"] == ["aborted"]
@@ -621,10 +621,10 @@ def test_a_kill_during_the_export_of_a_run_that_reached_its_target_is_completed(
 
     monkeypatch.setattr(trainer_module, "export_google_checkpoint", killed)
     with pytest.raises(RuntimeError, match="killed"):
-        make_trainer(config(tmp_path, files, **settings)).train()  # reached at step 1, saved, killed exporting
+        trained(config(tmp_path, files, **settings))  # reached at step 1, saved, killed exporting
     monkeypatch.setattr(trainer_module, "export_google_checkpoint", export)
     (tmp_path / "model.ckpt-1.tmp.data-00000-of-00001.tempstate8837").write_bytes(b"cut")  # SaveV2's own, killed
-    make_trainer(config(tmp_path, files, **settings)).train()
+    trained(config(tmp_path, files, **settings))
     assert [r["step"] for r in read_log(tmp_path / "train_log.jsonl")] == [1]  # not trained on
     assert [r["step"] for r in read_log(tmp_path / "eval_log.jsonl")] == [1]
     assert (tmp_path / "model.ckpt-1.index").exists() and not list(tmp_path.glob("*.tmp*"))
@@ -661,18 +661,18 @@ def test_a_signal_during_the_evaluation_that_would_reach_the_target_stops_and_th
 
 
 def test_an_output_dir_holding_another_run_is_refused_and_left_intact(packed_dir, tmp_path):
-    make_trainer(config(tmp_path, tfrecords(packed_dir), num_train_steps=1, flags_text="--seed=12345\n")).train()
+    trained(config(tmp_path, tfrecords(packed_dir), num_train_steps=1, flags_text="--seed=12345\n"))
     before = (tmp_path / "train_log.jsonl").read_text()
     from bert_packed.storage.run_directory import RunError
 
     with pytest.raises(RunError, match=r"holds another run \(rows_per_micro_batch: 4 there, 2 here; seed: 12345 there, 7 here; "
                                         r"train_batch_size: 4 there, 2 here\); use a new --output_dir"):
-        make_trainer(config(tmp_path, tfrecords(packed_dir), num_train_steps=2, seed=7, train_batch_size=2,
-                       flags_text="--seed=7\n")).train()
+        trained(config(tmp_path, tfrecords(packed_dir), num_train_steps=2, seed=7, train_batch_size=2,
+                  flags_text="--seed=7\n"))
     assert (tmp_path / "train_log.jsonl").read_text() == before
     with pytest.raises(RunError, match=r"holds another run \(learning_rate: 0.001 there, 0.0005 here\)"):
-        make_trainer(config(tmp_path, tfrecords(packed_dir), num_train_steps=2, learning_rate=5e-4,
-                            flags_text="--seed=12345\n")).train()
+        trained(config(tmp_path, tfrecords(packed_dir), num_train_steps=2, learning_rate=5e-4,
+                       flags_text="--seed=12345\n"))
     assert (tmp_path / "train_log.jsonl").read_text() == before
     assert (tmp_path / "flags.txt").read_text() == "--seed=12345\n"
 
@@ -782,11 +782,11 @@ def test_any_tensorflow_filesystem_holds_inputs_metadata_logs_and_checkpoints(pa
 @pytest.mark.slow  # trains, tears its log and resumes (over 3.5 s here)
 def test_a_torn_last_log_line_is_dropped_and_a_damaged_one_named(packed_dir, tmp_path, caplog):
     files = tfrecords(packed_dir)
-    make_trainer(config(tmp_path, files, num_train_steps=2, save_checkpoints_steps=2)).train()
+    trained(config(tmp_path, files, num_train_steps=2, save_checkpoints_steps=2))
     first = read_log(tmp_path / "train_log.jsonl")
     with open(tmp_path / "train_log.jsonl", "a") as f:
         f.write('{"step": 3, "sequences": 4')  # the power went out mid-write
-    make_trainer(config(tmp_path, files, num_train_steps=4, save_checkpoints_steps=2)).train()
+    trained(config(tmp_path, files, num_train_steps=4, save_checkpoints_steps=2))
     assert "dropped its torn last line 3" in caplog.text
     resumed = read_log(tmp_path / "train_log.jsonl")
     assert [r["step"] for r in resumed] == [1, 2, 3, 4] and resumed[:2] == first
@@ -795,7 +795,7 @@ def test_a_torn_last_log_line_is_dropped_and_a_damaged_one_named(packed_dir, tmp
     from bert_packed.storage.run_directory import RunError
 
     with pytest.raises(RunError, match=r"train_log.jsonl: line 2 is not JSON"):
-        make_trainer(config(tmp_path, files, num_train_steps=6, save_checkpoints_steps=2)).train()
+        trained(config(tmp_path, files, num_train_steps=6, save_checkpoints_steps=2))
 
 
 @pytest.mark.slow
@@ -856,9 +856,9 @@ def test_a_diverging_run_never_saves_non_finite_weights_and_names_a_finite_check
 @pytest.mark.slow  # trains, damages a checkpoint and resumes (over 3.5 s here)
 def test_a_damaged_checkpoint_state_falls_back_to_the_newest_checkpoint_that_restores(packed_dir, tmp_path, caplog):
     files = tfrecords(packed_dir)
-    make_trainer(config(tmp_path / "straight", files, num_train_steps=6)).train()
+    trained(config(tmp_path / "straight", files, num_train_steps=6))
     run = tmp_path / "run"
-    make_trainer(config(run, files, num_train_steps=4, save_checkpoints_steps=2)).train()  # ckpt-2, ckpt-4
+    trained(config(run, files, num_train_steps=4, save_checkpoints_steps=2))  # ckpt-2, ckpt-4
     state = run / "checkpoints" / "checkpoint"
     for damage in (b"text garbage\n", bytes(range(256)), b'model_checkpoint_path: "ckpt-99"\n'):
         state.write_bytes(damage)
@@ -867,7 +867,7 @@ def test_a_damaged_checkpoint_state_falls_back_to_the_newest_checkpoint_that_res
         assert "damaged or out of date (it does not name ckpt-4, the newest); rewritten" in caplog.text
     data = next(p for p in (run / "checkpoints").iterdir() if p.name.startswith("ckpt-4.data"))
     data.write_bytes(data.read_bytes()[:100])  # the newest checkpoint is corrupt
-    make_trainer(config(run, files, num_train_steps=6, save_checkpoints_steps=2)).train()
+    trained(config(run, files, num_train_steps=6, save_checkpoints_steps=2))
     assert "ckpt-4: cannot restore this checkpoint" in caplog.text
     assert "resumed from" in caplog.text and (run / "checkpoints" / "ckpt-2.index").exists()
     assert [r["step"] for r in read_log(run / "train_log.jsonl")] == [1, 2, 3, 4, 5, 6]
@@ -885,14 +885,14 @@ def test_a_corrupt_training_shard_is_named_with_its_record(packed_dir, tmp_path)
     content[len(content) // 2] ^= 0x40
     open(shard, "wb").write(bytes(content))
     with pytest.raises(CorruptRecordError, match=rf"{shard}: record \d+: data checksum mismatch"):
-        make_trainer(config(tmp_path / "run", tfrecords(str(data)), num_train_steps=40)).train()
+        trained(config(tmp_path / "run", tfrecords(str(data)), num_train_steps=40))
 
 
 def test_logs_of_a_start_that_saved_no_checkpoint_are_said_to_be_removed_not_redone(packed_dir, tmp_path, caplog):
-    make_trainer(config(tmp_path / "run", tfrecords(packed_dir), num_train_steps=2)).train()
+    trained(config(tmp_path / "run", tfrecords(packed_dir), num_train_steps=2))
     shutil.rmtree(tmp_path / "run" / "checkpoints")  # as if killed before its first checkpoint
     caplog.set_level("INFO")
-    make_trainer(config(tmp_path / "run", tfrecords(packed_dir), num_train_steps=2)).train()
+    trained(config(tmp_path / "run", tfrecords(packed_dir), num_train_steps=2))
     assert re.search(r"train_log\.jsonl: 2 lines logged by an earlier start that saved no checkpoint are removed: "
                      r"the run starts at step 0", caplog.text)
     assert "after the checkpoint" not in caplog.text
@@ -936,8 +936,8 @@ def test_a_signal_during_a_long_compiled_loop_stops_it_after_the_update_in_hand_
 
 def test_the_time_left_is_timed_after_the_loop_that_compiled(packed_dir, tmp_path, caplog):
     caplog.set_level("INFO")
-    make_trainer(config(tmp_path / "run", tfrecords(packed_dir), num_train_steps=6, iterations_per_loop=2,
-                        log_every_steps=2)).train()
+    trained(config(tmp_path / "run", tfrecords(packed_dir), num_train_steps=6, iterations_per_loop=2,
+                   log_every_steps=2))
     lines = [line for line in caplog.text.splitlines() if "sequences (" in line]
     assert len(lines) == 3
     assert lines[0].endswith("time left: after the next loop (this one compiled the step)")

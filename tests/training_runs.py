@@ -164,6 +164,18 @@ def make_trainer(setup: Setup, strategy=None) -> Run:
     return Run(setup, strategy)
 
 
+def trained(setup: Setup, strategy=None) -> dict:
+    """What `make_trainer(setup).train()` returns, the run's step given back as soon as it ends
+    (however it ends), where the test keeps nothing of the run but its files: the next run of
+    its shape, in this test too, takes that step instead of compiling one (about 3 s each)."""
+    run = make_trainer(setup, strategy)
+    try:
+        return run.train()
+    finally:
+        run.update.loop = _LOOPS[run.compiled]
+        STEPS.release(run.compiled)
+
+
 def weights(trainer: Run) -> list:
     return [w.numpy() for w in trainer.model.weights]
 
