@@ -258,7 +258,7 @@ def deterministic(bert: BertConfig, device: str, work: str) -> tuple[list[Row], 
                 f"{differ} of {len(weights[0])} weights differ", equal)], {"bit_equal": equal}
 
 
-def main(argv) -> int:
+def main(argv, steps=None) -> int:
     del argv
     if FLAGS.output_json:  # its directory made now, not after the checks
         files.makedirs(os.path.dirname(files.absolute(FLAGS.output_json)))
@@ -268,7 +268,7 @@ def main(argv) -> int:
     on_gpu = name != "CPU"
     device = first_device()
     bert = bert_config(on_gpu)
-    table = [Row(f"doctor: {f.check}", f.found + (f" -- fix: {f.fix}" if f.fix else ""), f.fix is None) for f in checks()]
+    table = [Row(f"doctor: {f.check}", f.found + (f" -- fix: {f.fix}" if f.fix else ""), f.fix is None) for f in checks(steps)]
     figures = {"device": name, "peak_tflops": peak, "bert_config": bert.to_dict()}
     with tempfile.TemporaryDirectory() as work:
         for part, function in (("packed_equals_unpacked", lambda: packed_equals_unpacked(bert, device)),
@@ -295,11 +295,14 @@ def main(argv) -> int:
     return 1 if failed else 0
 
 
-def entry_point():
+def entry_point(steps=None):
+    """The command; `steps`: a StepPool its caller keeps (bert_packed.training.step_pool), for the
+    doctor's checks."""
     quiet = QuietRetracing()  # each check builds steps of its own
     tf.get_logger().addFilter(quiet)
     try:
-        run(main, PROGRAM, "output_json", "Nothing is kept (--output_json is written at the end)", flag_values=FLAGS)
+        run(lambda argv: main(argv, steps), PROGRAM, "output_json", "Nothing is kept (--output_json is written at the end)",
+            flag_values=FLAGS)
     finally:
         tf.get_logger().removeFilter(quiet)  # run in a process of other commands (run_script), it leaves none
 

@@ -129,6 +129,27 @@ def test_a_step_under_a_strategy_of_its_command_s_own_is_let_go_with_the_command
     assert keeping.kept() == [step] and keeping.take(setup.config, setup.train_data, strategy) is step
 
 
+def test_a_step_built_under_a_device_scope_is_handed_out_again_only_under_that_scope(tmp_path):
+    """The doctor takes its steps under `tf.device(the first GPU)`: a run outside that scope (or
+    under another) gets a step of its own, whose variables live where it runs."""
+    from training_runs import _set_up_unless_in_place, config
+
+    from bert_packed.training.step_pool import StepPool
+
+    setup = config(tmp_path, [], train_batch_size=2)
+    _set_up_unless_in_place(setup.config)
+    pool = StepPool()
+    with tf.device("/CPU:0"):
+        scoped = pool.take(setup.config, setup.train_data)
+    pool.release()
+    unscoped = pool.take(setup.config, setup.train_data)
+    assert unscoped is not scoped
+    pool.release()
+    with tf.device("/CPU:0"):
+        assert pool.take(setup.config, setup.train_data) is scoped
+    assert pool.take(setup.config, setup.train_data) is unscoped
+
+
 def test_each_command_draws_from_generators_seeded_afresh_and_leaves_the_caller_s_as_they_were():
     """As a new process's: a run without --deterministic takes its initial weights from Python's
     random generator, and two such runs one after another in this process started alike."""

@@ -31,19 +31,20 @@ def report(findings) -> tuple[list[str], int]:
     return lines, problems
 
 
-def main(argv) -> int:
+def main(argv, steps=None) -> int:
     del argv
     import_tensorflow(FLAGS.verbosity)
     from bert_packed.training.doctor import checks
 
-    lines, problems = report(checks())
+    lines, problems = report(checks(steps))
     print("\n".join(lines))
     print(f"{PROGRAM}: {'no problem found' if not problems else f'{problems} problem(s): see fix above'}")
     return 1 if problems else 0
 
 
-def entry_point():
-    run(main, PROGRAM, (), "Nothing was written", flag_values=FLAGS)
+def entry_point(steps=None):
+    """The command; `steps`: a StepPool its caller keeps (bert_packed.training.step_pool)."""
+    run(lambda argv: main(argv, steps), PROGRAM, (), "Nothing was written", flag_values=FLAGS)
 
 
 if __name__ == "__main__":

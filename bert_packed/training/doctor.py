@@ -24,7 +24,7 @@ from bert_packed.packing import packer
 from bert_packed.training.config import make_config
 from bert_packed.training.data import TrainData
 from bert_packed.training.process import set_up_process
-from bert_packed.training.step import CompiledStep
+from bert_packed.training.step_pool import StepPool, pool_or_own
 
 # The TensorFlow this project is built for, and the CUDA it was built with (tensorflow[and-cuda]).
 TENSORFLOW = "2.21"
@@ -169,13 +169,15 @@ def bf16(device: str) -> list[Finding]:
     return [Finding("bf16", f"matrix products run on {where}")]
 
 
-def packed_updates(device: str, updates: int = 3) -> list[Finding]:
+def packed_updates(device: str, updates: int = 3, steps: StepPool | None = None) -> list[Finding]:
     """A few LAMB updates of a tiny model on packed rows and on the same sequences one a row, on
-    `device`, through the trainer's compiled step: the weights must agree."""
+    `device`, through the trainer's compiled step: the weights must agree. `steps`: the caller's
+    StepPool (a process that runs the doctor more than once compiles its two steps once)."""
     bert = BertConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                       max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     shapes = Shapes(64, 8, 3)
     packed, one_a_row = same_sequences_packed_or_not(shapes, 12, bert.vocab_size)
+    pool = pool_or_own(steps)
     tensor_float_32 = tf.config.experimental.tensor_float_32_execution_enabled()
     tf.config.experimental.enable_tensor_float_32_execution(False)  # float32 products round alike in both layouts
     try:
@@ -185,16 +187,16 @@ def packed_updates(device: str, updates: int = 3) -> list[Finding]:
                 config = make_config(bert=bert, input_mode=mode, train_batch_size=int(features["input_ids"].shape[0]),
                                      num_train_steps=updates, learning_rate=1e-3, output_dir=work, seed=1)
                 set_up_process(config)
-                step = CompiledStep(config, TrainData(shapes=shapes, input_mode=mode,
-                                                      packing_factor=3.0 if mode == "packed" else 1.0))
-                if start is None:
-                    start = [w.numpy() for w in step.model.weights]
-                else:  # the same start: the packed step's first weights
-                    for variable, value in zip(step.model.weights, start):
-                        variable.assign(value)
-                sums = step.run_updates(iter(tf.data.Dataset.from_tensors(features).repeat()), updates)
-                losses[mode] = sums[:, 1] / sums[:, 2]  # the MLM loss of each update
-                weights[mode] = [w.numpy() for w in step.model.weights]
+                data = TrainData(shapes=shapes, input_mode=mode, packing_factor=3.0 if mode == "packed" else 1.0)
+                with pool.holding(config, data) as step:
+                    if start is None:
+                        start = [w.numpy() for w in step.model.weights]
+                    else:  # the same start: the packed step's first weights
+                        for variable, value in zip(step.model.weights, start):
+                            variable.assign(value)
+                    sums = step.run_updates(iter(tf.data.Dataset.from_tensors(features).repeat()), updates)
+                    losses[mode] = sums[:, 1] / sums[:, 2]  # the MLM loss of each update
+                    weights[mode] = [w.numpy() for w in step.model.weights]
     except (tf.errors.OpError, RuntimeError) as e:
         return [Finding("packed training", f"fails on {device}: {str(e).splitlines()[0][:200]}",
                         "run with --verbosity=1 to see TensorFlow's error in full")]
@@ -222,9 +224,10 @@ def weights_agree(packed: list[np.ndarray], padded: list[np.ndarray], start: lis
     return Finding("packed training", found)
 
 
-def checks() -> list[Finding]:
-    """Every check, in order; the training check runs only when TensorFlow can run at all."""
+def checks(steps: StepPool | None = None) -> list[Finding]:
+    """Every check, in order; the training check runs only when TensorFlow can run at all (on
+    compiled steps of `steps`, a StepPool, where given)."""
     findings = tensorflow_build() + gpus()
     device = first_device()
-    findings += xla(device) + bf16(device) + packed_updates(device)
+    findings += xla(device) + bf16(device) + packed_updates(device, steps=steps)
     return findings

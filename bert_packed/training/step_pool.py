@@ -29,14 +29,18 @@ KEPT_BYTES = 2**30
 
 def graph_shape(config: TrainConfig, train_data: TrainData, strategy, objective) -> tuple:
     """What a compiled step is built from: everything but what a run gives it (its data, output
-    directory, cadences and logs, and the schedule's peak and lengths, which are variables)."""
+    directory, cadences and logs, and the schedule's peak and lengths, which are variables). The
+    device scope it is taken under too (`with tf.device(...)`: the doctor's check on the first
+    GPU, a notebook's cell): a step's variables and graph stay on the device they were built on."""
+    from tensorflow.python.eager import context
+
     schedule = dataclasses.replace(config.optimizer, learning_rate=0.0, num_train_steps=1, num_warmup_steps=0,
                                    start_warmup_step=0)
     shape = batching(config, train_data.input_mode, train_data.packing_factor,
                      train_data.shapes.max_sequences_per_pack, strategy.num_replicas_in_sync)
     return (repr(dataclasses.replace(config.model, init_checkpoint=None)), repr(schedule), repr(shape),
             train_data.input_mode, config.run.seed, config.run.deterministic, id(strategy), type(objective).__name__,
-            objective.graph_shape)
+            objective.graph_shape, context.context().device_name)
 
 
 class StepPool:
