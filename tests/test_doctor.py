@@ -108,7 +108,9 @@ def test_the_device_check_runs_on_the_cpu_with_a_micro_config(tmp_path):
     table = result.stdout.splitlines()
     assert "| check | result | passed |" in table and table[-1] == "device_check: every check passed"
     # One headline: the speed-up in real tokens/s against what packing promises in real tokens a row
-    # (of the few batches timed here: it strays further from the packing factor than the data's ratio)
-    assert 1.2 < figures["throughput"]["promised_speedup"] < 3.2 and figures["throughput"]["speedup"] > 0
+    # of the batches timed. Here one update of two rows: two full packs against two sequences of
+    # Wikipedia's lengths, 5.1x, further from the packing factor than the data's ratio, and the
+    # same run after run (the batches come in one order; it was 1.9-10.5 when they did not).
+    assert 2 < figures["throughput"]["promised_speedup"] < 8 and figures["throughput"]["speedup"] > 0
     assert any(line.startswith("| packed speed-up, real tokens/s | speed-up ") and "real-token ratio" in line
                and "(sequences/s " in line for line in table)

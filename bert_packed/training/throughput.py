@@ -16,6 +16,7 @@ Model FLOPs count the useful work only (real tokens, not padding), as MFU does:
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from bert_packed.features import Shapes
@@ -68,11 +69,13 @@ def benchmark_run(bert: BertConfig, files: list[str], shapes: Shapes, input_mode
 
 class Measured:
     """One mode of a throughput measurement: its compiled step (of `objective`: pre-training unless
-    given) and an endless iterator of its batches."""
+    given) and an endless iterator of its batches, in the same order run after run: the real tokens
+    a row of the batches timed (the speed-up packing promises them) is a figure that reproduces."""
 
     def __init__(self, config: TrainConfig, data: TrainData, objective=None):
         self.step = CompiledStep(config, data, objective=objective)
-        self.iterator = self.step.train_iterator(train_pipeline(data, config, self.step.batching))
+        pipeline = dataclasses.replace(train_pipeline(data, config, self.step.batching), deterministic=True)
+        self.iterator = self.step.train_iterator(pipeline)
 
     def run_updates(self, updates: int):
         return self.step.run_updates(self.iterator, updates)
