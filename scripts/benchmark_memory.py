@@ -25,12 +25,14 @@
 
 from __future__ import annotations
 
+import atexit
 import gc
 import glob
 import json
 import lzma
 import os
 import re
+import shutil
 import statistics
 import tempfile
 import time
@@ -38,6 +40,7 @@ import time
 from bert_packed.tensorflow_loading import import_tensorflow
 
 DUMP = tempfile.mkdtemp(prefix="bert_packed_xla_dump_")
+atexit.register(shutil.rmtree, DUMP, ignore_errors=True)  # XLA's dump of every program compiled: scratch
 # XLA reads its flags once, when TensorFlow first compiles: set before TensorFlow loads. The dump
 # holds each compiled program's buffer assignment.
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={DUMP} --xla_dump_hlo_as_text".strip()
