@@ -408,14 +408,14 @@ def test_held_out_files_never_train_unless_the_user_says_so(corpus, tmp_path):
 
 @pytest.mark.slow  # trains, makes its data again and resumes (over 3.5 s here)
 def test_a_run_refuses_to_resume_on_data_made_again_since_it_started(packed_copy, tmp_path):
-    from training_runs import config, make_trainer
+    from training_runs import config, trained
 
     from bert_packed.storage.run_directory import RunError
 
     def run(steps, directory=packed_copy):
         inputs = Dataset.open(tfrecords(str(directory)), "--input_file", training=True)
-        return make_trainer(config(tmp_path / "run", tfrecords(str(directory)), num_train_steps=steps,
-                                   identity=inputs.identity)).train()
+        return trained(config(tmp_path / "run", tfrecords(str(directory)), num_train_steps=steps,
+                              identity=inputs.identity))
 
     run(1)
     recorded = json.loads((tmp_path / "run" / "run.json").read_text())["train_files"]

@@ -146,7 +146,7 @@ def test_training_packed_on_the_fly_resumes_exactly_and_counts_the_plan_once(unp
     beside the run; a run stopped by SIGTERM goes on with exactly the losses of an uninterrupted one."""
     import shutil
 
-    from training_runs import config, make_trainer, read_log, sigterm_in_the_loop_from
+    from training_runs import config, give_back, make_trainer, read_log, sigterm_in_the_loop_from, trained
 
     from bert_packed.storage.run_directory import RunDirectory
     from bert_packed.training import data
@@ -157,23 +157,25 @@ def test_training_packed_on_the_fly_resumes_exactly_and_counts_the_plan_once(unp
         shutil.copy(path, bare)
     paths = tfrecords(str(bare))
 
-    def trainer(directory, window=200):
-        setup = config(directory, paths, num_train_steps=6, input_mode="packed_online", adjust_batch_for_packing=True,
+    def setup(directory, window=200):
+        given = config(directory, paths, num_train_steps=6, input_mode="packed_online", adjust_batch_for_packing=True,
                        online_packing_window=window)
-        train = data.train_data(Dataset.described(paths, "--input_file"), SHAPES, setup.config,
+        train = data.train_data(Dataset.described(paths, "--input_file"), SHAPES, given.config,
                                 run=RunDirectory(str(directory)))
-        return make_trainer(dataclass_replace(setup, train_data=train))
+        return dataclass_replace(given, train_data=train)
 
-    straight = trainer(tmp_path / "straight")
+    straight = make_trainer(setup(tmp_path / "straight"))
     assert "counting the sequences of 4 files (once: the run directory keeps their lengths): 4/4 files" in capsys.readouterr().err
     assert straight.compiled.batching.rows_per_micro_batch == 3  # 4 rows at the plan's packing factor
     straight.train()
-    stopped = trainer(tmp_path / "resumed")
+    give_back(straight)
+    stopped = make_trainer(setup(tmp_path / "resumed"))
     sigterm_in_the_loop_from(stopped, 2)
     stopped.train()
     assert stopped.stopped_by == "SIGTERM"
+    give_back(stopped)
     capsys.readouterr()
-    trainer(tmp_path / "resumed").train()
+    trained(setup(tmp_path / "resumed"))
     assert "counting" not in capsys.readouterr().err  # the histogram cached beside the run
     logs = [read_log(tmp_path / run / "train_log.jsonl") for run in ("straight", "resumed")]
     assert [r["step"] for r in logs[1]] == list(range(1, 7))
@@ -184,4 +186,4 @@ def test_training_packed_on_the_fly_resumes_exactly_and_counts_the_plan_once(unp
     from bert_packed.storage.run_directory import RunError
 
     with pytest.raises(RunError, match=r"holds another run \(online_packing_window: \d+ there, 100 here\)"):
-        trainer(tmp_path / "resumed", window=100).train()
+        trained(setup(tmp_path / "resumed", window=100))

@@ -172,8 +172,14 @@ def trained(setup: Setup, strategy=None) -> dict:
     try:
         return run.train()
     finally:
-        run.update.loop = _LOOPS[run.compiled]
-        STEPS.release(run.compiled)
+        give_back(run)
+
+
+def give_back(run: Run) -> None:
+    """`run`'s step back to the tests' pool, its loop as built, before the test ends: the test
+    uses nothing of the run (its model, its step) after this."""
+    run.update.loop = _LOOPS[run.compiled]
+    STEPS.release(run.compiled)
 
 
 def weights(trainer: Run) -> list:
