@@ -113,8 +113,8 @@ def tasks_measured(work: str) -> dict[str, str | None]:
     return {task: written[task][0] for task in FLAGS.tasks}
 
 
-def main(argv) -> int:
-    """Returns the exit status: 1 when the target is missed."""
+def main(argv, steps=None) -> int:
+    """Returns the exit status: 1 when the target is missed. `steps`: the caller's StepPool."""
     del argv
     rounds = f"{FLAGS.rounds} round{'s' if FLAGS.rounds != 1 else ''}"
     results, missed, notes = {}, [], []
@@ -127,9 +127,15 @@ def main(argv) -> int:
         print("|---|---|---|---|---|---|---|---|")
         for task in directories:
             runs = {mode: fine_tuning(task, directories[task], mode, work) for mode in ("padded", "packed")}
-            set_up_process(runs["padded"].config)
-            trainers = {mode: Measured(r.config, r.train_data, r.objective) for mode, r in runs.items()}
-            result = measure_alternately(trainers, FLAGS.rounds, FLAGS.updates)
+            trainers = {}
+            for mode, run in runs.items():  # each step taken as its run takes it: the pool keeps it as built
+                set_up_process(run.config)
+                trainers[mode] = Measured(run.config, run.train_data, run.objective, steps)
+            try:
+                result = measure_alternately(trainers, FLAGS.rounds, FLAGS.updates)
+            finally:
+                for trainer in trainers.values():
+                    trainer.release()
             factor = runs["packed"].train_data.packing_factor
             results[task] = {**result, "packing_factor": factor, "batch_size": FLAGS.batch_size}
             for mode in runs:
@@ -156,8 +162,11 @@ def main(argv) -> int:
     return 1 if missed else 0
 
 
-def entry_point():
-    run(main, PROGRAM, "output_json", "Nothing is kept (--output_json is written at the end)", flag_values=FLAGS)
+def entry_point(steps=None):
+    """The command; `steps`: a StepPool its caller keeps (bert_packed.training.step_pool): the
+    fine-tuning job's, whose runs compiled the steps of these shapes."""
+    run(lambda argv: main(argv, steps), PROGRAM, "output_json", "Nothing is kept (--output_json is written at the end)",
+        flag_values=FLAGS)
 
 
 if __name__ == "__main__":

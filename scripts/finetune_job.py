@@ -134,7 +134,8 @@ def main(argv, steps: StepPool | None = None):
     print_stage(4, 4, f"throughput, packed and padded alternated, and the dev curves ({DIRECTORY})")
     measured = [f"--sentences={FLAGS.sentences}", f"--passages={FLAGS.passages}", *measured]
     command_unless_done(f"{DIRECTORY}/throughput.json", "benchmark_finetuning", "--target=0",
-                        f"--output_json={DIRECTORY}/throughput.json", *measured, made_with=" ".join(measured) + "\n")
+                        f"--output_json={DIRECTORY}/throughput.json", *measured, made_with=" ".join(measured) + "\n",
+                        steps=steps)
     for task in ("pronouns", "first_year"):
         command("bert_packed.cli.compare_curves", f"--output={DIRECTORY}/{task}.png", "--accuracy=auto",
                 *(f"{DIRECTORY}/{task}_{mode}_seed{seed}" for mode in MODES for seed in seeds))

@@ -52,6 +52,10 @@ class StepPool:
         first = run_pretraining(settings, steps)   # compiles
         second = run_pretraining(other, steps)     # of the same shape: compiles nothing
 
+    A step is kept with its weights as built and handed out again with them: take one right after
+    the process set-up of its run (set_up_process), as the commands do, so that they are the
+    weights a new process draws for that seed, whichever run built it.
+
     Args:
       kept_bytes: released steps are kept while their variables and their values as built take
         at most this many bytes (the oldest let go first).

@@ -25,7 +25,7 @@ from bert_packed.model import BertConfig
 from bert_packed.training.cards import bf16_peak_tflops
 from bert_packed.training.config import TrainConfig, make_config
 from bert_packed.training.data import TrainData, train_pipeline
-from bert_packed.training.step import CompiledStep
+from bert_packed.training.step_pool import StepPool, pool_or_own
 
 
 def device_and_peak() -> tuple[str, float | None]:
@@ -69,16 +69,22 @@ def benchmark_run(bert: BertConfig, files: list[str], shapes: Shapes, input_mode
 
 class Measured:
     """One mode of a throughput measurement: its compiled step (of `objective`: pre-training unless
-    given) and an endless iterator of its batches, in the same order run after run: the real tokens
-    a row of the batches timed (the speed-up packing promises them) is a figure that reproduces."""
+    given; from `steps`, the caller's StepPool, where given, until release()) and an endless
+    iterator of its batches, in the same order run after run: the real tokens a row of the
+    batches timed (the speed-up packing promises them) is a figure that reproduces."""
 
-    def __init__(self, config: TrainConfig, data: TrainData, objective=None):
-        self.step = CompiledStep(config, data, objective=objective)
+    def __init__(self, config: TrainConfig, data: TrainData, objective=None, steps: StepPool | None = None):
+        self.pool = pool_or_own(steps)
+        self.step = self.pool.take(config, data, objective=objective)
         pipeline = dataclasses.replace(train_pipeline(data, config, self.step.batching), deterministic=True)
         self.iterator = self.step.train_iterator(pipeline)
 
     def run_updates(self, updates: int):
         return self.step.run_updates(self.iterator, updates)
+
+    def release(self) -> None:
+        """The step back to its pool, for the next run of its shape."""
+        self.pool.release(self.step)
 
 
 def measure_alternately(trainers: dict[str, Measured], rounds: int, updates: int) -> dict:
