@@ -13,10 +13,9 @@ PYTHON := $(ENV_DIR)/bin/python
 # compiled TensorFlow afresh (its import 12 s instead of 4.6 s here). pip compiles one module
 # after another; --no-compile, then compileall on both cores, is faster. A module it cannot
 # compile (PyTorch ships one in Python 3.12's syntax) is Python's to compile or refuse on import,
-# as after pip's own. What the tests' install adds (PyTorch, transformers, JAX, Beam: 22,000
-# modules with the rest, most never imported) is not: `make test` lets Python cache what the
-# suite imports as it imports it (PYTHONDONTWRITEBYTECODE emptied for pytest and what it starts),
-# which took 23 s less of the install than compiling it all.
+# as after pip's own. What the tests' install adds (PyTorch, transformers, JAX, Beam: most of
+# site-packages' 22,000 modules, most never imported) is not: the suite caches what it imports as
+# it imports it (tests/conftest.py), which took 23 s less of `make test` than compiling it all.
 SITE_PACKAGES = $$($(PYTHON) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 STAMP := $(ENV_DIR)/.bert-packed-installed
 TEST_STAMP := $(ENV_DIR)/.bert-packed-test-installed
@@ -134,7 +133,7 @@ ablation:
 
 test: $(TEST_STAMP)
 	$(PYTHON) -m ruff check .
-	PYTHONDONTWRITEBYTECODE= $(PYTHON) -m pytest -q --durations=25 tests
+	$(PYTHON) -m pytest -q --durations=25 tests
 
 # Every figure in the README.
 benchmarks: $(STAMP)

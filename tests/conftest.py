@@ -19,6 +19,13 @@ from bert_packed.training.step_pool import StepPool
 # which in a fast test would start that process (_no_process_in_the_fast_tier).
 platform.processor()
 
+# The tests' packages (PyTorch, transformers, JAX, Beam: the Makefile's test install) are not
+# compiled when installed: where PYTHONDONTWRITEBYTECODE is set (this project's machines set it),
+# every test process would compile what it imports afresh. So the suite caches what it imports
+# as it imports it, in this process and in those it starts (the xdist workers included).
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
 # Keep TensorFlow quiet and on the CPU in every test process.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
