@@ -220,7 +220,7 @@ def test_a_run_directory_exports_its_newest_weights(packed_dir, bert_config_file
         caplog.clear()
         with caplog.at_level(logging.INFO):
             trained(config(tmp_path / "run", tfrecords(packed_dir), num_train_steps=2, save_checkpoints_steps=1,
-                                export_huggingface_dir=str(tmp_path / "later"), vocab_file=VOCAB))
+                           export_huggingface_dir=str(tmp_path / "later"), vocab_file=VOCAB))
         assert f"{tmp_path / 'run'}: finished at step 2; {expected}" in caplog.text
     result = run_command("export_model", f"--checkpoint={tmp_path / 'run'}", f"--bert_config_file={bert_config_file}",
                          f"--vocab_file={VOCAB}", f"--output_dir={tmp_path / 'hf'}")

@@ -668,7 +668,7 @@ def test_an_output_dir_holding_another_run_is_refused_and_left_intact(packed_dir
     with pytest.raises(RunError, match=r"holds another run \(rows_per_micro_batch: 4 there, 2 here; seed: 12345 there, 7 here; "
                                         r"train_batch_size: 4 there, 2 here\); use a new --output_dir"):
         trained(config(tmp_path, tfrecords(packed_dir), num_train_steps=2, seed=7, train_batch_size=2,
-                  flags_text="--seed=7\n"))
+                       flags_text="--seed=7\n"))
     assert (tmp_path / "train_log.jsonl").read_text() == before
     with pytest.raises(RunError, match=r"holds another run \(learning_rate: 0.001 there, 0.0005 here\)"):
         trained(config(tmp_path, tfrecords(packed_dir), num_train_steps=2, learning_rate=5e-4,

@@ -6,10 +6,11 @@ field. `make_trainer(setup)` builds what run_pretraining builds after its flags 
 set-up, the compiled step) and runs it with the product's own train_and_evaluate.
 
 Compiling a step costs seconds; an update of the tiny model milliseconds. So a compiled step is
-built once per graph shape in a test process and handed out again, put back as new, once the
-test that held it has ended: the tests' StepPool (conftest.STEPS, which the commands a test runs
-in this process take theirs from too), released after every test. Within one test, two runs of
-one shape get two steps, as two processes would.
+built once per graph shape in a test process and handed out again, put back as new, once its
+run is given back: the tests' StepPool (conftest.STEPS, which the commands a test runs in this
+process take theirs from too). `trained(setup)` gives a run's step back as soon as it ends,
+`give_back(run)` when the test is done with a run it kept, and every step still held is given
+back after each test. Two runs of one shape held at once get two steps, as two processes would.
 """
 
 from __future__ import annotations
