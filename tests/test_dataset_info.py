@@ -122,6 +122,12 @@ def test_every_command_refuses_a_directory_of_another_kind(unpacked_dir, packed_
     with pytest.raises(OutputDirectoryError, match=rf"{packed}: holds packed data; a training run would be mixed"):
         trained(config(packed, tfrecords(packed_dir)))
     assert not (packed / "train_log.jsonl").exists() and not (packed / "run.json").exists()
+    export = tmp_path / "export"  # an exported model (export_model's) is known by its weights
+    export.mkdir()
+    (export / "model.safetensors").write_bytes(b"")
+    with pytest.raises(OutputDirectoryError, match=rf"{export}: holds an exported model; a training run would be"):
+        trained(config(export, tfrecords(packed_dir)))
+    assert os.listdir(export) == ["model.safetensors"]
 
 
 def test_files_of_two_kinds_are_refused_naming_both_before_a_command_s_own_check(packed_dir, unpacked_dir):

@@ -140,3 +140,46 @@ def test_an_input_changed_during_the_run_is_not_committed_and_the_rerun_starts_o
     assert not os.path.exists(os.path.join(out, "metadata.json"))
     upper_case(inputs, out, {})
     assert open(os.path.join(out, "out-00000.txt")).read() == "ONE, EDITED"
+
+
+def test_each_kind_of_output_is_known_by_its_file_and_every_writer_refuses_another_kind(tmp_path):
+    """Data, a training run and an exported model are held by one claim (output_job.claimed): each
+    refuses a directory of another kind in one line naming it, and writes nothing there."""
+    from conftest import TINY, VOCAB
+
+    from bert_packed.model import BertConfig
+    from bert_packed.model.checkpoint import export_directory
+    from bert_packed.model.huggingface import EXPORT_FILES, require_export_directory
+    from bert_packed.storage.output_job import TRAINING_RUN, claimed, found_output
+
+    inputs = [str(tmp_path / "in0.txt")]
+    open(inputs[0], "w").write("one")
+    data, run, huggingface, google, vocabulary = (tmp_path / name for name in ("data", "run", "hf", "tf1", "vocab"))
+    upper_case(inputs, str(data), {})
+    for directory, names in ((run, ["run.json"]), (huggingface, list(EXPORT_FILES)),
+                             (google, ["bert_config.json", "vocab.txt", "model.ckpt-3.index"]),
+                             (vocabulary, ["bert_config.json", "vocab.txt"])):  # what python -m bert_packed.vocab writes
+        directory.mkdir()
+        for name in names:
+            (directory / name).write_text("{}")
+    assert [found_output(str(d)) for d in (data, run, huggingface, google, vocabulary, tmp_path / "none")] == [
+        "unpacked data", "a training run", "an exported model", "an exported model", None, None]
+    before = {d: sorted(os.listdir(d)) for d in (data, run, huggingface, google)}
+    for export in (huggingface, google):
+        with pytest.raises(OutputDirectoryError, match=rf"^{export}: holds an exported model; unpacked data would be "
+                                                       rf"mixed into it. Use another directory$"):
+            upper_case(inputs, str(export), {})
+        with pytest.raises(OutputDirectoryError, match=rf"^{export}: holds an exported model; a training run would"):
+            with claimed(str(export), "run_pretraining", TRAINING_RUN):
+                pass
+    exported = lambda name: name in EXPORT_FILES  # noqa: E731 - what export_huggingface writes
+    for directory, kind in ((data, "unpacked data"), (run, "a training run")):
+        with pytest.raises(OutputDirectoryError, match=rf"^{directory}: holds {kind}; an exported model would be"):
+            with export_directory(str(directory), exported):
+                pass
+        with pytest.raises(OutputDirectoryError, match=rf"^{directory}: holds {kind}; an exported model would be"):
+            require_export_directory(str(directory), VOCAB, True, BertConfig(**TINY), str(tmp_path / "other"))
+    with export_directory(str(huggingface), exported):  # a previous export: written over
+        pass
+    assert {d: sorted(os.listdir(d)) for d in (data, run, huggingface, google)} == before
+    upper_case(inputs, str(vocabulary), {})  # a directory of the user's files, no output: taken

@@ -22,7 +22,14 @@ import tensorflow as tf
 from bert_packed.errors import UserError, raise_if_retryable
 from bert_packed.model.modeling import BertEncoder, BertPretrainingModel
 from bert_packed.model.task_models import BertClassifierModel, BertQuestionAnsweringModel
-from bert_packed.storage import files, locks
+from bert_packed.storage import files
+from bert_packed.storage.output_job import (
+    EXPORTED_MODEL,
+    GOOGLE_CHECKPOINT,
+    GOOGLE_CONFIG,
+    claimed,
+    refuse_other_output,
+)
 
 
 class CheckpointError(UserError, ValueError):
@@ -285,19 +292,19 @@ def refuse_other_content(output_dir: str, exported: Callable[[str], bool]) -> No
 
 @contextlib.contextmanager
 def export_directory(output_dir: str, exported: Callable[[str], bool]):
-    """Holds `output_dir` for an export (created, locked, leftovers of a killed export removed);
-    yields locks.exclusive's confirm. A directory of a previous export (only names `exported`
-    accepts) is written over; one that holds anything else is refused.
+    """Holds `output_dir` for an export, as every kind of output is held (output_job.claimed:
+    made, locked, leftovers of a killed export removed); yields its confirm. A directory of a
+    previous export (only names `exported` accepts) is written over; one that holds another kind
+    of output, or anything else, is refused, before the directory is made.
 
     Raises:
+      OutputDirectoryError: naming the kind of output it holds (a dataset, a training run).
       CheckpointError: naming what else it holds.
     """
-
+    refuse_other_output(output_dir, EXPORTED_MODEL)
     refuse_other_content(output_dir, exported)
-    files.makedirs(output_dir)
-    with locks.exclusive(os.path.join(output_dir, ".lock"), "export_model") as confirm:
+    with claimed(output_dir, "export_model", EXPORTED_MODEL) as confirm:
         refuse_other_content(output_dir, exported)
-        files.remove_leftovers(output_dir)
         yield confirm
 
 
@@ -309,21 +316,21 @@ def export_google_directory(model: BertPretrainingModel, output_dir: str, vocab_
     Raises:
       CheckpointError: `output_dir` holds something else.
     """
-    names = ("bert_config.json", "vocab.txt")
-    with export_directory(output_dir, lambda name: name in names or name.startswith("model.ckpt-")) as confirm:
+    names = (GOOGLE_CONFIG, "vocab.txt")
+    with export_directory(output_dir, lambda name: name in names or name.startswith(GOOGLE_CHECKPOINT)) as confirm:
         # An earlier export's checkpoint goes first (its index first): a kill never leaves an old
         # checkpoint beside a new bert_config.json.
         for name in sorted(files.listdir(output_dir), key=lambda name: not name.endswith(".index")):
-            if name.startswith("model.ckpt-"):
+            if name.startswith(GOOGLE_CHECKPOINT):
                 files.remove(os.path.join(output_dir, name))
         with files.open_file(vocab_file, "rb") as f:
             vocabulary = f.read()
         with files.atomic_open(os.path.join(output_dir, "vocab.txt"), "wb") as f:
             f.write(vocabulary)
-        files.write_text_atomically(os.path.join(output_dir, "bert_config.json"),
+        files.write_text_atomically(os.path.join(output_dir, GOOGLE_CONFIG),
                                     json.dumps(model.config.to_dict(), indent=2) + "\n")
         confirm()
-        return export_google_checkpoint(model, os.path.join(output_dir, f"model.ckpt-{step}"), step)
+        return export_google_checkpoint(model, os.path.join(output_dir, f"{GOOGLE_CHECKPOINT}{step}"), step)
 
 
 def _remove_parts(prefix: str) -> None:

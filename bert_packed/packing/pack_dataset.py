@@ -46,7 +46,7 @@ from bert_packed.packing.verify import PackingError, audit_packs, verify_packed_
 from bert_packed.progress import Progress
 from bert_packed.records import TFRecordWriter, read_unpacked
 from bert_packed.storage import files
-from bert_packed.storage.output_job import OutputJob, WorkDamagedError, WorkUnits, in_parallel
+from bert_packed.storage.output_job import PACKED_DATA, OutputJob, WorkDamagedError, WorkUnits, in_parallel
 
 
 def pack_pretraining_data(settings: PackCommandSettings) -> dict:
@@ -106,7 +106,7 @@ def pack_pretraining_dataset(inputs: Dataset, output_dir: str, settings: PackSet
     # A run is its settings and inputs' paths (another is refused) and their content (when that
     # changed, the run is done again): each input's size and the hash of its beginning, cheap.
     sources = [files.absolute(path) for path in inputs.files]
-    job = OutputJob(output_dir, passes.command, "packed data", {"settings": settings.to_dict(), "sources": sources},
+    job = OutputJob(output_dir, passes.command, PACKED_DATA, {"settings": settings.to_dict(), "sources": sources},
                     sources, outputs=("packed-",), shared_work=passes.shared_work)
     done = job.finished()
     if done is not None:

@@ -55,7 +55,7 @@ from bert_packed.pretraining_data.tokenization import Tokenizer
 from bert_packed.progress import Progress
 from bert_packed.records import TFRecordWriter, read_record_batches
 from bert_packed.storage import files
-from bert_packed.storage.output_job import OutputJob, WorkUnits
+from bert_packed.storage.output_job import UNPACKED_DATA, OutputJob, WorkUnits
 
 
 class WorkerLostError(UserError, RuntimeError):
@@ -162,7 +162,7 @@ def _job(input_files: list[str], output_dir: str, settings: DatasetSettings,
     sources = [files.absolute(path) for path in input_files]
     identity = {"settings": {key: value for key, value in settings.to_dict().items() if key != "vocab_file"},
                 "sources": [os.path.basename(path) for path in sources]}
-    return OutputJob(output_dir, command, "unpacked data", identity, sources,
+    return OutputJob(output_dir, command, UNPACKED_DATA, identity, sources,
                      outputs=("part-", "eval-"), identify=_source_identity, shared_work=True)
 
 

@@ -1,7 +1,26 @@
-"""A dataset directory that a command writes and the same command, run again, resumes.
+"""An output directory that a command writes and the same command, run again, resumes or makes
+again, never mixed with another kind of output.
+
+Four kinds of output, each known by a file in its directory, each with its finished check and
+its commit point (what it writes last):
+
+  kind                 known by                       finished (commit point)
+  unpacked data,       metadata.json                  metadata.json naming this run, every file it
+  packed data                                         lists there (OutputJob.commit)
+  a training run       run.json (or train_log.jsonl)  each checkpoint, which the same command
+                                                      resumes; run.json's `finished` at the end
+                                                      (bert_packed.training.loop)
+  an exported model    model.safetensors, or a        config.json (Hugging Face), the checkpoint's
+                       model.ckpt-N beside            .index (google-research), written last; the
+                       bert_config.json               same export again writes it over whole
+                                                      (bert_packed.model.checkpoint)
+
+Every one of them is held the same way first (claimed): the directory made, its lock held for the
+whole run (locks.exclusive: local, or a claim on a bucket), a directory holding another kind of
+output refused in one line naming it, and the temporary files a killed writer left removed.
 
 Every data command that writes a dataset (create_pretraining_data, pack_pretraining_data, and
-their Beam pipelines) goes through one OutputJob, so that each rule below exists once:
+their Beam pipelines) then goes through one OutputJob, so that each rule below exists once:
 
 - **Finished**: metadata.json names this run (its settings and inputs' paths: the run digest)
   and the inputs' content it was made from (the inputs digest), every file it lists is there,
@@ -55,6 +74,13 @@ from bert_packed.storage.run_directory import RunDirectory
 # The layout of the work directory; an unfinished run left by another layout starts over.
 WORK_FORMAT = 4
 _CLAIM = "run"  # the claim: a unit of its own, run.json
+# The kinds of output (module docstring), as refusals name them.
+UNPACKED_DATA, PACKED_DATA, TRAINING_RUN, EXPORTED_MODEL = ("unpacked data", "packed data", "a training run",
+                                                            "an exported model")
+# What an exported model is known by: a Hugging Face directory's weights, or google-research's
+# checkpoint (model.ckpt-STEP.index, .data-*) beside its bert_config.json.
+HUGGINGFACE_WEIGHTS = "model.safetensors"
+GOOGLE_CONFIG, GOOGLE_CHECKPOINT = "bert_config.json", "model.ckpt-"
 
 
 class WorkDamagedError(UserError, ValueError):
@@ -135,7 +161,7 @@ class OutputJob:
 
     A command's run, top to bottom:
 
-        job = OutputJob(output_dir, "pack_pretraining_data", "packed data", identity, sources,
+        job = OutputJob(output_dir, "pack_pretraining_data", PACKED_DATA, identity, sources,
                         outputs=("packed-",))
         done = job.finished()              # read only, no lock
         if done is not None:
@@ -150,7 +176,7 @@ class OutputJob:
     Args:
       output_dir: the directory written.
       command: the command's name, recorded in the lock for whoever finds it held.
-      kind: what it writes, "unpacked data" or "packed data" (refuse_other_output).
+      kind: what it writes, UNPACKED_DATA or PACKED_DATA (refuse_other_output).
       identity: what makes two runs the same run (settings, the inputs' paths), JSON.
       inputs: the input files, whose content (identify(path)) the output is made from.
       outputs: the prefixes of the names of the files the command writes in `output_dir`.
@@ -221,10 +247,7 @@ class OutputJob:
           DirectoryLockedError: another process holds it.
           OutputDirectoryError: it holds another kind of output, or another run's.
         """
-        files.makedirs(self.output_dir)
-        with locks.exclusive(os.path.join(self.output_dir, ".lock"), self.command) as confirm:
-            refuse_other_output(self.output_dir, self.kind)
-            files.remove_leftovers(self.output_dir)
+        with claimed(self.output_dir, self.command, self.kind) as confirm:
             self._input_content = None  # read anew under the lock
             self._confirm = confirm
             try:
@@ -395,20 +418,58 @@ def in_parallel(function, jobs: list[tuple], num_workers: int, progress: Progres
     progress.close()
 
 
+@contextlib.contextmanager
+def claimed(output_dir: str, command: str, kind: str):
+    """Holds `output_dir` for a run of a command that writes `kind` of output (module docstring):
+    made, locked for the block, refused when it holds another kind, the temporary files a killed
+    writer left removed.
+
+    Args:
+      output_dir: the directory written.
+      command: the command's name, recorded in the lock for whoever finds it held.
+      kind: UNPACKED_DATA, PACKED_DATA, TRAINING_RUN or EXPORTED_MODEL.
+
+    Yields:
+      locks.exclusive's confirm: on a bucket, raises DirectoryLockedError if another host
+      claimed the directory meanwhile (call it before a commit).
+
+    Raises:
+      DirectoryLockedError: another process holds it.
+      OutputDirectoryError: it holds another kind of output.
+    """
+    files.makedirs(output_dir)
+    with locks.exclusive(os.path.join(output_dir, ".lock"), command) as confirm:
+        refuse_other_output(output_dir, kind)
+        files.remove_leftovers(output_dir)
+        yield confirm
+
+
+def found_output(directory: str) -> str | None:
+    """The kind of output `directory` holds (module docstring), by the file it is known by; None
+    for none of them (an empty or missing directory, a user's own files)."""
+    info = read_dataset_info(directory)
+    if info is not None:
+        return PACKED_DATA if info.packed else UNPACKED_DATA
+    if RunDirectory(directory).holds_run():
+        return TRAINING_RUN
+    names = files.listdir(directory) if files.isdir(directory) else []
+    if HUGGINGFACE_WEIGHTS in names or (GOOGLE_CONFIG in names and any(name.startswith(GOOGLE_CHECKPOINT)
+                                                                       for name in names)):
+        return EXPORTED_MODEL
+    return None
+
+
 def refuse_other_output(directory: str, kind: str) -> None:
     """Refuses `directory` when it holds output of another kind than `kind`.
 
     Args:
       directory: an output directory about to be written.
-      kind: what the command writes: "unpacked data", "packed data" or "a training run".
+      kind: what the command writes: UNPACKED_DATA, PACKED_DATA, TRAINING_RUN or EXPORTED_MODEL.
 
     Raises:
       OutputDirectoryError: naming what the directory holds.
     """
-    info = read_dataset_info(directory)
-    found = None if info is None else "packed data" if info.packed else "unpacked data"
-    if found is None and RunDirectory(directory).holds_run():
-        found = "a training run"
+    found = found_output(directory)
     if found is not None and found != kind:
         raise OutputDirectoryError(f"{directory}: holds {found}; {kind} would be mixed into it. Use another "
                                    f"directory")

@@ -38,8 +38,8 @@ from bert_packed.inputs.file_identity import DataChangedError, check_unchanged
 from bert_packed.model import export_google_checkpoint, export_huggingface
 from bert_packed.model.checkpoint import checkpoint_step
 from bert_packed.model.huggingface import CONFIG_FILE
-from bert_packed.storage import files, locks
-from bert_packed.storage.output_job import refuse_other_output
+from bert_packed.storage import files
+from bert_packed.storage.output_job import TRAINING_RUN, claimed
 from bert_packed.storage.run_directory import RunDirectory
 from bert_packed.training.batching import describe_run, eval_every_samples
 from bert_packed.training.checkpoints import Checkpoints
@@ -84,8 +84,7 @@ def train_and_evaluate(config: TrainConfig, train_data: TrainData, eval_data: Ev
     """Runs (or resumes) training to num_train_steps or the target accuracy (module docstring)."""
     directory = run_directory(config, step)
     checkpoints = Checkpoints(directory.checkpoints, step.state, config.run.keep_checkpoint_max)
-    files.makedirs(directory.path)
-    with locks.exclusive(os.path.join(directory.path, ".lock"), step.objective.program):
+    with claimed(directory.path, step.objective.program, TRAINING_RUN):
         previous = _claim(directory, config, train_data, eval_data, step)
         if _resume(directory, config, step, checkpoints, previous):
             if not _export_if_new(directory, config, step):
@@ -260,7 +259,6 @@ def _claim(directory: RunDirectory, config: TrainConfig, train_data: TrainData, 
     Returns run.json as found."""
     if eval_data.files:  # what the training batch is held to, here, not at the first evaluation
         require_divides("--eval_batch_size", config.eval.eval_batch_size, step.strategy.num_replicas_in_sync)
-    refuse_other_output(directory.path, "a training run")
     identity = {**config.identity(), **train_data.identity_settings(), **step.objective.identity,
                 "rows_per_micro_batch": step.batching.rows_per_micro_batch}  # corrected on these replicas
     if train_data.input_mode == "packed_online":  # another window makes other packs
@@ -287,7 +285,6 @@ def _resume(directory: RunDirectory, config: TrainConfig, step: CompiledStep, ch
     """Restores the newest checkpoint that restores (else --init_checkpoint) and cuts the logs back
     to it; returns whether the run had finished (then nothing changes)."""
     checkpoints.clean_up()
-    files.remove_leftovers(directory.path)
     resumed = checkpoints.restore(lambda newest, can_restore: common_step(step.strategy, newest, can_restore),
                                   lambda flag: on_any_worker(step.strategy, flag),
                                   config.run.start_over_if_no_checkpoint_restores)
