@@ -12,7 +12,16 @@ import sys
 import numpy as np
 import pytest
 from conftest import MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, TINY, VOCAB, command_in_this_process, run_command, tfrecords
-from training_runs import assert_same_evaluation, config, make_trainer, read_log, sigterm_in_the_loop_from, trained, weights
+from training_runs import (
+    assert_same_evaluation,
+    config,
+    give_back,
+    make_trainer,
+    read_log,
+    sigterm_in_the_loop_from,
+    trained,
+    weights,
+)
 
 from bert_packed.errors import InputFilesError, InternalError, SettingsError, TrainingError
 from bert_packed.features import Shapes
@@ -110,6 +119,7 @@ def test_an_interrupted_run_resumes_with_exactly_the_same_losses(packed_dir, tmp
     interrupted = make_trainer(config(tmp_path / "resumed", files, num_train_steps=4))
     sigterm_in_the_loop_from(interrupted, 1)  # during step 2
     interrupted.train()
+    give_back(interrupted)
     assert [r["step"] for r in read_log(tmp_path / "resumed" / "train_log.jsonl")] == [1, 2]
     trained(config(tmp_path / "resumed", files, num_train_steps=4))
     straight = read_log(tmp_path / "straight" / "train_log.jsonl")
@@ -134,6 +144,7 @@ def test_a_signal_before_the_first_step_saves_nothing_and_the_same_command_start
     stopped.update.loop = sigterm_then_loop
     stopped.train()
     assert (stopped.stopped_by, int(stopped.step)) == ("SIGTERM", 0)
+    give_back(stopped)
     assert not (tmp_path / "checkpoints").exists() or not os.listdir(tmp_path / "checkpoints")
     trained(config(tmp_path, files, num_train_steps=2))
     assert [r["step"] for r in read_log(tmp_path / "train_log.jsonl")] == [1, 2]
@@ -160,8 +171,7 @@ def test_recompute_trains_the_same_run_and_a_run_stopped_with_it_resumes_exactly
 
 def test_a_crash_after_the_checkpoint_resumes_without_repeated_log_lines(packed_dir, tmp_path):
     files = tfrecords(packed_dir)
-    straight = make_trainer(config(tmp_path / "straight", files, num_train_steps=4))
-    straight.train()
+    trained(config(tmp_path / "straight", files, num_train_steps=4))
     crashing = make_trainer(config(tmp_path / "resumed", files, num_train_steps=4, save_checkpoints_steps=2))
     update = crashing.update.loop
 
@@ -173,6 +183,7 @@ def test_a_crash_after_the_checkpoint_resumes_without_repeated_log_lines(packed_
     crashing.update.loop = update_then_crash
     with pytest.raises(RuntimeError, match="killed"):
         crashing.train()
+    give_back(crashing)
     assert [r["step"] for r in read_log(tmp_path / "resumed" / "train_log.jsonl")] == [1, 2, 3]
     trained(config(tmp_path / "resumed", files, num_train_steps=4, save_checkpoints_steps=2))
     resumed = read_log(tmp_path / "resumed" / "train_log.jsonl")
@@ -514,6 +525,7 @@ def test_init_checkpoint_and_a_corrupt_checkpoint(packed_dir, tmp_path, caplog):
     trainer.train()
     np.testing.assert_array_equal(trainer.model.encoder.embeddings.word_embeddings.numpy(),
                                   source.encoder.embeddings.word_embeddings.numpy())
+    give_back(trainer)
     data_file = next(p for p in (tmp_path / "run" / "checkpoints").iterdir() if ".data-" in p.name)
     data_file.write_bytes(data_file.read_bytes()[:100])
     # The only checkpoint does not restore: the run stops, naming it, and leaves its logs as they are.
@@ -533,6 +545,7 @@ def test_init_checkpoint_and_a_corrupt_checkpoint(packed_dir, tmp_path, caplog):
     assert [r["step"] for r in read_log(tmp_path / "run" / "train_log.jsonl")] == [1, 2]
     np.testing.assert_array_equal(restarted.model.encoder.embeddings.word_embeddings.numpy(),
                                   source.encoder.embeddings.word_embeddings.numpy())
+    give_back(restarted)
     # Step 2's checkpoint damaged too: the run, asked to, starts over again and writes it anew, whole.
     from bert_packed.training.checkpoints import _unreadable
 
@@ -864,6 +877,7 @@ def test_a_damaged_checkpoint_state_falls_back_to_the_newest_checkpoint_that_res
         state.write_bytes(damage)
         trainer = make_trainer(config(run, files, num_train_steps=4, save_checkpoints_steps=2))
         assert trainer.checkpoints.restore().endswith("ckpt-4") and int(trainer.step.numpy()) == 4
+        give_back(trainer)
         assert "damaged or out of date (it does not name ckpt-4, the newest); rewritten" in caplog.text
     data = next(p for p in (run / "checkpoints").iterdir() if p.name.startswith("ckpt-4.data"))
     data.write_bytes(data.read_bytes()[:100])  # the newest checkpoint is corrupt
