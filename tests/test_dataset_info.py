@@ -117,7 +117,7 @@ def test_every_command_refuses_a_directory_of_another_kind(unpacked_dir, packed_
         create_pretraining_dataset(corpus, str(run), dataset_settings(), num_workers=1)
     assert sorted(os.listdir(unpacked)) == sorted(os.listdir(unpacked_dir))
     assert sorted(os.listdir(packed)) == sorted(os.listdir(packed_dir))
-    from training_runs import config, trained
+    from training_runs import config, make_trainer, trained
 
     with pytest.raises(OutputDirectoryError, match=rf"{packed}: holds packed data; a training run would be mixed"):
         trained(config(packed, tfrecords(packed_dir)))
@@ -127,6 +127,9 @@ def test_every_command_refuses_a_directory_of_another_kind(unpacked_dir, packed_
     (export / "model.safetensors").write_bytes(b"")
     with pytest.raises(OutputDirectoryError, match=rf"{export}: holds an exported model; a training run would be"):
         trained(config(export, tfrecords(packed_dir)))
+    evaluated = config(export, tfrecords(packed_dir), eval_files=tuple(tfrecords(packed_dir)), eval_packed=True)
+    with pytest.raises(OutputDirectoryError, match=rf"{export}: holds an exported model; a training run would be"):
+        make_trainer(evaluated).evaluate_only()  # its eval_results.txt
     assert os.listdir(export) == ["model.safetensors"]
 
 

@@ -39,7 +39,7 @@ from bert_packed.model import export_google_checkpoint, export_huggingface
 from bert_packed.model.checkpoint import checkpoint_step
 from bert_packed.model.huggingface import CONFIG_FILE
 from bert_packed.storage import files
-from bert_packed.storage.output_job import TRAINING_RUN, claimed
+from bert_packed.storage.output_job import TRAINING_RUN, claimed, refuse_other_output
 from bert_packed.storage.run_directory import RunDirectory
 from bert_packed.training.batching import describe_run, eval_every_samples
 from bert_packed.training.checkpoints import Checkpoints
@@ -168,8 +168,10 @@ def predict_only(config: TrainConfig, test_data: EvalData, step: CompiledStep) -
 
 def _restored(config: TrainConfig, step: CompiledStep) -> tuple[RunDirectory, str]:
     """(where this process writes, the checkpoint) once `step` holds the weights an evaluation
-    reads: the newest checkpoint of output_dir, else init_checkpoint."""
+    reads: the newest checkpoint of output_dir, else init_checkpoint. A directory of another kind
+    of output (data, an exported model), which its results would be mixed into, is refused."""
     directory = run_directory(config, step)
+    refuse_other_output(directory.path, TRAINING_RUN)  # unlocked: it reads beside a running training job
     checkpoints = Checkpoints(directory.checkpoints, step.state, config.run.keep_checkpoint_max)
     require_divides("--eval_batch_size", config.eval.eval_batch_size, step.strategy.num_replicas_in_sync)
     trained_with = directory.read_info().get("nsp_loss")  # the model's heads: its checkpoints hold no other
