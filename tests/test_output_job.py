@@ -142,6 +142,24 @@ def test_an_input_changed_during_the_run_is_not_committed_and_the_rerun_starts_o
     assert open(os.path.join(out, "out-00000.txt")).read() == "ONE, EDITED"
 
 
+def directories_of_each_kind(tmp_path):
+    """(the input file, and a directory of each kind: data, a run, a Hugging Face export, a TF1
+    export, a vocabulary's (what python -m bert_packed.vocab writes: no output))."""
+    from bert_packed.model.huggingface import EXPORT_FILES
+
+    inputs = [str(tmp_path / "in0.txt")]
+    open(inputs[0], "w").write("one")
+    data, run, huggingface, google, vocabulary = (tmp_path / name for name in ("data", "run", "hf", "tf1", "vocab"))
+    upper_case(inputs, str(data), {})
+    for directory, names in ((run, ["run.json"]), (huggingface, list(EXPORT_FILES)),
+                             (google, ["bert_config.json", "vocab.txt", "model.ckpt-3.index"]),
+                             (vocabulary, ["bert_config.json", "vocab.txt"])):
+        directory.mkdir()
+        for name in names:
+            (directory / name).write_text("{}")
+    return inputs, data, run, huggingface, google, vocabulary
+
+
 def test_each_kind_of_output_is_known_by_its_file_and_every_writer_refuses_another_kind(tmp_path):
     """Data, a training run and an exported model are held by one claim (output_job.claimed): each
     refuses a directory of another kind in one line naming it, and writes nothing there."""
@@ -152,16 +170,7 @@ def test_each_kind_of_output_is_known_by_its_file_and_every_writer_refuses_anoth
     from bert_packed.model.huggingface import EXPORT_FILES, require_export_directory
     from bert_packed.storage.output_job import TRAINING_RUN, claimed, found_output
 
-    inputs = [str(tmp_path / "in0.txt")]
-    open(inputs[0], "w").write("one")
-    data, run, huggingface, google, vocabulary = (tmp_path / name for name in ("data", "run", "hf", "tf1", "vocab"))
-    upper_case(inputs, str(data), {})
-    for directory, names in ((run, ["run.json"]), (huggingface, list(EXPORT_FILES)),
-                             (google, ["bert_config.json", "vocab.txt", "model.ckpt-3.index"]),
-                             (vocabulary, ["bert_config.json", "vocab.txt"])):  # what python -m bert_packed.vocab writes
-        directory.mkdir()
-        for name in names:
-            (directory / name).write_text("{}")
+    inputs, data, run, huggingface, google, vocabulary = directories_of_each_kind(tmp_path)
     assert [found_output(str(d)) for d in (data, run, huggingface, google, vocabulary, tmp_path / "none")] == [
         "unpacked data", "a training run", "an exported model", "an exported model", None, None]
     before = {d: sorted(os.listdir(d)) for d in (data, run, huggingface, google)}
@@ -183,3 +192,31 @@ def test_each_kind_of_output_is_known_by_its_file_and_every_writer_refuses_anoth
         pass
     assert {d: sorted(os.listdir(d)) for d in (data, run, huggingface, google)} == before
     upper_case(inputs, str(vocabulary), {})  # a directory of the user's files, no output: taken
+
+
+def test_an_export_writes_over_an_export_only_and_one_killed_midway_is_still_an_export(tmp_path):
+    """An export's names without its weights are the user's files (a vocabulary's), not an export
+    to write over; an export killed after removing the one it writes over stays an export."""
+    from bert_packed.model.checkpoint import CheckpointError, export_directory
+    from bert_packed.model.huggingface import EXPORT_FILES
+    from bert_packed.storage.output_job import found_output
+
+    inputs, _, _, _, google, vocabulary = directories_of_each_kind(tmp_path)
+    google_names = lambda name: name in ("bert_config.json", "vocab.txt") or name.startswith("model.ckpt-")  # noqa: E731
+    with pytest.raises(CheckpointError, match=rf"^{vocabulary}: holds bert_config.json and vocab.txt but no exported "
+                                              rf"model, which would write over them; use an empty or new directory$"):
+        with export_directory(str(vocabulary), google_names):
+            pass
+    with pytest.raises(CheckpointError, match=rf"^{google}: holds bert_config.json and 1 more, an export of another "
+                                              rf"format; use an empty or new directory$"):
+        with export_directory(str(google), lambda name: name in EXPORT_FILES):
+            pass
+    with pytest.raises(KeyboardInterrupt), export_directory(str(google), google_names):
+        os.remove(google / "model.ckpt-3.index")
+        raise KeyboardInterrupt
+    assert found_output(str(google)) == "an exported model" and ".export_under_way" in os.listdir(google)
+    with pytest.raises(OutputDirectoryError, match=rf"^{google}: holds an exported model; unpacked data would be"):
+        upper_case(inputs, str(google), {})
+    with export_directory(str(google), google_names):
+        (google / "model.ckpt-4.index").write_text("{}")
+    assert sorted(os.listdir(google)) == ["bert_config.json", "model.ckpt-4.index", "vocab.txt"]

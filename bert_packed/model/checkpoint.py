@@ -24,10 +24,12 @@ from bert_packed.model.modeling import BertEncoder, BertPretrainingModel
 from bert_packed.model.task_models import BertClassifierModel, BertQuestionAnsweringModel
 from bert_packed.storage import files
 from bert_packed.storage.output_job import (
+    EXPORT_UNDER_WAY,
     EXPORTED_MODEL,
     GOOGLE_CHECKPOINT,
     GOOGLE_CONFIG,
     claimed,
+    found_output,
     refuse_other_output,
 )
 
@@ -274,7 +276,9 @@ def export_google_checkpoint(model: BertPretrainingModel, path: str, step: int |
 
 
 def refuse_other_content(output_dir: str, exported: Callable[[str], bool]) -> None:
-    """Refuses an export's output directory that holds what no export (`exported` names) wrote."""
+    """Refuses an export's output directory that holds what no export of its format (`exported`
+    names) wrote, or such names without an export (output_job.found_output): a vocabulary's
+    directory (vocab.txt, bert_config.json), which the export would write over."""
     if files.exists(output_dir) and not files.isdir(output_dir):
         raise CheckpointError(f"{output_dir}: a file, not a directory for the exported model")
     ancestor = os.path.dirname(output_dir.rstrip("/"))
@@ -282,12 +286,16 @@ def refuse_other_content(output_dir: str, exported: Callable[[str], bool]) -> No
         ancestor = os.path.dirname(ancestor)
     if ancestor and not ancestor.endswith(":/") and files.exists(ancestor) and not files.isdir(ancestor):
         raise CheckpointError(f"{output_dir}: under {ancestor}, a file, not a directory")
-    other = [name for name in files.listdir(output_dir)
-             if not exported(name) and name != ".lock" and not files.is_temporary_name(name)]
+    names = [name for name in files.listdir(output_dir)
+             if name not in (".lock", EXPORT_UNDER_WAY) and not files.is_temporary_name(name)]
+    other = [name for name in names if not exported(name)]
     if other:
         more = f" and {len(other) - 1} more" if len(other) > 1 else ""
-        raise CheckpointError(f"{output_dir}: holds {other[0]}{more}, not an exported model; use an empty or new "
-                              f"directory")
+        what = "an export of another format" if found_output(output_dir) == EXPORTED_MODEL else "not an exported model"
+        raise CheckpointError(f"{output_dir}: holds {other[0]}{more}, {what}; use an empty or new directory")
+    if names and found_output(output_dir) != EXPORTED_MODEL:
+        raise CheckpointError(f"{output_dir}: holds {' and '.join(sorted(names))} but no exported model, which "
+                              f"would write over them; use an empty or new directory")
 
 
 @contextlib.contextmanager
@@ -295,7 +303,9 @@ def export_directory(output_dir: str, exported: Callable[[str], bool]):
     """Holds `output_dir` for an export, as every kind of output is held (output_job.claimed:
     made, locked, leftovers of a killed export removed); yields its confirm. A directory of a
     previous export (only names `exported` accepts) is written over; one that holds another kind
-    of output, or anything else, is refused, before the directory is made.
+    of output, or anything else, is refused, before the directory is made. Until the block ends,
+    the directory is marked as an export under way: one killed after removing the export it
+    writes over is still an export (the same command writes it; another kind is refused).
 
     Raises:
       OutputDirectoryError: naming the kind of output it holds (a dataset, a training run).
@@ -305,7 +315,10 @@ def export_directory(output_dir: str, exported: Callable[[str], bool]):
     refuse_other_content(output_dir, exported)
     with claimed(output_dir, "export_model", EXPORTED_MODEL) as confirm:
         refuse_other_content(output_dir, exported)
+        under_way = os.path.join(output_dir, EXPORT_UNDER_WAY)
+        files.write_text_atomically(under_way, "export_model\n")
         yield confirm
+        files.remove(under_way)
 
 
 def export_google_directory(model: BertPretrainingModel, output_dir: str, vocab_file: str, step: int) -> str:

@@ -12,8 +12,8 @@ its commit point (what it writes last):
                                                       (bert_packed.training.loop)
   an exported model    model.safetensors, or a        config.json (Hugging Face), the checkpoint's
                        model.ckpt-N beside            .index (google-research), written last; the
-                       bert_config.json               same export again writes it over whole
-                                                      (bert_packed.model.checkpoint)
+                       bert_config.json; under way,   same export again writes it over whole
+                       .export_under_way              (bert_packed.model.checkpoint)
 
 Every one of them is held the same way first (claimed): the directory made, its lock held for the
 whole run (locks.exclusive: local, or a claim on a bucket), a directory holding another kind of
@@ -78,9 +78,11 @@ _CLAIM = "run"  # the claim: a unit of its own, run.json
 UNPACKED_DATA, PACKED_DATA, TRAINING_RUN, EXPORTED_MODEL = ("unpacked data", "packed data", "a training run",
                                                             "an exported model")
 # What an exported model is known by: a Hugging Face directory's weights, or google-research's
-# checkpoint (model.ckpt-STEP.index, .data-*) beside its bert_config.json.
+# checkpoint (model.ckpt-STEP.index, .data-*) beside its bert_config.json; while an export writes
+# (one killed midway too: it may have removed the checkpoint it writes over), by its mark.
 HUGGINGFACE_WEIGHTS = "model.safetensors"
 GOOGLE_CONFIG, GOOGLE_CHECKPOINT = "bert_config.json", "model.ckpt-"
+EXPORT_UNDER_WAY = ".export_under_way"
 
 
 class WorkDamagedError(UserError, ValueError):
@@ -453,8 +455,8 @@ def found_output(directory: str) -> str | None:
     if RunDirectory(directory).holds_run():
         return TRAINING_RUN
     names = files.listdir(directory) if files.isdir(directory) else []
-    if HUGGINGFACE_WEIGHTS in names or (GOOGLE_CONFIG in names and any(name.startswith(GOOGLE_CHECKPOINT)
-                                                                       for name in names)):
+    if EXPORT_UNDER_WAY in names or HUGGINGFACE_WEIGHTS in names or \
+            (GOOGLE_CONFIG in names and any(name.startswith(GOOGLE_CHECKPOINT) for name in names)):
         return EXPORTED_MODEL
     return None
 
