@@ -173,7 +173,7 @@ def test_each_kind_of_output_is_known_by_its_file_and_every_writer_refuses_anoth
     inputs, data, run, huggingface, google, vocabulary = directories_of_each_kind(tmp_path)
     assert [found_output(str(d)) for d in (data, run, huggingface, google, vocabulary, tmp_path / "none")] == [
         "unpacked data", "a training run", "an exported model", "an exported model", None, None]
-    before = {d: sorted(os.listdir(d)) for d in (data, run, huggingface, google)}
+    before = {d: (sorted(os.listdir(d)), os.stat(d).st_mtime_ns) for d in (data, run, huggingface, google)}
     for export in (huggingface, google):
         with pytest.raises(OutputDirectoryError, match=rf"^{export}: holds an exported model; unpacked data would be "
                                                        rf"mixed into it. Use another directory$"):
@@ -188,9 +188,9 @@ def test_each_kind_of_output_is_known_by_its_file_and_every_writer_refuses_anoth
                 pass
         with pytest.raises(OutputDirectoryError, match=rf"^{directory}: holds {kind}; an exported model would be"):
             require_export_directory(str(directory), VOCAB, True, BertConfig(**TINY), str(tmp_path / "other"))
+    assert {d: (sorted(os.listdir(d)), os.stat(d).st_mtime_ns) for d in (data, run, huggingface, google)} == before
     with export_directory(str(huggingface), exported):  # a previous export: written over
         pass
-    assert {d: sorted(os.listdir(d)) for d in (data, run, huggingface, google)} == before
     upper_case(inputs, str(vocabulary), {})  # a directory of the user's files, no output: taken
 
 

@@ -439,6 +439,7 @@ def claimed(output_dir: str, command: str, kind: str):
       DirectoryLockedError: another process holds it.
       OutputDirectoryError: it holds another kind of output.
     """
+    refuse_other_output(output_dir, kind)  # first without the lock: a refusal leaves the directory untouched
     files.makedirs(output_dir)
     with locks.exclusive(os.path.join(output_dir, ".lock"), command) as confirm:
         refuse_other_output(output_dir, kind)
