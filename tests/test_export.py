@@ -226,6 +226,15 @@ def test_a_run_directory_exports_its_newest_weights(packed_dir, bert_config_file
                          f"--vocab_file={VOCAB}", f"--output_dir={tmp_path / 'hf'}")
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"{tmp_path / 'run' / 'model.ckpt-2'} (step 2)" in result.stdout
+    exported = next((tmp_path / "run").glob("model.ckpt-2.data-*"))
+    intact = exported.read_bytes()
+    exported.write_bytes(intact[:100])  # a damaged export: the training checkpoint of its step instead
+    damaged = run_command("export_model", f"--checkpoint={tmp_path / 'run'}", f"--bert_config_file={bert_config_file}",
+                          f"--vocab_file={VOCAB}", f"--output_dir={tmp_path / 'hf'}")
+    assert damaged.returncode == 0, damaged.stderr[-3000:]
+    assert f"{tmp_path / 'run' / 'checkpoints' / 'ckpt-2'} (step 2)" in damaged.stdout
+    assert f"warning: {tmp_path / 'run' / 'model.ckpt-2'}: cannot be read (" in damaged.stderr
+    exported.write_bytes(intact)
     os.remove(tmp_path / "run" / "model.ckpt-2.index")  # an unfinished run: its newest training checkpoint
     again = run_command("export_model", f"--checkpoint={tmp_path / 'run'}", f"--bert_config_file={bert_config_file}",
                         f"--vocab_file={VOCAB}", f"--output_dir={tmp_path / 'hf'}")

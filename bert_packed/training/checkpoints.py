@@ -228,7 +228,8 @@ class Checkpoints:
 def load_run_weights(model, run_dir: str, step: int | None = None) -> tuple[str, int]:
     """Loads a run directory's weights into `model`: those of `step` (a training checkpoint), or
     else its newest, the exported `model.ckpt-N` (a finished run's) or the newest training
-    checkpoint that reads whole, whichever is of the later step (the export on a tie).
+    checkpoint that reads whole, whichever is of the later step (the export on a tie; a damaged
+    export falls back to the training checkpoints, saying so).
 
     Returns:
       (the checkpoint read, its step).
@@ -253,8 +254,12 @@ def load_run_weights(model, run_dir: str, step: int | None = None) -> tuple[str,
     checkpoints = Checkpoints(directory.checkpoints, tf.train.Checkpoint(model=model, optimizer=optimizer), keep=1)
     trained = [step] if step is not None else checkpoints.steps()
     if step is None and exported is not None and (not trained or exported >= trained[0]):
-        load_google_checkpoint(model, directory.exported_weights(exported))
-        return directory.exported_weights(exported), exported
+        problem = _unreadable(directory.exported_weights(exported))
+        if problem is None:
+            load_google_checkpoint(model, directory.exported_weights(exported))
+            return directory.exported_weights(exported), exported
+        logging.warning("%s: cannot be read (%s); trying the training checkpoints", directory.exported_weights(exported),
+                        problem)
     for candidate in trained:
         problem = _unreadable(checkpoints.path(candidate))
         if problem is None:
