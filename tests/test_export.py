@@ -215,6 +215,10 @@ def test_a_run_directory_exports_its_newest_weights(packed_dir, bert_config_file
     trainer = make_trainer(config(tmp_path / "run", tfrecords(packed_dir), num_train_steps=2, save_checkpoints_steps=1,
                                   export_huggingface_dir=str(tmp_path / "by_the_run"), vocab_file=VOCAB))
     trainer.train()  # finished: model.ckpt-2 and by_the_run/ exported, checkpoints/ckpt-2
+
+    def export(checkpoint, config_file=bert_config_file, output="hf1", *more):
+        return run_command("export_model", f"--checkpoint={checkpoint}", f"--bert_config_file={config_file}",
+                           f"--vocab_file={VOCAB}", f"--output_dir={tmp_path / output}", *more)
     # The finished run given a new export directory exports there (once), from its last checkpoint.
     for expected in ("exporting its weights to the new --export_huggingface_dir", "nothing to do"):
         caplog.clear()
@@ -222,33 +226,23 @@ def test_a_run_directory_exports_its_newest_weights(packed_dir, bert_config_file
             trained(config(tmp_path / "run", tfrecords(packed_dir), num_train_steps=2, save_checkpoints_steps=1,
                            export_huggingface_dir=str(tmp_path / "later"), vocab_file=VOCAB))
         assert f"{tmp_path / 'run'}: finished at step 2; {expected}" in caplog.text
-    result = run_command("export_model", f"--checkpoint={tmp_path / 'run'}", f"--bert_config_file={bert_config_file}",
-                         f"--vocab_file={VOCAB}", f"--output_dir={tmp_path / 'hf'}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert f"{tmp_path / 'run' / 'model.ckpt-2'} (step 2)" in result.stdout
+    result = export(tmp_path / "run", bert_config_file, "hf")
+    assert result.returncode == 0 and f"{tmp_path / 'run' / 'model.ckpt-2'} (step 2)" in result.stdout, result.stderr
     exported = next((tmp_path / "run").glob("model.ckpt-2.data-*"))
     intact = exported.read_bytes()
     exported.write_bytes(intact[:100])  # a damaged export: the training checkpoint of its step instead
-    damaged = run_command("export_model", f"--checkpoint={tmp_path / 'run'}", f"--bert_config_file={bert_config_file}",
-                          f"--vocab_file={VOCAB}", f"--output_dir={tmp_path / 'hf'}")
-    assert damaged.returncode == 0, damaged.stderr[-3000:]
-    assert f"{tmp_path / 'run' / 'checkpoints' / 'ckpt-2'} (step 2)" in damaged.stdout
+    damaged = export(tmp_path / "run", bert_config_file, "hf")
+    assert damaged.returncode == 0 and f"{tmp_path / 'run' / 'checkpoints' / 'ckpt-2'} (step 2)" in damaged.stdout
     assert f"warning: {tmp_path / 'run' / 'model.ckpt-2'}: cannot be read (" in damaged.stderr
     exported.write_bytes(intact)
     os.remove(tmp_path / "run" / "model.ckpt-2.index")  # an unfinished run: its newest training checkpoint
-    again = run_command("export_model", f"--checkpoint={tmp_path / 'run'}", f"--bert_config_file={bert_config_file}",
-                        f"--vocab_file={VOCAB}", f"--output_dir={tmp_path / 'hf'}")
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert f"{tmp_path / 'run' / 'checkpoints' / 'ckpt-2'} (step 2)" in again.stdout
+    again = export(tmp_path / "run", bert_config_file, "hf")
+    assert again.returncode == 0 and f"{tmp_path / 'run' / 'checkpoints' / 'ckpt-2'} (step 2)" in again.stdout
     for directory in ("hf", "by_the_run", "later"):
         loaded = BertPretrainingModel(BertConfig(**TINY))
         load_huggingface(loaded, str(tmp_path / directory))
         for mine, theirs in zip(loaded.weights, trainer.model.weights):
             np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
-
-    def export(checkpoint, config_file=bert_config_file, output="hf1", *more):
-        return run_command("export_model", f"--checkpoint={checkpoint}", f"--bert_config_file={config_file}",
-                           f"--vocab_file={VOCAB}", f"--output_dir={tmp_path / output}", *more)
 
     # One training checkpoint by name; the newest damaged: the one before it, said in one line.
     named = export(tmp_path / "run" / "checkpoints" / "ckpt-1")
