@@ -207,15 +207,16 @@ def test_an_export_writes_over_an_export_only_and_one_killed_midway_is_still_an_
                                               rf"model, which would write over them; use an empty or new directory$"):
         with export_directory(str(vocabulary), google_names):
             pass
-    with pytest.raises(CheckpointError, match=rf"^{google}: holds bert_config.json and 1 more, an export of another "
-                                              rf"format; use an empty or new directory$"):
+    with pytest.raises(CheckpointError, match=rf"^{google}: holds bert_config.json and 1 more, which an export of "
+                                              rf"this format does not write \(another format's, or your own\); "):
         with export_directory(str(google), lambda name: name in EXPORT_FILES):
             pass
     with pytest.raises(KeyboardInterrupt), export_directory(str(google), google_names):
         os.remove(google / "model.ckpt-3.index")
         raise KeyboardInterrupt
     assert found_output(str(google)) == "an exported model" and ".export_under_way" in os.listdir(google)
-    with pytest.raises(OutputDirectoryError, match=rf"^{google}: holds an exported model; unpacked data would be"):
+    with pytest.raises(OutputDirectoryError, match=rf"^{google}: holds an exported model under way, or killed midway "
+                                                   rf"\(the same export command finishes it\); unpacked data would be"):
         upper_case(inputs, str(google), {})
     with export_directory(str(google), google_names):
         (google / "model.ckpt-4.index").write_text("{}")

@@ -291,11 +291,12 @@ def refuse_other_content(output_dir: str, exported: Callable[[str], bool]) -> No
     other = [name for name in names if not exported(name)]
     if other:
         more = f" and {len(other) - 1} more" if len(other) > 1 else ""
-        what = "an export of another format" if found_output(output_dir) == EXPORTED_MODEL else "not an exported model"
+        what = ("which an export of this format does not write (another format's, or your own)"
+                if found_output(output_dir) == EXPORTED_MODEL else "not an exported model")
         raise CheckpointError(f"{output_dir}: holds {other[0]}{more}, {what}; use an empty or new directory")
     if names and found_output(output_dir) != EXPORTED_MODEL:
         raise CheckpointError(f"{output_dir}: holds {' and '.join(sorted(names))} but no exported model, which "
-                              f"would write over them; use an empty or new directory")
+                              f"would write over {'them' if len(names) > 1 else 'it'}; use an empty or new directory")
 
 
 @contextlib.contextmanager

@@ -474,5 +474,7 @@ def refuse_other_output(directory: str, kind: str) -> None:
     """
     found = found_output(directory)
     if found is not None and found != kind:
+        if files.exists(os.path.join(directory, EXPORT_UNDER_WAY)):
+            found += " under way, or killed midway (the same export command finishes it)"
         raise OutputDirectoryError(f"{directory}: holds {found}; {kind} would be mixed into it. Use another "
                                    f"directory")
