@@ -166,8 +166,8 @@ def test_the_builder_is_a_function_of_its_settings(corpus, tmp_path):
     with pytest.raises(SettingsError, match="one of the files it is made from"):
         write_vocabulary(dataclasses.replace(settings, vocab_file=corpus[0]))
     (tmp_path / "out" / "model.safetensors").write_bytes(b"")  # now an exported model's directory
-    with pytest.raises(SettingsError, match=rf"^--vocab_file={tmp_path}/out/vocab.txt: in a directory holding an "
-                                            rf"exported model, which it would be mixed into \(an export's own "):
+    with pytest.raises(SettingsError, match=rf"^--vocab_file={tmp_path}/out/vocab.txt: in the directory of an "
+                                            rf"exported model, whose own vocab.txt and bert_config.json it "):
         write_vocabulary(settings)
     with pytest.raises(SettingsError, match=r"--vocab_size='500': a str; expected an integer"):
         dataclasses.replace(settings, vocab_size="500")  # a notebook's "500": the command line's parser refuses it too

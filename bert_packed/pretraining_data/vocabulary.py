@@ -37,7 +37,7 @@ from bert_packed.pretraining_data.create_command import CorpusSettings
 from bert_packed.pretraining_data.tokenization import SPECIAL_TOKENS
 from bert_packed.settings import check_settings, setting
 from bert_packed.storage import files
-from bert_packed.storage.output_job import found_output
+from bert_packed.storage.output_job import EXPORTED_MODEL, found_output
 
 # google-research/bert's: [PAD], [unused0]-[unused98], then [UNK], [CLS], [SEP], [MASK].
 UNUSED_AT_THE_START = 99
@@ -107,7 +107,7 @@ def write_vocabulary(settings: VocabularySettings) -> WrittenVocabulary:
 
     Raises:
       SettingsError: a bad template config, an output that is an input or the other output, or
-        one in a directory of another command's output (an exported model's vocab.txt, say).
+        one in an exported model's directory (its vocab.txt and config are the weights').
       CorpusError: bad input, naming the file.
     """
     if settings.output_bert_config_file and not settings.bert_config_file:
@@ -119,10 +119,9 @@ def write_vocabulary(settings: VocabularySettings) -> WrittenVocabulary:
                                                                     "bert_config.json")) if template else None
     _refuse_writing_over_inputs(settings, paths, config_path)
     for flag, path in (("--vocab_file", settings.vocab_file), ("--output_bert_config_file", config_path)):
-        found = found_output(os.path.dirname(path) or ".") if path else None
-        if found is not None:  # an export's vocab.txt, say: its weights would no longer fit it
-            raise SettingsError(f"{flag}={path}: in a directory holding {found}, which it would be mixed into (an "
-                                f"export's own vocab.txt written over); write the vocabulary elsewhere")
+        if path and found_output(os.path.dirname(path) or ".") == EXPORTED_MODEL:  # its weights would not fit
+            raise SettingsError(f"{flag}={path}: in the directory of an exported model, whose own vocab.txt and "
+                                f"bert_config.json it would write over; write the vocabulary elsewhere")
     replaced = frozenset(path for path in (settings.vocab_file, config_path) if path and files.exists(path))
     for path in (settings.vocab_file, config_path):  # a place that cannot be written, found before the corpus is read
         if path:
