@@ -276,9 +276,10 @@ def export_google_checkpoint(model: BertPretrainingModel, path: str, step: int |
 
 
 def refuse_other_content(output_dir: str, exported: Callable[[str], bool]) -> None:
-    """Refuses an export's output directory that holds what no export of its format (`exported`
-    names) wrote, or such names without an export (output_job.found_output): a vocabulary's
-    directory (vocab.txt, bert_config.json), which the export would write over."""
+    """Refuses an export's output directory that holds another kind of output (refuse_other_output),
+    what no export of its format (`exported` names) wrote, or such names without an export
+    (output_job.found_output): a vocabulary's directory (vocab.txt, bert_config.json), which the
+    export would write over."""
     if files.exists(output_dir) and not files.isdir(output_dir):
         raise CheckpointError(f"{output_dir}: a file, not a directory for the exported model")
     ancestor = os.path.dirname(output_dir.rstrip("/"))
@@ -286,15 +287,17 @@ def refuse_other_content(output_dir: str, exported: Callable[[str], bool]) -> No
         ancestor = os.path.dirname(ancestor)
     if ancestor and not ancestor.endswith(":/") and files.exists(ancestor) and not files.isdir(ancestor):
         raise CheckpointError(f"{output_dir}: under {ancestor}, a file, not a directory")
+    refuse_other_output(output_dir, EXPORTED_MODEL)
+    is_export = found_output(output_dir) == EXPORTED_MODEL
     names = [name for name in files.listdir(output_dir)
              if name not in (".lock", EXPORT_UNDER_WAY) and not files.is_temporary_name(name)]
     other = [name for name in names if not exported(name)]
     if other:
         more = f" and {len(other) - 1} more" if len(other) > 1 else ""
-        what = ("which an export of this format does not write (another format's, or your own)"
-                if found_output(output_dir) == EXPORTED_MODEL else "not an exported model")
+        what = "which an export of this format does not write (another format's, or your own)" if is_export \
+            else "not an exported model"
         raise CheckpointError(f"{output_dir}: holds {other[0]}{more}, {what}; use an empty or new directory")
-    if names and found_output(output_dir) != EXPORTED_MODEL:
+    if names and not is_export:
         raise CheckpointError(f"{output_dir}: holds {' and '.join(sorted(names))} but no exported model, which "
                               f"would write over {'them' if len(names) > 1 else 'it'}; use an empty or new directory")
 
@@ -312,7 +315,6 @@ def export_directory(output_dir: str, exported: Callable[[str], bool]):
       OutputDirectoryError: naming the kind of output it holds (a dataset, a training run).
       CheckpointError: naming what else it holds.
     """
-    refuse_other_output(output_dir, EXPORTED_MODEL)
     refuse_other_content(output_dir, exported)
     with claimed(output_dir, "export_model", EXPORTED_MODEL) as confirm:
         refuse_other_content(output_dir, exported)

@@ -55,7 +55,7 @@ from bert_packed.model.modeling import LAYER_NORM_EPSILON, BertEncoder, BertPret
 from bert_packed.model.task_models import BertClassifierModel, BertQuestionAnsweringModel
 from bert_packed.pretraining_data.tokenization import Tokenizer
 from bert_packed.storage import files
-from bert_packed.storage.output_job import EXPORTED_MODEL, HUGGINGFACE_WEIGHTS, refuse_other_output
+from bert_packed.storage.output_job import HUGGINGFACE_WEIGHTS
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = HUGGINGFACE_WEIGHTS
@@ -197,7 +197,6 @@ def require_export_directory(output_dir: str, vocab_file: str, do_lower_case: bo
     inside = os.path.relpath(files.absolute(output_dir), files.absolute(run_dir)) if "://" not in output_dir else ".."
     if not inside.startswith(".."):
         raise CheckpointError(f"{output_dir}: in the run's --output_dir; export to a directory of its own")
-    refuse_other_output(output_dir, EXPORTED_MODEL)
     refuse_other_content(output_dir, _exported)
     try:  # a directory that takes no file is found now, not after the training
         files.makedirs(output_dir)

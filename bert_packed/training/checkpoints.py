@@ -254,12 +254,15 @@ def load_run_weights(model, run_dir: str, step: int | None = None) -> tuple[str,
     checkpoints = Checkpoints(directory.checkpoints, tf.train.Checkpoint(model=model, optimizer=optimizer), keep=1)
     trained = [step] if step is not None else checkpoints.steps()
     if step is None and exported is not None and (not trained or exported >= trained[0]):
-        problem = _unreadable(directory.exported_weights(exported))
-        if problem is None:
-            load_google_checkpoint(model, directory.exported_weights(exported))
-            return directory.exported_weights(exported), exported
-        logging.warning("%s: cannot be read (%s); trying the training checkpoints", directory.exported_weights(exported),
-                        problem)
+        path = directory.exported_weights(exported)
+        try:
+            load_google_checkpoint(model, path)
+            return path, exported
+        except CheckpointError:
+            problem = _unreadable(path)  # read whole only when loading failed: damaged, or not the model's
+            if problem is None:
+                raise
+        logging.warning("%s: cannot be read (%s); trying the training checkpoints", path, problem)
     for candidate in trained:
         problem = _unreadable(checkpoints.path(candidate))
         if problem is None:
