@@ -391,11 +391,19 @@ def test_the_compiled_step_trains_packed_windows_as_it_trains_one_window_a_row(t
                                                             start)
     assert packed_sums["examples"] == alone_sums["examples"] == count
     assert packed_sums["example_loss"] == pytest.approx(alone_sums["example_loss"], rel=1e-5)
+    # The span bias's gradient is zero but for rounding: every logit of a sequence's softmax moves
+    # with it. AdamW scales that rounding up to a few millionths, which differ between CPUs'
+    # kernels (1.8e-6 against 0.4e-6 on one): it is held to have stayed put, a hundredth of one
+    # learning rate's step (1e-3), not to its rounding.
+    span_bias = [weight.path for weight in step.model.weights].index(step.model.qa_outputs.bias.path)
     changed = 0
-    for before, a, b in zip(start, packed_after, alone_after, strict=True):
+    for index, (before, a, b) in enumerate(zip(start, packed_after, alone_after, strict=True)):
+        if index == span_bias:
+            assert np.abs(a - before).max() < 1e-5 and np.abs(b - before).max() < 1e-5
+            continue
         np.testing.assert_allclose(a, b, atol=1e-6)
         changed += not np.array_equal(a, before)
-    assert changed == len(step.model.trainable_weights)  # the encoder and the span head moved; the pooler and heads kept
+    assert changed == len(step.model.trainable_weights) - 1  # the encoder and the span kernel moved
 
 
 def test_questions_whose_answers_no_window_holds_are_counted_in_the_log(tokenizer, caplog):
