@@ -23,6 +23,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import traceback
 
 import pytest
 from conftest import REPO, STEPS, TINY, run_command, run_script
@@ -206,7 +207,8 @@ def test_the_main_job_runs_and_reads_well(main_job):
 @pytest.mark.slow
 def test_every_readme_block_runs_as_written(main_job, monkeypatch):
     """Every block runs; a bash block's `python` commands of this project in this process (each
-    as in its own: bert_packed.cli.in_process), its other lines by bash. Those training commands
+    as in its own: bert_packed.cli.in_process), its other lines by bash; a Python block in this
+    process too, as a notebook runs a cell. Those training commands
     take the steps the main job compiled (SMALLER keeps them at its shapes): one that compiles a
     step of its own fails here, as its build would cost every run of the suite. Right after the
     main job's test, before other jobs' steps push its own out of the tests' pool (its kept_bytes)."""
@@ -226,7 +228,7 @@ def test_every_readme_block_runs_as_written(main_job, monkeypatch):
             if language == "bash":
                 steps = python_commands_and_the_rest(smaller(without_set_up(text)))
             elif language == "python":
-                steps = [[sys.executable, "-c", text]]
+                steps = [["python", "-c", text]]
             else:
                 continue
             where = f"{os.path.relpath(page, REPO)} line {start}"
@@ -235,6 +237,10 @@ def test_every_readme_block_runs_as_written(main_job, monkeypatch):
                 if isinstance(step, str):
                     result = subprocess.run(["bash", "-euo", "pipefail", "-c", step], cwd=root, capture_output=True,
                                             text=True, timeout=600, env=environment())
+                elif step[:2] == ["python", "-c"]:
+                    before, cell = len(built), compile(step[2], where, "exec")
+                    result = captured(step, root, lambda cell=cell: exec(cell, {"__name__": "__main__"}))
+                    del built[before:]  # a notebook's own StepPool, as the block makes it: not the main job's steps
                 elif step[0] == "python":
                     result = run_here(step, root)
                 else:
@@ -440,9 +446,19 @@ def in_process_module(words: list[str]) -> str | None:
 
 
 def run_here(words: list[str], cwd) -> subprocess.CompletedProcess:
-    """`python ...` (in_process_module's) run in this process; its output, the C++ libraries'
-    (TensorFlow's log lines) included, captured as a subprocess's would be."""
+    """`python ...` (in_process_module's) run in this process, as captured() runs it."""
     from bert_packed.cli.in_process import run_in_process
+
+    program, args = (words[2], words[3:]) if words[1] == "-m" else (words[1], words[2:])
+    return captured(words, cwd, lambda: run_in_process(in_process_module(words), args, program, steps=STEPS))
+
+
+def captured(words: list[str], cwd, run) -> subprocess.CompletedProcess:
+    """`words` run in this process by `run()` (which returns an exit status, or None), in `cwd`,
+    the process put back afterwards as after a command (bert_packed.cli.in_process); its output,
+    the C++ libraries' (TensorFlow's log lines) included, captured as a subprocess's would be. A
+    block of Python runs so, as a notebook runs a cell: an exception is its traceback, status 1."""
+    from bert_packed.cli.in_process import process_kept
 
     scripts = os.path.join(REPO, "scripts")
     if scripts not in sys.path:
@@ -456,8 +472,12 @@ def run_here(words: list[str], cwd) -> subprocess.CompletedProcess:
         os.dup2(native.fileno(), 2)
         sys.stdout, sys.stderr = stdout, stderr
         try:
-            program, args = (words[2], words[3:]) if words[1] == "-m" else (words[1], words[2:])
-            status = run_in_process(in_process_module(words), args, program, str(cwd), STEPS)
+            with process_kept(str(cwd)):
+                try:
+                    status = run() or 0
+                except Exception:  # noqa: BLE001 - a block's failure, reported as a process reports it
+                    traceback.print_exc()
+                    status = 1
         finally:
             sys.stdout, sys.stderr = saved_io
             for fd, saved in zip((1, 2), saved_fds):
