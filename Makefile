@@ -39,19 +39,9 @@ $(STAMP): pyproject.toml
 	@echo "== installed into $(ENV_DIR); 'source $(ENV_DIR)/bin/activate' puts its python and commands on PATH"
 	@touch $(STAMP)
 
-# pip installs on one core. On the other, meanwhile, the data commands run once on a file of the
-# sample, so that numba compiles their functions into its cache beside the modules (about 20 s
-# here): the suite's processes then load them, instead of each compiling them again. Their output
-# is thrown away; were they to fail, the suite compiles what it needs, as it did before. They
-# import the package from the checkout, which pip reinstalls meanwhile.
-WARM_DATA := --max_seq_length=128 --max_predictions_per_seq=20
 $(TEST_STAMP): $(STAMP)
 	@echo "== installing what the tests need into $(ENV_DIR): PyTorch's CPU build, transformers, keras-hub, Apache Beam (about 2 minutes, once)"
-	@warm=$$(mktemp -d); export PYTHONPATH="$(CURDIR)"; { $(PYTHON) scripts/create_pretraining_data.py --input_file=data/wikipedia_sample/wiki_00 \
-		--output_dir="$$warm/u" --dupe_factor=1 $(WARM_DATA) && $(PYTHON) scripts/pack_pretraining_data.py \
-		--input_files="$$warm/u/part-*.tfrecord" --output_dir="$$warm/p" --max_sequences_per_pack=3 --verify $(WARM_DATA); \
-		} >/dev/null 2>&1 & $(PYTHON) -m pip install --quiet --quiet --no-compile -e '.[$(EXTRAS),test]'; \
-		status=$$?; wait; rm -rf "$$warm"; exit $$status
+	@$(PYTHON) -m pip install --quiet --quiet --no-compile -e '.[$(EXTRAS),test]'
 	@$(PYTHON) -m pip install --quiet --quiet --no-compile --no-deps keras-hub==0.32.0 'tensorflow-text==2.21.*'  # pyproject.toml: test
 	@touch $(TEST_STAMP)
 
