@@ -19,11 +19,11 @@ import json
 import math
 import os
 import re
+import select
 import shlex
 import subprocess
 import sys
 import tempfile
-import traceback
 
 import pytest
 from conftest import REPO, STEPS, TINY, run_command, run_script
@@ -207,8 +207,8 @@ def test_the_main_job_runs_and_reads_well(main_job):
 @pytest.mark.slow
 def test_every_readme_block_runs_as_written(main_job, monkeypatch):
     """Every block runs; a bash block's `python` commands of this project in this process (each
-    as in its own: bert_packed.cli.in_process), its other lines by bash; a Python block in this
-    process too, as a notebook runs a cell. Those training commands
+    as in its own: bert_packed.cli.in_process), its other lines by bash; the Python blocks one
+    after another in one interpreter of their own (PythonBlocks). Those training commands
     take the steps the main job compiled (SMALLER keeps them at its shapes): one that compiles a
     step of its own fails here, as its build would cost every run of the suite. Right after the
     main job's test, before other jobs' steps push its own out of the tests' pool (its kept_bytes)."""
@@ -223,33 +223,35 @@ def test_every_readme_block_runs_as_written(main_job, monkeypatch):
 
     monkeypatch.setattr(training_step.CompiledStep, "__init__", counted)
     ran = 0
-    for page in PAGES:
-        for start, language, text in fenced_blocks(page):
-            if language == "bash":
-                steps = python_commands_and_the_rest(smaller(without_set_up(text)))
-            elif language == "python":
-                steps = [["python", "-c", text]]
-            else:
-                continue
-            where = f"{os.path.relpath(page, REPO)} line {start}"
-            output = ""
-            for step in steps:
-                if isinstance(step, str):
-                    result = subprocess.run(["bash", "-euo", "pipefail", "-c", step], cwd=root, capture_output=True,
-                                            text=True, timeout=600, env=environment())
-                elif step[:2] == ["python", "-c"]:
-                    before, cell = len(built), compile(step[2], where, "exec")
-                    result = captured(step, root, lambda cell=cell: exec(cell, {"__name__": "__main__"}))
-                    del built[before:]  # a notebook's own StepPool, as the block makes it: not the main job's steps
-                elif step[0] == "python":
-                    result = run_here(step, root)
+    python = PythonBlocks(root)
+    try:
+        for page in PAGES:
+            for start, language, text in fenced_blocks(page):
+                if language == "bash":
+                    steps = python_commands_and_the_rest(smaller(without_set_up(text)))
+                elif language == "python":
+                    steps = [[sys.executable, "-c", text]]  # as `python -c` runs it
                 else:
-                    result = subprocess.run(step, cwd=root, capture_output=True, text=True, timeout=600,
-                                            env=environment())
-                output += result.stdout + result.stderr
-                assert result.returncode == 0, f"{where}:\n{text}\n{result.stdout[-2000:]}{result.stderr[-3000:]}"
-            assert_reads_well(output, where, 30 * (text.count("\n") + 1), tensorflow_notices=language == "python")
-            ran += 1
+                    continue
+                where = f"{os.path.relpath(page, REPO)} line {start}"
+                output = ""
+                for step in steps:
+                    if isinstance(step, str):
+                        result = subprocess.run(["bash", "-euo", "pipefail", "-c", step], cwd=root, capture_output=True,
+                                                text=True, timeout=600, env=environment())
+                    elif step[0] == "python":
+                        result = run_here(step, root)
+                    elif step[:2] == [sys.executable, "-c"]:
+                        result = python.run(step)
+                    else:
+                        result = subprocess.run(step, cwd=root, capture_output=True, text=True, timeout=600,
+                                                env=environment())
+                    output += result.stdout + result.stderr
+                    assert result.returncode == 0, f"{where}:\n{text}\n{result.stdout[-2000:]}{result.stderr[-3000:]}"
+                assert_reads_well(output, where, 30 * (text.count("\n") + 1), tensorflow_notices=language == "python")
+                ran += 1
+    finally:
+        python.close()
     assert ran >= 8
     assert built == [], (f"blocks that compiled a step of their own, not one of the main job's (or one "
                          f"the tests' StepPool let go): {built}")
@@ -445,20 +447,73 @@ def in_process_module(words: list[str]) -> str | None:
     return None
 
 
+# The interpreter of the docs' Python blocks (PythonBlocks): for each line "<code file>\t<output
+# file>" it runs the code as `python -c` would (its own globals, __name__ "__main__"), with its
+# output, the C++ libraries' too, in the output file, and answers the exit status in a line.
+BLOCKS_INTERPRETER = r"""
+import os, sys, traceback
+requests, replies = os.fdopen(os.dup(0)), os.fdopen(os.dup(1), "w")
+for request in requests:
+    code, output = request.rstrip("\n").split("\t")
+    with open(output, "w") as f:
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+        try:
+            exec(compile(open(code).read(), "<string>", "exec"), {"__name__": "__main__"})
+            status = 0
+        except SystemExit as e:
+            status = e.code if isinstance(e.code, int) else int(e.code is not None)
+        except BaseException:
+            traceback.print_exc()
+            status = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+    replies.write(f"{status}\n")
+    replies.flush()
+"""
+
+
+class PythonBlocks:
+    """The docs' Python blocks, each run as `python -c` runs it, one after another in one
+    interpreter of their own: as a user's (the environment of `source .venv/bin/activate`, the
+    clone's directory, sys.argv and sys.path as for `-c`), not the test's, and TensorFlow, PyTorch
+    and keras-hub imported once for every block instead of once each (40 s here)."""
+
+    def __init__(self, root):
+        self.root = root
+        self.process = subprocess.Popen([sys.executable, "-c", BLOCKS_INTERPRETER], cwd=root, env=environment(),
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def run(self, words: list[str]) -> subprocess.CompletedProcess:
+        """One block (`words[2]`), as subprocess.run would give it, its output all in stdout."""
+        with tempfile.TemporaryDirectory() as directory:
+            code, output = os.path.join(directory, "block.py"), os.path.join(directory, "output")
+            with open(code, "w", encoding="utf-8") as f:
+                f.write(words[2])
+            self.process.stdin.write(f"{code}\t{output}\n")
+            self.process.stdin.flush()
+            ready, _, _ = select.select([self.process.stdout], [], [], 600)
+            status = self.process.stdout.readline().strip() if ready else ""
+            written = open(output, encoding="utf-8").read() if os.path.exists(output) else ""
+        if not status:
+            self.process.kill()
+            return subprocess.CompletedProcess(words, 1, written, "the blocks' interpreter ended or took over 600 s")
+        return subprocess.CompletedProcess(words, int(status), written, "")
+
+    def close(self) -> None:
+        """Ends the interpreter (killed if it does not end within a minute)."""
+        self.process.stdin.close()
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
 def run_here(words: list[str], cwd) -> subprocess.CompletedProcess:
-    """`python ...` (in_process_module's) run in this process, as captured() runs it."""
+    """`python ...` (in_process_module's) run in this process; its output, the C++ libraries'
+    (TensorFlow's log lines) included, captured as a subprocess's would be."""
     from bert_packed.cli.in_process import run_in_process
-
-    program, args = (words[2], words[3:]) if words[1] == "-m" else (words[1], words[2:])
-    return captured(words, cwd, lambda: run_in_process(in_process_module(words), args, program, steps=STEPS))
-
-
-def captured(words: list[str], cwd, run) -> subprocess.CompletedProcess:
-    """`words` run in this process by `run()` (which returns an exit status, or None), in `cwd`,
-    the process put back afterwards as after a command (bert_packed.cli.in_process); its output,
-    the C++ libraries' (TensorFlow's log lines) included, captured as a subprocess's would be. A
-    block of Python runs so, as a notebook runs a cell: an exception is its traceback, status 1."""
-    from bert_packed.cli.in_process import process_kept
 
     scripts = os.path.join(REPO, "scripts")
     if scripts not in sys.path:
@@ -472,12 +527,8 @@ def captured(words: list[str], cwd, run) -> subprocess.CompletedProcess:
         os.dup2(native.fileno(), 2)
         sys.stdout, sys.stderr = stdout, stderr
         try:
-            with process_kept(str(cwd)):
-                try:
-                    status = run() or 0
-                except Exception:  # noqa: BLE001 - a block's failure, reported as a process reports it
-                    traceback.print_exc()
-                    status = 1
+            program, args = (words[2], words[3:]) if words[1] == "-m" else (words[1], words[2:])
+            status = run_in_process(in_process_module(words), args, program, str(cwd), STEPS)
         finally:
             sys.stdout, sys.stderr = saved_io
             for fd, saved in zip((1, 2), saved_fds):

@@ -54,30 +54,19 @@ def command_in_this_process(module_name: str, cwd: str | None = None):
         module name when scripts/ is on sys.path); its entry_point() runs the command.
       cwd: the working directory meanwhile (None: the current one).
     """
-    with process_kept(cwd):
+    quiet = QuietRetracing()
+    with _process_state_kept(), _training_state_kept(), _process_flags_kept():
         process_name = command_name.make_process_name_useful
         try:
             command_name.make_process_name_useful = lambda: None  # the process keeps its name
-            absl_logging.get_absl_handler().filters[:] = []  # the running command's repeat counter, say
-            yield importlib.import_module(module_name)
-        finally:
-            command_name.make_process_name_useful = process_name
-
-
-@contextlib.contextmanager
-def process_kept(cwd: str | None = None):
-    """What command_in_this_process puts back, and its working directory meanwhile: for a command,
-    or for Python run as a notebook runs a cell (the docs' blocks, in tests/test_readme.py). The
-    "retracing" warning is left out meanwhile (QuietRetracing)."""
-    quiet = QuietRetracing()
-    with _process_state_kept(), _training_state_kept(), _process_flags_kept():
-        try:
             if cwd is not None:
                 os.chdir(cwd)
+            absl_logging.get_absl_handler().filters[:] = []  # the running command's repeat counter, say
             logging.getLogger("tensorflow").addFilter(quiet)
-            yield
+            yield importlib.import_module(module_name)
         finally:
             logging.getLogger("tensorflow").removeFilter(quiet)
+            command_name.make_process_name_useful = process_name
 
 
 def run_in_process(module_name: str, args: list[str], program: str | None = None, cwd: str | None = None,
