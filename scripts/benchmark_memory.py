@@ -37,7 +37,7 @@ import statistics
 import tempfile
 import time
 
-from bert_packed.tensorflow_loading import import_tensorflow
+from bert_packed.console.tensorflow_loading import import_tensorflow
 
 DUMP = tempfile.mkdtemp(prefix="bert_packed_xla_dump_")
 atexit.register(shutil.rmtree, DUMP, ignore_errors=True)  # XLA's dump of every program compiled: scratch

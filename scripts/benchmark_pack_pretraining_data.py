@@ -28,12 +28,12 @@ from _sample_corpus import copy_sample
 from absl import flags
 
 from bert_packed.cli.common import run
+from bert_packed.console.tensorflow_loading import import_tensorflow
 from bert_packed.features import Shapes, float_features, tf_feature_spec
 from bert_packed.inputs.dataset import Dataset
 from bert_packed.packing.pack_dataset import PackSettings, pack_pretraining_dataset
 from bert_packed.packing.verify import verify_packed_dataset
 from bert_packed.records import TFRecordWriter, read_batches, read_packed, read_records
-from bert_packed.tensorflow_loading import import_tensorflow
 
 SCRIPTS = os.path.dirname(os.path.abspath(__file__))
 

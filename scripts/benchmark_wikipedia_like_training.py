@@ -21,7 +21,7 @@ import json
 import os
 import tempfile
 
-from bert_packed.tensorflow_loading import import_tensorflow
+from bert_packed.console.tensorflow_loading import import_tensorflow
 
 import_tensorflow(verbosity=0)  # first: TensorFlow's start-up notices stay out of the tables
 

@@ -32,7 +32,7 @@ import shlex
 import tempfile
 import time
 
-from bert_packed.tensorflow_loading import import_tensorflow
+from bert_packed.console.tensorflow_loading import import_tensorflow
 
 import_tensorflow(verbosity=0)
 

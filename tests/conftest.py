@@ -186,7 +186,7 @@ def _no_graph_optimizer():
     against 185 s). The processes the tests start (the workers, kill -9, the locks, the disk-full
     runs, the eval command) keep it, as users run them. Set in a fixture, not on import: xdist's
     controller imports this file and runs no test."""
-    from bert_packed.tensorflow_loading import import_tensorflow
+    from bert_packed.console.tensorflow_loading import import_tensorflow
 
     import_tensorflow().config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
 

@@ -7,7 +7,7 @@ import os
 import pytest
 from conftest import run_command
 
-from bert_packed.progress import Progress
+from bert_packed.console.progress import Progress
 
 
 class Terminal(io.StringIO):
@@ -30,7 +30,7 @@ def test_a_log_gets_each_count_once():
 def test_the_time_left_is_timed_from_the_first_count_and_said_in_a_person_s_unit(monkeypatch):
     """Six shards written in parallel: the first ends after 30 s, the next 10 s later. Timed from
     the start, the second line would say 80 s left; from the first count, 40 s."""
-    from bert_packed import progress as module
+    from bert_packed.console import progress as module
 
     now = [0.0]
     monkeypatch.setattr(module.time, "perf_counter", lambda: now[0])
@@ -84,7 +84,7 @@ def test_tensorflow_loads_quietly_but_its_errors_still_show(tmp_path):
     environment["PYTHONPATH"] = str(tmp_path)
 
     def load(verbosity):
-        code = f"from bert_packed.tensorflow_loading import import_tensorflow; import_tensorflow({verbosity})"
+        code = f"from bert_packed.console.tensorflow_loading import import_tensorflow; import_tensorflow({verbosity})"
         return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environment,
                               timeout=60)
 
@@ -95,7 +95,7 @@ def test_tensorflow_loads_quietly_but_its_errors_still_show(tmp_path):
     assert len(verbose.stderr.splitlines()) == 3
     # Threads that load it at once (the packer's readers did): no hang, the error shown once.
     threads = subprocess.run([sys.executable, "-c", "import threading\n"
-                              "from bert_packed.tensorflow_loading import import_tensorflow\n"
+                              "from bert_packed.console.tensorflow_loading import import_tensorflow\n"
                               "threads = [threading.Thread(target=import_tensorflow) for _ in range(4)]\n"
                               "[thread.start() for thread in threads]\n[thread.join() for thread in threads]"],
                              capture_output=True, text=True, env=environment, timeout=60)

@@ -13,8 +13,7 @@ from bert_packed import errors
 
 # A module may import project modules of its own rank or below, never above.
 RANKS = {
-    "__init__": 0, "errors": 0, "features": 0, "storage": 0, "progress": 0, "inputs": 0,
-    "tensorflow_loading": 0, "settings": 0,
+    "__init__": 0, "errors": 0, "features": 0, "settings": 0, "console": 0, "storage": 0, "inputs": 0,
     "records": 1, "update_program": 1,
     "packing": 2, "pretraining_data": 2, "finetuning": 2,
     "model": 3, "beam": 3,
@@ -22,9 +21,8 @@ RANKS = {
     "cli": 5, "doctor": 5, "vocab": 5,
 }
 # Modules on the data path: they must not import TensorFlow when they are imported.
-WITHOUT_TENSORFLOW = ("errors", "features", "storage", "progress", "inputs",
-                      "tensorflow_loading", "settings", "records", "packing", "pretraining_data",
-                      "finetuning", "beam", "update_program")
+WITHOUT_TENSORFLOW = ("errors", "features", "settings", "console", "storage", "inputs", "records", "packing",
+                      "pretraining_data", "finetuning", "beam", "update_program")
 
 
 def python_files(*folders):

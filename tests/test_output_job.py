@@ -6,11 +6,11 @@ import os
 
 import pytest
 
+from bert_packed.console.progress import Progress
 from bert_packed.errors import OutputDirectoryError
 from bert_packed.features import Shapes
 from bert_packed.inputs.dataset_info import DataFile, DatasetFilesError, DatasetInfo
 from bert_packed.inputs.file_identity import FileIdentity
-from bert_packed.progress import Progress
 from bert_packed.storage import files
 from bert_packed.storage.output_job import InputsChangedError, OutputJob
 

@@ -28,8 +28,8 @@ import tempfile
 import pytest
 from conftest import REPO, STEPS, TINY, run_command, run_script
 
+from bert_packed.console.tensorflow_loading import STARTUP_NOTICES
 from bert_packed.inputs.dataset_info import read_dataset_info
-from bert_packed.tensorflow_loading import STARTUP_NOTICES
 
 README = os.path.join(REPO, "README.md")
 PAGES = [README] + sorted(os.path.join(REPO, "docs", name) for name in os.listdir(os.path.join(REPO, "docs"))

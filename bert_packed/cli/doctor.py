@@ -13,7 +13,7 @@ from __future__ import annotations
 from absl import flags
 
 from bert_packed.cli.common import run
-from bert_packed.tensorflow_loading import import_tensorflow
+from bert_packed.console.tensorflow_loading import import_tensorflow
 
 FLAGS = flags.FlagValues()
 PROGRAM = "bert-packed-doctor"

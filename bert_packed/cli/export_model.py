@@ -17,9 +17,9 @@ from absl import flags
 
 from bert_packed.cli.common import run
 from bert_packed.cli.settings_flags import define_flags, from_flags
+from bert_packed.console.tensorflow_loading import import_tensorflow
 from bert_packed.model.config import ExportSettings
 from bert_packed.settings import help_groups
-from bert_packed.tensorflow_loading import import_tensorflow
 
 FLAGS = flags.FlagValues()
 SETTINGS = (ExportSettings,)

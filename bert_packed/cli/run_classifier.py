@@ -19,9 +19,9 @@ from absl import flags
 
 from bert_packed.cli.common import command_flags_text, exit_if_stopped, run
 from bert_packed.cli.settings_flags import define_flags, from_flags, given_flags
+from bert_packed.console.tensorflow_loading import import_tensorflow
 from bert_packed.settings import first_run_settings, help_groups
 from bert_packed.storage.run_directory import EVAL_RESULTS
-from bert_packed.tensorflow_loading import import_tensorflow
 from bert_packed.training.finetune_settings import HELP_ORDER, ClassifierSettings
 
 FLAGS = flags.FlagValues()

@@ -17,9 +17,9 @@ from absl import flags
 
 from bert_packed.cli.common import command_flags_text, exit_if_stopped, run
 from bert_packed.cli.settings_flags import define_flags, given_flags
+from bert_packed.console.tensorflow_loading import import_tensorflow
 from bert_packed.settings import first_run_settings, help_groups, settings_of
 from bert_packed.storage.run_directory import EVAL_RESULTS
-from bert_packed.tensorflow_loading import import_tensorflow
 from bert_packed.training.assemble import PretrainingSettings
 from bert_packed.training.config import (
     MLPERF_GROUP,

@@ -20,8 +20,8 @@ from absl import flags
 
 from bert_packed.cli.common import command_flags_text, exit_if_stopped, run
 from bert_packed.cli.settings_flags import define_flags, from_flags, given_flags
+from bert_packed.console.tensorflow_loading import import_tensorflow
 from bert_packed.settings import first_run_settings, help_groups
-from bert_packed.tensorflow_loading import import_tensorflow
 from bert_packed.training.finetune_settings import HELP_ORDER, SquadSettings
 
 FLAGS = flags.FlagValues()

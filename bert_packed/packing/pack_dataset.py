@@ -31,6 +31,7 @@ import time
 
 import numpy as np
 
+from bert_packed.console.progress import Progress
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
 from bert_packed.inputs.dataset import Dataset
@@ -43,7 +44,6 @@ from bert_packed.packing.histogram import histogram_from_lengths, merge_histogra
 from bert_packed.packing.pack_settings import PackCommandSettings, PackSettings
 from bert_packed.packing.plan import plan
 from bert_packed.packing.verify import PackingError, audit_packs, verify_packed_dataset
-from bert_packed.progress import Progress
 from bert_packed.records import TFRecordWriter, read_unpacked
 from bert_packed.storage import files
 from bert_packed.storage.output_job import PACKED_DATA, OutputJob, WorkDamagedError, WorkUnits, in_parallel

@@ -20,11 +20,11 @@ import itertools
 
 import numpy as np
 
+from bert_packed.console.progress import Progress
 from bert_packed.features import Shapes
 from bert_packed.packing import packer
 from bert_packed.packing.histogram import histogram_from_lengths
 from bert_packed.packing.online import OnlinePacker
-from bert_packed.progress import Progress
 from bert_packed.records import RecordError, read_unpacked
 
 

@@ -8,10 +8,10 @@ import os
 
 import numpy as np
 
+from bert_packed.console.progress import Progress
 from bert_packed.errors import InternalError, OutputDirectoryError, UserError
 from bert_packed.inputs.dataset_info import DataFile, read_dataset_info
 from bert_packed.packing import packer
-from bert_packed.progress import Progress
 from bert_packed.records import read_packed
 from bert_packed.storage.output_job import in_parallel
 

@@ -38,6 +38,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from bert_packed.console.progress import Progress
 from bert_packed.errors import SettingsError, UserError, raise_if_retryable
 from bert_packed.features import Shapes
 from bert_packed.inputs.dataset_info import HISTOGRAM_FILE, DataFile, DatasetInfo
@@ -52,7 +53,6 @@ from bert_packed.pretraining_data.corpus import (
 from bert_packed.pretraining_data.documents import tokenize_file, unflatten
 from bert_packed.pretraining_data.instances import MaskingConfig, create_instances, instance_features
 from bert_packed.pretraining_data.tokenization import Tokenizer
-from bert_packed.progress import Progress
 from bert_packed.records import TFRecordWriter, read_record_batches
 from bert_packed.storage import files
 from bert_packed.storage.output_job import UNPACKED_DATA, OutputJob, WorkUnits

@@ -21,10 +21,10 @@ from collections.abc import Iterator
 import numba
 import numpy as np
 
+from bert_packed.console.tensorflow_loading import import_tensorflow
 from bert_packed.errors import UserError
 from bert_packed.features import tf_feature_spec
 from bert_packed.records.tfrecord import _put_frame, _put_uint, read_record_batches
-from bert_packed.tensorflow_loading import import_tensorflow
 
 
 class RecordError(UserError, ValueError):

@@ -145,7 +145,7 @@ class _StorageFile:
 def _gfile(path: str):
     """tf.io.gfile for a path with a scheme; None for a local path (plain os calls)."""
     if "://" in path:
-        from bert_packed.tensorflow_loading import import_tensorflow
+        from bert_packed.console.tensorflow_loading import import_tensorflow
 
         return import_tensorflow().io.gfile
     return None

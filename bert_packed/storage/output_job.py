@@ -56,6 +56,7 @@ import logging
 import os
 from collections.abc import Callable
 
+from bert_packed.console.progress import Progress
 from bert_packed.errors import OutputDirectoryError, UserError
 from bert_packed.inputs.dataset_info import (
     HISTOGRAM_FILE,
@@ -67,7 +68,6 @@ from bert_packed.inputs.dataset_info import (
     write_dataset_info,
 )
 from bert_packed.inputs.file_identity import FileIdentity
-from bert_packed.progress import Progress
 from bert_packed.storage import files, locks
 from bert_packed.storage.run_directory import RunDirectory
 

@@ -8,7 +8,7 @@ import logging
 
 import tensorflow as tf
 
-from bert_packed.progress import duration
+from bert_packed.console.progress import duration
 from bert_packed.storage import files
 from bert_packed.storage.run_directory import EVAL_LOG, TRAIN_LOG, RunDirectory
 from bert_packed.training.mlperf_log import MLPerfLog

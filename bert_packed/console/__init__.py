@@ -1,0 +1,2 @@
+"""What a command shows on its console: the progress line of long jobs (progress.py) and TensorFlow
+loaded quietly, its start-up notices off the console (tensorflow_loading.py)."""
