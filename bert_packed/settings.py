@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import os
 from collections.abc import Sequence
 
 from bert_packed.errors import SettingsError
@@ -65,9 +66,11 @@ def first_run_settings(*kinds: type) -> tuple[str, ...]:
     return tuple(field.name for field in settings_of(*kinds) if field.metadata["first_run"])
 
 
-def check_setting(field: dataclasses.Field, value) -> None:
+def check_setting(field: dataclasses.Field, value):
     """Refuses a value of another type than its flag's, or outside its choices, as the command
-    line's parser would: what a caller from Python meets (a notebook's "8" for 8, say).
+    line's parser would: what a caller from Python meets (a notebook's "8" for 8, say). Returns
+    the value as the flag's type: a NumPy integer or number as Python's int or float (run.json and
+    metadata.json are JSON), a pathlib.Path as its string, a list as a tuple.
 
     Raises:
       SettingsError: naming the flag and what it expects.
@@ -76,17 +79,21 @@ def check_setting(field: dataclasses.Field, value) -> None:
     kind = declared.split(" |")[0]
     if value is None:
         if "None" in declared:
-            return
+            return None
         raise SettingsError(f"--{field.name}: None; expected {_EXPECTED[kind]}")
     if kind == "bool":
         right = isinstance(value, bool)
     elif kind == "int":
         right = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+        value = int(value) if right else value
     elif kind == "float":
         right = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        value = float(value) if right else value
     elif kind.startswith("tuple"):
         right = isinstance(value, (tuple, list))
+        value = tuple(value) if right else value
     else:
+        value = os.fspath(value) if isinstance(value, os.PathLike) else value
         right = isinstance(value, str)
     if not right:
         expected = "a list" if kind.startswith("tuple") else _EXPECTED[kind]
@@ -94,13 +101,29 @@ def check_setting(field: dataclasses.Field, value) -> None:
     choices = field.metadata["choices"]
     if choices and value not in choices:
         raise SettingsError(f"--{field.name}={value}: expected one of {', '.join(choices)}")
+    return value
 
 
 def check_settings(settings, kind: type | None = None) -> None:
     """check_setting of every setting of the dataclass instance `settings` (or of its part
-    `kind`, a dataclass it derives from)."""
+    `kind`, a dataclass it derives from), each value kept as check_setting returns it."""
     for field in settings_of(kind or type(settings)):
-        check_setting(field, getattr(settings, field.name))
+        value = getattr(settings, field.name)
+        checked = check_setting(field, value)
+        if checked is not value:
+            object.__setattr__(settings, field.name, checked)  # frozen: a value of its own type, once
+
+
+def require_given(settings, *names: str) -> None:
+    """Refuses a settings value without the settings `names` (None or empty): the command line's
+    required flags, as a caller from Python meets them.
+
+    Raises:
+      SettingsError: "--output_dir is required", for the first one missing.
+    """
+    for name in names:
+        if not getattr(settings, name):
+            raise SettingsError(f"--{name} is required")
 
 
 def given_or_changed(settings) -> frozenset[str]:

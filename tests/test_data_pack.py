@@ -121,7 +121,7 @@ def test_the_data_commands_are_functions_of_their_settings_as_a_notebook_calls_t
     assert (packs["max_seq_length"], packs["max_predictions_per_seq"]) == (MAX_SEQ_LENGTH, 20)  # the records'
     with pytest.raises(SettingsError, match="give one of --output_dir"):
         CreateSettings(input_file=corpus[0])
-    with pytest.raises(SettingsError, match="--max_sequences_per_pack and --max_predictions_per_seq must be >= 1"):
+    with pytest.raises(SettingsError, match="--max_sequences_per_pack=0: must be >= 1"):
         PackCommandSettings(input_files=f"{unpacked}/part-*.tfrecord", output_dir=packed, max_sequences_per_pack=0)
 
 

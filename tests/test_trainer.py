@@ -397,7 +397,7 @@ def test_a_run_is_assembled_from_its_flags_by_name_as_the_command_does(packed_di
         assemble(line(eval_files=f"{packed_dir}/packed-*.tfrecord", do_eval=True))
     with pytest.raises(SettingsError, match=r"^--bucket_boundaries=64,,128: expected lengths separated by commas"):
         assemble(line(bucket_boundaries=["64", "", "128"]))  # an internal error (int(''))
-    with pytest.raises(SettingsError, match=r"^--log_epsilon=400: epsilon is 10\*\*log_epsilon"):
+    with pytest.raises(SettingsError, match=r"^--log_epsilon=400.0: epsilon is 10\*\*log_epsilon"):  # a float, as the flag's
         assemble(line(log_epsilon=400))  # an internal error (OverflowError)
     with pytest.raises(SettingsError, match="--train_batch: run_pretraining has no such setting"):
         line(train_batch=4)

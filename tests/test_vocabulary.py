@@ -106,7 +106,7 @@ def test_bad_settings_are_one_line(corpus, tmp_path):
     """Each before the corpus is read: an output that cannot be written was found after learning."""
     (tmp_path / "a_file").write_text("x")
     for args, message in (
-            ([f"--vocab_file={tmp_path}/v.txt", "--vocab_size=50"], "--vocab_size=50 must be at least 112"),
+            ([f"--vocab_file={tmp_path}/v.txt", "--vocab_size=50"], "--vocab_size=50: must be at least 112"),
             ([], "--input_file and --vocab_file are required"),
             ([f"--vocab_file={tmp_path}/v.txt", f"--bert_config_file={tmp_path}/none.json"],
              f"--bert_config_file={tmp_path}/none.json: cannot read it as a BERT config"),

@@ -8,7 +8,7 @@ import math
 
 from bert_packed.errors import UserError, raise_if_retryable
 from bert_packed.pretraining_data.tokenization import DEFAULT_VOCAB_FILE
-from bert_packed.settings import check_settings, setting
+from bert_packed.settings import check_settings, require_given, setting
 from bert_packed.storage import files
 
 # What export_model writes: a Hugging Face directory, or google-research's TF1 checkpoint.
@@ -35,6 +35,7 @@ class ExportSettings:
 
     def __post_init__(self):
         check_settings(self)
+        require_given(self, "checkpoint", "bert_config_file", "output_dir")
 
 # What the backward pass recomputes instead of keeping from the forward pass: nothing; the
 # attention block (scores, softmax, dropout, probabilities x values: the [B, N, L, L] tensors,

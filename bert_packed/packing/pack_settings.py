@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import numbers
 
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
 from bert_packed.inputs.dataset import Dataset
 from bert_packed.inputs.dataset_info import require_seq_length
 from bert_packed.packing.plan import ALGORITHMS, DEFAULT_ALGORITHM
-from bert_packed.settings import check_settings, given_or_changed, setting
+from bert_packed.settings import check_settings, given_or_changed, require_given, setting
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,12 +70,13 @@ class PackCommandSettings:
 
     def __post_init__(self):
         check_settings(self)
-        if self.max_sequences_per_pack < 1 or self.max_predictions_per_seq < 1:
-            raise SettingsError("--max_sequences_per_pack and --max_predictions_per_seq must be >= 1")
-        if self.num_shards < 1 or self.bucket_mb < 1:
-            raise SettingsError("--num_shards and --bucket_mb must be >= 1")
-        if self.seed < 0 or self.num_workers < 0:
-            raise SettingsError(f"--seed={self.seed} and --num_workers={self.num_workers} must be >= 0")
+        require_given(self, "input_files", "output_dir")
+        for name in ("max_sequences_per_pack", "max_predictions_per_seq", "num_shards", "bucket_mb"):
+            if getattr(self, name) < 1:
+                raise SettingsError(f"--{name}={getattr(self, name)}: must be >= 1")
+        for name in ("seed", "num_workers"):
+            if getattr(self, name) < 0:
+                raise SettingsError(f"--{name}={getattr(self, name)}: must be >= 0")
 
     def pack_settings(self, inputs: Dataset) -> PackSettings:
         """What decides the output of packing `inputs` (described): L and P as given, else as the
@@ -92,7 +94,7 @@ class PackCommandSettings:
                             "defaults where not given); give --max_seq_length and --max_predictions_per_seq of the "
                             "records if they were made otherwise", max_seq_length, max_predictions_per_seq)
         if max_predictions_per_seq < 1:
-            raise SettingsError("--max_sequences_per_pack and --max_predictions_per_seq must be >= 1")
+            raise SettingsError(f"--max_predictions_per_seq={max_predictions_per_seq}: must be >= 1")
         require_seq_length(max_seq_length)
         return PackSettings(shapes=Shapes(max_seq_length, max_predictions_per_seq, self.max_sequences_per_pack),
                             algorithm=self.algorithm, seed=self.seed, num_shards=self.num_shards,
@@ -117,8 +119,8 @@ class PlanSettings:
     json: bool = setting(False, "Print one JSON object (with the strategies) instead of a table.", group="report")
 
     def __post_init__(self):
-        if isinstance(self.max_sequences_per_pack, int) and not isinstance(self.max_sequences_per_pack, bool):
-            object.__setattr__(self, "max_sequences_per_pack", str(self.max_sequences_per_pack))  # as the flag gives it
+        if isinstance(self.max_sequences_per_pack, numbers.Integral) and not isinstance(self.max_sequences_per_pack, bool):
+            object.__setattr__(self, "max_sequences_per_pack", str(int(self.max_sequences_per_pack)))  # as the flag gives it
         check_settings(self)
         _ = self.depth  # a depth neither a number >= 1 nor 'unlimited' is refused here
 

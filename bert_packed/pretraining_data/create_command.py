@@ -77,18 +77,22 @@ class CreateSettings(CorpusSettings):
         if self.max_predictions_per_seq > self.max_seq_length:
             raise SettingsError(f"--max_predictions_per_seq={self.max_predictions_per_seq}: more than the "
                                 f"--max_seq_length={self.max_seq_length} tokens of an instance")
-        if self.max_predictions_per_seq < 1 or self.dupe_factor < 1:
-            raise SettingsError("--max_predictions_per_seq and --dupe_factor must be at least 1")
-        if not 0.0 < self.masked_lm_prob < 1.0 or not 0.0 <= self.short_seq_prob <= 1.0:
-            raise SettingsError("--masked_lm_prob must be in (0, 1) and --short_seq_prob in [0, 1]")
+        for name in ("max_predictions_per_seq", "dupe_factor"):
+            if getattr(self, name) < 1:
+                raise SettingsError(f"--{name}={getattr(self, name)}: must be at least 1")
+        if not 0.0 < self.masked_lm_prob < 1.0:
+            raise SettingsError(f"--masked_lm_prob={self.masked_lm_prob}: must be in (0, 1)")
+        if not 0.0 <= self.short_seq_prob <= 1.0:
+            raise SettingsError(f"--short_seq_prob={self.short_seq_prob}: must be in [0, 1]")
         if not 0.0 <= self.eval_fraction < 1.0:
             raise SettingsError(f"--eval_fraction={self.eval_fraction}: must be in [0, 1)")
         if bool(self.output_dir) == bool(self.output_file):
             raise SettingsError("give one of --output_dir (a dataset directory) and --output_file (TFRecord files)")
         if self.output_file and self.eval_fraction:
             raise SettingsError("--eval_fraction needs --output_dir: --output_file holds training instances only")
-        if self.random_seed < 0 or self.num_workers < 0:
-            raise SettingsError(f"--random_seed={self.random_seed} and --num_workers={self.num_workers} must be >= 0")
+        for name in ("random_seed", "num_workers"):
+            if getattr(self, name) < 0:
+                raise SettingsError(f"--{name}={getattr(self, name)}: must be >= 0")
 
     def dataset_settings(self) -> DatasetSettings:
         """What decides the output (the vocabulary found where --vocab_file names it)."""

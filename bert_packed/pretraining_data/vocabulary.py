@@ -66,9 +66,11 @@ class VocabularySettings(CorpusSettings):
         check_settings(self)
         if not self.input_file or not self.vocab_file:
             raise SettingsError("--input_file and --vocab_file are required: the corpus, and where the vocabulary goes")
-        if self.vocab_size < len(reserved_tokens()) + 8 or self.min_frequency < 1:
-            raise SettingsError(f"--vocab_size={self.vocab_size} must be at least {len(reserved_tokens()) + 8} (the "
-                                f"reserved tokens and some pieces) and --min_frequency at least 1")
+        if self.vocab_size < len(reserved_tokens()) + 8:
+            raise SettingsError(f"--vocab_size={self.vocab_size}: must be at least {len(reserved_tokens()) + 8} (the "
+                                f"reserved tokens and some pieces)")
+        if self.min_frequency < 1:
+            raise SettingsError(f"--min_frequency={self.min_frequency}: must be at least 1")
 
 
 @dataclasses.dataclass(frozen=True)

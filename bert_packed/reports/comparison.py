@@ -14,6 +14,7 @@ import dataclasses
 import json
 import logging
 import math
+import numbers
 import os
 
 from bert_packed.errors import SettingsError, raise_if_retryable
@@ -79,7 +80,14 @@ class CompareSettings:
     given: frozenset[str] = frozenset()
 
     def __post_init__(self):
+        if isinstance(self.accuracy, numbers.Real) and not isinstance(self.accuracy, bool):
+            object.__setattr__(self, "accuracy", str(self.accuracy))  # as the flag gives it
+        if isinstance(self.runs, str) or not isinstance(self.runs, (tuple, list)):
+            raise SettingsError(f"runs={self.runs!r}: expected a list of run directories")
+        object.__setattr__(self, "runs", tuple(os.fspath(run) for run in self.runs))  # a Path as its string
         check_settings(self)
+        if self.at_sequences is not None and not 0 < self.at_sequences < math.inf:
+            raise SettingsError(f"--at_sequences={self.at_sequences}: expected a number of sequences above 0")
         if self.accuracy != "auto":
             try:
                 float(self.accuracy)

@@ -45,10 +45,12 @@ class PretrainingSettings:
         unknown = sorted(set(given) - set(defaults))
         if unknown:
             raise SettingsError(f"--{unknown[0]}: run_pretraining has no such setting")
+        values = dict(defaults)
         for field in settings_of(LaunchSettings, DistributionSettings, *PARTS.values()):
             if field.name in given:
-                check_setting(field, given[field.name])
-        return cls({**defaults, **given}, frozenset(given))
+                checked = check_setting(field, given[field.name])  # a NumPy integer as an int, a Path as a str
+                values[field.name] = list(checked) if isinstance(checked, tuple) else checked  # as its flag gives
+        return cls(values, frozenset(given))
 
     def __getitem__(self, name: str):
         return self.values[name]

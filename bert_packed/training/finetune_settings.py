@@ -18,7 +18,7 @@ from bert_packed.errors import SettingsError
 from bert_packed.finetuning.tasks import TASKS
 from bert_packed.packing.plan import ALGORITHMS, DEFAULT_ALGORITHM
 from bert_packed.pretraining_data.tokenization import DEFAULT_VOCAB_FILE
-from bert_packed.settings import check_settings, setting
+from bert_packed.settings import check_settings, require_given, setting
 from bert_packed.training.config import ComputeSettings
 from bert_packed.training.launch import DISTRIBUTION_GROUP, DistributionSettings
 
@@ -78,9 +78,7 @@ class FineTuningSettings(ComputeSettings, DistributionSettings):
         check_settings(self)
         ComputeSettings.__post_init__(self)
         DistributionSettings.__post_init__(self)
-        for name in ("bert_config_file", "output_dir"):  # required flags: a caller from Python meets this
-            if not getattr(self, name):
-                raise SettingsError(f"--{name} is required")
+        require_given(self, "bert_config_file", "output_dir")
         for name in ("train_batch_size", "max_sequences_per_pack", "save_checkpoints_steps", "iterations_per_loop"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"--{name}={getattr(self, name)}: must be at least 1")
@@ -113,15 +111,13 @@ class ClassifierSettings(FineTuningSettings):
     predict_batch_size: int = setting(8, "Rows a prediction batch.", group=TRAINING_GROUP)
 
     def __post_init__(self):
-        for name in ("task_name", "data_dir"):
-            if not getattr(self, name):
-                raise SettingsError(f"--{name} is required")
+        super().__post_init__()  # each value of its type first: the checks below compare them
+        require_given(self, "task_name", "data_dir")
         if not (self.do_train or self.do_eval or self.do_predict):
             raise SettingsError("at least one of --do_train, --do_eval or --do_predict must be given")
         for name in ("eval_batch_size", "predict_batch_size"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"--{name}={getattr(self, name)}: must be at least 1")
-        super().__post_init__()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -143,6 +139,7 @@ class SquadSettings(FineTuningSettings):
     max_answer_length: int = setting(30, "Tokens an answer may have.", group=TRAINING_GROUP)
 
     def __post_init__(self):
+        super().__post_init__()  # each value of its type first: the checks below compare them
         if not (self.do_train or self.do_predict):
             raise SettingsError("at least one of --do_train or --do_predict must be given")
         for flag, needed in (("train_file", self.do_train), ("predict_file", self.do_predict)):
@@ -158,4 +155,3 @@ class SquadSettings(FineTuningSettings):
         if self.doc_stride > window:
             raise SettingsError(f"--doc_stride={self.doc_stride}: above the {window} context tokens a window holds "
                                 f"(--max_seq_length - --max_query_length - 3): windows would skip text")
-        super().__post_init__()
