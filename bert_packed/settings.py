@@ -80,28 +80,48 @@ def check_setting(field: dataclasses.Field, value):
     if value is None:
         if "None" in declared:
             return None
-        raise SettingsError(f"--{field.name}: None; expected {_EXPECTED[kind]}")
-    if kind == "bool":
-        right = isinstance(value, bool)
-    elif kind == "int":
-        right = isinstance(value, numbers.Integral) and not isinstance(value, bool)
-        value = int(value) if right else value
-    elif kind == "float":
-        right = isinstance(value, numbers.Real) and not isinstance(value, bool)
-        value = float(value) if right else value
-    elif kind.startswith("tuple"):
-        right = isinstance(value, (tuple, list))
-        value = tuple(value) if right else value
-    else:
-        value = os.fspath(value) if isinstance(value, os.PathLike) else value
-        right = isinstance(value, str)
-    if not right:
-        expected = "a list" if kind.startswith("tuple") else _EXPECTED[kind]
-        raise SettingsError(f"--{field.name}={value!r}: a {type(value).__name__}; expected {expected}")
+        raise SettingsError(f"--{field.name}: None; expected {_expected(kind)}")
+    if kind.startswith("tuple"):
+        if not isinstance(value, (tuple, list)):
+            raise SettingsError(f"--{field.name}={value!r}: a {type(value).__name__}; expected {_expected(kind)}")
+        item_kind = kind.removeprefix("tuple[").split(",")[0]
+        elements = tuple(_as_kind(item, item_kind, element=True) for item in value)
+        if None in elements:
+            wrong = value[elements.index(None)]
+            raise SettingsError(f"--{field.name}={list(value)!r}: {wrong!r} is a {type(wrong).__name__}; expected "
+                                f"{_expected(kind)}")
+        return elements
+    checked = _as_kind(value, kind)
+    if checked is None:
+        raise SettingsError(f"--{field.name}={value!r}: a {type(value).__name__}; expected {_expected(kind)}")
     choices = field.metadata["choices"]
-    if choices and value not in choices:
-        raise SettingsError(f"--{field.name}={value}: expected one of {', '.join(choices)}")
-    return value
+    if choices and checked not in choices:
+        raise SettingsError(f"--{field.name}={checked}: expected one of {', '.join(choices)}")
+    return checked
+
+
+def _as_kind(value, kind: str, element: bool = False):
+    """`value` as a value of the flag type `kind` (bool, int, float, str), or None where it is not
+    one. A list flag's int elements (`element`) may also be strings, as the command line gives
+    them: they are parsed where they are read."""
+    if kind == "bool":
+        return value if isinstance(value, bool) else None
+    if kind == "int" and isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    if kind == "float" and isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    if kind == "str" or (kind == "int" and element):
+        value = os.fspath(value) if kind == "str" and isinstance(value, os.PathLike) else value
+        return str(value) if isinstance(value, str) else None
+    return None
+
+
+def _expected(kind: str) -> str:
+    """What a flag of type `kind` takes, in words."""
+    if kind.startswith("tuple"):
+        element = kind.removeprefix("tuple[").split(",")[0]
+        return f"a list of {'integers' if element == 'int' else 'strings'}"
+    return _EXPECTED[kind]
 
 
 def check_settings(settings, kind: type | None = None) -> None:

@@ -713,7 +713,8 @@ def test_run_classifier_refuses_bad_input_in_one_line_before_any_file_is_written
 def test_fine_tuning_takes_pre_training_s_precision_and_recompute_as_a_python_function(tmp_path, bert_config_file):
     """run_classifier(settings) as a notebook calls it: bf16 with each layer recomputed trains
     and evaluates as fp32 does, within bf16's rounding; recompute alone changes no figure. The
-    caller's precision and Python logging are as they were afterwards."""
+    caller's precision and Python logging (a notebook's root logger: WARNING, no handler) are as they
+    were afterwards."""
     import logging
 
     from conftest import STEPS
@@ -726,12 +727,18 @@ def test_fine_tuning_takes_pre_training_s_precision_and_recompute_as_a_python_fu
                  max_seq_length=64, train_batch_size=8, num_train_epochs=2, learning_rate=1e-3, do_train=True,
                  do_eval=True)
     root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.WARNING)  # a notebook's: a run logs at INFO meanwhile
-    logging_before = (root.level, list(root.handlers))
-    results = {name: run_classifier(ClassifierSettings(**given, output_dir=str(tmp_path / name), **values), STEPS)
-               for name, values in (("fp32", {}), ("fp32_recomputed", dict(recompute="layer")),
-                                    ("bf16_recomputed", dict(precision="bf16", recompute="layer")))}
+    pytest_s = (root.level, list(root.handlers))
+    root.setLevel(logging.WARNING)  # a notebook's: no handler, WARNING; a run logs at INFO meanwhile
+    root.handlers[:] = []
+    try:
+        results = {name: run_classifier(ClassifierSettings(**given, output_dir=str(tmp_path / name), **values), STEPS)
+                   for name, values in (("fp32", {}), ("fp32_recomputed", dict(recompute="layer")),
+                                        ("bf16_recomputed", dict(precision="bf16", recompute="layer")))}
+        logging_after = (root.level, list(root.handlers))
+    finally:
+        root.setLevel(pytest_s[0])
+        root.handlers[:] = pytest_s[1]
+    assert logging_after == (logging.WARNING, [])  # not every library's INFO lines from now on
     fp32 = results["fp32"]
     assert fp32.run.step == 8 and fp32.run.stopped_by is None and fp32.directory.path == str(tmp_path / "fp32")
     assert set(fp32.evaluation) >= {"accuracy", "f1", "loss"} and fp32.figures.startswith("accuracy ")
@@ -743,8 +750,6 @@ def test_fine_tuning_takes_pre_training_s_precision_and_recompute_as_a_python_fu
     import keras
 
     assert keras.mixed_precision.global_policy().name == "float32"  # the caller's, put back after the bf16 run
-    assert (root.level, root.handlers) == logging_before  # not every library's INFO lines from now on
-    root.setLevel(level)
     recorded = json.loads((tmp_path / "bf16_recomputed" / "run.json").read_text())
     assert (recorded["precision"], recorded["task_name"]) == ("bf16", "mrpc")  # recompute may change on resume
 

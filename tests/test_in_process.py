@@ -1,6 +1,7 @@
 """The in-process runner (bert_packed.cli.in_process): a command run in this process leaves the
 process as a command run in its own leaves its parent."""
 
+import logging
 import random
 
 import keras
@@ -61,8 +62,8 @@ def test_runs_given_one_step_pool_share_a_compiled_step_put_back_as_new(packed_d
                                                                       monkeypatch):
     """run_pretraining twice with one StepPool, as a function and as a command run in this
     process: the second trains on the step the first released, compiles nothing, and leaves
-    exactly what the first left; a pool that keeps no bytes lets its step go, and the next run
-    builds one."""
+    exactly what the first left (and a notebook's logging as it was); a pool that keeps no bytes
+    lets its step go, and the next run builds one."""
     from training_runs import read_log
 
     from bert_packed.cli.in_process import run_in_process
@@ -81,7 +82,17 @@ def test_runs_given_one_step_pool_share_a_compiled_step_put_back_as_new(packed_d
     def losses(name):
         return [(line["step"], line["loss"]) for line in read_log(tmp_path / name / "train_log.jsonl")]
 
-    first = run_pretraining(PretrainingSettings.of(output_dir=str(tmp_path / "first"), **given), pool)
+    root = logging.getLogger()
+    pytest_s = (root.level, list(root.handlers))
+    root.setLevel(logging.WARNING)  # a notebook's root logger: WARNING, no handler
+    root.handlers[:] = []
+    try:
+        first = run_pretraining(PretrainingSettings.of(output_dir=str(tmp_path / "first"), **given), pool)
+        logging_after = (root.level, list(root.handlers))
+    finally:
+        root.setLevel(pytest_s[0])
+        root.handlers[:] = pytest_s[1]
+    assert logging_after == (logging.WARNING, [])  # its INFO lines, and the compliance checker's handler, gone
     assert (first.run.step, first.run.stopped_by, first.directory.path) == (3, None, str(tmp_path / "first"))
     assert any("sequences" in line for line in first.summary), first.summary
     assert built == [1] and pool.held() == [] and len(pool.kept()) == 1

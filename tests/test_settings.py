@@ -30,8 +30,11 @@ def test_numpy_numbers_paths_and_lists_become_the_flags_types(tmp_path):
     assert (type(run["train_batch_size"]), type(run["learning_rate"])) == (int, float)
     assert (run["train_batch_size"], run["learning_rate"]) == (4, 0.5)
     assert PlanSettings(histogram=tmp_path / "histogram.json", max_sequences_per_pack=np.int64(4)).depth == 4
-    compare = CompareSettings(runs=[tmp_path / "a", "b"], labels=["one", "two"], accuracy=0.5)
-    assert (compare.runs, compare.labels, compare.accuracy) == ((str(tmp_path / "a"), "b"), ("one", "two"), "0.5")
+    boundaries = PretrainingSettings.of(bucket_boundaries=[np.int64(128), "256"])["bucket_boundaries"]
+    assert boundaries == [128, "256"] and type(boundaries[0]) is int  # strings as the command line gives them
+    compare = CompareSettings(runs=[tmp_path / "a", "b"], labels=[tmp_path / "one", "two"], accuracy=0.5)
+    assert (compare.runs, compare.labels, compare.accuracy) == ((str(tmp_path / "a"), "b"), (str(tmp_path / "one"), "two"),
+                                                                "0.5")
 
 
 SQUAD = dict(train_file="train.json", do_train=True, bert_config_file="bert_config.json", output_dir="out")
@@ -56,6 +59,14 @@ CLASSIFIER = dict(task_name="mrpc", data_dir="glue", bert_config_file="bert_conf
     (lambda: CompareSettings(runs=["a"], at_sequences=-5.0), "--at_sequences=-5.0: expected a number of sequences"),
     (lambda: CompareSettings(runs=["a"], at_sequences=math.nan), "--at_sequences=nan: expected a number of sequences"),
     (lambda: CompareSettings(runs=["a"], accuracy=True), "--accuracy=True: a bool; expected a string"),
+    (lambda: CompareSettings(runs=["a"], accuracy=math.nan), "--accuracy 'nan': expected a number at least 0"),
+    (lambda: CompareSettings(runs=[None]), "runs=[None]: expected a list of run directories"),
+    (lambda: CompareSettings(runs=[b"run"]), "runs=[b'run']: expected a list of run directories"),
+    (lambda: CompareSettings(runs=["a"], labels=[1]), "--labels=[1]: 1 is a int; expected a list of strings"),
+    (lambda: PretrainingSettings.of(bucket_boundaries=None), "--bucket_boundaries: None; expected a list of integers"),
+    (lambda: PretrainingSettings.of(bucket_boundaries=[128.5]),
+     "--bucket_boundaries=[128.5]: 128.5 is a float; expected a list of integers"),
+    (lambda: ClassifierSettings(**CLASSIFIER, seed=2**70), f"--seed={2**70}: expected 0 to 2**32 - 1"),
 ])
 def test_a_notebook_s_mistake_is_a_settings_error_naming_the_setting(make, message):
     """Each was a TypeError or AttributeError from deep inside (a comparison before the type

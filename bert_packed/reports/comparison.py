@@ -82,17 +82,19 @@ class CompareSettings:
     def __post_init__(self):
         if isinstance(self.accuracy, numbers.Real) and not isinstance(self.accuracy, bool):
             object.__setattr__(self, "accuracy", str(self.accuracy))  # as the flag gives it
-        if isinstance(self.runs, str) or not isinstance(self.runs, (tuple, list)):
+        if not isinstance(self.runs, (tuple, list)) or not all(isinstance(run, (str, os.PathLike)) for run in self.runs):
             raise SettingsError(f"runs={self.runs!r}: expected a list of run directories")
-        object.__setattr__(self, "runs", tuple(os.fspath(run) for run in self.runs))  # a Path as its string
+        object.__setattr__(self, "runs", tuple(str(os.fspath(run)) for run in self.runs))  # a Path as its string
         check_settings(self)
         if self.at_sequences is not None and not 0 < self.at_sequences < math.inf:
             raise SettingsError(f"--at_sequences={self.at_sequences}: expected a number of sequences above 0")
         if self.accuracy != "auto":
             try:
-                float(self.accuracy)
+                target = float(self.accuracy)
             except ValueError:
                 raise SettingsError(f"--accuracy {self.accuracy!r}: expected a number or 'auto'") from None
+            if not 0 <= target < math.inf:
+                raise SettingsError(f"--accuracy {self.accuracy!r}: expected a number at least 0, or 'auto'")
         if not self.runs:
             raise SettingsError("expected one or more run directories (run_pretraining.py --output_dir)")
         if self.labels and len(self.labels) != len(self.runs):

@@ -17,6 +17,7 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
+from bert_packed.console.root_logger import root_logger_kept
 from bert_packed.errors import SettingsError
 from bert_packed.features import Shapes
 from bert_packed.finetuning.encode import EncodedExamples, RepackedRows, encode_examples, make_rows
@@ -86,6 +87,7 @@ class FineTuningResult:
     num_predictions: int = 0
 
 
+@root_logger_kept()
 def run_classifier(settings: ClassifierSettings, step_pool: StepPool | None = None,
                    flags_text: str = "") -> FineTuningResult:
     """run_classifier.py as a function: fine-tunes (--do_train), evaluates (--do_eval) and
@@ -114,6 +116,7 @@ def run_classifier(settings: ClassifierSettings, step_pool: StepPool | None = No
     return _fine_tune(classifier_run(settings, flags_text), settings, cluster, step_pool, settings.do_eval)
 
 
+@root_logger_kept()
 def run_squad(settings: SquadSettings, step_pool: StepPool | None = None, flags_text: str = "") -> FineTuningResult:
     """run_squad.py as a function: fine-tunes on --train_file (--do_train) and answers
     --predict_file (--do_predict: predictions.json and nbest_predictions.json in the run's

@@ -82,6 +82,8 @@ class FineTuningSettings(ComputeSettings, DistributionSettings):
         for name in ("train_batch_size", "max_sequences_per_pack", "save_checkpoints_steps", "iterations_per_loop"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"--{name}={getattr(self, name)}: must be at least 1")
+        if not 0 <= self.seed < 2**32:  # it seeds NumPy (fine-tuning is deterministic), which takes no other
+            raise SettingsError(f"--seed={self.seed}: expected 0 to 2**32 - 1")
         if self.eval_every_samples < 0:
             raise SettingsError(f"--eval_every_samples={self.eval_every_samples}: expected 0 (only at the end) or more")
         if not 0 < self.num_train_epochs < math.inf:

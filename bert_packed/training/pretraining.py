@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+from bert_packed.console.root_logger import root_logger_kept
 from bert_packed.inputs.file_identity import one_reading_per_file
 from bert_packed.storage.run_directory import EVAL_LOG, RunDirectory
 from bert_packed.training.assemble import PretrainingSettings, assemble
@@ -48,6 +49,7 @@ class PretrainingResult:
     summary: list[str]
 
 
+@root_logger_kept()
 def run_pretraining(settings: PretrainingSettings, step_pool: StepPool | None = None,
                     flags_text: str = "") -> PretrainingResult:
     """Pre-trains (or, with do_train false, evaluates) as `python run_pretraining.py` with these

@@ -35,22 +35,18 @@ def set_up_process(config: TrainConfig) -> None:
 
 @contextlib.contextmanager
 def run_set_up(config: TrainConfig):
-    """set_up_process(config) for the `with` block; then Keras' precision policy, op determinism
-    and Python's root logger (its level, and its handlers: the first INFO line of a notebook's run
-    gives it one) as they were before it (a bf16 run would otherwise leave the caller's next layers
-    in bf16, and every library's INFO lines on its console). The seeds it set stay: setting
-    TensorFlow's again clears its kernel cache, and a caller's own draws are its own to seed."""
+    """set_up_process(config) for the `with` block; then Keras' precision policy and op
+    determinism as they were before it (a bf16 run would otherwise leave the caller's next layers
+    in bf16; the root logger is console.root_logger's, around the whole command). The seeds it set
+    stay: setting TensorFlow's again clears its kernel cache, and a caller's own draws are its own
+    to seed."""
     from tensorflow.python.framework import config as framework_config
 
     policy, determinism = keras.mixed_precision.global_policy().name, framework_config.is_op_determinism_enabled()
-    root = logging.getLogger()
-    level, handlers = root.level, list(root.handlers)
     set_up_process(config)
     try:
         yield
     finally:
-        root.setLevel(level)
-        root.handlers[:] = handlers
         if keras.mixed_precision.global_policy().name != policy:
             keras.mixed_precision.set_global_policy(policy)
         if framework_config.is_op_determinism_enabled() != determinism:
