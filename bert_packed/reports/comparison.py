@@ -82,9 +82,12 @@ class CompareSettings:
     def __post_init__(self):
         if isinstance(self.accuracy, numbers.Real) and not isinstance(self.accuracy, bool):
             object.__setattr__(self, "accuracy", str(self.accuracy))  # as the flag gives it
-        if not isinstance(self.runs, (tuple, list)) or not all(isinstance(run, (str, os.PathLike)) for run in self.runs):
+        if not isinstance(self.runs, (tuple, list)):  # a string alone: its characters would be taken as runs
             raise SettingsError(f"runs={self.runs!r}: expected a list of run directories")
-        object.__setattr__(self, "runs", tuple(str(os.fspath(run)) for run in self.runs))  # a Path as its string
+        runs = tuple(os.fspath(run) if isinstance(run, os.PathLike) else run for run in self.runs)
+        if not all(isinstance(run, str) for run in runs):  # a bytes path too: the storage takes strings
+            raise SettingsError(f"runs={self.runs!r}: expected a list of run directories")
+        object.__setattr__(self, "runs", runs)  # a Path as its string
         check_settings(self)
         if self.at_sequences is not None and not 0 < self.at_sequences < math.inf:
             raise SettingsError(f"--at_sequences={self.at_sequences}: expected a number of sequences above 0")
