@@ -51,14 +51,15 @@ class _BertOptimizer(keras.optimizers.Optimizer):
             self.exclude_from_weight_decay if exclude_from_layer_adaptation is None else exclude_from_layer_adaptation)
         self.clip_norm = clip_norm
         self.fused = fused
-        # A weight's step is traced once a (shape, dtype, decayed, adapted) and device, not once a
-        # weight: it holds no state of its own (the variables are assigned outside it), so
-        # BERT-Large's 302 weights trace a dozen steps a replica, which the graph then inlines.
-        # Fused, each is one XLA program: its moments, update and trust ratio in one pass over
-        # memory instead of an operation a pass (AdamW's step over BERT-base's weights: 176 ms
-        # instead of 364 ms on a 2-core CPU, scripts/benchmark_optimizer.py). Pure arithmetic, so
-        # it compiles under any strategy.
-        self._step_of = tf.function(self._step_fn, jit_compile=True if fused else None, autograph=False)
+        # A weight's step is traced once a kind (decayed, adapted) and dtype, whatever the weight's
+        # shape (its signature leaves the shape open), not once a weight or a shape: it holds no
+        # state of its own (the variables are assigned outside it), and the graph inlines it. Traced
+        # once a shape, the tiny model's 26 weights took 13 traces and a step's build 0.3 s more.
+        # Fused, each is one XLA program, compiled for each shape it runs on: its moments, update
+        # and trust ratio in one pass over memory instead of an operation a pass (AdamW's step over
+        # BERT-base's weights: 176 ms instead of 364 ms on a 2-core CPU,
+        # scripts/benchmark_optimizer.py). Pure arithmetic, so it compiles under any strategy.
+        self._steps = {}
 
     def build(self, var_list):
         if self.built:
@@ -78,13 +79,26 @@ class _BertOptimizer(keras.optimizers.Optimizer):
         index = self._get_variable_index(variable)
         m, v = self._momentums[index], self._velocities[index]
         dtype = variable.dtype
-        new_m, new_v, delta = self._step_of(
-            ops.cast(gradient, dtype), tf.convert_to_tensor(m), tf.convert_to_tensor(v),
-            tf.convert_to_tensor(variable), ops.cast(learning_rate, dtype), ops.cast(self.iterations + 1, dtype),
-            bool(self.weight_decay_rate) and self._decayed[index], self.layer_adaptation and self._adapted[index])
+        step = self._step_of(bool(self.weight_decay_rate) and self._decayed[index],
+                             self.layer_adaptation and self._adapted[index], dtype)
+        new_m, new_v, delta = step(ops.cast(gradient, dtype), tf.convert_to_tensor(m), tf.convert_to_tensor(v),
+                                   tf.convert_to_tensor(variable), ops.cast(learning_rate, dtype),
+                                   ops.cast(self.iterations + 1, dtype))
         self.assign(m, new_m)
         self.assign(v, new_v)
         self.assign_sub(variable, delta)
+
+    def _step_of(self, decayed: bool, adapted: bool, dtype):
+        """The compiled step of a weight of this kind and dtype, traced at its first use."""
+        key = (decayed, adapted, tf.as_dtype(dtype))
+        if key not in self._steps:
+            tensor, scalar = tf.TensorSpec(None, key[2]), tf.TensorSpec([], key[2])
+            self._steps[key] = tf.function(
+                lambda gradient, m, v, variable, learning_rate, step: self._step_fn(
+                    gradient, m, v, variable, learning_rate, step, decayed, adapted),
+                input_signature=[tensor] * 4 + [scalar] * 2, jit_compile=True if self.fused else None,
+                autograph=False)
+        return self._steps[key]
 
     def _step_fn(self, gradient, m, v, variable, learning_rate, step, decayed: bool, adapted: bool):
         """One weight's step (module docstring): its new moments, and what is taken off it."""
