@@ -162,7 +162,8 @@ class Update:
             gradients, totals = self._accumulated(batches, None, seeds)
             gradients = _divided(gradients, len(batches) * replicas)
         # Keras sums what each replica hands it.
-        scaled = [g * self._scale() for g in gradients] if self._loss_scaled else gradients
+        scale = self._scale()
+        scaled = [g * scale for g in gradients] if self._loss_scaled else gradients
         self.optimizer.apply_gradients(zip(scaled, variables))
         totals["gradient_norm"] = tf.linalg.global_norm(gradients)  # checked (finite) by the host
         return totals
