@@ -9,7 +9,8 @@ each weight's step is one XLA program (bert_packed.training.optimizers, `fused`)
 the same whatever an update holds, so on short rows it is a large part of an update
 (docs/finetuning.md). This times the whole step, inside one compiled function, on the model's
 own weights and random gradients: one step of each variant in turn for --rounds rounds, the
-median of each, and the ratio. Both variants compute the same step (tests/test_optimizers.py
+median of each, and the ratio; and the operations the unfused step's graph holds, what a step's
+build traces (docs/training.md). Both variants compute the same step (tests/test_optimizers.py
 holds both to an independent NumPy implementation of the reference).
 """
 
@@ -48,6 +49,12 @@ def step_of(kind: type, fused: bool, variables: list, gradients: list):
     return tf.function(lambda: optimizer.apply_gradients(zip(gradients, variables)))
 
 
+def operations(step) -> int:
+    """The operations of a compiled function's graph and of the functions it calls."""
+    graph = step.get_concrete_function().graph
+    return len(graph.get_operations()) + sum(len(f.definition.node_def) for f in graph._functions.values())
+
+
 def main(argv) -> None:
     del argv
     model = BertPretrainingModel(BertConfig.from_json_file(FLAGS.bert_config_file))
@@ -59,8 +66,8 @@ def main(argv) -> None:
     print(f"\n{FLAGS.bert_config_file}: {weights / 1e6:.1f}M trainable weights in {len(variables)} variables, "
           f"{FLAGS.rounds} alternating rounds\n")
     print("| optimizer | step, one operation at a time (ms) | fused, each weight's step one XLA program (ms) | "
-          "speed-up |")
-    print("|---|---|---|---|")
+          "speed-up | operations traced |")
+    print("|---|---|---|---|---|")
     for kind in (Lamb, AdamWeightDecay):
         steps = {fused: step_of(kind, fused, variables, gradients) for fused in (False, True)}
         for step in steps.values():
@@ -72,7 +79,7 @@ def main(argv) -> None:
                 step()
                 seconds[fused].append(time.perf_counter() - start)
         plain, fused = (1000 * statistics.median(seconds[key]) for key in (False, True))
-        print(f"| {kind.__name__} | {plain:.0f} | {fused:.0f} | {plain / fused:.2f}x |")
+        print(f"| {kind.__name__} | {plain:.0f} | {fused:.0f} | {plain / fused:.2f}x | {operations(steps[False]):,} |")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ a repeated one and a backward pass that recomputes a block draw the same masks.
 
 from __future__ import annotations
 
+import operator
+
 import keras
 import tensorflow as tf
 
@@ -156,15 +158,13 @@ class Update:
             # Each replica's loss is divided by the global counts, so the replicas' gradients add up
             # to the global gradient: all-reduce and clip it here.
             gradients = context.all_reduce(tf.distribute.ReduceOp.SUM, gradients)
-            gradients, _ = tf.clip_by_global_norm(_divided(gradients, self._scale()), CLIP_NORM)
-            gradients = _divided(gradients, replicas)
+            gradients, _ = tf.clip_by_global_norm(_by(operator.truediv, gradients, self._scale()), CLIP_NORM)
+            gradients = _by(operator.truediv, gradients, replicas)
         else:
             gradients, totals = self._accumulated(batches, None, seeds)
-            gradients = _divided(gradients, len(batches) * replicas)
+            gradients = _by(operator.truediv, gradients, len(batches) * replicas)
         # Keras sums what each replica hands it.
-        scale = self._scale()
-        scaled = [g * scale for g in gradients] if self._loss_scaled else gradients
-        self.optimizer.apply_gradients(zip(scaled, variables))
+        self.optimizer.apply_gradients(zip(_by(operator.mul, gradients, self._scale()), variables))
         totals["gradient_norm"] = tf.linalg.global_norm(gradients)  # checked (finite) by the host
         return totals
 
@@ -204,17 +204,18 @@ class Update:
                 loss = self.optimizer.scale_loss(loss)
         gradients = [tf.convert_to_tensor(d) for d in tape.gradient(loss, variables)]
         if counts is None:
-            gradients, _ = tf.clip_by_global_norm(_divided(gradients, self._scale()), CLIP_NORM)
+            gradients, _ = tf.clip_by_global_norm(_by(operator.truediv, gradients, self._scale()), CLIP_NORM)
         sums["tokens"] = tf.reduce_sum(tf.cast(features["sequence_ids"] > 0, tf.float32))
         sums["slots"] = tf.cast(tf.size(features["sequence_ids"]), tf.float32)
         return gradients, sums
 
 
-def _divided(tensors: list, divisor) -> list:
-    """Each of `tensors` divided by `divisor`, or the tensors themselves where it is the number 1:
-    a division by 1 changes nothing but is still a pass over every weight's gradient, and a node
-    of the graph a step's build traces, where no graph optimizer takes it out (the tests run
-    without one)."""
-    if isinstance(divisor, (int, float)) and divisor == 1:
+def _by(operation, tensors: list, operand) -> list:
+    """operation(tensor, operand) for each of `tensors` (a division or a multiplication), or the
+    tensors themselves where `operand` is the number 1 (`_scale()` without loss scaling, one
+    replica, one micro-batch): such a step changes nothing but is still a pass over every weight's
+    gradient, and a node of the graph a step's build traces, where no graph optimizer takes it out
+    (the tests run without one)."""
+    if isinstance(operand, (int, float)) and operand == 1:
         return list(tensors)
-    return [tensor / divisor for tensor in tensors]
+    return [operation(tensor, operand) for tensor in tensors]
