@@ -25,7 +25,7 @@ import tempfile
 
 from bert_packed.console.tensorflow_loading import import_tensorflow
 
-import_tensorflow(verbosity=0)  # first: TensorFlow's start-up notices stay out of the tables
+import_tensorflow(verbosity=0, command=True)  # first: TensorFlow's start-up notices stay out of the tables
 
 from _finetuning_tasks import write_tasks
 from absl import flags

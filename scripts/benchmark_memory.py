@@ -44,7 +44,7 @@ atexit.register(shutil.rmtree, DUMP, ignore_errors=True)  # XLA's dump of every 
 # XLA reads its flags once, when TensorFlow first compiles: set before TensorFlow loads. The dump
 # holds each compiled program's buffer assignment.
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={DUMP} --xla_dump_hlo_as_text".strip()
-import_tensorflow(verbosity=0)  # first: TensorFlow's start-up notices stay out of the tables
+import_tensorflow(verbosity=0, command=True)  # first: TensorFlow's start-up notices stay out of the tables
 
 import numpy as np
 import tensorflow as tf

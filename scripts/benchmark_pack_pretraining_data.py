@@ -87,7 +87,7 @@ def main(argv) -> int:
 
 def codec_figures(unpacked_files: list[str], packed_dir: str, work: str) -> None:
     """Microseconds a record: parsing unpacked records, ours and TensorFlow's; encoding packs."""
-    tf = import_tensorflow(verbosity=0)  # its start-up notices stay out of the figures
+    tf = import_tensorflow(verbosity=0, command=True)  # its start-up notices stay out of the figures
 
     lengths = Shapes(512, 76).unpacked_lengths()
     start = time.perf_counter()

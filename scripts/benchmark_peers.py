@@ -26,7 +26,7 @@ import time
 
 from bert_packed.console.tensorflow_loading import import_tensorflow
 
-import_tensorflow(verbosity=0)  # first: TensorFlow's start-up notices stay out of the tables
+import_tensorflow(verbosity=0, command=True)  # first: TensorFlow's start-up notices stay out of the tables
 
 import json
 import warnings

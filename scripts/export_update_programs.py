@@ -34,7 +34,7 @@ import time
 
 from bert_packed.console.tensorflow_loading import import_tensorflow
 
-import_tensorflow(verbosity=0)
+import_tensorflow(verbosity=0, command=True)
 
 import numpy as np
 import tensorflow as tf

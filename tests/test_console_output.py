@@ -69,6 +69,14 @@ os.write(2, b"WARNING: All log messages before absl::InitializeLog() is called a
 os.write(2, b"I0000 00:00:1795449405.870070 1 port.cc:153] oneDNN custom operations are on.\\n")
 os.write(2, b"E0000 00:00:1795449405.870070 1 loader.cc:1] a real problem\\n")
 print(os.environ.get("TF_CPP_MIN_LOG_LEVEL"))
+found = []
+for name in ("jax", "pandas", "matplotlib"):  # as TFLite and Keras import them: where installed
+    try:
+        __import__(name)
+        found.append(name)
+    except ImportError:
+        pass
+OPTIONAL = found
 """
 
 
@@ -80,6 +88,8 @@ def test_tensorflow_loads_quietly_but_its_errors_still_show(tmp_path):
 
     (tmp_path / "tensorflow").mkdir()
     (tmp_path / "tensorflow" / "__init__.py").write_text(FAKE_TENSORFLOW)
+    for name in ("jax", "pandas", "matplotlib"):
+        (tmp_path / f"{name}.py").write_text("")
     environment = {key: value for key, value in os.environ.items() if key != "TF_CPP_MIN_LOG_LEVEL"}
     environment["PYTHONPATH"] = str(tmp_path)
 
@@ -100,6 +110,17 @@ def test_tensorflow_loads_quietly_but_its_errors_still_show(tmp_path):
                               "[thread.start() for thread in threads]\n[thread.join() for thread in threads]"],
                              capture_output=True, text=True, env=environment, timeout=60)
     assert threads.returncode == 0 and threads.stderr == "E0000 00:00:1795449405.870070 1 loader.cc:1] a real problem\n"
+    # A command's start-up leaves out what only TFLite's and Keras's unused features import; each
+    # imports once TensorFlow is loaded. A library caller's TensorFlow (a notebook's) keeps them.
+    code = ("from bert_packed.console.tensorflow_loading import import_tensorflow\n"
+            "import sys\ntf = import_tensorflow(0, command={})\nprint(tf.OPTIONAL)\n"
+            "import jax, pandas, matplotlib\nprint(sorted(name for name in ('jax', 'pandas', 'matplotlib') "
+            "if sys.modules[name]))")
+    for command, found in ((True, "[]"), (False, "['jax', 'pandas', 'matplotlib']")):
+        loaded = subprocess.run([sys.executable, "-c", code.format(command)], capture_output=True, text=True,
+                                env=environment, timeout=60)
+        assert loaded.returncode == 0, loaded.stderr
+        assert loaded.stdout.splitlines()[1:] == [found, "['jax', 'matplotlib', 'pandas']"]
 
 
 def flags_and_settings(command):

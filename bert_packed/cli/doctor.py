@@ -33,7 +33,7 @@ def report(findings) -> tuple[list[str], int]:
 
 def main(argv, steps=None) -> int:
     del argv
-    import_tensorflow(FLAGS.verbosity)
+    import_tensorflow(FLAGS.verbosity, command=True)
     from bert_packed.training.doctor import checks
 
     lines, problems = report(checks(steps))

@@ -33,7 +33,7 @@ PROGRAM = "export_model"
 def main(argv) -> None:
     del argv
     settings = from_flags(FLAGS, ExportSettings)
-    import_tensorflow(FLAGS.verbosity)
+    import_tensorflow(FLAGS.verbosity, command=True)
     from bert_packed.training.export import export_model
 
     exported = export_model(settings)

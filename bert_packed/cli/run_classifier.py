@@ -37,7 +37,7 @@ PROGRAM = "run_classifier"
 
 def main(argv, steps=None):
     del argv
-    import_tensorflow(FLAGS.verbosity)
+    import_tensorflow(FLAGS.verbosity, command=True)
     from bert_packed.training.finetune import run_classifier
 
     settings = from_flags(FLAGS, ClassifierSettings, given=given_flags(FLAGS, *SETTINGS))

@@ -57,7 +57,7 @@ def settings_from_flags() -> PretrainingSettings:
 
 def main(argv, steps=None):
     del argv
-    import_tensorflow(FLAGS.verbosity)
+    import_tensorflow(FLAGS.verbosity, command=True)
     from bert_packed.training.pretraining import run_pretraining
 
     result = run_pretraining(settings_from_flags(), steps, command_flags_text(FLAGS))

@@ -37,7 +37,7 @@ PROGRAM = "run_squad"
 
 def main(argv, steps=None):
     del argv
-    import_tensorflow(FLAGS.verbosity)
+    import_tensorflow(FLAGS.verbosity, command=True)
     from bert_packed.training.finetune import run_squad
 
     settings = from_flags(FLAGS, SquadSettings, given=given_flags(FLAGS, *SETTINGS))

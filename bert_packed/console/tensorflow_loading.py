@@ -3,6 +3,8 @@ and WARNING lines stay off the console unless asked for (--verbosity=1), errors 
 
 Every part of the project that loads TensorFlow goes through import_tensorflow: the commands,
 the benchmarks, and the data tools' rare fallbacks (TensorFlow's parser names a bad record).
+A command's process (command=True) also loads it without what TensorFlow and Keras import only
+because it is installed, for features no command uses (COMMANDS_DO_NOT_USE).
 """
 
 from __future__ import annotations
@@ -25,22 +27,44 @@ STARTUP_NOTICES = re.compile(r"^(WARNING: All log messages before absl::Initiali
 # keep the other's pipe open, and wait for its end forever.
 _LOADING = threading.Lock()
 
+# Imported at TensorFlow's start-up wherever they are installed, for TFLite's converter of JAX
+# functions, Keras's DataFrame inputs and its image plots: 1.8 of 6 s of a command's start-up
+# here with all three installed (JAX and pandas come with the tests' and Beam's extras,
+# matplotlib with the curves). Each stays importable once TensorFlow is loaded; a notebook's or a
+# library caller's TensorFlow keeps them.
+COMMANDS_DO_NOT_USE = ("jax", "pandas", "matplotlib")
 
-def import_tensorflow(verbosity: int = 0):
+
+def import_tensorflow(verbosity: int = 0, command: bool = False):
     """Loads TensorFlow quietly unless --verbosity is above 0; any thread may call it.
 
     Quiet: TF_CPP_MIN_LOG_LEVEL=2 (unless set), and what TensorFlow writes straight to file
     descriptor 2 while it loads goes through a pipe, where a thread passes on every line but the
     start-up notices as it comes (so an error just before a crash still shows).
+
+    Args:
+      verbosity: the command's --verbosity.
+      command: the caller is a command's process (a command's main, a script): TensorFlow is
+        loaded without COMMANDS_DO_NOT_USE.
     """
     with _LOADING:
-        return _import_tensorflow(verbosity)
+        if "tensorflow" in sys.modules:
+            return sys.modules["tensorflow"]
+        left_out = [name for name in COMMANDS_DO_NOT_USE if name not in sys.modules] if command else []
+        for name in left_out:
+            sys.modules[name] = None  # `import name` raises ImportError, which each importer expects
+        try:
+            return _import_tensorflow(verbosity)
+        finally:
+            for name in left_out:
+                if sys.modules.get(name, ()) is None:
+                    del sys.modules[name]
 
 
 def _import_tensorflow(verbosity: int):
-    if verbosity > 0 and bert_packed.TF_LOG_LEVEL_DEFAULTED and "tensorflow" not in sys.modules:
+    if verbosity > 0 and bert_packed.TF_LOG_LEVEL_DEFAULTED:
         os.environ.pop("TF_CPP_MIN_LOG_LEVEL", None)  # every line, as asked
-    if verbosity > 0 or "tensorflow" in sys.modules:
+    if verbosity > 0:
         import tensorflow
         return tensorflow
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
