@@ -7,7 +7,6 @@ add up over batches), from each example's prediction, however the examples were 
 from __future__ import annotations
 
 import numpy as np
-import scipy.stats
 
 from bert_packed.errors import InternalError
 from bert_packed.finetuning.tasks import ACCURACY, F1, MATTHEWS, PEARSON, SPEARMAN
@@ -45,18 +44,20 @@ def matthews_corrcoef(predictions: np.ndarray, labels: np.ndarray) -> float:
     return float((correct * total - true_counts @ predicted_counts) / denominator) if denominator else 0.0
 
 
-def _correlation(function, predictions: np.ndarray, labels: np.ndarray) -> float:
+def _correlation(name: str, predictions: np.ndarray, labels: np.ndarray) -> float:
+    import scipy.stats  # here, not at the top: a second of every training command's start-up
+
     if np.ptp(predictions) == 0 or np.ptp(labels) == 0:
         return 0.0  # undefined for a constant side
-    return float(function(predictions, labels)[0])
+    return float(getattr(scipy.stats, name)(predictions, labels)[0])
 
 
 SCORES = {
     ACCURACY: accuracy,
     F1: f1,
     MATTHEWS: matthews_corrcoef,
-    PEARSON: lambda p, t: _correlation(scipy.stats.pearsonr, p, t),
-    SPEARMAN: lambda p, t: _correlation(scipy.stats.spearmanr, p, t),
+    PEARSON: lambda p, t: _correlation("pearsonr", p, t),
+    SPEARMAN: lambda p, t: _correlation("spearmanr", p, t),
 }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import scipy.optimize
-import scipy.stats
+import scipy.special
 
 
 def wikipedia_like_histogram(num_sequences: int, max_sequence_length: int = 512,
@@ -42,7 +42,10 @@ def wikipedia_like_histogram(num_sequences: int, max_sequence_length: int = 512,
 
     def shape(b: float) -> np.ndarray:
         edges = np.arange(max_sequence_length) / (max_sequence_length - 1)
-        probabilities = np.diff(scipy.stats.beta.cdf(edges, 1.5, b))
+        # Beta(1.5, b)'s distribution function, the regularized incomplete beta function: the
+        # same numbers as scipy.stats.beta.cdf, without importing scipy.stats (a second of
+        # every command's start-up here).
+        probabilities = np.diff(scipy.special.betainc(1.5, b, edges))
         return probabilities / probabilities.sum()
 
     b = scipy.optimize.brentq(lambda b: shape(b) @ lengths - rest_mean, 0.05, 200.0)
