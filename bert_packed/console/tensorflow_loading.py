@@ -28,9 +28,10 @@ STARTUP_NOTICES = re.compile(r"^(WARNING: All log messages before absl::Initiali
 _LOADING = threading.Lock()
 
 # Imported at TensorFlow's start-up wherever they are installed, for TFLite's converter of JAX
-# functions, Keras's DataFrame inputs and its image plots: 1.8 of 6 s of a command's start-up
+# functions, Keras's DataFrame slicing and its image plots: 1.8 of 6 s of a command's start-up
 # here with all three installed (JAX and pandas come with the tests' and Beam's extras,
-# matplotlib with the curves). Each stays importable once TensorFlow is loaded; a notebook's or a
+# matplotlib with the curves). Each module imports as usual once TensorFlow is loaded, but those
+# features stay off in the command's process (TFLite and Keras try once); a notebook's or a
 # library caller's TensorFlow keeps them.
 COMMANDS_DO_NOT_USE = ("jax", "pandas", "matplotlib")
 
@@ -44,8 +45,9 @@ def import_tensorflow(verbosity: int = 0, command: bool = False):
 
     Args:
       verbosity: the command's --verbosity.
-      command: the caller is a command's process (a command's main, a script): TensorFlow is
-        loaded without COMMANDS_DO_NOT_USE.
+      command: the caller is a command's process (a command's main, a script), before it starts
+        any thread: TensorFlow is loaded without COMMANDS_DO_NOT_USE, which no thread can import
+        meanwhile.
     """
     with _LOADING:
         if "tensorflow" in sys.modules:
