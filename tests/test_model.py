@@ -422,3 +422,17 @@ def test_a_run_s_checkpoint_from_before_the_encoder_was_its_own_model_restores_e
         index = resumed._get_variable_index(variable)
         np.testing.assert_array_equal(resumed._momentums[index].numpy(), 2 * variable.numpy(), err_msg=variable.path)
         np.testing.assert_array_equal(resumed._velocities[index].numpy(), 3 * variable.numpy(), err_msg=variable.path)
+
+
+def test_another_keras_backend_is_refused_in_one_line_naming_the_variable():
+    """The models are TensorFlow's: Keras on jax (a user's KERAS_BACKEND for other work) was an
+    internal error at the first checkpoint; a command now runs Keras on TensorFlow's backend
+    (tests/test_reference.py's eval command), and a notebook's other backend is refused."""
+    from bert_packed.errors import SettingsError
+    from bert_packed.model.modeling import require_tensorflow_backend
+
+    require_tensorflow_backend("tensorflow")
+    with pytest.raises(SettingsError, match=r"^Keras runs on its jax backend \(KERAS_BACKEND or ~/.keras/keras.json\), "
+                                            r"and bert-packed's models need its tensorflow backend: set "
+                                            r"KERAS_BACKEND=tensorflow before Keras is imported$"):
+        require_tensorflow_backend("jax")

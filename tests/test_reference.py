@@ -30,9 +30,9 @@ def write_text(path, num_documents, offset=0):
     path.write_text("\n\n".join(documents) + "\n")
 
 
-def command(script, *args, cwd=REPO):
+def command(script, *args, cwd=REPO, env=None):
     return subprocess.run([sys.executable, os.path.join(REPO, script), *args], capture_output=True, text=True,
-                          timeout=600, cwd=cwd)
+                          timeout=600, cwd=cwd, env=env)
 
 
 def create_args(root):
@@ -131,13 +131,16 @@ def test_the_gpu_training_command_runs_as_a_flagfile(reference, tmp_path):
 
 @pytest.mark.slow  # evaluates in a subprocess: its stderr is the one warning, TensorFlow's logs included
 def test_the_eval_command_evaluates_the_init_checkpoint(reference, tmp_path):
+    """The eval command as a user's process runs it, with Keras's backend set to jax for the user's
+    other work (an internal error, once): a command runs Keras on TensorFlow's."""
     result = command("run_pretraining.py", flagfile(tmp_path / "eval.cfg", [
         f"--bert_config_file={reference}/bert_config.json", f"--output_dir={tmp_path}/output/",
         f"--input_file={reference}/eval_10k", "--do_eval", "--nodo_train", "--eval_batch_size=8",
         f"--init_checkpoint={reference}/checkpoint/model.ckpt-28252", "--iterations_per_loop=1000",
         "--learning_rate=0.0001", "--max_eval_steps=4", f"--max_predictions_per_seq={P}", f"--max_seq_length={L}",
         "--num_gpus=0", "--num_train_steps=107538", "--num_warmup_steps=1562", "--optimizer=lamb",
-        "--save_checkpoints_steps=1562", "--start_warmup_step=0", "--train_batch_size=24", "--nouse_tpu"]))
+        "--save_checkpoints_steps=1562", "--start_warmup_step=0", "--train_batch_size=24", "--nouse_tpu"]),
+        env={**os.environ, "KERAS_BACKEND": "jax"})
     assert result.returncode == 0, result.stderr[-3000:]
     # One line on stderr: the files' missing metadata.json (no training notes: nothing trains).
     assert result.stderr.splitlines() == ["warning: --input_file: no metadata.json beside the files; cannot check "

@@ -47,11 +47,16 @@ def import_tensorflow(verbosity: int = 0, command: bool = False):
       verbosity: the command's --verbosity.
       command: the caller is a command's process (a command's main, a script), before it starts
         any thread: TensorFlow is loaded without COMMANDS_DO_NOT_USE, which no thread can import
-        meanwhile.
+        meanwhile, and Keras on its TensorFlow backend.
     """
     with _LOADING:
         if "tensorflow" in sys.modules:
             return sys.modules["tensorflow"]
+        if command and "keras" not in sys.modules:
+            # A command is a TensorFlow program, whatever backend KERAS_BACKEND or
+            # ~/.keras/keras.json choose for the user's other work (with jax, every training
+            # command was an internal error); the processes it starts inherit the choice.
+            os.environ["KERAS_BACKEND"] = "tensorflow"
         left_out = [name for name in COMMANDS_DO_NOT_USE if name not in sys.modules] if command else []
         for name in left_out:
             sys.modules[name] = None  # `import name` raises ImportError, which each importer expects

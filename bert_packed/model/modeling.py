@@ -28,7 +28,20 @@ import math
 import keras
 import tensorflow as tf
 
+from bert_packed.errors import SettingsError
 from bert_packed.model.config import RECOMPUTE, BertConfig
+
+
+def require_tensorflow_backend(backend: str) -> None:
+    """The models are TensorFlow's (tf.function, tf.train.Checkpoint, tf.distribute): Keras must run
+    on its TensorFlow backend. The commands choose it; a notebook chooses before Keras loads."""
+    if backend != "tensorflow":
+        raise SettingsError(f"Keras runs on its {backend} backend (KERAS_BACKEND or ~/.keras/keras.json), and "
+                            f"bert-packed's models need its tensorflow backend: set KERAS_BACKEND=tensorflow "
+                            f"before Keras is imported")
+
+
+require_tensorflow_backend(keras.backend.backend())
 
 LAYER_NORM_EPSILON = 1e-12  # google-research/bert's, in every layer norm
 # The dropout sites of a transformer layer, folded into its seed.
